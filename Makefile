@@ -1,0 +1,42 @@
+# securevfl: `make demo` and `make test` each set up .venv first when it is
+# missing or older than the dependency files.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: install demo test test-all lint clean bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.txt requirements-dev.txt Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# CPU build of torch first: anything that later asks for `torch` is then satisfied.
+	$(PIP) install torch==2.13.0
+	# CrypTen 0.4.1 without its stale metadata (defunct `sklearn`, CUDA torchvision);
+	# its real needs are pinned in requirements.txt, and securevfl/_compat.py shims the
+	# one torch-2.x import it lacks.
+	$(PIP) install --no-deps crypten==0.4.1
+	$(PIP) install -r requirements.txt -r requirements-dev.txt
+	$(PIP) install --no-deps -e .
+	$(BIN)/python -m securevfl.doctor
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check securevfl tests benchmarks examples
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/exchange.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,164 @@
+"""Command line: ``securevfl run | party | compare | validate | list``.
+
+User errors (bad protocol file, bad data, a peer that failed) exit with code 2
+(3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+from securevfl.errors import PartyFailure, SecureVFLError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a protocol field, e.g. --set training.epochs=3 (repeatable)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="securevfl", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run every rank of a protocol locally, one process each")
+    run.add_argument("file")
+    run.add_argument("--out", help="output folder (default: runs/<protocol name>)")
+    run.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+    _add_common(run)
+
+    party = sub.add_parser("party", help="run one rank (one organization) of a protocol")
+    party.add_argument("file")
+    party.add_argument("--rank", type=int, required=True)
+    party.add_argument("--rendezvous", required=True, help="tcp://HOST:PORT, hosted by rank 0")
+    party.add_argument("--out", help="output folder (default: runs/<protocol name>-rank<R>)")
+    party.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
+    party.add_argument("--quiet", action="store_true")
+    _add_common(party)
+
+    cmp_ = sub.add_parser("compare", help="run several protocols and tabulate them")
+    cmp_.add_argument("files", nargs="+")
+    cmp_.add_argument("--out", default="runs/compare")
+    cmp_.add_argument("--quiet", action="store_true")
+    _add_common(cmp_)
+
+    val = sub.add_parser("validate", help="check protocol files without running them")
+    val.add_argument("files", nargs="+")
+    _add_common(val)
+
+    lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets")
+    lst.add_argument("--debug", action="store_true")
+    return ap
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from securevfl.config import load_protocol
+    from securevfl.report.compare import print_table
+    from securevfl.runtime.launcher import launch
+
+    proto = load_protocol(args.file, args.overrides)
+    out = Path(args.out or f"runs/{proto.name}")
+    result = launch(proto, out, data_dir=Path(args.data_dir) if args.data_dir else None,
+                    progress=not args.quiet)
+    print_table([result], title=f"securevfl run: {proto.name}")
+    print(f"result: {out / 'result.json'}")
+    return 0
+
+
+def cmd_party(args: argparse.Namespace) -> int:
+    import multiprocessing as mp
+
+    from securevfl.config import load_protocol
+    from securevfl.data.partition import is_builtin, materialize
+    from securevfl.runtime.layout import Layout
+    from securevfl.runtime.rank import run_rank
+
+    proto = load_protocol(args.file, args.overrides)
+    role = Layout.from_protocol(proto).role(args.rank)
+    out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
+    data_dir = Path(args.data_dir) if args.data_dir else out / "data"
+    if is_builtin(proto) and role.kind != "helper":
+        # Materialize this party's slice in a short-lived child process, so this
+        # rank's own process never holds the other parties' columns.
+        p = mp.get_context("spawn").Process(target=materialize, args=(proto, data_dir, role.party))
+        p.start()
+        p.join()
+        if p.exitcode != 0:
+            raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
+    code = run_rank(proto, args.rank, args.rendezvous, out, data_dir, progress=not args.quiet)
+    if code == 0 and args.rank == 0:
+        print(f"result: {out / 'result.json'}")
+    return code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from securevfl.config import load_protocol
+    from securevfl.report.compare import print_table, write_comparison
+    from securevfl.runtime.launcher import launch
+
+    protos = [load_protocol(f, args.overrides) for f in args.files]  # validate all first
+    names = [p.name for p in protos]
+    if len(set(names)) != len(names):
+        raise SecureVFLError(f"protocol names must be distinct to compare them: {names}")
+    out = Path(args.out)
+    results = []
+    for i, proto in enumerate(protos, 1):
+        print(f"[{i}/{len(protos)}] {proto.name} ({proto.exchange.backend})", file=sys.stderr, flush=True)
+        results.append(launch(proto, out / proto.name, data_dir=out / "data",
+                              progress=not args.quiet))
+    print_table(results, title="securevfl compare")
+    paths = write_comparison(out, results)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from securevfl.config import load_protocol
+    from securevfl.runtime.layout import Layout
+
+    for f in args.files:
+        proto = load_protocol(f, args.overrides)
+        lay = Layout.from_protocol(proto)
+        print(f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
+              f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)})")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from securevfl.attacks import ATTACKS
+    from securevfl.data.datasets import DATASETS
+    from securevfl.defenses import DEFENSES
+    from securevfl.exchange import EXCHANGES
+
+    for title, reg in (("exchange backends", EXCHANGES), ("defenses", DEFENSES),
+                       ("attacks", ATTACKS), ("datasets", DATASETS)):
+        names = reg.names() + (["csv"] if reg is DATASETS else [])
+        print(f"{title}: {', '.join(names) or '(none yet)'}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "party": cmd_party, "compare": cmd_compare,
+            "validate": cmd_validate, "list": cmd_list}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SecureVFLError as exc:
+        if args.debug:
+            raise
+        msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False)
+        print(msg, file=sys.stderr)
+        return 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2
+    except KeyboardInterrupt:
+        print("securevfl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

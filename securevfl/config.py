@@ -1,0 +1,315 @@
+"""Typed protocol schema: one YAML file describes one run.
+
+Every model forbids unknown keys, and every validation error is reported with the
+YAML path of the offending field (``parties.passive[1].model.out``). The validated
+:class:`Protocol` object is passed down explicitly; there is no global config.
+Component-specific options (a backend's or a defense's parameters) are validated
+by that component's own options model, again with the full path.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from securevfl.errors import ConfigError
+
+
+class Strict(BaseModel):
+    """Base for every schema model: unknown keys are errors, values are not coerced
+    from strings (``epochs: "ten"`` is an error, not a guess)."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+class ColumnSelect(Strict):
+    """Which feature columns of a built-in dataset a party holds. Exactly one of
+    ``names`` (explicit list), ``glob`` (fnmatch pattern over column names) or
+    ``index`` ([start, stop) over the dataset's feature columns)."""
+
+    names: list[str] | None = None
+    glob: str | None = None
+    index: tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ColumnSelect:
+        given = [k for k in ("names", "glob", "index") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of 'names', 'glob' or 'index'")
+        if self.index is not None and not (0 <= self.index[0] < self.index[1]):
+            raise ValueError("index must be [start, stop) with 0 <= start < stop")
+        return self
+
+
+class CsvSource(Strict):
+    """A party's own CSV file: an ID column, its feature columns and, for the active
+    party only, the label column."""
+
+    path: str
+    id_column: str = "id"
+    label_column: str | None = None
+    feature_columns: list[str] | None = Field(
+        default=None,
+        description="passive default: every column but the ID; active default: none (label-only)",
+    )
+
+
+class ModelSpec(Strict):
+    """A bottom model. ``mlp``: Linear/ReLU stack to ``out``; ``cnn``: a small conv
+    net over ``input_shape`` (channels, height, width), e.g. an image half."""
+
+    kind: Literal["mlp", "cnn"] = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [64])
+    out: int = Field(default=64, gt=0)
+    input_shape: tuple[int, int, int] | None = None
+    channels: int = Field(default=8, gt=0)
+
+    @model_validator(mode="after")
+    def _cnn_shape(self) -> ModelSpec:
+        if self.kind == "cnn" and self.input_shape is None:
+            raise ValueError("a cnn bottom model needs input_shape: [channels, height, width]")
+        return self
+
+
+class ComponentSpec(Strict):
+    """A registered component (defense, attack) by name plus its own parameters,
+    which the component validates with its own options model."""
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PartySpec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    columns: ColumnSelect | None = None
+    source: CsvSource | None = None
+    model: ModelSpec | None = None
+    defenses: list[ComponentSpec] = Field(default_factory=list)
+
+
+class PartiesSpec(Strict):
+    active: PartySpec = Field(default_factory=lambda: PartySpec(name="active"))
+    passive: list[PartySpec] = Field(min_length=1)
+
+
+class SyntheticParams(Strict):
+    rows: int = Field(default=2000, gt=10)
+    features: int = Field(default=20, gt=1)
+    classes: int = Field(default=2, ge=2)
+    informative: int | None = None
+
+
+class DatasetSpec(Strict):
+    name: str
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    standardize: bool | None = Field(
+        default=None, description="z-score each party's columns on its training rows"
+    )
+    synthetic: SyntheticParams | None = None
+
+
+class ExchangeSpec(Strict):
+    backend: str = "plain"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class InteractiveSpec(Strict):
+    """z = sum_i h'_i W_i (+ h_0 W_0) + b, then the top model."""
+
+    out: int = Field(default=64, gt=0)
+
+
+class TopSpec(Strict):
+    hidden: list[int] = Field(default_factory=list)
+
+
+class TrainingSpec(Strict):
+    epochs: int = Field(default=10, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    lr: float = Field(default=0.01, gt=0)
+    optimizer: Literal["sgd", "adam"] = "adam"
+    momentum: float = Field(default=0.0, ge=0.0, lt=1.0)
+    device: Literal["cpu", "cuda"] = "cpu"
+    seed: int = 0
+    eval_every: int = Field(default=1, ge=1, description="evaluate every N epochs")
+
+
+class RuntimeSpec(Strict):
+    startup_timeout_s: float = Field(default=60.0, gt=0)
+    peer_timeout_s: float = Field(
+        default=15.0, gt=0, description="a peer silent this long is declared lost"
+    )
+    op_timeout_s: float = Field(default=900.0, gt=0, description="one send/recv at most")
+    record_views: bool = Field(default=True, description="keep received tensors for attacks")
+
+
+class Protocol(Strict):
+    name: str
+    description: str = ""
+    dataset: DatasetSpec
+    parties: PartiesSpec
+    exchange: ExchangeSpec = Field(default_factory=ExchangeSpec)
+    interactive: InteractiveSpec = Field(default_factory=InteractiveSpec)
+    top: TopSpec = Field(default_factory=TopSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    attacks: list[ComponentSpec] = Field(default_factory=list)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Protocol:
+        names = [self.parties.active.name] + [p.name for p in self.parties.passive]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"party names must be unique, repeated: {sorted(dup)}")
+        return self
+
+    # -- derived layout ------------------------------------------------------
+    @property
+    def n_passive(self) -> int:
+        return len(self.parties.passive)
+
+    def digest(self) -> str:
+        """Stable hash of the validated protocol; every rank checks it at start-up
+        so that ranks started on different hosts agree on what they run."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# -- loading -------------------------------------------------------------------
+
+
+def format_loc(loc: tuple[Any, ...]) -> str:
+    """('parties', 'passive', 0, 'model') -> 'parties.passive[0].model'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def _explain(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required field is missing"
+    got = err.get("input")
+    msg = err.get("msg", "invalid value")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if isinstance(got, (str, int, float, bool)) or got is None:
+        return f"{msg} (got {got!r})"
+    return msg
+
+
+def validation_error(exc: ValidationError, *, prefix: str = "", source: str | None = None):
+    """Turn a pydantic error into a ConfigError naming the first bad YAML path and
+    listing the rest."""
+    errs = exc.errors()
+    lines = []
+    for e in errs:
+        path = format_loc(tuple(e["loc"]))
+        if prefix:
+            path = prefix if path == "<root>" else f"{prefix}.{path}"
+        lines.append((path, _explain(e)))
+    first_path, first_msg = lines[0]
+    more = "".join(f"; also at '{p}': {m}" for p, m in lines[1:5])
+    return ConfigError(first_msg + more, path=first_path, source=source)
+
+
+def parse_override(expr: str) -> tuple[list[str | int], Any]:
+    """``a.b[0].c=value`` -> (['a', 'b', 0, 'c'], parsed value). Values are YAML."""
+    if "=" not in expr:
+        raise ConfigError(f"override '{expr}' must look like key.path=value", path="--set")
+    key, raw = expr.split("=", 1)
+    path: list[str | int] = []
+    for token in key.replace("[", ".").replace("]", "").split("."):
+        if not token:
+            continue
+        path.append(int(token) if token.isdigit() else token)
+    if not path:
+        raise ConfigError(f"override '{expr}' has an empty key", path="--set")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override value is not valid YAML: {exc}", path=key) from None
+    return path, value
+
+
+def apply_override(doc: dict[str, Any], path: list[str | int], value: Any) -> None:
+    node: Any = doc
+    shown = ""
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        shown += f"[{part}]" if isinstance(part, int) else ("." if shown else "") + part
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise ConfigError("no such list element to override", path=shown)
+            if last:
+                node[part] = value
+            else:
+                node = node[part]
+        else:
+            if not isinstance(node, dict):
+                raise ConfigError("cannot set a key inside a non-mapping", path=shown)
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+
+
+def load_protocol_dict(
+    doc: Any, *, source: str | None = None, overrides: list[str] | None = None
+) -> Protocol:
+    """Validate a protocol given as a parsed mapping (plus ``--set`` overrides)."""
+    if not isinstance(doc, dict):
+        raise ConfigError("a protocol file must be a YAML mapping", source=source)
+    doc = copy.deepcopy(doc)
+    for expr in overrides or []:
+        path, value = parse_override(expr)
+        apply_override(doc, path, value)
+    try:
+        proto = Protocol.model_validate(doc)
+    except ValidationError as exc:
+        raise validation_error(exc, source=source) from None
+    # component-level checks (registries, capabilities, column layout)
+    from securevfl.validation import check_protocol
+
+    check_protocol(proto, source=source)
+    return proto
+
+
+def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Protocol:
+    """Read, validate and cross-check one protocol file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"protocol file not found: {p}")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from None
+    proto = load_protocol_dict(doc, source=str(p), overrides=overrides)
+    return _resolve_paths(proto, p.parent)
+
+
+def _resolve_paths(proto: Protocol, base: Path) -> Protocol:
+    """Make CSV source paths absolute relative to the protocol file's folder."""
+    parties = [proto.parties.active, *proto.parties.passive]
+    if not any(p.source for p in parties):
+        return proto
+    doc = proto.model_dump(mode="json")
+    for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
+        src = entry.get("source")
+        if src and not Path(src["path"]).is_absolute():
+            src["path"] = str((base / src["path"]).resolve())
+    return Protocol.model_validate(doc)

@@ -1,0 +1,1 @@
+"""Datasets, vertical partition into per-party files, and PSI entity alignment."""

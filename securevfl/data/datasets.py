@@ -1,0 +1,94 @@
+"""Built-in datasets, generated offline: ``digits``, ``breast_cancer``, ``synthetic``.
+
+A built-in dataset is a :class:`Table` (IDs, named feature columns, labels). It is
+only ever materialized into per-party CSV files (see :mod:`securevfl.data.partition`);
+party processes read their own file and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from securevfl.config import DatasetSpec, SyntheticParams
+from securevfl.registry import Registry
+
+
+@dataclass(frozen=True)
+class Table:
+    """A whole (centralized) dataset; exists only in the materializing process."""
+
+    ids: list[str]
+    features: pd.DataFrame
+    labels: np.ndarray
+    standardize: bool  # the dataset's default for party-side z-scoring
+
+
+DatasetBuilder = Callable[[DatasetSpec, int], Table]
+DATASETS: Registry[DatasetBuilder] = Registry("dataset")
+
+
+def _ids(n: int) -> list[str]:
+    return [f"r{i:06d}" for i in range(n)]
+
+
+@DATASETS.register("digits")
+def digits(spec: DatasetSpec, seed: int) -> Table:
+    """scikit-learn's 8x8 digits, pixels scaled to [0, 1]; columns ``px_R_C``.
+    Split left/right with ``glob: "px_?_[0-3]"`` and ``"px_?_[4-7]"``."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    cols = [f"px_{r}_{c}" for r in range(8) for c in range(8)]
+    x = pd.DataFrame((d.data / 16.0).astype(np.float32), columns=cols)
+    return Table(_ids(len(x)), x, d.target.astype(np.int64), standardize=False)
+
+
+@DATASETS.register("breast_cancer")
+def breast_cancer(spec: DatasetSpec, seed: int) -> Table:
+    """scikit-learn's Wisconsin breast cancer set: 569 rows, 30 features, binary."""
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    cols = [str(c).replace(" ", "_") for c in d.feature_names]
+    x = pd.DataFrame(d.data.astype(np.float64), columns=cols)
+    return Table(_ids(len(x)), x, d.target.astype(np.int64), standardize=True)
+
+
+@DATASETS.register("synthetic")
+def synthetic(spec: DatasetSpec, seed: int) -> Table:
+    """Gaussian-cluster classification rows (scikit-learn's make_classification),
+    for scale tests: ``synthetic: {rows, features, classes}``; columns ``f0..``."""
+    from sklearn.datasets import make_classification
+
+    p = spec.synthetic or SyntheticParams()
+    informative = p.informative or max(2, min(p.features, p.features // 2))
+    x, y = make_classification(
+        n_samples=p.rows,
+        n_features=p.features,
+        n_informative=informative,
+        n_redundant=0,
+        n_classes=p.classes,
+        n_clusters_per_class=1,
+        random_state=seed % (2**31),
+    )
+    cols = [f"f{i}" for i in range(p.features)]
+    return Table(_ids(p.rows), pd.DataFrame(x, columns=cols), y.astype(np.int64), True)
+
+
+def feature_columns(name: str, spec: DatasetSpec) -> list[str] | None:
+    """Column names of a built-in dataset without building it, where that is static
+    (used to validate column selections at load time); None if unknown."""
+    if name == "digits":
+        return [f"px_{r}_{c}" for r in range(8) for c in range(8)]
+    if name == "synthetic":
+        p = spec.synthetic or SyntheticParams()
+        return [f"f{i}" for i in range(p.features)]
+    if name == "breast_cancer":
+        from sklearn.datasets import load_breast_cancer
+
+        return [str(c).replace(" ", "_") for c in load_breast_cancer().feature_names]
+    return None

@@ -1,0 +1,161 @@
+"""Vertical partition: which columns each party holds, and per-party files.
+
+Built-in datasets are materialized once into one CSV per party (an ID column, the
+party's feature columns, and the label column for the active party only). From
+then on every party reads only its own file, exactly as with user-supplied CSVs;
+this is what lets tests prove that no rank ever loads another party's columns.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from securevfl.config import ColumnSelect, CsvSource, PartySpec, Protocol
+from securevfl.errors import ConfigError
+
+ID_COLUMN = "id"
+LABEL_COLUMN = "label"
+
+
+@dataclass(frozen=True)
+class PartyLayout:
+    name: str
+    is_active: bool
+    spec: PartySpec
+    path: str  # YAML path of this party's spec, for error messages
+
+
+def party_layouts(proto: Protocol) -> list[PartyLayout]:
+    """Active party first, then passive parties in file order."""
+    out = [PartyLayout(proto.parties.active.name, True, proto.parties.active, "parties.active")]
+    for i, p in enumerate(proto.parties.passive):
+        out.append(PartyLayout(p.name, False, p, f"parties.passive[{i}]"))
+    return out
+
+
+def select_columns(all_cols: list[str], sel: ColumnSelect, *, path: str) -> list[str]:
+    """Resolve a ColumnSelect against a dataset's feature columns, keeping dataset
+    order. Empty or unknown selections are errors naming the YAML path."""
+    if sel.names is not None:
+        missing = [c for c in sel.names if c not in all_cols]
+        if missing:
+            raise ConfigError(f"unknown columns {missing[:5]}", path=f"{path}.columns.names")
+        chosen = set(sel.names)
+        cols = [c for c in all_cols if c in chosen]
+    elif sel.glob is not None:
+        cols = [c for c in all_cols if fnmatch.fnmatchcase(c, sel.glob)]
+    else:
+        start, stop = sel.index  # type: ignore[misc]
+        if stop > len(all_cols):
+            raise ConfigError(
+                f"index [{start}, {stop}) exceeds the {len(all_cols)} feature columns",
+                path=f"{path}.columns.index",
+            )
+        cols = all_cols[start:stop]
+    if not cols:
+        raise ConfigError("column selection matches no column", path=f"{path}.columns")
+    return cols
+
+
+def resolve_partition(proto: Protocol, all_cols: list[str]) -> dict[str, list[str]]:
+    """Feature columns per party for a built-in dataset; disjointness is checked."""
+    owner: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
+    for lay in party_layouts(proto):
+        if lay.spec.columns is None:
+            out[lay.name] = []
+            continue
+        cols = select_columns(all_cols, lay.spec.columns, path=lay.path)
+        for c in cols:
+            if c in owner:
+                raise ConfigError(
+                    f"column '{c}' is given to both '{owner[c]}' and '{lay.name}'",
+                    path=f"{lay.path}.columns",
+                )
+            owner[c] = lay.name
+        out[lay.name] = cols
+    return out
+
+
+def is_builtin(proto: Protocol) -> bool:
+    return proto.dataset.name != "csv"
+
+
+def dataset_key(proto: Protocol) -> str:
+    """Folder name for materialized files: changes when data or split change."""
+    import hashlib
+
+    blob = json.dumps(
+        {
+            "dataset": proto.dataset.model_dump(mode="json"),
+            "seed": proto.training.seed,
+            "parties": [
+                [lay.name, lay.spec.columns.model_dump(mode="json") if lay.spec.columns else None]
+                for lay in party_layouts(proto)
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    return f"{proto.dataset.name}-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
+    """The CSV source a party reads: its own file from the protocol, or its
+    materialized slice of a built-in dataset."""
+    lay = next(p for p in party_layouts(proto) if p.name == party)
+    if not is_builtin(proto):
+        assert lay.spec.source is not None  # checked at load
+        return lay.spec.source
+    path = Path(data_dir) / dataset_key(proto) / f"{party}.csv"
+    own: list[str] | None = None
+    if lay.is_active:  # the active party's file: ID, its own columns (if any), label
+        import pandas as pd
+
+        header = list(pd.read_csv(path, nrows=0).columns) if path.is_file() else []
+        own = [c for c in header if c not in (ID_COLUMN, LABEL_COLUMN)]
+    return CsvSource(
+        path=str(path),
+        id_column=ID_COLUMN,
+        label_column=LABEL_COLUMN if lay.is_active else None,
+        feature_columns=own,
+    )
+
+
+def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Path:
+    """Write one CSV per party for a built-in dataset (or only party ``only``).
+    Idempotent: existing files are kept. Returns the dataset folder."""
+    from securevfl.data.datasets import DATASETS
+
+    folder = Path(data_dir) / dataset_key(proto)
+    targets = [lay for lay in party_layouts(proto) if only in (None, lay.name)]
+    if all((folder / f"{lay.name}.csv").is_file() for lay in targets):
+        return folder
+    table = DATASETS.get(proto.dataset.name, path="dataset.name")(proto.dataset, proto.training.seed)
+    parts = resolve_partition(proto, list(table.features.columns))
+    folder.mkdir(parents=True, exist_ok=True)
+    for lay in targets:
+        frame = table.features[parts[lay.name]].copy()
+        frame.insert(0, ID_COLUMN, table.ids)
+        if lay.is_active:
+            frame[LABEL_COLUMN] = table.labels
+        tmp = folder / f".{lay.name}.{os.getpid()}.tmp"
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, folder / f"{lay.name}.csv")  # atomic: concurrent ranks are safe
+    meta = {"standardize": table.standardize, "rows": len(table.ids)}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def dataset_standardize(proto: Protocol, data_dir: Path) -> bool:
+    """Whether parties z-score their columns: the protocol decides, else the
+    built-in dataset's default (CSV data: yes)."""
+    if proto.dataset.standardize is not None:
+        return proto.dataset.standardize
+    if not is_builtin(proto):
+        return True
+    meta = Path(data_dir) / dataset_key(proto) / "meta.json"
+    return bool(json.loads(meta.read_text())["standardize"]) if meta.is_file() else True

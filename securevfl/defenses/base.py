@@ -1,0 +1,133 @@
+"""The defense seam (DESIGN §5).
+
+A defense is a class registered by name with any of these hooks; the default of
+each hook is the identity, so a defense implements only what it changes:
+
+* passive, forward: :meth:`Defense.embed` ``h -> h'``
+* passive, local loss: :meth:`Defense.local_loss` ``(x, h, grad) -> tensor``
+* passive, returned gradient: :meth:`Defense.grad` ``g -> g'``
+* active, labels: :meth:`Defense.labels` ``y -> y'`` (once, before training)
+* active, auxiliary loss: :meth:`Defense.top_loss`
+* data, before training: :meth:`Defense.select_features`
+* accounting: :meth:`Defense.dp_events` for the one privacy accountant
+
+``sides`` says where it may run; ``requires`` names backend capabilities it needs
+(e.g. ``active_sees_embeddings``) so an impossible combination is refused at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from securevfl.config import Protocol
+from securevfl.registry import Registry
+
+
+class DefenseOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class DefenseContext:
+    proto: Protocol
+    party: str
+    side: str  # "active" | "passive"
+    seed: int
+
+
+class Defense:
+    name: ClassVar[str]
+    sides: ClassVar[frozenset[str]] = frozenset({"active", "passive"})
+    requires: ClassVar[frozenset[str]] = frozenset()
+    options: ClassVar[type[BaseModel]] = DefenseOptions
+
+    def __init__(self, params: BaseModel, ctx: DefenseContext):
+        self.params = params
+        self.ctx = ctx
+
+    # hooks: identity by default
+    def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
+        return x, columns
+
+    def labels(self, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+    def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
+        return h
+
+    def grad(self, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+    def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def top_loss(self, z: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def dp_events(self) -> list[Any]:
+        """dp_accounting events for what this defense released so far."""
+        return []
+
+    def modules(self) -> list[torch.nn.Module]:
+        """Trainable parts (their parameters join the party's optimizer)."""
+        return []
+
+
+DEFENSES: Registry[type[Defense]] = Registry("defense")
+
+
+class DefenseStack:
+    """A party's defenses in protocol-file order; each hook is folded over them."""
+
+    def __init__(self, defenses: list[Defense]):
+        self.defenses = defenses
+
+    def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
+        for d in self.defenses:
+            x, columns = d.select_features(x, columns)
+        return x, columns
+
+    def labels(self, y: torch.Tensor) -> torch.Tensor:
+        for d in self.defenses:
+            y = d.labels(y)
+        return y
+
+    def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
+        for d in self.defenses:
+            h = d.embed(h, train=train)
+        return h
+
+    def grad(self, g: torch.Tensor) -> torch.Tensor:
+        for d in self.defenses:
+            g = d.grad(g)
+        return g
+
+    def _sum(self, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        real = [p for p in parts if p is not None]
+        return sum(real[1:], real[0]) if real else None
+
+    def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        return self._sum([d.local_loss(x, h) for d in self.defenses])
+
+    def top_loss(self, z: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        return self._sum([d.top_loss(z, logits, y) for d in self.defenses])
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [m for d in self.defenses for m in d.modules()]
+
+    def dp_events(self) -> dict[str, list[Any]]:
+        return {d.name: d.dp_events() for d in self.defenses if d.dp_events()}
+
+
+def build_stack(proto: Protocol, party: str, side: str, specs) -> DefenseStack:
+    out = []
+    for spec in specs:
+        cls = DEFENSES.get(spec.name)
+        params = cls.options.model_validate(spec.params)
+        out.append(cls(params, DefenseContext(proto, party, side, proto.training.seed)))
+    return DefenseStack(out)

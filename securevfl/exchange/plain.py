@@ -1,0 +1,97 @@
+"""``plain``: no protection. P_i sends h'_i; A holds every W_i and computes z.
+
+What each party learns (DESIGN §4): A learns every h'_i and z; P_i learns
+dL/dh'_i. This is the baseline every other backend is measured against, and the
+setting in which feature-reconstruction attacks are strongest.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from securevfl.exchange.base import (
+    EXCHANGES,
+    ActiveExchange,
+    ExchangeBackend,
+    ExchangeContext,
+    PassiveExchange,
+)
+from securevfl.models import build_interactive, make_optimizer
+from securevfl.runtime.messages import EMB_GRAD, EMBEDDING
+
+
+class PlainActive(ActiveExchange):
+    def __init__(self, ctx: ExchangeContext):
+        self.ctx = ctx
+        proto = ctx.proto
+        out = proto.interactive.out
+        self.peers = [r.rank for r in ctx.layout.passive]
+        self.blocks = torch.nn.ModuleList(
+            build_interactive(d, out, seed=proto.training.seed, party=r.party).to(ctx.device)
+            for d, r in zip(ctx.embed_dims, ctx.layout.passive, strict=True)
+        )
+        self.opt = make_optimizer(self.blocks.parameters(), proto.training)
+        self._h: list[torch.Tensor] = []
+        self._z: torch.Tensor | None = None
+
+    def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
+        ch = self.ctx.channel
+        hs = []
+        for peer, d in zip(self.peers, self.ctx.embed_dims, strict=True):
+            h = ch.recv(peer, EMBEDDING, shape=(batch_size, d), dtype=torch.float32)
+            hs.append(h.to(self.ctx.device).requires_grad_(train))
+        with torch.set_grad_enabled(train):
+            z = hs[0] @ self.blocks[0].weight.T
+            for h, blk in zip(hs[1:], list(self.blocks)[1:], strict=True):
+                z = z + h @ blk.weight.T
+        self._h, self._z = hs, z
+        return z.detach()
+
+    def backward(self, grad_z: torch.Tensor) -> None:
+        assert self._z is not None, "backward without a training forward"
+        self.opt.zero_grad(set_to_none=True)
+        self._z.backward(grad_z)
+        for peer, h in zip(self.peers, self._h, strict=True):
+            assert h.grad is not None
+            self.ctx.channel.send(peer, EMB_GRAD, h.grad)
+        self.opt.step()
+        self._h, self._z = [], None
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {
+            f"interactive.{r.party}": blk.weight.detach().cpu()
+            for r, blk in zip(self.ctx.layout.passive, self.blocks, strict=True)
+        }
+
+
+class PlainPassive(PassiveExchange):
+    def __init__(self, ctx: ExchangeContext):
+        self.ctx = ctx
+        self.active = ctx.layout.active.rank
+        self.dim = ctx.embed_dims[ctx.layout.role(ctx.rank).index]
+        self._batch = 0
+
+    def forward(self, h: torch.Tensor, *, train: bool) -> None:
+        self._batch = h.shape[0]
+        self.ctx.channel.send(self.active, EMBEDDING, h.float())
+
+    def backward(self) -> torch.Tensor:
+        g = self.ctx.channel.recv(
+            self.active, EMB_GRAD, shape=(self._batch, self.dim), dtype=torch.float32
+        )
+        return g.to(self.ctx.device)
+
+
+@EXCHANGES.register("plain")
+class Plain(ExchangeBackend):
+    name = "plain"
+    capabilities = frozenset({"active_sees_embeddings", "cuda"})
+    description = "no protection: h'_i sent in the clear (baseline)"
+
+    @classmethod
+    def active(cls, ctx: ExchangeContext) -> ActiveExchange:
+        return PlainActive(ctx)
+
+    @classmethod
+    def passive(cls, ctx: ExchangeContext) -> PassiveExchange:
+        return PlainPassive(ctx)

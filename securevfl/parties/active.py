@@ -1,0 +1,144 @@
+"""The active party A: labels, optional own features, its block of the
+interactive layer, the bias and the top model (DESIGN §3)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from securevfl.defenses.base import build_stack
+from securevfl.exchange.base import ExchangeBackend, ExchangeContext
+from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
+from securevfl.parties.common import Prepared, eval_batches, steps_per_epoch, train_batches
+from securevfl.parties.progress import Progress
+from securevfl.runtime.session import Session
+
+
+class ActiveParty:
+    def __init__(self, session: Session, backend: type[ExchangeBackend], ctx: ExchangeContext,
+                 prep: Prepared, *, progress: bool):
+        self.s = session
+        self.proto = proto = session.proto
+        self.ctx = ctx
+        self.prep = prep
+        self.device = ctx.device
+        tr = proto.training
+        spec = proto.parties.active
+        self.stack = build_stack(proto, spec.name, "active", spec.defenses)
+        data = prep.data
+        assert data.y is not None and data.classes is not None
+        self.classes = len(data.classes)
+        self.y_train = self.stack.labels(torch.as_tensor(data.y[prep.train_idx]))
+        self.y_test = torch.as_tensor(data.y[prep.test_idx])
+        self.x_train = torch.as_tensor(prep.x_train)
+        self.x_test = torch.as_tensor(prep.x_test)
+        out = proto.interactive.out
+        modules: list[torch.nn.Module] = []
+        self.bottom = self.own = None
+        if spec.model is not None and self.x_train.shape[1]:
+            self.bottom = build_bottom(spec.model, self.x_train.shape[1], seed=tr.seed, party=spec.name)
+            self.own = build_interactive(spec.model.out, out, seed=tr.seed, party=spec.name)
+            modules += [self.bottom, self.own]
+        self.bias = build_bias(out)
+        self.top = build_top(proto.top, out, self.classes, seed=tr.seed)
+        modules += [self.top, *self.stack.modules()]
+        for m in modules:
+            m.to(self.device)
+        self.bias.data = self.bias.data.to(self.device)
+        params = [p for m in modules for p in m.parameters()] + [self.bias]
+        self.opt = make_optimizer(params, tr)
+        self.exchange = backend.active(ctx)
+        self.n_train = len(prep.train_idx)
+        self.progress = Progress(f"{proto.name} [{proto.exchange.backend}]",
+                                 tr.epochs * steps_per_epoch(self.n_train, tr.batch_size), enabled=progress)
+
+    # -- one forward through the whole split model ------------------------------------
+    def _logits(self, idx: np.ndarray, x: torch.Tensor, *, train: bool):
+        zp = self.exchange.forward(len(idx), train=train).to(self.device)
+        zp = zp.requires_grad_(train)
+        z = zp
+        if self.bottom is not None and self.own is not None:
+            z = z + self.own(self.bottom(x[idx].to(self.device)))
+        z = z + self.bias
+        return zp, z, self.top(z)
+
+    def train_step(self, idx: np.ndarray) -> float:
+        y = self.y_train[idx].to(self.device)
+        zp, z, logits = self._logits(idx, self.x_train, train=True)
+        loss = F.cross_entropy(logits, y)
+        extra = self.stack.top_loss(z, logits, y)
+        total = loss if extra is None else loss + extra
+        self.opt.zero_grad(set_to_none=True)
+        total.backward()
+        self.opt.step()
+        assert zp.grad is not None
+        self.exchange.backward(zp.grad)
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        probs = []
+        for idx in eval_batches(len(self.y_test), self.proto.training.batch_size):
+            _, _, logits = self._logits(idx, self.x_test, train=False)
+            probs.append(torch.softmax(logits.float(), dim=1).cpu())
+        p = torch.cat(probs)
+        acc = float((p.argmax(1) == self.y_test).float().mean())
+        auc = None
+        if self.classes == 2 and len(torch.unique(self.y_test)) == 2:
+            from sklearn.metrics import roc_auc_score
+
+            auc = float(roc_auc_score(self.y_test.numpy(), p[:, 1].numpy()))
+        return {"test_accuracy": acc, "test_auc": auc}
+
+    def run(self) -> dict[str, Any]:
+        tr = self.proto.training
+        ch = self.ctx.channel
+        history = []
+        step = 0
+        step_times: list[float] = []
+        metrics: dict[str, Any] = {"test_accuracy": None, "test_auc": None}
+        for epoch in range(tr.epochs):
+            losses = []
+            ch.phase = "train"
+            for idx in train_batches(self.n_train, tr.batch_size, tr.seed, epoch):
+                ch.round = step
+                t0 = time.perf_counter()
+                losses.append(self.train_step(idx))
+                step_times.append(time.perf_counter() - t0)
+                step += 1
+                self.progress.step()
+            last = epoch == tr.epochs - 1
+            row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(np.mean(losses))}
+            if last or (epoch + 1) % tr.eval_every == 0:
+                ch.phase, ch.round = "eval", epoch
+                metrics = self.evaluate()
+                row.update(metrics)
+            history.append(row)
+            acc = row.get("test_accuracy")
+            self.progress.epoch(epoch + 1, tr.epochs, f"loss {row['train_loss']:.4f}"
+                                + (f" test_acc {acc:.4f}" if acc is not None else ""))
+        self.progress.close()
+        self.steps = step
+        return {
+            **metrics,
+            "history": history,
+            "train_steps": step,
+            "time_per_step_s": float(np.mean(step_times)) if step_times else 0.0,
+            "n_train": self.n_train,
+            "n_test": len(self.y_test),
+            "n_aligned": len(self.prep.data.ids),
+            "classes": self.classes,
+        }
+
+    def state(self) -> dict[str, torch.Tensor]:
+        out = {f"top.{k}": v.detach().cpu() for k, v in self.top.state_dict().items()}
+        out["bias"] = self.bias.detach().cpu()
+        if self.bottom is not None and self.own is not None:
+            out.update({f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()})
+            out[f"interactive.{self.proto.parties.active.name}"] = self.own.weight.detach().cpu()
+        out.update(self.exchange.state())
+        return out

@@ -1,0 +1,66 @@
+"""What every party does before training: load its own file, align by PSI, split,
+standardize; and the shared batch schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from securevfl.config import Protocol
+from securevfl.data.alignment import align_active, align_passive
+from securevfl.data.partition import dataset_standardize, party_source
+from securevfl.data.party_data import PartyData, load_party_data, split_indices, standardize
+from securevfl.runtime.channel import Channel
+from securevfl.runtime.layout import Layout, Role
+from securevfl.seeding import generator
+
+
+@dataclass
+class Prepared:
+    """A party's aligned rows, split into train and test (features scaled)."""
+
+    data: PartyData  # aligned rows, in agreed order
+    train_idx: np.ndarray
+    test_idx: np.ndarray
+    x_train: np.ndarray
+    x_test: np.ndarray
+
+
+def prepare(
+    proto: Protocol, layout: Layout, role: Role, channel: Channel, data_dir: Path
+) -> Prepared:
+    source = party_source(proto, role.party, data_dir)
+    raw = load_party_data(source, role.party, is_active=role.kind == "active")
+    channel.phase = "psi"
+    if role.kind == "active":
+        order = align_active(channel, layout, raw.ids)
+    else:
+        order = align_passive(channel, layout, role.rank, raw.ids)
+    data = raw.take(order)
+    train_idx, test_idx = split_indices(
+        len(data.ids), proto.dataset.test_fraction, generator(proto.training.seed, "split")
+    )
+    x_tr, x_te = data.x[train_idx], data.x[test_idx]
+    if data.x.shape[1] and dataset_standardize(proto, data_dir):
+        x_tr, x_te = standardize(x_tr, x_te)
+    return Prepared(data, train_idx, test_idx, x_tr, x_te)
+
+
+def train_batches(n_train: int, batch_size: int, seed: int, epoch: int) -> Iterator[np.ndarray]:
+    """The agreed batch order of one epoch (positions into the training rows)."""
+    perm = torch.randperm(n_train, generator=generator(seed, "epoch", epoch)).numpy()
+    for start in range(0, n_train, batch_size):
+        yield perm[start : start + batch_size]
+
+
+def eval_batches(n: int, batch_size: int) -> Iterator[np.ndarray]:
+    for start in range(0, n, batch_size):
+        yield np.arange(start, min(n, start + batch_size))
+
+
+def steps_per_epoch(n_train: int, batch_size: int) -> int:
+    return (n_train + batch_size - 1) // batch_size

@@ -1,0 +1,83 @@
+"""A passive party P_i: its features, bottom model f_i and embedding defenses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from securevfl.defenses.base import build_stack
+from securevfl.exchange.base import ExchangeBackend, ExchangeContext
+from securevfl.models import build_bottom, make_optimizer
+from securevfl.parties.common import Prepared, eval_batches, train_batches
+from securevfl.runtime.session import Session
+
+
+class PassiveParty:
+    def __init__(self, session: Session, backend: type[ExchangeBackend], ctx: ExchangeContext,
+                 prep: Prepared, *, progress: bool):
+        self.s = session
+        self.proto = proto = session.proto
+        self.ctx = ctx
+        self.device = ctx.device
+        role = session.role
+        spec = proto.parties.passive[role.index]
+        self.spec = spec
+        self.stack = build_stack(proto, spec.name, "passive", spec.defenses)
+        x_tr, cols = self.stack.select_features(prep.x_train, prep.data.columns)
+        x_te, _ = self.stack.select_features(prep.x_test, prep.data.columns)
+        self.columns = cols
+        self.x_train = torch.as_tensor(x_tr)
+        self.x_test = torch.as_tensor(x_te)
+        assert spec.model is not None
+        self.bottom = build_bottom(spec.model, self.x_train.shape[1], seed=proto.training.seed,
+                                   party=spec.name).to(self.device)
+        modules = [self.bottom, *self.stack.modules()]
+        for m in modules:
+            m.to(self.device)
+        self.opt = make_optimizer([p for m in modules for p in m.parameters()], proto.training)
+        self.exchange = backend.passive(ctx)
+        self.n_train = len(prep.train_idx)
+        self.n_test = len(prep.test_idx)
+
+    def train_step(self, idx: np.ndarray) -> None:
+        x = self.x_train[idx].to(self.device)
+        h = self.bottom(x)
+        h2 = self.stack.embed(h, train=True)
+        self.exchange.forward(h2, train=True)
+        g = self.stack.grad(self.exchange.backward())
+        obj = (h2 * g).sum()
+        local = self.stack.local_loss(x, h)
+        if local is not None:
+            obj = obj + local
+        self.opt.zero_grad(set_to_none=True)
+        obj.backward()
+        self.opt.step()
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        for idx in eval_batches(self.n_test, self.proto.training.batch_size):
+            h = self.bottom(self.x_test[idx].to(self.device))
+            self.exchange.forward(self.stack.embed(h, train=False), train=False)
+
+    def run(self) -> dict[str, Any]:
+        tr = self.proto.training
+        ch = self.ctx.channel
+        step = 0
+        for epoch in range(tr.epochs):
+            ch.phase = "train"
+            for idx in train_batches(self.n_train, tr.batch_size, tr.seed, epoch):
+                ch.round = step
+                self.train_step(idx)
+                step += 1
+            if epoch == tr.epochs - 1 or (epoch + 1) % tr.eval_every == 0:
+                ch.phase, ch.round = "eval", epoch
+                self.evaluate()
+        self.steps = step
+        return {"train_steps": step, "n_train": self.n_train, "columns": len(self.columns)}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        out = {f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()}
+        out.update(self.exchange.state())
+        return out

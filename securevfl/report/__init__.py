@@ -1,0 +1,1 @@
+"""Result records, comparison tables and reports."""

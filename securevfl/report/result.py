@@ -1,0 +1,73 @@
+"""The result record of one run (``result.json``), assembled by the active rank
+from every rank's summary."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from securevfl.config import Protocol
+from securevfl.exchange.base import ExchangeBackend
+from securevfl.runtime.layout import Layout
+from securevfl.runtime.ledger import merge_summaries
+
+RESULT_FILE = "result.json"
+
+
+def build_result(proto: Protocol, backend: type[ExchangeBackend], options: BaseModel,
+                 layout: Layout, parts: list[dict[str, Any]], pids: dict[int, int], *,
+                 started: float, finished: float) -> dict[str, Any]:
+    active = parts[0]
+    steps = int(active["train_steps"])
+    ledger = merge_summaries([p["ledger"] for p in parts], steps)
+    info = backend.result_info(options)
+    return {
+        "protocol": proto.name,
+        "description": proto.description,
+        "backend": info["backend"],
+        "backend_params": info["params"],
+        "dataset": proto.dataset.name,
+        "n_parties": 1 + len(layout.passive),
+        "n_passive": len(layout.passive),
+        "world_size": layout.world_size,
+        "test_accuracy": active.get("test_accuracy"),
+        "test_auc": active.get("test_auc"),
+        "epochs": proto.training.epochs,
+        "batch_size": proto.training.batch_size,
+        "seed": proto.training.seed,
+        "device": proto.training.device,
+        "train_steps": steps,
+        "time_per_step_s": active.get("time_per_step_s"),
+        "bytes_per_step": ledger["bytes_per_step"],
+        "party_pids": {str(r): pid for r, pid in sorted(pids.items())},
+        "ranks": {str(p["rank"]): {"party": p["party"], "role": p["role"]} for p in parts},
+        "rows": {"aligned": active.get("n_aligned"), "train": active.get("n_train"),
+                 "test": active.get("n_test")},
+        "history": active.get("history", []),
+        "ledger": ledger,
+        "privacy": {},
+        "attacks": {},
+        "defenses": {
+            lay_name: [d.name for d in specs]
+            for lay_name, specs in [(proto.parties.active.name, proto.parties.active.defenses)]
+            + [(p.name, p.defenses) for p in proto.parties.passive]
+            if specs
+        },
+        "digest": proto.digest(),
+        "wall_time_s": finished - started,
+        "machine": {"host": socket.gethostname(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+    }
+
+
+def write_result(out_dir: Path, result: dict[str, Any]) -> Path:
+    path = Path(out_dir) / RESULT_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,1 @@
+"""Processes and wire: launcher, session (rendezvous, watchdog), channel, ledger."""

@@ -1,0 +1,174 @@
+"""The channel: framed tensor and control messages over torch.distributed (gloo).
+
+Every message is a fixed header (int64[12]: magic, tag code, dtype code, ndim,
+round, shape) followed by the payload tensor. The receiver names the tag it
+expects and may constrain dtype and shape; a mismatch, an unknown tag or an
+oversized payload raises :class:`ProtocolError` naming the sender and the message
+before any payload is accepted. Control messages are JSON in uint8 tensors,
+validated by a strict pydantic model. Nothing is unpickled. Every message is
+logged in the rank's :class:`Ledger`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ValidationError
+
+from securevfl.errors import PartyFailure, ProtocolError
+from securevfl.runtime.ledger import Ledger, Record
+from securevfl.runtime.messages import CONTROL, DTYPE_CODES, DTYPES, Tag, tag_by_code
+
+MAGIC = 0x5346_4C01  # "SFL", version 1
+MAX_NDIM = 7
+HEADER_LEN = 5 + MAX_NDIM
+DEFAULT_MAX_BYTES = 1 << 31
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Channel:
+    """Point-to-point messages between ranks, metered into a ledger.
+
+    ``names`` maps rank -> human label ("passive 'left'") for error messages;
+    ``on_comm_error(peer, exc)`` turns a transport failure into the right
+    :class:`PartyFailure` (the session's watchdog knows which rank was lost).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        names: dict[int, str],
+        ledger: Ledger,
+        *,
+        on_comm_error: Callable[[int, Exception], PartyFailure] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ):
+        self.rank = rank
+        self.names = names
+        self.ledger = ledger
+        self.phase = "setup"
+        self.round = -1
+        self._on_comm_error = on_comm_error
+        self.max_bytes = max_bytes
+
+    # -- transport ---------------------------------------------------------------
+    def _who(self, rank: int) -> str:
+        return f"rank {rank} ({self.names.get(rank, '?')})"
+
+    def _io(self, fn: Callable[..., object], tensor: torch.Tensor, peer: int) -> None:
+        try:
+            if fn is dist.send:
+                dist.send(tensor, dst=peer)
+            else:
+                dist.recv(tensor, src=peer)
+        except (RuntimeError, dist.DistBackendError) as exc:  # gloo: peer gone / timeout
+            if self._on_comm_error is not None:
+                raise self._on_comm_error(peer, exc) from None
+            raise PartyFailure(f"lost connection to {self._who(peer)}: {exc}", rank=peer) from None
+
+    # -- tensors -----------------------------------------------------------------
+    def send(self, dst: int, tag: Tag, tensor: torch.Tensor) -> None:
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        if t.dtype not in tag.dtypes:
+            raise ProtocolError(f"refusing to send {tag.name} as {t.dtype} (allowed {tag.dtypes})")
+        if t.dim() > MAX_NDIM:
+            raise ProtocolError(f"{tag.name}: tensors of more than {MAX_NDIM} dims not supported")
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        header[0] = MAGIC
+        header[1] = tag.code
+        header[2] = DTYPE_CODES[t.dtype]
+        header[3] = t.dim()
+        header[4] = self.round
+        for i, s in enumerate(t.shape):
+            header[5 + i] = s
+        self._io(dist.send, header, dst)
+        if t.numel():
+            self._io(dist.send, t, dst)
+        nbytes = t.numel() * t.element_size()
+        self.ledger.log(
+            Record("sent", self.phase, self.round, self.rank, dst, tag.name, tuple(t.shape),
+                   str(t.dtype).removeprefix("torch."), nbytes)
+        )
+
+    def recv(
+        self,
+        src: int,
+        tag: Tag,
+        *,
+        shape: tuple[int | None, ...] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """Receive one message from ``src`` that must carry ``tag``; ``shape`` may
+        use None for free dimensions."""
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        self._io(dist.recv, header, src)
+        h = header.tolist()
+        who = self._who(src)
+        if h[0] != MAGIC:
+            raise ProtocolError(f"{who} sent a malformed frame (bad magic) where '{tag.name}' was expected")
+        got = tag_by_code(h[1])
+        if h[1] != tag.code:
+            name = got.name if got else f"unknown tag #{h[1]}"
+            raise ProtocolError(f"{who} sent '{name}' where '{tag.name}' was expected")
+        dt = DTYPES.get(h[2])
+        if dt is None or dt not in tag.dtypes or (dtype is not None and dt != dtype):
+            raise ProtocolError(f"{who} sent '{tag.name}' with a disallowed dtype code {h[2]}")
+        ndim = h[3]
+        if not 0 <= ndim <= MAX_NDIM:
+            raise ProtocolError(f"{who} sent '{tag.name}' with {ndim} dimensions")
+        shp = tuple(h[5 : 5 + ndim])
+        if any(s < 0 for s in shp):
+            raise ProtocolError(f"{who} sent '{tag.name}' with a negative dimension {shp}")
+        if shape is not None and (
+            len(shape) != ndim or any(e is not None and e != s for e, s in zip(shape, shp, strict=False))
+        ):
+            raise ProtocolError(f"{who} sent '{tag.name}' of shape {shp}, expected {shape}")
+        numel = 1
+        for s in shp:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dt).element_size()
+        if nbytes > self.max_bytes:
+            raise ProtocolError(f"{who} announced a {nbytes}-byte '{tag.name}' (limit {self.max_bytes})")
+        out = torch.empty(shp, dtype=dt)
+        if numel:
+            self._io(dist.recv, out, src)
+        if dt.is_floating_point and not torch.isfinite(out).all():
+            raise ProtocolError(f"{who} sent '{tag.name}' containing NaN or infinite values")
+        self.ledger.log(
+            Record("recv", self.phase, h[4], src, self.rank, tag.name, shp,
+                   str(dt).removeprefix("torch."), nbytes),
+            out,
+        )
+        return out
+
+    # -- bytes and JSON control ------------------------------------------------------
+    def send_bytes(self, dst: int, tag: Tag, data: bytes) -> None:
+        self.send(dst, tag, torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def recv_bytes(self, src: int, tag: Tag, *, max_len: int | None = None) -> bytes:
+        t = self.recv(src, tag, dtype=torch.uint8)
+        if t.dim() != 1 or (max_len is not None and t.numel() > max_len):
+            raise ProtocolError(f"{self._who(src)} sent an oversized or non-flat '{tag.name}'")
+        return t.numpy().tobytes()
+
+    def send_json(self, dst: int, msg: BaseModel, tag: Tag = CONTROL) -> None:
+        self.send_bytes(dst, tag, msg.model_dump_json().encode())
+
+    def recv_json(self, src: int, model: type[M], tag: Tag = CONTROL) -> M:
+        raw = self.recv_bytes(src, tag, max_len=64 << 20)
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ProtocolError(
+                f"{self._who(src)} sent an invalid '{tag.name}' message "
+                f"({model.__name__}): {first['msg']} at {first['loc']}"
+            ) from None

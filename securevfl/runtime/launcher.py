@@ -1,0 +1,133 @@
+"""The local launcher: every rank as its own OS process (spawn), on loopback.
+
+It materializes built-in datasets into per-party files first (so ranks only read
+their own), starts the ranks, and watches them. When a rank fails, the others end
+themselves through their watchdogs; any still alive after a grace period are
+killed. The error raised names the lost rank and the root cause.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from securevfl.config import Protocol
+from securevfl.errors import ConfigError, DataError, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.runtime.layout import Layout
+from securevfl.runtime.session import ErrorNote
+
+ERROR_KINDS: dict[str, type[SecureVFLError]] = {
+    "ConfigError": ConfigError,
+    "UnsupportedCombination": ConfigError,
+    "CryptoParameterError": ConfigError,
+    "DataError": DataError,
+    "ProtocolError": ProtocolError,
+    "PartyFailure": PartyFailure,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str,
+           progress: bool) -> None:
+    import sys
+
+    from securevfl.config import Protocol
+    from securevfl.runtime.rank import run_rank
+
+    proto = Protocol.model_validate_json(proto_json)
+    sys.exit(run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress))
+
+
+def launch(proto: Protocol, out_dir: Path, *, data_dir: Path | None = None,
+           progress: bool = True) -> dict[str, Any]:
+    """Run every rank locally; return the result record (also in out_dir/result.json)."""
+    from securevfl.data.partition import is_builtin, materialize
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "result.json").unlink(missing_ok=True)
+    ranks_dir = out_dir / "ranks"
+    if ranks_dir.exists():
+        for f in ranks_dir.iterdir():
+            f.unlink()
+    data_dir = Path(data_dir) if data_dir else out_dir / "data"
+    if is_builtin(proto):
+        materialize(proto, data_dir)
+    layout = Layout.from_protocol(proto)
+    rendezvous = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    blob = proto.model_dump_json()
+    procs = [
+        ctx.Process(target=_child, name=f"securevfl-rank{r.rank}",
+                    args=(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress))
+        for r in layout.roles
+    ]
+    for p in procs:
+        p.start()
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    (ranks_dir / "launcher_pids.json").write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
+    grace = proto.runtime.peer_timeout_s + 30.0
+    first_failure: float | None = None
+    try:
+        while any(p.is_alive() for p in procs):
+            if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+                first_failure = time.monotonic()
+            if first_failure is not None and time.monotonic() - first_failure > grace:
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        raise
+    for p in procs:
+        p.join()
+    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    if all(c == 0 for c in codes.values()):
+        return json.loads((out_dir / "result.json").read_text())
+    raise _explain_failure(layout, out_dir, codes)
+
+
+def _explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
+    """Pick the root cause among the ranks' error files and exit codes."""
+    notes: dict[int, ErrorNote] = {}
+    for r in codes:
+        f = out_dir / "ranks" / f"rank{r}.error.json"
+        if f.is_file():
+            try:
+                notes[r] = ErrorNote.model_validate_json(f.read_text())
+            except Exception:
+                pass
+    names = layout.names()
+    killed = [r for r, c in codes.items() if c is not None and c < 0 and r not in notes]
+    origin = [n for n in notes.values() if n.kind != "PartyFailure"]
+    if origin:
+        n = origin[0]
+        cls = ERROR_KINDS.get(n.kind, SecureVFLError)
+        return cls(f"rank {n.rank} ({names[n.rank]}): {n.message}")
+    if killed:
+        r = killed[0]
+        sig = signal.Signals(-codes[r]).name  # type: ignore[operator]
+        others = sorted(notes)
+        return PartyFailure(
+            f"rank {r} ({names[r]}) was killed by {sig}; ranks {others} stopped with errors naming it",
+            rank=r,
+        )
+    failures = [n for n in notes.values() if n.lost_rank is not None]
+    if failures:
+        n = failures[0]
+        return PartyFailure(f"rank {n.rank} ({names[n.rank]}): {n.message}", rank=n.lost_rank)
+    bad = {r: c for r, c in codes.items() if c != 0}
+    return PartyFailure(f"ranks exited with codes {bad} without an error report", rank=None)

@@ -1,0 +1,115 @@
+"""One rank's life: rendezvous, data, alignment, training, summary, exit code.
+
+The same function runs under the local launcher (one spawned process per rank)
+and under ``securevfl party`` (one rank per command, across hosts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from securevfl.config import Protocol
+from securevfl.errors import SecureVFLError
+from securevfl.runtime.session import Session, exit_code_for
+
+AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
+
+
+def _install_open_audit() -> list[str]:
+    """Record every data-like file this process opens (tests use it to prove that
+    a party reads only its own file)."""
+    opened: list[str] = []
+    skip = (".py", ".pyc", ".so", ".pth", ".pyi", ".typed", ".txt", ".cfg")
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            p = os.fsdecode(args[0])
+            if not p.endswith(skip) and not os.path.isdir(p):
+                opened.append(os.path.abspath(p))
+
+    sys.addaudithook(hook)
+    return opened
+
+
+def run_rank(
+    proto: Protocol, rank: int, rendezvous: str, out_dir: Path, data_dir: Path, *, progress: bool
+) -> int:
+    """Run one rank to completion; returns the process exit code."""
+    opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
+    torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
+    from securevfl.attacks.base import View
+    from securevfl.exchange import EXCHANGES
+    from securevfl.exchange.base import ExchangeContext
+    from securevfl.parties.active import ActiveParty
+    from securevfl.parties.common import prepare
+    from securevfl.parties.passive import PassiveParty
+    from securevfl.report.result import build_result, write_result
+    from securevfl.runtime.channel import Channel
+    from securevfl.runtime.layout import Layout
+    from securevfl.runtime.ledger import Ledger
+
+    out_dir = Path(out_dir)
+    ranks_dir = out_dir / "ranks"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    layout = Layout.from_protocol(proto)
+    session = Session(proto, layout, rank, rendezvous, out_dir)
+    t_start = time.time()
+    try:
+        with session:
+            backend = EXCHANGES.get(proto.exchange.backend)
+            options = backend.options.model_validate(proto.exchange.params)
+            ledger = Ledger(rank, record_views=proto.runtime.record_views)
+            channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
+            device = torch.device(proto.training.device)
+            if device.type == "cuda" and not torch.cuda.is_available():
+                from securevfl.errors import ConfigError
+
+                raise ConfigError("device 'cuda' requested but no CUDA device is available",
+                                  path="training.device")
+            ctx = ExchangeContext(channel, layout, rank, proto, options,
+                                  [p.model.out for p in proto.parties.passive if p.model], device)
+            role = session.role
+            summary: dict[str, Any] = {"rank": rank, "party": role.party, "role": role.kind,
+                                       "pid": os.getpid()}
+            if role.kind == "helper":
+                backend.helper(ctx).serve()
+                party = None
+            else:
+                prep = prepare(proto, layout, role, channel, data_dir)
+                cls = ActiveParty if role.kind == "active" else PassiveParty
+                party = cls(session, backend, ctx, prep, progress=progress and rank == 0)
+                summary.update(party.run())
+                summary["loaded_columns"] = prep.data.columns
+                summary["has_labels"] = prep.data.y is not None
+                torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
+                view = View(rank, role.party, dict(ledger.received))
+                summary["view_tags"] = sorted(view.received)
+            summary["ledger"] = ledger.summary()
+            ledger.write_jsonl(ranks_dir / f"rank{rank}.ledger.jsonl")
+            if opened is not None:
+                summary["opened_files"] = sorted(set(opened))
+            (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(summary, indent=1))
+            parts = session.finish(summary)
+            if parts is not None:
+                result = build_result(proto, backend, options, layout, parts, session.pids,
+                                      started=t_start, finished=time.time())
+                write_result(out_dir, result)
+        return 0
+    except SecureVFLError as exc:
+        session.report(exc)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:  # a bug: keep the traceback, still tell the peers
+        import traceback
+
+        traceback.print_exc()
+        session.report(exc)
+        return 1

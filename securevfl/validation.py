@@ -1,0 +1,124 @@
+"""Load-time cross-checks of a protocol against the registries.
+
+Runs after schema validation: names must exist, component parameters must
+validate against their own options models, and every defense and attack must be
+possible under the chosen exchange backend. All errors carry a YAML path.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from securevfl.config import Protocol, validation_error
+from securevfl.errors import ConfigError, UnsupportedCombination
+
+
+def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
+    from securevfl.attacks import ATTACKS
+    from securevfl.data.datasets import DATASETS, feature_columns
+    from securevfl.data.partition import party_layouts, resolve_partition
+    from securevfl.defenses import DEFENSES
+    from securevfl.exchange import EXCHANGES
+
+    def err(msg: str, path: str, cls: type[ConfigError] = ConfigError) -> ConfigError:
+        return cls(msg, path=path, source=source)
+
+    # exchange backend and its parameters
+    try:
+        backend = EXCHANGES.get(proto.exchange.backend, path="exchange.backend")
+    except ConfigError as exc:
+        raise err(str(exc).split(": ", 1)[-1], "exchange.backend") from None
+    try:
+        options = backend.options.model_validate(proto.exchange.params)
+    except ValidationError as exc:
+        raise validation_error(exc, prefix="exchange.params", source=source) from None
+    backend.check(proto, options)
+    if proto.training.device == "cuda" and "cuda" not in backend.capabilities:
+        raise err(f"backend '{backend.name}' runs on CPU only", "training.device", UnsupportedCombination)
+
+    # dataset and columns
+    builtin = proto.dataset.name != "csv"
+    if builtin and proto.dataset.name not in DATASETS:
+        raise err(f"unknown dataset '{proto.dataset.name}' (known: csv, {', '.join(DATASETS.names())})",
+                  "dataset.name")
+    if proto.dataset.synthetic is not None and proto.dataset.name != "synthetic":
+        raise err("only the 'synthetic' dataset takes these parameters", "dataset.synthetic")
+    for lay in party_layouts(proto):
+        spec = lay.spec
+        if builtin:
+            if spec.source is not None:
+                raise err("a built-in dataset is partitioned with 'columns', not 'source'", f"{lay.path}.source")
+            if not lay.is_active and spec.columns is None:
+                raise err("a passive party needs 'columns'", f"{lay.path}.columns")
+        else:
+            if spec.columns is not None:
+                raise err("with dataset 'csv' each party gives its own 'source' file", f"{lay.path}.columns")
+            if spec.source is None:
+                raise err("with dataset 'csv' each party needs a 'source'", f"{lay.path}.source")
+            if lay.is_active and not spec.source.label_column:
+                raise err("the active party's source needs 'label_column'", f"{lay.path}.source.label_column")
+            if not lay.is_active and spec.source.label_column:
+                raise err("a passive party must not hold labels", f"{lay.path}.source.label_column")
+        if spec.source is not None:
+            # CSV: an active party's features are only those it lists explicitly
+            fc = spec.source.feature_columns
+            has_features = bool(fc) if lay.is_active else fc != []
+        else:
+            has_features = spec.columns is not None
+        if not lay.is_active and spec.model is None:
+            raise err("a passive party needs a bottom 'model'", f"{lay.path}.model")
+        if lay.is_active and has_features and spec.model is None:
+            raise err("the active party holds features, so it needs a bottom 'model'", f"{lay.path}.model")
+        if lay.is_active and not has_features and spec.model is not None:
+            raise err("a label-only active party has no bottom model", f"{lay.path}.model")
+    if builtin:
+        cols = feature_columns(proto.dataset.name, proto.dataset)
+        if cols is not None:
+            parts = resolve_partition(proto, cols)
+            for lay in party_layouts(proto):
+                m = lay.spec.model
+                if m is not None and m.kind == "cnn" and m.input_shape is not None:
+                    c, h, w = m.input_shape
+                    if c * h * w != len(parts[lay.name]):
+                        raise err(
+                            f"input_shape {list(m.input_shape)} holds {c * h * w} values but the party "
+                            f"has {len(parts[lay.name])} columns",
+                            f"{lay.path}.model.input_shape",
+                        )
+
+    # defenses
+    for lay in party_layouts(proto):
+        side = "active" if lay.is_active else "passive"
+        for j, spec in enumerate(lay.spec.defenses):
+            path = f"{lay.path}.defenses[{j}]"
+            if spec.name not in DEFENSES:
+                raise err(f"unknown defense '{spec.name}' (known: {', '.join(DEFENSES.names()) or 'none'})",
+                          f"{path}.name")
+            cls = DEFENSES.get(spec.name)
+            if side not in cls.sides:
+                raise err(f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
+                          f"not the {side} party", path, UnsupportedCombination)
+            try:
+                cls.options.model_validate(spec.params)
+            except ValidationError as exc:
+                raise validation_error(exc, prefix=f"{path}.params", source=source) from None
+            missing = cls.requires - backend.capabilities
+            if missing:
+                raise err(f"defense '{spec.name}' needs {sorted(missing)}, which backend "
+                          f"'{backend.name}' does not offer", path, UnsupportedCombination)
+
+    # attacks
+    for j, spec in enumerate(proto.attacks):
+        path = f"attacks[{j}]"
+        if spec.name not in ATTACKS:
+            raise err(f"unknown attack '{spec.name}' (known: {', '.join(ATTACKS.names()) or 'none'})",
+                      f"{path}.name")
+        acls = ATTACKS.get(spec.name)
+        try:
+            acls.options.model_validate(spec.params)
+        except ValidationError as exc:
+            raise validation_error(exc, prefix=f"{path}.params", source=source) from None
+        missing = acls.requires - backend.capabilities
+        if missing:
+            raise err(f"attack '{spec.name}' needs {sorted(missing)}, which backend "
+                      f"'{backend.name}' does not offer", path, UnsupportedCombination)
