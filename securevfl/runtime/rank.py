@@ -6,6 +6,7 @@ and under ``securevfl party`` (one rank per command, across hosts).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -88,6 +89,9 @@ def run_rank(
                 summary.update(party.run())
                 summary["loaded_columns"] = prep.data.columns
                 summary["has_labels"] = prep.data.y is not None
+                summary["n_aligned"] = len(prep.data.ids)
+                summary["aligned_digest"] = hashlib.sha256(
+                    "\n".join(prep.data.ids).encode()).hexdigest()[:16]
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 view = View(rank, role.party, dict(ledger.received))
                 summary["view_tags"] = sorted(view.received)
