@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     except SecureVFLError as exc:
         if args.debug:
             raise
-        msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False)
+        msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False,
+                            break_on_hyphens=False)
         print(msg, file=sys.stderr)
         return 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2
     except KeyboardInterrupt:

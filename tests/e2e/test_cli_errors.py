@@ -1,0 +1,146 @@
+"""User errors through the command line (``python -m securevfl.cli``): exit code 2,
+a one-paragraph message naming the YAML path (or party and column), and no
+traceback unless ``--debug``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PROTOCOLS, cli, load_yaml, write_yaml
+
+
+def error_text(proc) -> str:
+    """The CLI's final error paragraph, whitespace-normalized (it is wrapped)."""
+    err = proc.stderr
+    assert "securevfl: error:" in err, err
+    return " ".join(err[err.index("securevfl: error:"):].split())
+
+
+def assert_clean_user_error(proc, *expected: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    text = error_text(proc)
+    for part in expected:
+        assert part in text, (part, text)
+
+
+def unknown_key_doc() -> dict[str, Any]:
+    doc = load_yaml("plain.yaml")
+    doc["parties"]["passive"][0]["model"]["foo"] = 1
+    return doc
+
+
+def wrong_type_doc() -> dict[str, Any]:
+    doc = load_yaml("plain.yaml")
+    doc["training"]["epochs"] = "ten"
+    return doc
+
+
+CASES = {
+    "unknown_key": (unknown_key_doc, ["parties.passive[0].model.foo", "unknown key"]),
+    "wrong_type": (wrong_type_doc, ["training.epochs", "'ten'"]),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_protocol_exits_2_with_yaml_path(tmp_path, command, case):
+    make, expected = CASES[case]
+    f = write_yaml(tmp_path / "bad.yaml", make())
+    out = tmp_path / "out"
+    args = [command, str(f)] + (["--out", str(out), "--quiet"] if command == "run" else [])
+    proc = cli(*args, timeout=120)
+    assert_clean_user_error(proc, str(f), *expected)
+    assert not out.exists(), "no rank may start for an invalid protocol"
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    f = write_yaml(tmp_path / "bad.yaml", unknown_key_doc())
+    proc = cli("validate", str(f), "--debug", timeout=120)
+    assert proc.returncode not in (0, 2)
+    assert "Traceback" in proc.stderr
+    assert "ConfigError" in proc.stderr
+    assert "parties.passive[0].model.foo" in proc.stderr
+
+
+def test_bad_override_exits_2(tmp_path):
+    proc = cli("validate", str(PROTOCOLS / "plain.yaml"), "--set", "training.epochs=ten",
+               timeout=120)
+    assert_clean_user_error(proc, "training.epochs")
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_missing_file_exits_2(tmp_path, command):
+    missing = tmp_path / "nope.yaml"
+    proc = cli(command, str(missing), timeout=120)
+    assert_clean_user_error(proc, "not found", str(missing))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: plain\ndataset: {name: digits\nparties: [\n", "not valid YAML"),
+        ("- just\n- a list\n", "mapping"),
+    ],
+)
+def test_malformed_yaml_exits_2(tmp_path, text, expected):
+    f = tmp_path / "broken.yaml"
+    f.write_text(text)
+    proc = cli("validate", str(f), timeout=120)
+    assert_clean_user_error(proc, str(f), expected)
+
+
+def test_validate_ok_for_comparison():
+    """The same command on a good file succeeds (the error tests are not vacuous)."""
+    proc = cli("validate", str(PROTOCOLS / "plain.yaml"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok:" in proc.stdout
+
+
+# -- data errors surface from the ranks ---------------------------------------------------------
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
+    lines = [",".join(header)] + [",".join("" if v is None else str(v) for v in r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.timeout(90)
+def test_run_with_nan_in_a_csv_names_party_and_column(tmp_path):
+    ids = [f"cust-{i:05d}" for i in range(60)]
+    write_csv(tmp_path / "bank.csv", ["id", "label"], [[i, n % 2] for n, i in enumerate(ids)])
+    shop_rows = [[i, n * 0.5, n % 7] for n, i in enumerate(ids)]
+    shop_rows[17][2] = None  # a NaN in column 'visits' at ID cust-00017
+    write_csv(tmp_path / "shop.csv", ["id", "spend", "visits"], shop_rows)
+    write_csv(tmp_path / "telco.csv", ["id", "minutes"], [[i, n] for n, i in enumerate(ids)])
+    model = {"kind": "mlp", "hidden": [8], "out": 4}
+    doc = {
+        "name": "nan-check",
+        "dataset": {"name": "csv"},
+        "parties": {
+            "active": {"name": "bank", "source": {"path": "bank.csv", "label_column": "label"}},
+            "passive": [
+                {"name": "shop", "source": {"path": "shop.csv"}, "model": model},
+                {"name": "telco", "source": {"path": "telco.csv"}, "model": model},
+            ],
+        },
+        "training": {"epochs": 1},
+    }
+    f = write_yaml(tmp_path / "nan.yaml", doc)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = cli("run", str(f), "--out", str(out), "--quiet", timeout=85)
+    elapsed = time.monotonic() - t0
+    ended = time.time()
+    assert_clean_user_error(proc, "'shop'", "'visits'", "cust-00017")
+    assert "'spend'" not in error_text(proc)
+    # the root cause is the passive party's DataError, not the peers' PartyFailure
+    assert error_text(proc).startswith("securevfl: error: rank 1 (passive 'shop'):")
+    # it fails at load: the peers end on their own soon after the failing rank
+    # reports (killing them after the launcher's grace period would take 45 s)
+    reported = (out / "ranks" / "rank1.error.json").stat().st_mtime
+    assert ended - reported < 20, f"peers took {ended - reported:.1f} s to stop"
+    assert elapsed < 60, f"a bad file must fail fast, took {elapsed:.1f} s"

@@ -1,0 +1,125 @@
+"""Multi-command runs and failure handling with real processes:
+ranks started one per ``securevfl party`` command reproduce ``securevfl run``;
+a rank killed mid-training ends every other rank with an error naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from securevfl.runtime.launcher import free_port
+from tests.conftest import ROOT, cli, small_digits, write_yaml
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _party(proto: Path, rank: int, port: int, out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "securevfl.cli", "party", str(proto), "--rank", str(rank),
+         "--rendezvous", f"tcp://127.0.0.1:{port}", "--out", str(out), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+
+
+def test_party_commands_reproduce_run(tmp_path: Path):
+    doc = small_digits(epochs=2)
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    ran = cli("run", str(proto), "--out", str(tmp_path / "run"), "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    port = free_port()
+    procs = [_party(proto, r, port, tmp_path / f"host{r}", "--quiet") for r in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
+    a = json.loads((tmp_path / "run" / "result.json").read_text())
+    b = json.loads((tmp_path / "host0" / "result.json").read_text())
+    for key in ("test_accuracy", "train_steps", "bytes_per_step", "digest", "rows", "history"):
+        hist = lambda r: [{k: v for k, v in e.items()} for e in r["history"]]  # noqa: E731
+        assert (hist(a) if key == "history" else a[key]) == (hist(b) if key == "history" else b[key]), key
+    # every rank ended with identical parameters (bitwise: same seeds, same batches)
+    for r in range(3):
+        sa = torch.load(tmp_path / "run" / "ranks" / f"rank{r}.state.pt", weights_only=True)
+        sb = torch.load(tmp_path / f"host{r}" / "ranks" / f"rank{r}.state.pt", weights_only=True)
+        assert sa.keys() == sb.keys()
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # the three commands were three distinct processes, none of them this one
+    pids = set(b["party_pids"].values())
+    assert len(pids) == 3 and os.getpid() not in pids
+
+
+def _wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
+    """Read proc's stderr until a line contains needle."""
+    assert proc.stderr is not None
+    seen = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"never saw {needle!r}: {''.join(seen)[-2000:]}")
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
+    doc = small_digits(epochs=400, batch_size=32)
+    doc["runtime"] = {"peer_timeout_s": 10}
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    port = free_port()
+    procs = [_party(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
+    try:
+        _wait_for(procs[0], "epoch 2/400", timeout=120)  # training is under way
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        survivors = [r for r in range(3) if r != victim]
+        errs = {}
+        for r in survivors:
+            _, err = procs[r].communicate(timeout=60)
+            errs[r] = err
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert elapsed < 60, elapsed
+    for r in survivors:
+        assert procs[r].returncode not in (0, None), (r, errs[r][-1500:])
+        assert f"rank {victim}" in errs[r], (r, errs[r][-1500:])
+        assert "Traceback" not in errs[r]
+        note = json.loads((tmp_path / f"host{r}" / "ranks" / f"rank{r}.error.json").read_text())
+        assert note["lost_rank"] == victim
+
+
+def test_launcher_reports_killed_rank(tmp_path: Path):
+    """Under ``securevfl run`` the launcher's own message names the killed rank."""
+    doc = small_digits(epochs=400, batch_size=32)
+    doc["runtime"] = {"peer_timeout_s": 10}
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "securevfl.cli", "run", str(proto), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        _wait_for(proc, "epoch 2/400", timeout=120)
+        pids = json.loads((out / "ranks" / "launcher_pids.json").read_text())
+        os.kill(pids["1"], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err[-1500:]
+    assert elapsed < 60
+    assert "rank 1 (passive 'left')" in err and "SIGKILL" in err, err[-1500:]
+    for r in (0, 2):
+        note = json.loads((out / "ranks" / f"rank{r}.error.json").read_text())
+        assert note["lost_rank"] == 1

@@ -1,0 +1,369 @@
+"""Protocol schema and load-time cross-checks: every error is a ConfigError that
+names the YAML path of the offending field; overrides; the protocol digest."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import load_yaml
+
+from securevfl.config import Protocol, load_protocol, load_protocol_dict
+from securevfl.errors import ConfigError
+
+
+@pytest.fixture
+def doc() -> dict[str, Any]:
+    return load_yaml("plain.yaml")
+
+
+def csv_doc() -> dict[str, Any]:
+    """A valid CSV-dataset protocol: label-only active party, two passive files."""
+    return {
+        "name": "csvcheck",
+        "dataset": {"name": "csv"},
+        "parties": {
+            "active": {"name": "bank", "source": {"path": "bank.csv", "label_column": "label"}},
+            "passive": [
+                {"name": "shop", "source": {"path": "shop.csv"}, "model": {"out": 8}},
+                {"name": "telco", "source": {"path": "telco.csv"}, "model": {"out": 8}},
+            ],
+        },
+    }
+
+
+def config_error(doc: Any, **kw: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_protocol_dict(doc, **kw)
+    return info.value
+
+
+def test_base_protocol_is_valid(doc):
+    proto = load_protocol_dict(doc)
+    assert isinstance(proto, Protocol)
+    assert proto.n_passive == 2
+    assert proto.training.epochs == 10
+
+
+# -- unknown keys --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda d: d.update(foo=1), "foo"),
+        (lambda d: d["training"].update(epochz=3), "training.epochz"),
+        (lambda d: d["parties"]["passive"][0]["model"].update(foo=1),
+         "parties.passive[0].model.foo"),
+        (lambda d: d["parties"]["passive"][1]["columns"].update(extra="x"),
+         "parties.passive[1].columns.extra"),
+        (lambda d: d["parties"]["active"].update(labels="y"), "parties.active.labels"),
+        (lambda d: d["dataset"].update(shuffle=True), "dataset.shuffle"),
+    ],
+)
+def test_unknown_key_names_its_yaml_path(doc, mutate, path):
+    mutate(doc)
+    err = config_error(doc)
+    assert err.path == path
+    assert f"'{path}'" in str(err)
+    assert "unknown key" in str(err)
+
+
+def test_unknown_key_in_file_names_file_and_path(doc, tmp_path):
+    doc["parties"]["passive"][0]["model"]["foo"] = 1
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as info:
+        load_protocol(f)
+    msg = str(info.value)
+    assert str(f) in msg
+    assert "parties.passive[0].model.foo" in msg and "unknown key" in msg
+
+
+# -- wrong types and values ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("training", "epochs", "ten"),
+        ("training", "epochs", 0),
+        ("training", "epochs", [3]),
+        ("training", "batch_size", -1),
+        ("training", "lr", 0),
+        ("training", "optimizer", "rmsprop"),
+        ("dataset", "test_fraction", 1.5),
+        ("interactive", "out", "wide"),
+    ],
+)
+def test_wrong_type_or_value_names_the_field(doc, section, key, value):
+    doc[section][key] = value
+    err = config_error(doc)
+    assert err.path == f"{section}.{key}"
+    assert f"'{section}.{key}'" in str(err)
+
+
+def test_wrong_type_message_shows_the_bad_value(doc):
+    doc["training"]["epochs"] = "ten"
+    err = config_error(doc)
+    assert "training.epochs" in str(err)
+    assert "'ten'" in str(err)
+
+
+def test_missing_required_field(doc):
+    del doc["dataset"]
+    err = config_error(doc)
+    assert err.path == "dataset"
+    assert "missing" in str(err)
+
+
+def test_several_errors_are_all_listed(doc):
+    doc["training"]["epochs"] = "ten"
+    doc["training"]["batch_size"] = -1
+    msg = str(config_error(doc))
+    assert "training.epochs" in msg and "training.batch_size" in msg
+
+
+def test_non_mapping_document_is_rejected():
+    err = config_error(["not", "a", "mapping"])
+    assert "mapping" in str(err)
+
+
+def test_bad_party_name(doc):
+    doc["parties"]["passive"][0]["name"] = "has space"
+    assert config_error(doc).path == "parties.passive[0].name"
+
+
+def test_repeated_party_names(doc):
+    doc["parties"]["passive"][1]["name"] = doc["parties"]["passive"][0]["name"]
+    assert "unique" in str(config_error(doc))
+
+
+def test_column_select_needs_exactly_one_form(doc):
+    doc["parties"]["passive"][0]["columns"] = {"glob": "px_?_[0-3]", "index": [0, 32]}
+    err = config_error(doc)
+    assert err.path == "parties.passive[0].columns"
+    assert "exactly one" in str(err)
+
+
+# -- --set overrides -----------------------------------------------------------------------
+
+
+def test_overrides_apply(doc):
+    proto = load_protocol_dict(
+        doc,
+        overrides=["training.epochs=3", "training.lr=0.5", "parties.passive[1].model.out=16",
+                   "training.optimizer=sgd"],
+    )
+    assert proto.training.epochs == 3
+    assert proto.training.lr == 0.5
+    assert proto.parties.passive[1].model.out == 16
+    assert proto.training.optimizer == "sgd"
+
+
+def test_overrides_do_not_modify_the_callers_mapping(doc):
+    before = copy.deepcopy(doc)
+    load_protocol_dict(doc, overrides=["training.epochs=3"])
+    assert doc == before
+
+
+def test_overrides_apply_through_load_protocol(doc, tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert load_protocol(f, overrides=["training.batch_size=7"]).training.batch_size == 7
+
+
+@pytest.mark.parametrize(
+    ("expr", "path", "text"),
+    [
+        ("training.epochs=ten", "training.epochs", "integer"),
+        ("training.epochz=3", "training.epochz", "unknown key"),
+        ("training.epochs", "--set", "key.path=value"),
+        ("=3", "--set", "empty key"),
+        ("parties.passive[5].model.out=3", "parties.passive[5]", "no such list element"),
+        ("training.epochs.x=1", "training.epochs.x", "non-mapping"),
+        ("training.epochs=[1", "training.epochs", "YAML"),
+    ],
+)
+def test_bad_overrides_error_with_path(doc, expr, path, text):
+    err = config_error(doc, overrides=[expr])
+    assert err.path == path
+    assert text in str(err)
+
+
+# -- registries ----------------------------------------------------------------------------
+
+
+def test_unknown_backend_lists_known_backends(doc):
+    doc["exchange"]["backend"] = "magic"
+    err = config_error(doc)
+    assert err.path == "exchange.backend"
+    msg = str(err)
+    assert "'magic'" in msg and "known:" in msg and "plain" in msg
+
+
+def test_unknown_dataset_lists_known_datasets(doc):
+    doc["dataset"]["name"] = "mnist"
+    err = config_error(doc)
+    assert err.path == "dataset.name"
+    msg = str(err)
+    assert "'mnist'" in msg
+    for known in ("csv", "digits", "breast_cancer", "synthetic"):
+        assert known in msg
+
+
+def test_unknown_defense_and_attack(doc):
+    d = copy.deepcopy(doc)
+    d["parties"]["passive"][0]["defenses"] = [{"name": "no-such-defense"}]
+    assert config_error(d).path == "parties.passive[0].defenses[0].name"
+    d = copy.deepcopy(doc)
+    d["attacks"] = [{"name": "no-such-attack"}]
+    assert config_error(d).path == "attacks[0].name"
+
+
+# -- column layout -------------------------------------------------------------------------
+
+
+def test_overlapping_column_selections(doc):
+    doc["parties"]["passive"][1]["columns"] = {"glob": "px_?_[3-7]"}  # px_?_3 also in 'left'
+    err = config_error(doc)
+    assert err.path == "parties.passive[1].columns"
+    msg = str(err)
+    assert "left" in msg and "right" in msg and "px_0_3" in msg
+
+
+def test_overlapping_names_and_index(doc):
+    doc["parties"]["passive"][0]["columns"] = {"index": [0, 10]}
+    doc["parties"]["passive"][0]["model"] = {"kind": "mlp"}
+    doc["parties"]["passive"][1]["columns"] = {"names": ["px_1_1"]}  # feature #9
+    doc["parties"]["passive"][1]["model"] = {"kind": "mlp"}
+    assert config_error(doc).path == "parties.passive[1].columns"
+
+
+def test_unknown_column_names(doc):
+    doc["parties"]["passive"][0]["columns"] = {"names": ["px_0_0", "nope"]}
+    err = config_error(doc)
+    assert err.path == "parties.passive[0].columns.names"
+    assert "nope" in str(err)
+
+
+def test_cnn_input_shape_must_match_column_count(doc):
+    doc["parties"]["passive"][0]["model"]["input_shape"] = [1, 8, 8]  # party has 32 columns
+    err = config_error(doc)
+    assert err.path == "parties.passive[0].model.input_shape"
+    assert "64" in str(err) and "32" in str(err)
+
+
+def test_cnn_needs_input_shape(doc):
+    del doc["parties"]["passive"][1]["model"]["input_shape"]
+    err = config_error(doc)
+    assert err.path == "parties.passive[1].model"
+    assert "input_shape" in str(err)
+
+
+def test_passive_party_needs_columns_and_model(doc):
+    d = copy.deepcopy(doc)
+    del d["parties"]["passive"][0]["columns"]
+    assert config_error(d).path == "parties.passive[0].columns"
+    d = copy.deepcopy(doc)
+    del d["parties"]["passive"][1]["model"]
+    assert config_error(d).path == "parties.passive[1].model"
+
+
+# -- CSV datasets --------------------------------------------------------------------------
+
+
+def test_csv_protocol_is_valid():
+    proto = load_protocol_dict(csv_doc())
+    assert proto.parties.active.source.label_column == "label"
+    assert proto.parties.passive[0].source.label_column is None
+
+
+def test_csv_passive_source_with_label_column_is_rejected():
+    d = csv_doc()
+    d["parties"]["passive"][1]["source"]["label_column"] = "label"
+    err = config_error(d)
+    assert err.path == "parties.passive[1].source.label_column"
+    assert "must not hold labels" in str(err)
+
+
+def test_csv_active_source_needs_label_column():
+    d = csv_doc()
+    del d["parties"]["active"]["source"]["label_column"]
+    assert config_error(d).path == "parties.active.source.label_column"
+
+
+def test_csv_party_needs_source_not_columns():
+    d = csv_doc()
+    del d["parties"]["passive"][0]["source"]
+    assert config_error(d).path == "parties.passive[0].source"
+    d = csv_doc()
+    d["parties"]["passive"][0]["columns"] = {"glob": "*"}
+    assert config_error(d).path == "parties.passive[0].columns"
+
+
+def test_builtin_dataset_refuses_sources(doc):
+    doc["parties"]["passive"][0]["source"] = {"path": "x.csv"}
+    assert config_error(doc).path == "parties.passive[0].source"
+
+
+def test_label_only_active_party_with_model_is_rejected(doc):
+    d = csv_doc()
+    d["parties"]["active"]["model"] = {"kind": "mlp"}
+    err = config_error(d)
+    assert err.path == "parties.active.model"
+    assert "label-only" in str(err)
+    doc["parties"]["active"]["model"] = {"kind": "mlp"}  # built-in dataset, no columns
+    assert config_error(doc).path == "parties.active.model"
+
+
+def test_active_party_with_features_needs_model():
+    d = csv_doc()
+    d["parties"]["active"]["source"]["feature_columns"] = ["income"]
+    assert config_error(d).path == "parties.active.model"
+    d["parties"]["active"]["model"] = {"kind": "mlp"}
+    assert load_protocol_dict(d).parties.active.model is not None
+
+
+def test_csv_paths_resolve_relative_to_protocol_file(tmp_path):
+    sub = tmp_path / "proto"
+    sub.mkdir()
+    f = sub / "p.yaml"
+    f.write_text(yaml.safe_dump(csv_doc()))
+    proto = load_protocol(f)
+    assert Path(proto.parties.active.source.path) == (sub / "bank.csv").resolve()
+    assert Path(proto.parties.passive[1].source.path) == (sub / "telco.csv").resolve()
+
+
+# -- digest --------------------------------------------------------------------------------
+
+
+def test_digest_is_stable_across_loads(doc, tmp_path):
+    a = load_protocol_dict(doc).digest()
+    assert load_protocol_dict(copy.deepcopy(doc)).digest() == a
+    # key order and a round trip through a file do not matter
+    reordered = dict(reversed(list(copy.deepcopy(doc).items())))
+    assert load_protocol_dict(reordered).digest() == a
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=True))
+    assert load_protocol(f).digest() == a
+    assert len(a) == 16 and int(a, 16) >= 0
+
+
+def test_digest_changes_with_any_field(doc):
+    base = load_protocol_dict(doc).digest()
+    seen = {base}
+    for expr in ["training.seed=1", "training.epochs=11", "parties.passive[0].model.out=63",
+                 "dataset.test_fraction=0.25", "description=other"]:
+        d = load_protocol_dict(doc, overrides=[expr]).digest()
+        assert d not in seen, expr
+        seen.add(d)
+
+
+def test_digest_same_for_override_and_edit(doc):
+    via_set = load_protocol_dict(doc, overrides=["training.epochs=3"]).digest()
+    doc["training"]["epochs"] = 3
+    assert load_protocol_dict(doc).digest() == via_set

@@ -1,0 +1,308 @@
+"""Loading one party's own CSV: validation errors name party, column and ID;
+labels only at the active party; split and standardization."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from securevfl.config import CsvSource
+from securevfl.data.party_data import load_party_data, split_indices, standardize
+from securevfl.errors import DataError
+from securevfl.seeding import generator
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text.strip() + "\n")
+    return str(p)
+
+
+def src(path: str, **kw) -> CsvSource:
+    return CsvSource(path=path, **kw)
+
+
+def test_passive_loads_every_non_id_column(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,age,income
+c-01,30,1.5
+c-02,41,2.5
+c-03,52,3.5
+""")
+    data = load_party_data(src(path), "shop", is_active=False)
+    assert data.party == "shop"
+    assert data.ids == ["c-01", "c-02", "c-03"]
+    assert data.columns == ["age", "income"]
+    assert data.x.dtype == np.float32
+    np.testing.assert_allclose(data.x, [[30, 1.5], [41, 2.5], [52, 3.5]])
+    assert data.y is None and data.classes is None
+
+
+def test_ids_are_read_as_strings(tmp_path):
+    # numeric-looking IDs keep their leading zeros (they are keys, not numbers)
+    path = write(tmp_path, "p.csv", """
+id,f
+007,1
+010,2
+""")
+    assert load_party_data(src(path), "p", is_active=False).ids == ["007", "010"]
+
+
+def test_passive_never_gets_labels(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,f1,label
+a,1,0
+b,2,1
+c,3,0
+""")
+    # a label_column on a passive source is ignored by the loader (and refused at load)
+    data = load_party_data(src(path, label_column="label"), "p", is_active=False)
+    assert data.y is None and data.classes is None
+    # without feature_columns, every non-ID column is this party's own feature
+    assert data.columns == ["f1", "label"]
+    # with feature_columns, only those are read
+    data = load_party_data(src(path, feature_columns=["f1"]), "p", is_active=False)
+    assert data.columns == ["f1"]
+    assert data.x.shape == (3, 1)
+    assert data.y is None
+
+
+def test_active_label_only(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,secret,label
+a,9,yes
+b,8,no
+c,7,yes
+d,6,maybe
+""")
+    data = load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    # the active party reads no feature columns unless it lists them
+    assert data.columns == []
+    assert data.x.shape == (4, 0)
+    # labels are mapped to indices of the sorted class values
+    assert data.classes == ["maybe", "no", "yes"]
+    assert data.y.dtype == np.int64
+    assert data.y.tolist() == [2, 1, 2, 0]
+
+
+def test_active_with_own_features(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,x1,x2,label
+a,1,10,3
+b,2,20,5
+c,3,30,3
+""")
+    data = load_party_data(src(path, label_column="label", feature_columns=["x2"]), "bank",
+                           is_active=True)
+    assert data.columns == ["x2"]
+    np.testing.assert_allclose(data.x[:, 0], [10, 20, 30])
+    assert data.classes == ["3", "5"]
+    assert data.y.tolist() == [0, 1, 0]
+
+
+def test_take_reorders_rows_and_labels(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,x,label
+a,1,0
+b,2,1
+c,3,1
+""")
+    data = load_party_data(src(path, label_column="label", feature_columns=["x"]), "bank",
+                           is_active=True)
+    t = data.take(np.array([2, 0]))
+    assert t.ids == ["c", "a"]
+    assert t.x[:, 0].tolist() == [3, 1]
+    assert t.y.tolist() == [1, 0]
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def test_nan_in_feature_column_names_party_column_and_id(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,age,income
+cust-aa01,30,1.5
+cust-bb02,41,
+cust-cc03,52,3.5
+""")
+    with pytest.raises(DataError) as info:
+        load_party_data(src(path), "shop", is_active=False)
+    msg = str(info.value)
+    assert "'shop'" in msg
+    assert "'income'" in msg
+    assert "cust-bb02" in msg
+    assert "age" not in msg
+
+
+def test_infinite_value_is_rejected(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,f
+a,1
+b,inf
+""")
+    with pytest.raises(DataError, match=r"'f'.*'b'"):
+        load_party_data(src(path), "p", is_active=False)
+
+
+def test_duplicate_ids_are_named(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,f
+u-1,1
+u-2,2
+u-1,3
+u-3,4
+u-3,5
+""")
+    with pytest.raises(DataError) as info:
+        load_party_data(src(path), "telco", is_active=False)
+    msg = str(info.value)
+    assert "'telco'" in msg and "duplicate" in msg
+    assert "u-1" in msg and "u-3" in msg
+    assert "u-2" not in msg
+
+
+def test_missing_id_value_names_the_line(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,f
+u-1,1
+,2
+u-3,3
+""")
+    with pytest.raises(DataError) as info:
+        load_party_data(src(path), "telco", is_active=False)
+    msg = str(info.value)
+    assert "'telco'" in msg and "missing ID" in msg and "'id'" in msg
+    assert "line 3" in msg
+
+
+def test_missing_id_column(tmp_path):
+    path = write(tmp_path, "p.csv", """
+key,f
+u-1,1
+""")
+    with pytest.raises(DataError, match=r"'telco'.*ID column 'id'"):
+        load_party_data(src(path), "telco", is_active=False)
+    # a custom ID column works
+    data = load_party_data(src(path, id_column="key"), "telco", is_active=False)
+    assert data.ids == ["u-1"] and data.columns == ["f"]
+
+
+def test_active_party_with_missing_label_column(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,target
+a,1
+b,0
+""")
+    with pytest.raises(DataError) as info:
+        load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    msg = str(info.value)
+    assert "'bank'" in msg and "label column 'label'" in msg
+
+
+def test_active_party_without_label_column_setting(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,label
+a,1
+b,0
+""")
+    with pytest.raises(DataError, match=r"'bank'.*label_column"):
+        load_party_data(src(path), "bank", is_active=True)
+
+
+def test_missing_label_value_names_the_id(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,label
+a,1
+b,
+c,0
+""")
+    with pytest.raises(DataError, match=r"'bank'.*missing label.*'b'"):
+        load_party_data(src(path, label_column="label"), "bank", is_active=True)
+
+
+def test_single_class_labels_rejected(tmp_path):
+    path = write(tmp_path, "a.csv", """
+id,label
+a,1
+b,1
+""")
+    with pytest.raises(DataError, match="fewer than 2 classes"):
+        load_party_data(src(path, label_column="label"), "bank", is_active=True)
+
+
+def test_non_numeric_feature_column(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,f,city
+a,1,Paris
+b,2,Rome
+""")
+    with pytest.raises(DataError, match=r"'shop'.*non-numeric.*city"):
+        load_party_data(src(path), "shop", is_active=False)
+
+
+def test_unknown_feature_columns(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id,f
+a,1
+""")
+    with pytest.raises(DataError, match=r"'shop'.*'g'"):
+        load_party_data(src(path, feature_columns=["f", "g"]), "shop", is_active=False)
+
+
+def test_passive_without_features(tmp_path):
+    path = write(tmp_path, "p.csv", """
+id
+a
+b
+""")
+    with pytest.raises(DataError, match=r"'shop'.*no feature columns"):
+        load_party_data(src(path), "shop", is_active=False)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError, match=r"'shop'.*not found"):
+        load_party_data(src(str(tmp_path / "nope.csv")), "shop", is_active=False)
+
+
+# -- split and standardization -------------------------------------------------------------
+
+
+def test_split_is_deterministic_disjoint_and_complete():
+    a_tr, a_te = split_indices(101, 0.2, generator(7, "split"))
+    b_tr, b_te = split_indices(101, 0.2, generator(7, "split"))
+    np.testing.assert_array_equal(a_tr, b_tr)
+    np.testing.assert_array_equal(a_te, b_te)
+    assert len(a_te) == 20 and len(a_tr) == 81
+    assert not set(a_tr.tolist()) & set(a_te.tolist())
+    assert sorted(np.concatenate([a_tr, a_te]).tolist()) == list(range(101))
+    # sorted, so rows keep the agreed (aligned) order within each split
+    assert (np.diff(a_tr) > 0).all() and (np.diff(a_te) > 0).all()
+    c_tr, _ = split_indices(101, 0.2, generator(8, "split"))
+    assert not np.array_equal(a_tr, c_tr)
+
+
+def test_split_keeps_one_test_row_and_refuses_too_few_rows():
+    tr, te = split_indices(5, 0.01, generator(0, "split"))
+    assert len(te) == 1 and len(tr) == 4
+    with pytest.raises(DataError, match="too few"):
+        split_indices(1, 0.2, generator(0, "split"))
+
+
+def test_standardize_uses_training_statistics():
+    rng = np.random.default_rng(0)
+    x_tr = rng.normal(5.0, 3.0, size=(200, 3)).astype(np.float32)
+    x_tr[:, 2] = 4.0  # constant column
+    x_te = rng.normal(-2.0, 1.0, size=(50, 3)).astype(np.float32)
+    s_tr, s_te = standardize(x_tr, x_te)
+    assert s_tr.dtype == np.float32 and s_te.dtype == np.float32
+    np.testing.assert_allclose(s_tr[:, :2].mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(s_tr[:, :2].std(axis=0), 1.0, atol=1e-4)
+    mu, sd = x_tr.mean(axis=0), x_tr.std(axis=0)
+    np.testing.assert_allclose(s_te[:, :2], (x_te[:, :2] - mu[:2]) / sd[:2], rtol=1e-5, atol=1e-5)
+    # the test rows are not re-centred on their own statistics
+    assert s_te[:, 0].mean() < -1.0
+    # a constant column keeps scale 1 (only shifted), no division by zero
+    np.testing.assert_allclose(s_tr[:, 2], 0.0)
+    np.testing.assert_allclose(s_te[:, 2], x_te[:, 2] - 4.0, atol=1e-5)
