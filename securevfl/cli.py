@@ -15,8 +15,14 @@ from securevfl.errors import PartyFailure, SecureVFLError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a protocol field, e.g. --set training.epochs=3 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a protocol field, e.g. --set training.epochs=3 (repeatable)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -62,8 +68,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     proto = load_protocol(args.file, args.overrides)
     out = Path(args.out or f"runs/{proto.name}")
-    result = launch(proto, out, data_dir=Path(args.data_dir) if args.data_dir else None,
-                    progress=not args.quiet)
+    result = launch(
+        proto, out, data_dir=Path(args.data_dir) if args.data_dir else None, progress=not args.quiet
+    )
     print_table([result], title=f"securevfl run: {proto.name}")
     print(f"result: {out / 'result.json'}")
     return 0
@@ -107,9 +114,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     results = []
     for i, proto in enumerate(protos, 1):
-        print(f"[{i}/{len(protos)}] {proto.name} ({proto.exchange.backend})", file=sys.stderr, flush=True)
-        results.append(launch(proto, out / proto.name, data_dir=out / "data",
-                              progress=not args.quiet))
+        print(
+            f"[{i}/{len(protos)}] {proto.name} ({proto.exchange.backend})",
+            file=sys.stderr,
+            flush=True,
+        )
+        results.append(launch(proto, out / proto.name, data_dir=out / "data", progress=not args.quiet))
     print_table(results, title="securevfl compare")
     paths = write_comparison(out, results)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -123,8 +133,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for f in args.files:
         proto = load_protocol(f, args.overrides)
         lay = Layout.from_protocol(proto)
-        print(f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
-              f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)})")
+        print(
+            f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
+            f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)})"
+        )
     return 0
 
 
@@ -134,15 +146,24 @@ def cmd_list(args: argparse.Namespace) -> int:
     from securevfl.defenses import DEFENSES
     from securevfl.exchange import EXCHANGES
 
-    for title, reg in (("exchange backends", EXCHANGES), ("defenses", DEFENSES),
-                       ("attacks", ATTACKS), ("datasets", DATASETS)):
+    for title, reg in (
+        ("exchange backends", EXCHANGES),
+        ("defenses", DEFENSES),
+        ("attacks", ATTACKS),
+        ("datasets", DATASETS),
+    ):
         names = reg.names() + (["csv"] if reg is DATASETS else [])
         print(f"{title}: {', '.join(names) or '(none yet)'}")
     return 0
 
 
-COMMANDS = {"run": cmd_run, "party": cmd_party, "compare": cmd_compare,
-            "validate": cmd_validate, "list": cmd_list}
+COMMANDS = {
+    "run": cmd_run,
+    "party": cmd_party,
+    "compare": cmd_compare,
+    "validate": cmd_validate,
+    "list": cmd_list,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except SecureVFLError as exc:
         if args.debug:
             raise
-        msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False,
-                            break_on_hyphens=False)
+        msg = textwrap.fill(
+            f"securevfl: error: {exc}", width=100, break_long_words=False, break_on_hyphens=False
+        )
         print(msg, file=sys.stderr)
         return 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2
     except KeyboardInterrupt:

@@ -1,7 +1,8 @@
 """Typed protocol schema: one YAML file describes one run.
 
-Every model forbids unknown keys, and every validation error is reported with the
-YAML path of the offending field (``parties.passive[1].model.out``). The validated
+Every model forbids unknown keys and coerces nothing (``epochs: "10"`` is an
+error), and every validation error is reported with the YAML path of the offending
+field (``parties.passive[1].model.out``). The validated
 :class:`Protocol` object is passed down explicitly; there is no global config.
 Component-specific options (a backend's or a defense's parameters) are validated
 by that component's own options model, again with the full path.
@@ -25,7 +26,7 @@ class Strict(BaseModel):
     """Base for every schema model: unknown keys are errors, values are not coerced
     from strings (``epochs: "ten"`` is an error, not a guess)."""
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class ColumnSelect(Strict):
@@ -35,7 +36,7 @@ class ColumnSelect(Strict):
 
     names: list[str] | None = None
     glob: str | None = None
-    index: tuple[int, int] | None = None
+    index: list[int] | None = Field(default=None, min_length=2, max_length=2)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ColumnSelect:
@@ -67,7 +68,7 @@ class ModelSpec(Strict):
     kind: Literal["mlp", "cnn"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64])
     out: int = Field(default=64, gt=0)
-    input_shape: tuple[int, int, int] | None = None
+    input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3)
     channels: int = Field(default=8, gt=0)
 
     @model_validator(mode="after")
@@ -142,9 +143,7 @@ class TrainingSpec(Strict):
 
 class RuntimeSpec(Strict):
     startup_timeout_s: float = Field(default=60.0, gt=0)
-    peer_timeout_s: float = Field(
-        default=15.0, gt=0, description="a peer silent this long is declared lost"
-    )
+    peer_timeout_s: float = Field(default=15.0, gt=0, description="a peer silent this long is declared lost")
     op_timeout_s: float = Field(default=900.0, gt=0, description="one send/recv at most")
     record_views: bool = Field(default=True, description="keep received tensors for attacks")
 

@@ -17,10 +17,10 @@ from securevfl.seeding import seeded
 class CNNBottom(nn.Module):
     """Small conv net for image halves: conv3x3 -> ReLU -> conv3x3 -> ReLU -> linear."""
 
-    def __init__(self, input_shape: tuple[int, int, int], channels: int, out: int):
+    def __init__(self, input_shape: list[int] | tuple[int, ...], channels: int, out: int):
         super().__init__()
         c, h, w = input_shape
-        self.input_shape = input_shape
+        self.input_shape = tuple(input_shape)
         self.features = nn.Sequential(
             nn.Conv2d(c, channels, 3, padding=1),
             nn.ReLU(),

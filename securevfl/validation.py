@@ -39,24 +39,35 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
     # dataset and columns
     builtin = proto.dataset.name != "csv"
     if builtin and proto.dataset.name not in DATASETS:
-        raise err(f"unknown dataset '{proto.dataset.name}' (known: csv, {', '.join(DATASETS.names())})",
-                  "dataset.name")
+        raise err(
+            f"unknown dataset '{proto.dataset.name}' (known: csv, {', '.join(DATASETS.names())})",
+            "dataset.name",
+        )
     if proto.dataset.synthetic is not None and proto.dataset.name != "synthetic":
         raise err("only the 'synthetic' dataset takes these parameters", "dataset.synthetic")
     for lay in party_layouts(proto):
         spec = lay.spec
         if builtin:
             if spec.source is not None:
-                raise err("a built-in dataset is partitioned with 'columns', not 'source'", f"{lay.path}.source")
+                raise err(
+                    "a built-in dataset is partitioned with 'columns', not 'source'",
+                    f"{lay.path}.source",
+                )
             if not lay.is_active and spec.columns is None:
                 raise err("a passive party needs 'columns'", f"{lay.path}.columns")
         else:
             if spec.columns is not None:
-                raise err("with dataset 'csv' each party gives its own 'source' file", f"{lay.path}.columns")
+                raise err(
+                    "with dataset 'csv' each party gives its own 'source' file",
+                    f"{lay.path}.columns",
+                )
             if spec.source is None:
                 raise err("with dataset 'csv' each party needs a 'source'", f"{lay.path}.source")
             if lay.is_active and not spec.source.label_column:
-                raise err("the active party's source needs 'label_column'", f"{lay.path}.source.label_column")
+                raise err(
+                    "the active party's source needs 'label_column'",
+                    f"{lay.path}.source.label_column",
+                )
             if not lay.is_active and spec.source.label_column:
                 raise err("a passive party must not hold labels", f"{lay.path}.source.label_column")
         if spec.source is not None:
@@ -92,27 +103,39 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
         for j, spec in enumerate(lay.spec.defenses):
             path = f"{lay.path}.defenses[{j}]"
             if spec.name not in DEFENSES:
-                raise err(f"unknown defense '{spec.name}' (known: {', '.join(DEFENSES.names()) or 'none'})",
-                          f"{path}.name")
+                raise err(
+                    f"unknown defense '{spec.name}' (known: {', '.join(DEFENSES.names()) or 'none'})",
+                    f"{path}.name",
+                )
             cls = DEFENSES.get(spec.name)
             if side not in cls.sides:
-                raise err(f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
-                          f"not the {side} party", path, UnsupportedCombination)
+                raise err(
+                    f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
+                    f"not the {side} party",
+                    path,
+                    UnsupportedCombination,
+                )
             try:
                 cls.options.model_validate(spec.params)
             except ValidationError as exc:
                 raise validation_error(exc, prefix=f"{path}.params", source=source) from None
             missing = cls.requires - backend.capabilities
             if missing:
-                raise err(f"defense '{spec.name}' needs {sorted(missing)}, which backend "
-                          f"'{backend.name}' does not offer", path, UnsupportedCombination)
+                raise err(
+                    f"defense '{spec.name}' needs {sorted(missing)}, which backend "
+                    f"'{backend.name}' does not offer",
+                    path,
+                    UnsupportedCombination,
+                )
 
     # attacks
     for j, spec in enumerate(proto.attacks):
         path = f"attacks[{j}]"
         if spec.name not in ATTACKS:
-            raise err(f"unknown attack '{spec.name}' (known: {', '.join(ATTACKS.names()) or 'none'})",
-                      f"{path}.name")
+            raise err(
+                f"unknown attack '{spec.name}' (known: {', '.join(ATTACKS.names()) or 'none'})",
+                f"{path}.name",
+            )
         acls = ATTACKS.get(spec.name)
         try:
             acls.options.model_validate(spec.params)
@@ -120,5 +143,9 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
             raise validation_error(exc, prefix=f"{path}.params", source=source) from None
         missing = acls.requires - backend.capabilities
         if missing:
-            raise err(f"attack '{spec.name}' needs {sorted(missing)}, which backend "
-                      f"'{backend.name}' does not offer", path, UnsupportedCombination)
+            raise err(
+                f"attack '{spec.name}' needs {sorted(missing)}, which backend "
+                f"'{backend.name}' does not offer",
+                path,
+                UnsupportedCombination,
+            )

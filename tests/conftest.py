@@ -40,12 +40,19 @@ def run_doc(doc: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     return launch(proto, out, progress=False, **kw)
 
 
-def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``securevfl ARGS`` in a fresh interpreter."""
     e = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "securevfl.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=e, cwd=cwd or ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "securevfl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=e,
+        cwd=cwd or ROOT,
+    )
 
 
 def write_yaml(path: Path, doc: dict[str, Any]) -> Path:

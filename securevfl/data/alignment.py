@@ -63,6 +63,11 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
         setup = _parse(psi.ServerSetup, channel.recv_bytes(role.rank, PSI_SETUP), who, "setup")
         channel.send_bytes(role.rank, PSI_REQUEST, client.CreateRequest(ids).SerializeToString())
         resp = _parse(psi.Response, channel.recv_bytes(role.rank, PSI_RESPONSE), who, "response")
+        if len(resp.encrypted_elements) != len(ids):
+            raise ProtocolError(
+                f"{who} sent a PSI response with {len(resp.encrypted_elements)} elements for a "
+                f"request of {len(ids)}"
+            )
         try:
             found = client.GetIntersection(setup, resp)
         except Exception as exc:

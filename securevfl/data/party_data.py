@@ -71,9 +71,7 @@ def load_party_data(source: CsvSource, party: str, *, is_active: bool) -> PartyD
     if not is_active and not feats:
         raise DataError(f"party '{party}': no feature columns in {source.path}")
     usecols = [source.id_column, *feats] + ([label] if label else [])
-    frame = pd.read_csv(
-        source.path, usecols=usecols, dtype={source.id_column: str}, keep_default_na=True
-    )
+    frame = pd.read_csv(source.path, usecols=usecols, dtype={source.id_column: str}, keep_default_na=True)
 
     ids = frame[source.id_column]
     if ids.isna().any():
@@ -82,8 +80,7 @@ def load_party_data(source: CsvSource, party: str, *, is_active: bool) -> PartyD
     dup = ids[ids.duplicated()]
     if len(dup):
         raise DataError(
-            f"party '{party}': duplicate IDs in column '{source.id_column}', e.g. "
-            f"{sorted(set(dup))[:3]}"
+            f"party '{party}': duplicate IDs in column '{source.id_column}', e.g. {sorted(set(dup))[:3]}"
         )
     x = frame[feats]
     non_numeric = [c for c in feats if not pd.api.types.is_numeric_dtype(x[c])]
@@ -116,7 +113,7 @@ def split_indices(n: int, test_fraction: float, gen) -> tuple[np.ndarray, np.nda
     import torch
 
     perm = torch.randperm(n, generator=gen).numpy()
-    n_test = max(1, int(round(n * test_fraction)))
+    n_test = max(1, round(n * test_fraction))
     if n - n_test < 1:
         raise DataError(f"only {n} aligned rows: too few to split into train and test")
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])

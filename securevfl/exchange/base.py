@@ -99,7 +99,7 @@ class ExchangeBackend(ABC):
     def helper_names(cls, proto: Protocol) -> list[str]:
         return []
 
-    @classmethod
+    @classmethod  # noqa: B027 - optional hook
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         """Extra load-time checks (security floors, sizes); raise ConfigError."""
 

@@ -76,9 +76,7 @@ class PlainPassive(PassiveExchange):
         self.ctx.channel.send(self.active, EMBEDDING, h.float())
 
     def backward(self) -> torch.Tensor:
-        g = self.ctx.channel.recv(
-            self.active, EMB_GRAD, shape=(self._batch, self.dim), dtype=torch.float32
-        )
+        g = self.ctx.channel.recv(self.active, EMB_GRAD, shape=(self._batch, self.dim), dtype=torch.float32)
         return g.to(self.ctx.device)
 
 

@@ -19,8 +19,15 @@ from securevfl.runtime.session import Session
 
 
 class ActiveParty:
-    def __init__(self, session: Session, backend: type[ExchangeBackend], ctx: ExchangeContext,
-                 prep: Prepared, *, progress: bool):
+    def __init__(
+        self,
+        session: Session,
+        backend: type[ExchangeBackend],
+        ctx: ExchangeContext,
+        prep: Prepared,
+        *,
+        progress: bool,
+    ):
         self.s = session
         self.proto = proto = session.proto
         self.ctx = ctx
@@ -53,8 +60,11 @@ class ActiveParty:
         self.opt = make_optimizer(params, tr)
         self.exchange = backend.active(ctx)
         self.n_train = len(prep.train_idx)
-        self.progress = Progress(f"{proto.name} [{proto.exchange.backend}]",
-                                 tr.epochs * steps_per_epoch(self.n_train, tr.batch_size), enabled=progress)
+        self.progress = Progress(
+            f"{proto.name} [{proto.exchange.backend}]",
+            tr.epochs * steps_per_epoch(self.n_train, tr.batch_size),
+            enabled=progress,
+        )
 
     # -- one forward through the whole split model ------------------------------------
     def _logits(self, idx: np.ndarray, x: torch.Tensor, *, train: bool):
@@ -119,8 +129,11 @@ class ActiveParty:
                 row.update(metrics)
             history.append(row)
             acc = row.get("test_accuracy")
-            self.progress.epoch(epoch + 1, tr.epochs, f"loss {row['train_loss']:.4f}"
-                                + (f" test_acc {acc:.4f}" if acc is not None else ""))
+            self.progress.epoch(
+                epoch + 1,
+                tr.epochs,
+                f"loss {row['train_loss']:.4f}" + (f" test_acc {acc:.4f}" if acc is not None else ""),
+            )
         self.progress.close()
         self.steps = step
         return {

@@ -30,9 +30,7 @@ class Prepared:
     x_test: np.ndarray
 
 
-def prepare(
-    proto: Protocol, layout: Layout, role: Role, channel: Channel, data_dir: Path
-) -> Prepared:
+def prepare(proto: Protocol, layout: Layout, role: Role, channel: Channel, data_dir: Path) -> Prepared:
     source = party_source(proto, role.party, data_dir)
     raw = load_party_data(source, role.party, is_active=role.kind == "active")
     channel.phase = "psi"

@@ -15,8 +15,15 @@ from securevfl.runtime.session import Session
 
 
 class PassiveParty:
-    def __init__(self, session: Session, backend: type[ExchangeBackend], ctx: ExchangeContext,
-                 prep: Prepared, *, progress: bool):
+    def __init__(
+        self,
+        session: Session,
+        backend: type[ExchangeBackend],
+        ctx: ExchangeContext,
+        prep: Prepared,
+        *,
+        progress: bool,
+    ):
         self.s = session
         self.proto = proto = session.proto
         self.ctx = ctx
@@ -31,8 +38,9 @@ class PassiveParty:
         self.x_train = torch.as_tensor(x_tr)
         self.x_test = torch.as_tensor(x_te)
         assert spec.model is not None
-        self.bottom = build_bottom(spec.model, self.x_train.shape[1], seed=proto.training.seed,
-                                   party=spec.name).to(self.device)
+        self.bottom = build_bottom(
+            spec.model, self.x_train.shape[1], seed=proto.training.seed, party=spec.name
+        ).to(self.device)
         modules = [self.bottom, *self.stack.modules()]
         for m in modules:
             m.to(self.device)

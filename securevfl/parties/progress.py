@@ -17,12 +17,22 @@ class Progress:
         self._task: Any = None
         self._t0 = time.perf_counter()
         if self.tty:
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import (
+                Progress as RichProgress,
+            )
 
             self._bar = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(),
-                TextColumn("{task.completed}/{task.total} steps"), TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(), transient=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} steps"),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
             )
             self._bar.start()
             self._task = self._bar.add_task(label, total=total_steps, info="")
@@ -36,7 +46,11 @@ class Progress:
             self._bar.update(self._task, info=f"epoch {epoch}/{epochs} {info}")
         elif self.enabled:
             dt = time.perf_counter() - self._t0
-            print(f"[{self.label}] epoch {epoch}/{epochs} {info} ({dt:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"[{self.label}] epoch {epoch}/{epochs} {info} ({dt:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self._bar is not None:

@@ -61,8 +61,10 @@ def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
-             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines = [
+        "| " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
     for r in rows(results):
         lines.append("| " + " | ".join(fmt(k, r[k]) for k, _ in COLUMNS) + " |")
     return "\n".join(lines)
@@ -72,16 +74,25 @@ def write_comparison(out_dir: Path, results: list[dict[str, Any]]) -> dict[str, 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     table = rows(results)
-    paths = {"json": out_dir / "compare.json", "csv": out_dir / "compare.csv",
-             "markdown": out_dir / "report.md"}
+    paths = {
+        "json": out_dir / "compare.json",
+        "csv": out_dir / "compare.csv",
+        "markdown": out_dir / "report.md",
+    }
     paths["json"].write_text(json.dumps(table, indent=2))
     with open(paths["csv"], "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=[k for k, _ in COLUMNS])
         w.writeheader()
         w.writerows(table)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    body = [f"# securevfl comparison ({stamp})", "", markdown_table(results), "",
-            "Time per step is measured at the active party; bytes per step are summed over the "
-            "ledger of every rank (payload bytes of each message, counted once at its sender).", ""]
+    body = [
+        f"# securevfl comparison ({stamp})",
+        "",
+        markdown_table(results),
+        "",
+        "Time per step is measured at the active party; bytes per step are summed over the "
+        "ledger of every rank (payload bytes of each message, counted once at its sender).",
+        "",
+    ]
     paths["markdown"].write_text("\n".join(body))
     return paths

@@ -19,9 +19,17 @@ from securevfl.runtime.ledger import merge_summaries
 RESULT_FILE = "result.json"
 
 
-def build_result(proto: Protocol, backend: type[ExchangeBackend], options: BaseModel,
-                 layout: Layout, parts: list[dict[str, Any]], pids: dict[int, int], *,
-                 started: float, finished: float) -> dict[str, Any]:
+def build_result(
+    proto: Protocol,
+    backend: type[ExchangeBackend],
+    options: BaseModel,
+    layout: Layout,
+    parts: list[dict[str, Any]],
+    pids: dict[int, int],
+    *,
+    started: float,
+    finished: float,
+) -> dict[str, Any]:
     active = parts[0]
     steps = int(active["train_steps"])
     ledger = merge_summaries([p["ledger"] for p in parts], steps)
@@ -46,8 +54,11 @@ def build_result(proto: Protocol, backend: type[ExchangeBackend], options: BaseM
         "bytes_per_step": ledger["bytes_per_step"],
         "party_pids": {str(r): pid for r, pid in sorted(pids.items())},
         "ranks": {str(p["rank"]): {"party": p["party"], "role": p["role"]} for p in parts},
-        "rows": {"aligned": active.get("n_aligned"), "train": active.get("n_train"),
-                 "test": active.get("n_test")},
+        "rows": {
+            "aligned": active.get("n_aligned"),
+            "train": active.get("n_train"),
+            "test": active.get("n_test"),
+        },
         "history": active.get("history", []),
         "ledger": ledger,
         "privacy": {},
@@ -60,8 +71,11 @@ def build_result(proto: Protocol, backend: type[ExchangeBackend], options: BaseM
         },
         "digest": proto.digest(),
         "wall_time_s": finished - started,
-        "machine": {"host": socket.gethostname(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": {
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
     }
 
 

@@ -11,7 +11,6 @@ logged in the rank's :class:`Ledger`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -94,8 +93,17 @@ class Channel:
             self._io(dist.send, t, dst)
         nbytes = t.numel() * t.element_size()
         self.ledger.log(
-            Record("sent", self.phase, self.round, self.rank, dst, tag.name, tuple(t.shape),
-                   str(t.dtype).removeprefix("torch."), nbytes)
+            Record(
+                "sent",
+                self.phase,
+                self.round,
+                self.rank,
+                dst,
+                tag.name,
+                tuple(t.shape),
+                str(t.dtype).removeprefix("torch."),
+                nbytes,
+            )
         )
 
     def recv(
@@ -143,8 +151,17 @@ class Channel:
         if dt.is_floating_point and not torch.isfinite(out).all():
             raise ProtocolError(f"{who} sent '{tag.name}' containing NaN or infinite values")
         self.ledger.log(
-            Record("recv", self.phase, h[4], src, self.rank, tag.name, shp,
-                   str(dt).removeprefix("torch."), nbytes),
+            Record(
+                "recv",
+                self.phase,
+                h[4],
+                src,
+                self.rank,
+                tag.name,
+                shp,
+                str(dt).removeprefix("torch."),
+                nbytes,
+            ),
             out,
         )
         return out

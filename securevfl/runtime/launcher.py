@@ -8,6 +8,7 @@ killed. The error raised names the lost rank and the root cause.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import signal
@@ -37,8 +38,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str,
-           progress: bool) -> None:
+def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool) -> None:
     import sys
 
     from securevfl.config import Protocol
@@ -48,8 +48,9 @@ def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: 
     sys.exit(run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress))
 
 
-def launch(proto: Protocol, out_dir: Path, *, data_dir: Path | None = None,
-           progress: bool = True) -> dict[str, Any]:
+def launch(
+    proto: Protocol, out_dir: Path, *, data_dir: Path | None = None, progress: bool = True
+) -> dict[str, Any]:
     """Run every rank locally; return the result record (also in out_dir/result.json)."""
     from securevfl.data.partition import is_builtin, materialize
 
@@ -68,8 +69,11 @@ def launch(proto: Protocol, out_dir: Path, *, data_dir: Path | None = None,
     ctx = mp.get_context("spawn")
     blob = proto.model_dump_json()
     procs = [
-        ctx.Process(target=_child, name=f"securevfl-rank{r.rank}",
-                    args=(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress))
+        ctx.Process(
+            target=_child,
+            name=f"securevfl-rank{r.rank}",
+            args=(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress),
+        )
         for r in layout.roles
     ]
     for p in procs:
@@ -106,10 +110,8 @@ def _explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]
     for r in codes:
         f = out_dir / "ranks" / f"rank{r}.error.json"
         if f.is_file():
-            try:
+            with contextlib.suppress(Exception):
                 notes[r] = ErrorNote.model_validate_json(f.read_text())
-            except Exception:
-                pass
     names = layout.names()
     killed = [r for r, c in codes.items() if c is not None and c < 0 and r not in notes]
     origin = [n for n in notes.values() if n.kind != "PartyFailure"]

@@ -64,9 +64,7 @@ class Layout:
 
             raise ConfigError(
                 f"rank {rank} is out of range: this protocol has {self.world_size} ranks "
-                f"(0..{self.world_size - 1}: "
-                + ", ".join(f"{r.rank}={r.label}" for r in self.roles)
-                + ")",
+                f"(0..{self.world_size - 1}: " + ", ".join(f"{r.rank}={r.label}" for r in self.roles) + ")",
                 path="--rank",
             )
         return self.roles[rank]

@@ -40,9 +40,7 @@ class Ledger:
     rank: int
     record_views: bool = True
     records: list[Record] = field(default_factory=list)
-    received: dict[str, list[tuple[int, torch.Tensor]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
+    received: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
 
     def log(self, rec: Record, payload: torch.Tensor | None = None) -> None:
         self.records.append(rec)
@@ -82,9 +80,7 @@ def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str
         ph = by_phase.setdefault(phase, {"messages": 0, "bytes": 0})
         ph["messages"] += v["messages"]
         ph["bytes"] += v["bytes"]
-        flows.append(
-            {"phase": phase, "sender": int(s), "receiver": int(r), "tag": tag, **v}
-        )
+        flows.append({"phase": phase, "sender": int(s), "receiver": int(r), "tag": tag, **v})
     train = by_phase.get("train", {"messages": 0, "bytes": 0})
     return {
         "by_phase": by_phase,

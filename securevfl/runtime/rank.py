@@ -72,13 +72,26 @@ def run_rank(
             if device.type == "cuda" and not torch.cuda.is_available():
                 from securevfl.errors import ConfigError
 
-                raise ConfigError("device 'cuda' requested but no CUDA device is available",
-                                  path="training.device")
-            ctx = ExchangeContext(channel, layout, rank, proto, options,
-                                  [p.model.out for p in proto.parties.passive if p.model], device)
+                raise ConfigError(
+                    "device 'cuda' requested but no CUDA device is available",
+                    path="training.device",
+                )
+            ctx = ExchangeContext(
+                channel,
+                layout,
+                rank,
+                proto,
+                options,
+                [p.model.out for p in proto.parties.passive if p.model],
+                device,
+            )
             role = session.role
-            summary: dict[str, Any] = {"rank": rank, "party": role.party, "role": role.kind,
-                                       "pid": os.getpid()}
+            summary: dict[str, Any] = {
+                "rank": rank,
+                "party": role.party,
+                "role": role.kind,
+                "pid": os.getpid(),
+            }
             if role.kind == "helper":
                 backend.helper(ctx).serve()
                 party = None
@@ -90,8 +103,7 @@ def run_rank(
                 summary["loaded_columns"] = prep.data.columns
                 summary["has_labels"] = prep.data.y is not None
                 summary["n_aligned"] = len(prep.data.ids)
-                summary["aligned_digest"] = hashlib.sha256(
-                    "\n".join(prep.data.ids).encode()).hexdigest()[:16]
+                summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 view = View(rank, role.party, dict(ledger.received))
                 summary["view_tags"] = sorted(view.received)
@@ -102,8 +114,16 @@ def run_rank(
             (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(summary, indent=1))
             parts = session.finish(summary)
             if parts is not None:
-                result = build_result(proto, backend, options, layout, parts, session.pids,
-                                      started=t_start, finished=time.time())
+                result = build_result(
+                    proto,
+                    backend,
+                    options,
+                    layout,
+                    parts,
+                    session.pids,
+                    started=t_start,
+                    finished=time.time(),
+                )
                 write_result(out_dir, result)
         return 0
     except SecureVFLError as exc:

@@ -11,6 +11,7 @@ blocked in a receive. Store values are JSON validated by pydantic, never pickles
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -178,7 +179,9 @@ class Session:
                     "start every rank with the same protocol file and --set overrides"
                 )
             if (h.party, h.role) != (expect.party, expect.kind):
-                raise ConfigError(f"rank {r} announced itself as {h.role} '{h.party}', expected {expect.label}")
+                raise ConfigError(
+                    f"rank {r} announced itself as {h.role} '{h.party}', expected {expect.label}"
+                )
             self.hellos[r] = h
 
     @property
@@ -189,7 +192,11 @@ class Session:
     def _watch(self) -> None:
         try:
             client = dist.TCPStore(
-                self.host, self.port, None, is_master=False, timeout=timedelta(seconds=5),
+                self.host,
+                self.port,
+                None,
+                is_master=False,
+                timeout=timedelta(seconds=5),
                 wait_for_workers=False,
             )
         except Exception:
@@ -322,10 +329,8 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:
-                pass
 
 
 def write_error_file(out_dir: Path, note: ErrorNote) -> None:

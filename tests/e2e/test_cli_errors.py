@@ -16,7 +16,7 @@ def error_text(proc) -> str:
     """The CLI's final error paragraph, whitespace-normalized (it is wrapped)."""
     err = proc.stderr
     assert "securevfl: error:" in err, err
-    return " ".join(err[err.index("securevfl: error:"):].split())
+    return " ".join(err[err.index("securevfl: error:") :].split())
 
 
 def assert_clean_user_error(proc, *expected: str) -> None:
@@ -67,8 +67,7 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_bad_override_exits_2(tmp_path):
-    proc = cli("validate", str(PROTOCOLS / "plain.yaml"), "--set", "training.epochs=ten",
-               timeout=120)
+    proc = cli("validate", str(PROTOCOLS / "plain.yaml"), "--set", "training.epochs=ten", timeout=120)
     assert_clean_user_error(proc, "training.epochs")
 
 

@@ -27,8 +27,9 @@ def make_ids(n: int, seed: int, prefix: str = "cust") -> list[str]:
     return [f"{prefix}-{h}-{i:04d}" for i, h in enumerate(sorted(hexes))]
 
 
-def write_party(path: Path, ids: list[str], rng: np.random.Generator, *, label: bool,
-                features: int = 0) -> None:
+def write_party(
+    path: Path, ids: list[str], rng: np.random.Generator, *, label: bool, features: int = 0
+) -> None:
     frame = pd.DataFrame({"id": ids})
     for j in range(features):
         frame[f"f{j}"] = rng.normal(size=len(ids)).round(4)
@@ -49,8 +50,10 @@ def csv_protocol(tmp_path: Path, ids: dict[str, list[str]]) -> dict[str, Any]:
         "name": "psi-csv",
         "dataset": {"name": "csv", "test_fraction": 0.2},
         "parties": {
-            "active": {"name": "bank",
-                       "source": {"path": str(tmp_path / "bank.csv"), "label_column": "label"}},
+            "active": {
+                "name": "bank",
+                "source": {"path": str(tmp_path / "bank.csv"), "label_column": "label"},
+            },
             "passive": [
                 {"name": "shop", "source": {"path": str(tmp_path / "shop.csv")}, "model": model},
                 {"name": "telco", "source": {"path": str(tmp_path / "telco.csv")}, "model": model},

@@ -23,9 +23,24 @@ pytestmark = pytest.mark.timeout(300)
 
 def _party(proto: Path, rank: int, port: int, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "securevfl.cli", "party", str(proto), "--rank", str(rank),
-         "--rendezvous", f"tcp://127.0.0.1:{port}", "--out", str(out), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "securevfl.cli",
+            "party",
+            str(proto),
+            "--rank",
+            str(rank),
+            "--rendezvous",
+            f"tcp://127.0.0.1:{port}",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
 
 
@@ -105,8 +120,13 @@ def test_launcher_reports_killed_rank(tmp_path: Path):
     doc["runtime"] = {"peer_timeout_s": 10}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "securevfl.cli", "run", str(proto), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "securevfl.cli", "run", str(proto), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         _wait_for(proc, "epoch 2/400", timeout=120)
         pids = json.loads((out / "ranks" / "launcher_pids.json").read_text())

@@ -40,7 +40,7 @@ def _summary(out: Path, rank: int) -> dict:
 
 
 def test_plain_digits_accuracy_and_processes(plain_run):
-    out, result = plain_run
+    _out, result = plain_run
     assert result["test_accuracy"] >= 0.93, result["test_accuracy"]
     assert result["test_auc"] is None  # 10 classes
     pids = result["party_pids"]
@@ -49,8 +49,16 @@ def test_plain_digits_accuracy_and_processes(plain_run):
     import os
 
     assert os.getpid() not in pids.values()
-    for key in ("protocol", "backend", "dataset", "n_parties", "epochs", "time_per_step_s",
-                "bytes_per_step", "ledger"):
+    for key in (
+        "protocol",
+        "backend",
+        "dataset",
+        "n_parties",
+        "epochs",
+        "time_per_step_s",
+        "bytes_per_step",
+        "ledger",
+    ):
         assert key in result
     assert (result["backend"], result["dataset"], result["n_parties"]) == ("plain", "digits", 3)
 
@@ -99,8 +107,12 @@ def test_ledger_bytes_per_step_equal_embeddings_and_gradients(plain_run):
     }
     # only the declared message types appear in training
     flows = {(f["sender"], f["receiver"], f["tag"]) for f in led["flows"] if f["phase"] == "train"}
-    assert flows == {(1, 0, "embedding"), (2, 0, "embedding"), (0, 1, "embedding_grad"),
-                     (0, 2, "embedding_grad")}
+    assert flows == {
+        (1, 0, "embedding"),
+        (2, 0, "embedding"),
+        (0, 1, "embedding_grad"),
+        (0, 2, "embedding_grad"),
+    }
 
 
 def test_breast_cancer_three_passive_parties_auc(tmp_path: Path):
@@ -118,21 +130,33 @@ def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
     """The same architecture in one process: same seeds, same batches, same init."""
     from securevfl.data.partition import party_source
     from securevfl.data.party_data import load_party_data, split_indices
-    from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
+    from securevfl.models import (
+        build_bias,
+        build_bottom,
+        build_interactive,
+        build_top,
+        make_optimizer,
+    )
     from securevfl.parties.common import train_batches
     from securevfl.seeding import generator
 
     tr = proto.training
     act = load_party_data(party_source(proto, "active", data_dir), "active", is_active=True)
-    xs = [load_party_data(party_source(proto, p.name, data_dir), p.name, is_active=False)
-          for p in proto.parties.passive]
+    xs = [
+        load_party_data(party_source(proto, p.name, data_dir), p.name, is_active=False)
+        for p in proto.parties.passive
+    ]
     # every party holds every ID, so the PSI order (sorted IDs) is the file order
     assert all(x.ids == sorted(act.ids) for x in xs)
     train_idx, _ = split_indices(len(act.ids), proto.dataset.test_fraction, generator(tr.seed, "split"))
-    bottoms = [build_bottom(p.model, x.x.shape[1], seed=tr.seed, party=p.name)
-               for p, x in zip(proto.parties.passive, xs, strict=True)]
-    blocks = [build_interactive(p.model.out, proto.interactive.out, seed=tr.seed, party=p.name)
-              for p in proto.parties.passive]
+    bottoms = [
+        build_bottom(p.model, x.x.shape[1], seed=tr.seed, party=p.name)
+        for p, x in zip(proto.parties.passive, xs, strict=True)
+    ]
+    blocks = [
+        build_interactive(p.model.out, proto.interactive.out, seed=tr.seed, party=p.name)
+        for p in proto.parties.passive
+    ]
     bias = build_bias(proto.interactive.out)
     top = build_top(proto.top, proto.interactive.out, len(act.classes), seed=tr.seed)
     params = [q for m in [*bottoms, *blocks, top] for q in m.parameters()] + [bias]

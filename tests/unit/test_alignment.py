@@ -49,9 +49,7 @@ class Wire:
     rank received (raw bytes, in arrival order)."""
 
     def __init__(self, world_size: int):
-        self.queues = {
-            (s, d): queue.Queue() for s in range(world_size) for d in range(world_size) if s != d
-        }
+        self.queues = {(s, d): queue.Queue() for s in range(world_size) for d in range(world_size) if s != d}
         self.received: dict[int, list[tuple[int, str, bytes]]] = {r: [] for r in range(world_size)}
 
     def channel(self, rank: int) -> FakeChannel:
@@ -79,8 +77,7 @@ class FakeChannel:
         try:
             name, data = self.wire.queues[(src, self.rank)].get(timeout=RECV_TIMEOUT_S)
         except queue.Empty:
-            raise PartyFailure(f"{self._who(src)} sent nothing (waiting for {tag.name})",
-                               rank=src) from None
+            raise PartyFailure(f"{self._who(src)} sent nothing (waiting for {tag.name})", rank=src) from None
         self.wire.received[self.rank].append((src, name, data))
         if name != tag.name:
             raise ProtocolError(f"{self._who(src)} sent '{name}' where '{tag.name}' was expected")
@@ -185,8 +182,7 @@ def test_no_party_receives_a_foreign_or_non_intersection_id(party_ids):
             for v in universe - allowed:
                 assert v.encode() not in payload, (
                     f"rank {r} received ID {v!r} in '{tag}' from rank {src}; it "
-                    + ("does not hold it" if v not in party_ids[r]
-                       else "is outside the intersection")
+                    + ("does not hold it" if v not in party_ids[r] else "is outside the intersection")
                 )
     # the scan is meaningful: the passive parties do receive the agreed IDs as text,
     # and only in the final result message
@@ -197,8 +193,12 @@ def test_no_party_receives_a_foreign_or_non_intersection_id(party_ids):
         assert tags == [PSI_HELLO.name, PSI_REQUEST.name, PSI_RESULT.name]
     # the active party receives only blinded PSI messages from each passive party
     tags = [(src, tag) for src, tag, _ in wire.received[0]]
-    assert tags == [(1, PSI_SETUP.name), (1, PSI_RESPONSE.name),
-                    (2, PSI_SETUP.name), (2, PSI_RESPONSE.name)]
+    assert tags == [
+        (1, PSI_SETUP.name),
+        (1, PSI_RESPONSE.name),
+        (2, PSI_SETUP.name),
+        (2, PSI_RESPONSE.name),
+    ]
 
 
 def test_passive_learns_only_the_size_of_the_active_set(party_ids):
@@ -330,8 +330,10 @@ def test_malformed_intersection_list_is_a_protocol_error(result):
     ids = make_ids(10, seed=10)
     wire = Wire(3)
     with pytest.raises(ProtocolError, match=r"rank 0.*malformed intersection"):
-        run_with_peer(lambda: align_passive(wire.channel(1), LAYOUT, 1, ids),
-                      _honest_client_then(result, ids, wire))
+        run_with_peer(
+            lambda: align_passive(wire.channel(1), LAYOUT, 1, ids),
+            _honest_client_then(result, ids, wire),
+        )
 
 
 @pytest.mark.parametrize("kind", ["foreign", "repeated"])
@@ -342,5 +344,7 @@ def test_intersection_with_foreign_or_repeated_ids_is_refused(kind):
     final = sorted(ids[:3]) + ([foreign] if kind == "foreign" else [ids[0]])
     wire = Wire(3)
     with pytest.raises(ProtocolError, match=r"rank 0.*does not hold or repeats"):
-        run_with_peer(lambda: align_passive(wire.channel(1), LAYOUT, 1, ids),
-                      _honest_client_then(json.dumps(final).encode(), ids, wire))
+        run_with_peer(
+            lambda: align_passive(wire.channel(1), LAYOUT, 1, ids),
+            _honest_client_then(json.dumps(final).encode(), ids, wire),
+        )

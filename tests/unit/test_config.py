@@ -56,10 +56,14 @@ def test_base_protocol_is_valid(doc):
     [
         (lambda d: d.update(foo=1), "foo"),
         (lambda d: d["training"].update(epochz=3), "training.epochz"),
-        (lambda d: d["parties"]["passive"][0]["model"].update(foo=1),
-         "parties.passive[0].model.foo"),
-        (lambda d: d["parties"]["passive"][1]["columns"].update(extra="x"),
-         "parties.passive[1].columns.extra"),
+        (
+            lambda d: d["parties"]["passive"][0]["model"].update(foo=1),
+            "parties.passive[0].model.foo",
+        ),
+        (
+            lambda d: d["parties"]["passive"][1]["columns"].update(extra="x"),
+            "parties.passive[1].columns.extra",
+        ),
         (lambda d: d["parties"]["active"].update(labels="y"), "parties.active.labels"),
         (lambda d: d["dataset"].update(shuffle=True), "dataset.shuffle"),
     ],
@@ -155,8 +159,12 @@ def test_column_select_needs_exactly_one_form(doc):
 def test_overrides_apply(doc):
     proto = load_protocol_dict(
         doc,
-        overrides=["training.epochs=3", "training.lr=0.5", "parties.passive[1].model.out=16",
-                   "training.optimizer=sgd"],
+        overrides=[
+            "training.epochs=3",
+            "training.lr=0.5",
+            "parties.passive[1].model.out=16",
+            "training.optimizer=sgd",
+        ],
     )
     assert proto.training.epochs == 3
     assert proto.training.lr == 0.5
@@ -356,8 +364,13 @@ def test_digest_is_stable_across_loads(doc, tmp_path):
 def test_digest_changes_with_any_field(doc):
     base = load_protocol_dict(doc).digest()
     seen = {base}
-    for expr in ["training.seed=1", "training.epochs=11", "parties.passive[0].model.out=63",
-                 "dataset.test_fraction=0.25", "description=other"]:
+    for expr in [
+        "training.seed=1",
+        "training.epochs=11",
+        "parties.passive[0].model.out=63",
+        "dataset.test_fraction=0.25",
+        "description=other",
+    ]:
         d = load_protocol_dict(doc, overrides=[expr]).digest()
         assert d not in seen, expr
         seen.add(d)

@@ -25,12 +25,16 @@ def src(path: str, **kw) -> CsvSource:
 
 
 def test_passive_loads_every_non_id_column(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,age,income
 c-01,30,1.5
 c-02,41,2.5
 c-03,52,3.5
-""")
+""",
+    )
     data = load_party_data(src(path), "shop", is_active=False)
     assert data.party == "shop"
     assert data.ids == ["c-01", "c-02", "c-03"]
@@ -42,21 +46,29 @@ c-03,52,3.5
 
 def test_ids_are_read_as_strings(tmp_path):
     # numeric-looking IDs keep their leading zeros (they are keys, not numbers)
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f
 007,1
 010,2
-""")
+""",
+    )
     assert load_party_data(src(path), "p", is_active=False).ids == ["007", "010"]
 
 
 def test_passive_never_gets_labels(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f1,label
 a,1,0
 b,2,1
 c,3,0
-""")
+""",
+    )
     # a label_column on a passive source is ignored by the loader (and refused at load)
     data = load_party_data(src(path, label_column="label"), "p", is_active=False)
     assert data.y is None and data.classes is None
@@ -70,13 +82,17 @@ c,3,0
 
 
 def test_active_label_only(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,secret,label
 a,9,yes
 b,8,no
 c,7,yes
 d,6,maybe
-""")
+""",
+    )
     data = load_party_data(src(path, label_column="label"), "bank", is_active=True)
     # the active party reads no feature columns unless it lists them
     assert data.columns == []
@@ -88,14 +104,17 @@ d,6,maybe
 
 
 def test_active_with_own_features(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,x1,x2,label
 a,1,10,3
 b,2,20,5
 c,3,30,3
-""")
-    data = load_party_data(src(path, label_column="label", feature_columns=["x2"]), "bank",
-                           is_active=True)
+""",
+    )
+    data = load_party_data(src(path, label_column="label", feature_columns=["x2"]), "bank", is_active=True)
     assert data.columns == ["x2"]
     np.testing.assert_allclose(data.x[:, 0], [10, 20, 30])
     assert data.classes == ["3", "5"]
@@ -103,14 +122,17 @@ c,3,30,3
 
 
 def test_take_reorders_rows_and_labels(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,x,label
 a,1,0
 b,2,1
 c,3,1
-""")
-    data = load_party_data(src(path, label_column="label", feature_columns=["x"]), "bank",
-                           is_active=True)
+""",
+    )
+    data = load_party_data(src(path, label_column="label", feature_columns=["x"]), "bank", is_active=True)
     t = data.take(np.array([2, 0]))
     assert t.ids == ["c", "a"]
     assert t.x[:, 0].tolist() == [3, 1]
@@ -121,12 +143,16 @@ c,3,1
 
 
 def test_nan_in_feature_column_names_party_column_and_id(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,age,income
 cust-aa01,30,1.5
 cust-bb02,41,
 cust-cc03,52,3.5
-""")
+""",
+    )
     with pytest.raises(DataError) as info:
         load_party_data(src(path), "shop", is_active=False)
     msg = str(info.value)
@@ -137,24 +163,32 @@ cust-cc03,52,3.5
 
 
 def test_infinite_value_is_rejected(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f
 a,1
 b,inf
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'f'.*'b'"):
         load_party_data(src(path), "p", is_active=False)
 
 
 def test_duplicate_ids_are_named(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f
 u-1,1
 u-2,2
 u-1,3
 u-3,4
 u-3,5
-""")
+""",
+    )
     with pytest.raises(DataError) as info:
         load_party_data(src(path), "telco", is_active=False)
     msg = str(info.value)
@@ -164,12 +198,16 @@ u-3,5
 
 
 def test_missing_id_value_names_the_line(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f
 u-1,1
 ,2
 u-3,3
-""")
+""",
+    )
     with pytest.raises(DataError) as info:
         load_party_data(src(path), "telco", is_active=False)
     msg = str(info.value)
@@ -178,10 +216,14 @@ u-3,3
 
 
 def test_missing_id_column(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 key,f
 u-1,1
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'telco'.*ID column 'id'"):
         load_party_data(src(path), "telco", is_active=False)
     # a custom ID column works
@@ -190,11 +232,15 @@ u-1,1
 
 
 def test_active_party_with_missing_label_column(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,target
 a,1
 b,0
-""")
+""",
+    )
     with pytest.raises(DataError) as info:
         load_party_data(src(path, label_column="label"), "bank", is_active=True)
     msg = str(info.value)
@@ -202,61 +248,85 @@ b,0
 
 
 def test_active_party_without_label_column_setting(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,label
 a,1
 b,0
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'bank'.*label_column"):
         load_party_data(src(path), "bank", is_active=True)
 
 
 def test_missing_label_value_names_the_id(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,label
 a,1
 b,
 c,0
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'bank'.*missing label.*'b'"):
         load_party_data(src(path, label_column="label"), "bank", is_active=True)
 
 
 def test_single_class_labels_rejected(tmp_path):
-    path = write(tmp_path, "a.csv", """
+    path = write(
+        tmp_path,
+        "a.csv",
+        """
 id,label
 a,1
 b,1
-""")
+""",
+    )
     with pytest.raises(DataError, match="fewer than 2 classes"):
         load_party_data(src(path, label_column="label"), "bank", is_active=True)
 
 
 def test_non_numeric_feature_column(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f,city
 a,1,Paris
 b,2,Rome
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'shop'.*non-numeric.*city"):
         load_party_data(src(path), "shop", is_active=False)
 
 
 def test_unknown_feature_columns(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id,f
 a,1
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'shop'.*'g'"):
         load_party_data(src(path, feature_columns=["f", "g"]), "shop", is_active=False)
 
 
 def test_passive_without_features(tmp_path):
-    path = write(tmp_path, "p.csv", """
+    path = write(
+        tmp_path,
+        "p.csv",
+        """
 id
 a
 b
-""")
+""",
+    )
     with pytest.raises(DataError, match=r"'shop'.*no feature columns"):
         load_party_data(src(path), "shop", is_active=False)
 
