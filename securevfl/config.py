@@ -121,9 +121,17 @@ class ExchangeSpec(Strict):
 
 
 class InteractiveSpec(Strict):
-    """z = sum_i h'_i W_i (+ h_0 W_0) + b, then the top model."""
+    """z = sum_i h'_i W_i (+ h_0 W_0) + b, then the top model.
+
+    The passive parties' blocks W_i are updated by SGD with momentum under every
+    backend: under the crypto backends W_i exists only as shares, and the update
+    must be linear to stay inside the secure computation. Using the same rule for
+    ``plain`` keeps every backend comparable to it.
+    """
 
     out: int = Field(default=64, gt=0)
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
 
 
 class TopSpec(Strict):

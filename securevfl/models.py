@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from securevfl.config import ModelSpec, TopSpec, TrainingSpec
+from securevfl.config import InteractiveSpec, ModelSpec, TopSpec, TrainingSpec
 from securevfl.seeding import seeded
 
 
@@ -77,6 +77,11 @@ class Top(nn.Module):
 def build_top(spec: TopSpec, in_features: int, classes: int, *, seed: int) -> Top:
     with seeded(seed, "top"):
         return Top(spec, in_features, classes)
+
+
+def interactive_optimizer(params, spec: InteractiveSpec) -> torch.optim.Optimizer:
+    """SGD with momentum for the passive blocks W_i (see InteractiveSpec)."""
+    return torch.optim.SGD(list(params), lr=spec.lr, momentum=spec.momentum)
 
 
 def make_optimizer(params, training: TrainingSpec) -> torch.optim.Optimizer:

@@ -16,7 +16,7 @@ from securevfl.exchange.base import (
     ExchangeContext,
     PassiveExchange,
 )
-from securevfl.models import build_interactive, make_optimizer
+from securevfl.models import build_interactive, interactive_optimizer
 from securevfl.runtime.messages import EMB_GRAD, EMBEDDING
 
 
@@ -30,7 +30,7 @@ class PlainActive(ActiveExchange):
             build_interactive(d, out, seed=proto.training.seed, party=r.party).to(ctx.device)
             for d, r in zip(ctx.embed_dims, ctx.layout.passive, strict=True)
         )
-        self.opt = make_optimizer(self.blocks.parameters(), proto.training)
+        self.opt = interactive_optimizer(self.blocks.parameters(), proto.interactive)
         self._h: list[torch.Tensor] = []
         self._z: torch.Tensor | None = None
 

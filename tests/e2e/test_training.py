@@ -159,8 +159,9 @@ def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
     ]
     bias = build_bias(proto.interactive.out)
     top = build_top(proto.top, proto.interactive.out, len(act.classes), seed=tr.seed)
-    params = [q for m in [*bottoms, *blocks, top] for q in m.parameters()] + [bias]
+    params = [q for m in [*bottoms, top] for q in m.parameters()] + [bias]
     opt = make_optimizer(params, tr)
+    opt_w = interactive_optimizer([b.weight for b in blocks], proto.interactive)
     x_train = [torch.as_tensor(x.x[train_idx]) for x in xs]
     y_train = torch.as_tensor(act.y[train_idx])
     for idx in train_batches(len(train_idx), tr.batch_size, tr.seed, 0):
@@ -171,8 +172,10 @@ def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
         z = z + bias
         loss = F.cross_entropy(top(z), y_train[idx])
         opt.zero_grad()
+        opt_w.zero_grad()
         loss.backward()
         opt.step()
+        opt_w.step()
     state = {f"top.{k}": v for k, v in top.state_dict().items()} | {"bias": bias.detach()}
     for p, b, blk in zip(proto.parties.passive, bottoms, blocks, strict=True):
         state |= {f"{p.name}.bottom.{k}": v for k, v in b.state_dict().items()}
