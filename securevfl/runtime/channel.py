@@ -59,6 +59,13 @@ class Channel:
     def _who(self, rank: int) -> str:
         return f"rank {rank} ({self.names.get(rank, '?')})"
 
+    def comm_failure(self, peer: int, exc: Exception) -> PartyFailure:
+        """The PartyFailure for a transport error while talking to ``peer``
+        (-1: a collective), asking the session which rank was lost."""
+        if self._on_comm_error is not None:
+            return self._on_comm_error(peer, exc)
+        return PartyFailure(f"lost connection to {self._who(peer)}: {exc}", rank=peer if peer >= 0 else None)
+
     def _io(self, fn: Callable[..., object], tensor: torch.Tensor, peer: int) -> None:
         try:
             if fn is dist.send:
@@ -66,9 +73,7 @@ class Channel:
             else:
                 dist.recv(tensor, src=peer)
         except (RuntimeError, dist.DistBackendError) as exc:  # gloo: peer gone / timeout
-            if self._on_comm_error is not None:
-                raise self._on_comm_error(peer, exc) from None
-            raise PartyFailure(f"lost connection to {self._who(peer)}: {exc}", rank=peer) from None
+            raise self.comm_failure(peer, exc) from None
 
     # -- tensors -----------------------------------------------------------------
     def send(self, dst: int, tag: Tag, tensor: torch.Tensor) -> None:

@@ -100,6 +100,7 @@ def run_rank(
                 cls = ActiveParty if role.kind == "active" else PassiveParty
                 party = cls(session, backend, ctx, prep, progress=progress and rank == 0)
                 summary.update(party.run())
+                party.exchange.close()
                 summary["loaded_columns"] = prep.data.columns
                 summary["has_labels"] = prep.data.y is not None
                 summary["n_aligned"] = len(prep.data.ids)

@@ -265,6 +265,8 @@ class Session:
         if self._lost_event.wait(self.rt.peer_timeout_s + 5.0) and self._lost is not None:
             self._stop.set()
             return self._lost
+        if peer < 0:
+            return PartyFailure(f"an MPC collective failed (a peer was lost): {exc}", rank=None)
         return PartyFailure(f"lost connection to {self.who(peer)}: {exc}", rank=peer)
 
     # -- reporting ---------------------------------------------------------------------
