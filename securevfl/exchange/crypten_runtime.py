@@ -101,8 +101,18 @@ class MeteredComm:
         self.rank = channel.rank
         self._orig = {
             name: getattr(inst, name)
-            for name in ("send", "recv", "reduce", "all_reduce", "broadcast", "gather", "all_gather",
-                         "scatter", "isend", "irecv")
+            for name in (
+                "send",
+                "recv",
+                "reduce",
+                "all_reduce",
+                "broadcast",
+                "gather",
+                "all_gather",
+                "scatter",
+                "isend",
+                "irecv",
+            )
         }
         inst.send_obj = self.send_obj
         inst.recv_obj = self.recv_obj
@@ -117,12 +127,29 @@ class MeteredComm:
         inst.scatter = self._unmetered("scatter")
 
     # ledger
-    def _log(self, direction: str, sender: int, receiver: int, tag: str, t: torch.Tensor,
-             nbytes: int | None = None, payload: torch.Tensor | None = None) -> None:
+    def _log(
+        self,
+        direction: str,
+        sender: int,
+        receiver: int,
+        tag: str,
+        t: torch.Tensor,
+        nbytes: int | None = None,
+        payload: torch.Tensor | None = None,
+    ) -> None:
         ch = self.channel
         ch.ledger.log(
-            Record(direction, ch.phase, ch.round, sender, receiver, f"mpc.{tag}", tuple(t.shape),
-                   str(t.dtype).removeprefix("torch."), _numel_bytes(t) if nbytes is None else nbytes),
+            Record(
+                direction,
+                ch.phase,
+                ch.round,
+                sender,
+                receiver,
+                f"mpc.{tag}",
+                tuple(t.shape),
+                str(t.dtype).removeprefix("torch."),
+                _numel_bytes(t) if nbytes is None else nbytes,
+            ),
             payload,
         )
 
@@ -231,8 +258,14 @@ class MeteredComm:
         raise ProtocolError("securevfl's MPC exchange never broadcasts objects (sizes are agreed)")
 
 
-def start_crypten(channel: Channel, world_size: int, n_mpc: int, *, provider: str,
-                  on_failure: Callable[[int, Exception], PartyFailure]) -> Any:
+def start_crypten(
+    channel: Channel,
+    world_size: int,
+    n_mpc: int,
+    *,
+    provider: str,
+    on_failure: Callable[[int, Exception], PartyFailure],
+) -> Any:
     """Bring up CrypTen's communicator on the existing process group.
 
     ``n_mpc`` MPC parties are ranks 0..n_mpc-1; with ``provider='TTP'`` the dealer
@@ -318,7 +351,9 @@ def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyF
             if kwargs:
                 raise ValueError("kwargs")
             device = msg["device"]
-            if device is not None and not (isinstance(device, str) and device.split(":")[0] in ("cpu", "cuda")):
+            if device is not None and not (
+                isinstance(device, str) and device.split(":")[0] in ("cpu", "cuda")
+            ):
                 raise ValueError("device")
             if fn == "additive":
                 if len(args) != 3 or args[2] not in DEALER_OPS:

@@ -66,8 +66,13 @@ class _MpcRole:
         self.opts = opts
         lay = ctx.layout
         self.n_mpc = 1 + len(lay.passive)
-        self.crypten = start_crypten(ctx.channel, lay.world_size, self.n_mpc, provider=opts.provider,
-                                     on_failure=ctx.channel.comm_failure)
+        self.crypten = start_crypten(
+            ctx.channel,
+            lay.world_size,
+            self.n_mpc,
+            provider=opts.provider,
+            on_failure=ctx.channel.comm_failure,
+        )
         self.rank = ctx.rank
         self.out = ctx.proto.interactive.out
         self.lr = ctx.proto.interactive.lr
@@ -176,8 +181,13 @@ class MpcDealer(HelperExchange):
     def __init__(self, ctx: ExchangeContext):
         self.ctx = ctx
         lay = ctx.layout
-        start_crypten(ctx.channel, lay.world_size, 1 + len(lay.passive), provider="TTP",
-                      on_failure=ctx.channel.comm_failure)
+        start_crypten(
+            ctx.channel,
+            lay.world_size,
+            1 + len(lay.passive),
+            provider="TTP",
+            on_failure=ctx.channel.comm_failure,
+        )
         self.served = 0
 
     def serve(self) -> None:

@@ -60,6 +60,7 @@ class ActiveParty:
         self.opt = make_optimizer(params, tr)
         self.exchange = backend.active(ctx)
         self.n_train = len(prep.train_idx)
+        self.trace: list[dict[str, torch.Tensor]] = []
         self.progress = Progress(
             f"{proto.name} [{proto.exchange.backend}]",
             tr.epochs * steps_per_epoch(self.n_train, tr.batch_size),
@@ -80,6 +81,8 @@ class ActiveParty:
         y = self.y_train[idx].to(self.device)
         zp, z, logits = self._logits(idx, self.x_train, train=True)
         loss = F.cross_entropy(logits, y)
+        if len(self.trace) < self.proto.runtime.trace_steps:
+            self.trace.append({"z": zp.detach().cpu().clone(), "loss": loss.detach().cpu().clone()})
         extra = self.stack.top_loss(z, logits, y)
         total = loss if extra is None else loss + extra
         self.opt.zero_grad(set_to_none=True)

@@ -106,6 +106,8 @@ def run_rank(
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
+                if getattr(party, "trace", None):
+                    torch.save(party.trace, ranks_dir / f"rank{rank}.trace.pt")
                 view = View(rank, role.party, dict(ledger.received))
                 summary["view_tags"] = sorted(view.received)
             summary["ledger"] = ledger.summary()

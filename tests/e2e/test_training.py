@@ -135,6 +135,7 @@ def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
         build_bottom,
         build_interactive,
         build_top,
+        interactive_optimizer,
         make_optimizer,
     )
     from securevfl.parties.common import train_batches

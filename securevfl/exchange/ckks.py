@@ -1,0 +1,1 @@
+"""ckks backend: being written."""

@@ -1,0 +1,285 @@
+"""Two-party homomorphic interactive layer, shared by ``ckks`` and ``paillier``.
+
+Per passive party P_i, between A (rank 0) and P_i, with two key pairs: P_i's (it
+encrypts its embedding) and A's (it encrypts dL/dz). W_i never exists anywhere:
+A holds a share W^A, P_i holds W^P, W_i = W^A + W^P (DESIGN §4).
+
+Forward, batch of B rows (h = h'_i, B x d; W shares d x o)::
+
+    P_i -> A   Enc_P(h)
+    A   -> P_i Enc_P(h W^A + eps)                 eps: A's random mask (B x o)
+    P_i -> A   s = (h W^A + eps) + h W^P          plaintext
+    A:         z_i = s - eps = h W_i
+
+Backward, g = dL/dz at A (B x o)::
+
+    A   -> P_i Enc_A(g)
+    P_i -> A   Enc_A(g W^P^T + mu), Enc_A(h^T g - R)   mu (B x d), R (d x o): P_i's masks
+    A:         u = g W^P^T + mu;  dW^A = h^T g - R
+    A   -> P_i u + g W^A^T = g W_i^T + mu          plaintext
+    P_i:       dL/dh = that - mu;  dW^P = R
+    both:      v <- momentum v + dW;  W <- W - lr v      (SGD with momentum, on shares)
+
+So A learns z_i = h W_i (the declared output) and masked values; P_i learns
+dL/dh and masked values; ciphertexts cross only towards the party without the
+key. Masks are real values drawn by the scheme (:meth:`HEScheme.mask`), so the
+hiding of a masked value is statistical, with the bound the scheme documents.
+Secret keys never leave their owner: only :meth:`HEKey.public` is sent.
+
+A scheme (CKKS, Paillier) implements :class:`HEScheme`; the packing of values
+into ciphertexts is the scheme's own business, behind ``encrypt``/``matmul``/
+``tmatmul``. Backends are one small class each, made by :func:`he_backend`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+from securevfl.config import Protocol
+from securevfl.exchange.base import (
+    EXCHANGES,
+    ActiveExchange,
+    ExchangeBackend,
+    ExchangeContext,
+    PassiveExchange,
+)
+from securevfl.models import build_interactive
+from securevfl.runtime.channel import Channel
+from securevfl.runtime.messages import BYTES, FLOATS, register_tag
+
+HE_PUBLIC = register_tag("he_public", BYTES, "public HE context/key of the sender (no secret key)")
+HE_ENC_H = register_tag("he_enc_h", BYTES, "P_i -> A: Enc_P(h'_i)")
+HE_ENC_ZMASK = register_tag("he_enc_zmask", BYTES, "A -> P_i: Enc_P(h'_i W^A + eps)")
+HE_ZSHARE = register_tag("he_zshare", FLOATS, "P_i -> A: h'_i W_i + eps (masked)")
+HE_ENC_G = register_tag("he_enc_g", BYTES, "A -> P_i: Enc_A(dL/dz)")
+HE_ENC_GH = register_tag("he_enc_gh", BYTES, "P_i -> A: Enc_A(g W^P^T + mu)")
+HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
+HE_GH_MASKED = register_tag("he_gh_masked", FLOATS, "A -> P_i: g W_i^T + mu (masked)")
+
+MAX_PUBLIC_BYTES = 512 << 20
+
+
+class HEKey(ABC):
+    """A key pair, held by its owner only."""
+
+    @abstractmethod
+    def public(self) -> bytes:
+        """Serialized public part (what the peer needs to compute); no secret key."""
+
+    @abstractmethod
+    def encrypt(self, x: np.ndarray) -> bytes:
+        """Encrypt a float64 matrix (rows x cols) into one serialized blob."""
+
+    @abstractmethod
+    def decrypt(self, blob: bytes, shape: tuple[int, int]) -> np.ndarray:
+        """Decrypt a blob produced by the peer's ``matmul``/``tmatmul``."""
+
+
+class HEPeer(ABC):
+    """The other party's view of a key: public operations only."""
+
+    @abstractmethod
+    def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
+        """Enc(X) with X of ``shape`` (r x c) -> Enc(X @ w + mask), w plain (c x m)."""
+
+    @abstractmethod
+    def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
+        """p plain (r x a), Enc(Y) with Y of ``shape`` (r x m) -> Enc(p^T @ Y + mask)."""
+
+
+class HEScheme(ABC):
+    """A homomorphic scheme with its (validated) options."""
+
+    options: ClassVar[type[BaseModel]]
+
+    def __init__(self, options: BaseModel):
+        self.opts = options
+
+    @abstractmethod
+    def new_key(self) -> HEKey: ...
+
+    @abstractmethod
+    def peer(self, public: bytes, *, sender: str) -> HEPeer:
+        """Load a peer's public part; a malformed one raises ProtocolError naming
+        ``sender``; one that carries a secret key is refused."""
+
+    @abstractmethod
+    def mask(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        """Fresh random mask values (float64) within the scheme's safe range."""
+
+    @classmethod
+    def check(cls, proto: Protocol, options: BaseModel) -> None:
+        """Refuse insecure parameters at load (CryptoParameterError)."""
+
+    @classmethod
+    def describe(cls, options: BaseModel) -> dict[str, Any]:
+        return {}
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def _init_shares(ctx: ExchangeContext, i: int, side: str, weight_init: str) -> np.ndarray:
+    """This side's share of W_i (d x o). ``private``: two independent Gaussian
+    halves (nobody knows W_i); ``seeded``: A starts from plain's W_i^0, P_i from 0."""
+    d, o = ctx.embed_dims[i], ctx.proto.interactive.out
+    if weight_init == "seeded":
+        if side == "active":
+            role = ctx.layout.passive[i]
+            blk = build_interactive(d, o, seed=ctx.proto.training.seed, party=role.party)
+            return blk.weight.detach().double().T.numpy().copy()
+        return np.zeros((d, o))
+    return _rng().normal(0.0, (1.0 / (3.0 * d * 2)) ** 0.5, size=(d, o))
+
+
+class _Shares:
+    """A weight share with its momentum buffer; SGD with momentum is linear, so
+    the two sides' updates add up to the update of W_i."""
+
+    def __init__(self, w: np.ndarray, lr: float, momentum: float):
+        self.w = w
+        self.v: np.ndarray | None = None
+        self.lr, self.momentum = lr, momentum
+
+    def step(self, grad: np.ndarray) -> None:
+        self.v = grad if self.v is None else self.momentum * self.v + grad
+        self.w = self.w - self.lr * self.v
+
+
+def _recv_public(scheme: HEScheme, ch: Channel, src: int, who: str) -> HEPeer:
+    return scheme.peer(ch.recv_bytes(src, HE_PUBLIC, max_len=MAX_PUBLIC_BYTES), sender=who)
+
+
+class HEActive(ActiveExchange):
+    def __init__(self, ctx: ExchangeContext, scheme: HEScheme, weight_init: str):
+        self.ctx, self.scheme = ctx, scheme
+        ch = ctx.channel
+        self.peers_rank = [r.rank for r in ctx.layout.passive]
+        self.key = scheme.new_key()
+        pub = self.key.public()
+        self.peer: list[HEPeer] = []
+        for i, r in enumerate(ctx.layout.passive):
+            ch.send_bytes(r.rank, HE_PUBLIC, pub)
+            self.peer.append(_recv_public(scheme, ch, r.rank, f"rank {r.rank} ({r.label})"))
+        ip = ctx.proto.interactive
+        self.w = [
+            _Shares(_init_shares(ctx, i, "active", weight_init), ip.lr, ip.momentum)
+            for i in range(len(self.peers_rank))
+        ]
+        self.o = ip.out
+        self._eps: list[np.ndarray] = []
+
+    def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
+        ch = self.ctx.channel
+        rng = _rng()
+        z = np.zeros((batch_size, self.o))
+        for i, r in enumerate(self.peers_rank):
+            d = self.ctx.embed_dims[i]
+            blob = ch.recv_bytes(r, HE_ENC_H)
+            eps = self.scheme.mask(rng, (batch_size, self.o))
+            ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps))
+            s = ch.recv(r, HE_ZSHARE, shape=(batch_size, self.o), dtype=torch.float64).numpy()
+            z += s - eps
+        return torch.from_numpy(z).float().to(self.ctx.device)
+
+    def backward(self, grad_z: torch.Tensor) -> None:
+        ch = self.ctx.channel
+        g = grad_z.detach().double().cpu().numpy()
+        blob_g = self.key.encrypt(g)
+        b = g.shape[0]
+        for i, r in enumerate(self.peers_rank):
+            d = self.ctx.embed_dims[i]
+            ch.send_bytes(r, HE_ENC_G, blob_g)
+            u = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GH), (b, d))
+            dw = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GW), (d, self.o))
+            ch.send(r, HE_GH_MASKED, torch.from_numpy(u + g @ self.w[i].w.T))
+            self.w[i].step(dw)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {
+            f"interactive_share.{r.party}": torch.from_numpy(s.w).float()
+            for r, s in zip(self.ctx.layout.passive, self.w, strict=True)
+        }
+
+
+class HEPassive(PassiveExchange):
+    def __init__(self, ctx: ExchangeContext, scheme: HEScheme, weight_init: str):
+        self.ctx, self.scheme = ctx, scheme
+        ch = ctx.channel
+        role = ctx.layout.role(ctx.rank)
+        self.i = role.index
+        self.a = ctx.layout.active.rank
+        self.key = scheme.new_key()
+        self.peer = _recv_public(scheme, ch, self.a, f"rank {self.a} ({ctx.layout.active.label})")
+        ch.send_bytes(self.a, HE_PUBLIC, self.key.public())
+        ip = ctx.proto.interactive
+        self.w = _Shares(_init_shares(ctx, self.i, "passive", weight_init), ip.lr, ip.momentum)
+        self.o = ip.out
+        self._h: np.ndarray | None = None
+
+    def forward(self, h: torch.Tensor, *, train: bool) -> None:
+        ch = self.ctx.channel
+        x = h.detach().double().cpu().numpy()
+        self._h = x
+        ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt(x))
+        v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
+        ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + x @ self.w.w))
+
+    def backward(self) -> torch.Tensor:
+        ch = self.ctx.channel
+        h = self._h
+        assert h is not None
+        b, d = h.shape
+        rng = _rng()
+        blob_g = ch.recv_bytes(self.a, HE_ENC_G)
+        mu = self.scheme.mask(rng, (b, d))
+        r_mask = self.scheme.mask(rng, (d, self.o))
+        ch.send_bytes(self.a, HE_ENC_GH, self.peer.matmul(blob_g, (b, self.o), self.w.w.T, mu))
+        ch.send_bytes(self.a, HE_ENC_GW, self.peer.tmatmul(h, blob_g, (b, self.o), -r_mask))
+        masked = ch.recv(self.a, HE_GH_MASKED, shape=(b, d), dtype=torch.float64).numpy()
+        self.w.step(r_mask)
+        self._h = None
+        return torch.from_numpy(masked - mu).float().to(self.ctx.device)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"interactive_share": torch.from_numpy(self.w.w).float()}
+
+
+def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[ExchangeBackend]:
+    """Register an exchange backend running the two-party protocol with a scheme.
+    The scheme's options model must have a ``weight_init`` field."""
+
+    class _Backend(ExchangeBackend):
+        capabilities = frozenset({"he"})
+        options = scheme_cls.options
+
+        @classmethod
+        def check(cls, proto: Protocol, options: BaseModel) -> None:
+            scheme_cls.check(proto, options)
+
+        @classmethod
+        def active(cls, ctx: ExchangeContext) -> ActiveExchange:
+            return HEActive(ctx, scheme_cls(ctx.options), ctx.options.weight_init)  # type: ignore[attr-defined]
+
+        @classmethod
+        def passive(cls, ctx: ExchangeContext) -> PassiveExchange:
+            return HEPassive(ctx, scheme_cls(ctx.options), ctx.options.weight_init)  # type: ignore[attr-defined]
+
+        @classmethod
+        def result_info(cls, options: BaseModel) -> dict[str, Any]:
+            info = super().result_info(options)
+            info.update(scheme_cls.describe(options))
+            return info
+
+    _Backend.name = name
+    _Backend.description = description
+    _Backend.__name__ = _Backend.__qualname__ = f"{name.capitalize()}Backend"
+    EXCHANGES.add(name, _Backend)
+    return _Backend

@@ -1,0 +1,1 @@
+"""paillier backend: being written."""
