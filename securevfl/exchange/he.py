@@ -116,6 +116,7 @@ class HEScheme(ABC):
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         """Refuse insecure parameters at load (CryptoParameterError)."""
+        return None
 
     @classmethod
     def describe(cls, options: BaseModel) -> dict[str, Any]:
@@ -165,7 +166,7 @@ class HEActive(ActiveExchange):
         self.key = scheme.new_key()
         pub = self.key.public()
         self.peer: list[HEPeer] = []
-        for i, r in enumerate(ctx.layout.passive):
+        for r in ctx.layout.passive:
             ch.send_bytes(r.rank, HE_PUBLIC, pub)
             self.peer.append(_recv_public(scheme, ch, r.rank, f"rank {r.rank} ({r.label})"))
         ip = ctx.proto.interactive
