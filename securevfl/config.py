@@ -154,6 +154,11 @@ class RuntimeSpec(Strict):
     peer_timeout_s: float = Field(default=15.0, gt=0, description="a peer silent this long is declared lost")
     op_timeout_s: float = Field(default=900.0, gt=0, description="one send/recv at most")
     record_views: bool = Field(default=True, description="keep received tensors for attacks")
+    dump_views: bool = Field(
+        default=False,
+        description="each rank saves what it received (and passive parties their embeddings) "
+        "to ranks/rank<R>.view.pt, for wire audits",
+    )
     trace_steps: int = Field(
         default=0, ge=0, description="A saves z and the loss of the first N training steps (tests)"
     )

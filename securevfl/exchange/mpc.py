@@ -119,18 +119,24 @@ class _MpcRole:
 
     def backward_shares(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """Share dL/dz from A; reveal dL/dh'_i to P_i only; update W_i in shares.
-        Returns this rank's revealed embedding gradient (passive ranks only)."""
-        g_enc = self._share(g, (batch, self.out), src=0)
+        Returns this rank's revealed embedding gradient (passive ranks only).
+
+        dL/dz of a batch-mean loss is O(1/B) per entry, close to the fixed-point
+        resolution, so it is shared scaled by the nominal batch size (exact in
+        plaintext at A) and the scale is removed after the reveal and in the
+        learning rate (constant, so momentum buffers stay consistent)."""
+        scale = float(self.ctx.proto.training.batch_size)
+        g_enc = self._share(None if g is None else g * scale, (batch, self.out), src=0)
         mine = None
         grads = []
         for i, src in enumerate(self.passive):
             gh = g_enc.matmul(self.w[i].t()).get_plain_text(dst=src)
             if self.rank == src:
-                mine = gh
+                mine = gh / scale
             grads.append(self._h[i].t().matmul(g_enc))
         for i, gw in enumerate(grads):
             self.v[i] = gw if self.v[i] is None else self.v[i] * self.momentum + gw
-            self.w[i] = self.w[i] - self.v[i] * self.lr
+            self.w[i] = self.w[i] - self.v[i] * (self.lr / scale)
         self._h = []
         return mine
 

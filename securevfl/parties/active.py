@@ -59,6 +59,7 @@ class ActiveParty:
         params = [p for m in modules for p in m.parameters()] + [self.bias]
         self.opt = make_optimizer(params, tr)
         self.exchange = backend.active(ctx)
+        self.held_at_start = {k: v.clone() for k, v in self.exchange.state().items()}
         self.n_train = len(prep.train_idx)
         self.trace: list[dict[str, torch.Tensor]] = []
         self.progress = Progress(
@@ -149,6 +150,10 @@ class ActiveParty:
             "n_aligned": len(self.prep.data.ids),
             "classes": self.classes,
         }
+
+    def own_view(self) -> dict[str, object]:
+        """Plaintext parameters of the exchange this party held before training."""
+        return {"held_at_start": self.held_at_start}
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"top.{k}": v.detach().cpu() for k, v in self.top.state_dict().items()}

@@ -48,11 +48,14 @@ class PassiveParty:
         self.exchange = backend.passive(ctx)
         self.n_train = len(prep.train_idx)
         self.n_test = len(prep.test_idx)
+        self.sent: list[tuple[int, torch.Tensor]] = []
 
     def train_step(self, idx: np.ndarray) -> None:
         x = self.x_train[idx].to(self.device)
         h = self.bottom(x)
         h2 = self.stack.embed(h, train=True)
+        if self.proto.runtime.dump_views:
+            self.sent.append((self.ctx.channel.round, h2.detach().cpu().clone()))
         self.exchange.forward(h2, train=True)
         g = self.stack.grad(self.exchange.backward())
         obj = (h2 * g).sum()
@@ -84,6 +87,10 @@ class PassiveParty:
                 self.evaluate()
         self.steps = step
         return {"train_steps": step, "n_train": self.n_train, "columns": len(self.columns)}
+
+    def own_view(self) -> dict[str, object]:
+        """What this party itself computed and sent (for wire audits)."""
+        return {"embeddings": self.sent}
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()}

@@ -108,7 +108,11 @@ def run_rank(
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 if getattr(party, "trace", None):
                     torch.save(party.trace, ranks_dir / f"rank{rank}.trace.pt")
-                view = View(rank, role.party, dict(ledger.received))
+                view = View(rank, role.party, dict(ledger.received), party.own_view())
+                if proto.runtime.dump_views:
+                    torch.save(
+                        {"received": view.received, "own": view.own}, ranks_dir / f"rank{rank}.view.pt"
+                    )
                 summary["view_tags"] = sorted(view.received)
             summary["ledger"] = ledger.summary()
             ledger.write_jsonl(ranks_dir / f"rank{rank}.ledger.jsonl")
