@@ -324,6 +324,36 @@ def _size(x: Any) -> torch.Size:
     return x
 
 
+def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
+    """Validate a dealer request from rank 0: a whitelisted function, a whitelisted
+    torch operation for triples, sizes within bounds, no keyword arguments."""
+    try:
+        fn = msg["function"]
+        if fn not in DEALER_FUNCTIONS:
+            raise ValueError(f"function {fn!r}")
+        args = list(msg["args"])
+        if msg["kwargs"]:
+            raise ValueError("keyword arguments")
+        device = msg["device"]
+        if device is not None and not (isinstance(device, str) and device.split(":")[0] in ("cpu", "cuda")):
+            raise ValueError(f"device {device!r}")
+        if fn == "additive":
+            if len(args) != 3 or args[2] not in DEALER_OPS:
+                raise ValueError("operation")
+            args = [_size(args[0]), _size(args[1]), args[2]]
+        elif fn == "binary":
+            if len(args) != 2:
+                raise ValueError("arguments")
+            args = [_size(args[0]), _size(args[1])]
+        else:
+            if len(args) != 1:
+                raise ValueError("arguments")
+            args = [_size(args[0])]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ProtocolError(f"rank 0 sent an invalid dealer request ({exc})") from None
+    return fn, args, device
+
+
 def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyFailure]) -> int:
     """The trusted dealer's loop: answer rank 0's requests for correlated
     randomness until it says ``terminate``. Requests are validated against a
@@ -342,29 +372,7 @@ def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyF
         msg = comm.get().recv_obj(0, server.ttp_group)
         if msg == "terminate":
             return served
-        try:
-            fn = msg["function"]
-            if fn not in DEALER_FUNCTIONS:
-                raise ValueError(fn)
-            args = list(msg["args"])
-            kwargs = msg["kwargs"]
-            if kwargs:
-                raise ValueError("kwargs")
-            device = msg["device"]
-            if device is not None and not (
-                isinstance(device, str) and device.split(":")[0] in ("cpu", "cuda")
-            ):
-                raise ValueError("device")
-            if fn == "additive":
-                if len(args) != 3 or args[2] not in DEALER_OPS:
-                    raise ValueError("op")
-                args = [_size(args[0]), _size(args[1]), args[2]]
-            elif fn == "binary":
-                args = [_size(args[0]), _size(args[1])]
-            else:
-                args = [_size(args[0])]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"rank 0 sent an invalid dealer request ({exc})") from None
+        fn, args, device = parse_dealer_request(msg)
         server.device = device or "cpu"
         result = getattr(server, fn)(*args)
         comm.get().send_obj(result.size(), 0, server.ttp_group)

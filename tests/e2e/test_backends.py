@@ -77,9 +77,11 @@ def linear_recovery(t: np.ndarray, h: np.ndarray, held: list[np.ndarray]) -> flo
     than guessing h's mean."""
     if t.ndim != 2 or t.shape[0] != h.shape[0]:
         return -np.inf
-    cands = [t] + [t @ m.T for m in held if m.shape[0] == t.shape[1]] + [
-        t @ np.linalg.pinv(m) for m in held if m.shape[1] == t.shape[1]
-    ]
+    cands = (
+        [t]
+        + [t @ m.T for m in held if m.shape[0] == t.shape[1]]
+        + [t @ np.linalg.pinv(m) for m in held if m.shape[1] == t.shape[1]]
+    )
     var = float(((h - h.mean(0)) ** 2).sum())
     best = -np.inf
     for c in cands:
@@ -110,7 +112,7 @@ def test_active_never_reads_off_an_embedding(crypto_run):
         first = min(h)
         worst = -np.inf
         examined = 0
-        for tag, msgs in view["received"].items():
+        for msgs in view["received"].values():
             for r, t in msgs:
                 if r != first:
                     continue
