@@ -10,7 +10,7 @@ all ranks (parties + dealer), {0, dealer}, and the MPC parties.
 Two changes to CrypTen's communicator, applied per instance:
 
 * **no pickles**: CrypTen ships small objects (dealer requests and replies) with
-  ``pickle``; :class:`JsonObjCodec` replaces ``send_obj``/``recv_obj``/
+  ``pickle``; :func:`encode_obj`/:func:`decode_obj` (JSON) replace ``send_obj``/``recv_obj``/
   ``broadcast_obj`` with JSON of a closed set of types, so nothing a peer sends is
   ever unpickled;
 * **metering**: every tensor CrypTen moves is written to the rank's ledger as
@@ -35,6 +35,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
 
 GROUP = -1  # ledger peer for collectives: "the MPC group"
+PHASES = {"setup", "psi", "train", "eval"}
 MAX_OBJ_BYTES = 1 << 20
 MAX_ELEMENTS = 1 << 28
 
@@ -228,7 +229,9 @@ class MeteredComm:
     # objects: JSON, never pickle
     def send_obj(self, obj: Any, dst: int, group: Any = None) -> None:
         group = self.inst.main_group if group is None else group
-        buf = encode_obj(obj)
+        # the phase and round travel with the object so the dealer's ledger
+        # attributes its replies to the right training step
+        buf = encode_obj({"phase": self.channel.phase, "round": self.channel.round, "obj": obj})
         size = torch.tensor(len(buf), dtype=torch.int64)
         arr = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
 
@@ -248,11 +251,16 @@ class MeteredComm:
             raise ProtocolError(f"rank {src} announced a {n}-byte MPC control object")
         arr = torch.empty(n, dtype=torch.uint8)
         self._call(dist.recv, src, arr, src=src, group=group)
-        self._log("recv", src, self.rank, "object", arr)
         try:
-            return decode_obj(arr.numpy().tobytes())
-        except (ValueError, UnicodeDecodeError):
+            env = decode_obj(arr.numpy().tobytes())
+            phase, rnd = env["phase"], env["round"]
+            if phase not in PHASES or not isinstance(rnd, int) or set(env) != {"phase", "round", "obj"}:
+                raise ValueError("envelope")
+        except (ValueError, UnicodeDecodeError, TypeError, KeyError):
             raise ProtocolError(f"rank {src} sent a malformed MPC control object") from None
+        self.channel.phase, self.channel.round = phase, rnd
+        self._log("recv", src, self.rank, "object", arr)
+        return env["obj"]
 
     def broadcast_obj(self, obj: Any, src: int, group: Any = None) -> Any:
         raise ProtocolError("securevfl's MPC exchange never broadcasts objects (sizes are agreed)")

@@ -197,7 +197,6 @@ class MpcDealer(HelperExchange):
         self.served = 0
 
     def serve(self) -> None:
-        self.ctx.channel.phase = "dealer"
         self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure)
         stop_crypten()
 

@@ -137,3 +137,33 @@ def test_passive_receives_only_its_gradient_and_protocol_traffic(crypto_run):
                 if arr is not None and r in h_other:
                     assert linear_recovery(arr, h_other[r], []) < 0.5, (backend, p)
         assert "embedding" not in view["received"]
+
+
+def test_mpc_three_passive_parties(tmp_path: Path):
+    """breast_cancer over 3 passive parties + a label-only active party + dealer:
+    truncation with more than two MPC parties uses the dealer's wraps protocol."""
+    from tests.conftest import load_yaml
+
+    doc = load_yaml("breast_cancer.yaml")
+    doc["exchange"] = {"backend": "mpc"}
+    doc["training"]["epochs"] = 3
+    result = run_doc(doc, tmp_path)
+    assert result["n_passive"] == 3 and result["world_size"] == 5
+    assert len(set(result["party_pids"].values())) == 5
+    assert result["test_auc"] >= 0.95, result["test_auc"]
+    tags = {f["tag"] for f in result["ledger"]["flows"] if f["phase"] == "train"}
+    assert "embedding" not in tags and "mpc.broadcast" in tags
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["plain", "mpc"])
+def test_cuda_device(tmp_path: Path, backend: str):
+    doc = small_digits(epochs=2, device="cuda")
+    doc["exchange"] = {"backend": backend}
+    result = run_doc(doc, tmp_path)
+    assert result["device"] == "cuda"
+    assert result["test_accuracy"] > 0.5
