@@ -584,8 +584,18 @@ class CkksPeer(HEPeer):
         p = self._checked("tmatmul left factor", p, (r, a))
         mask = self._checked("tmatmul mask", mask, (a, m))
         slots = self.seal.slots
-        if _pow2(a) <= lin.bp:  # keep the input's block stride: one shift per (column group, i - alpha)
-            lout = _Layout(a, m, lin.nb, lin.bp, _pow2(a))
+        big_a, t2 = _pow2(a), _pow2(lin.n_ct)
+        n_part, stride, length = 1, 0, r
+        if big_a <= lin.bp:
+            # keep the input's block stride, a-vectors of column group t in chunk t: the
+            # shift of term (i, alpha) is i - alpha - t*A, the same in every block
+            lout = _Layout(a, m, lin.nb, lin.bp, big_a)
+            if t2 * big_a <= lin.bp:
+                # spare chunks: split the rows into n_part slices summed into chunks
+                # t + h*t2 and folded at the end; the slices share their diagonals
+                stride = t2 * big_a
+                n_part = _pow2(-(-r // stride))
+                length = stride if n_part > 1 else r
         else:
             lout = _standard(a, m, slots)
         t_in, b_in = lin.bases()
@@ -594,24 +604,34 @@ class CkksPeer(HEPeer):
         cls_key = np.stack([t_in, s_out, (b_in - b_out) % slots], axis=1)
         cls, cls_inv = np.unique(cls_key, axis=0, return_inverse=True)
         cls_inv = cls_inv.ravel()
-        offs = np.arange(-(a - 1), r)  # e = i - alpha
+        offs = np.arange(-(a - 1), length)  # e = i - alpha within a slice
         gt = np.repeat(cls[:, 0], len(offs))
         gs = np.repeat(cls[:, 1], len(offs))
         gd = (np.repeat(cls[:, 2], len(offs)) + np.tile(offs, len(cls))) % slots
         cols_of = [np.flatnonzero(cls_inv == ci) for ci in range(len(cls))]
 
         def diag(gi: int) -> tuple[np.ndarray, None]:
-            ci, e = divmod(gi, len(offs))
-            e = int(offs[e])
-            alpha = np.arange(max(0, -e), min(a, r - e))
-            vals = p[alpha + e, alpha]
-            pos = (b_out[cols_of[ci]][:, None] + alpha[None, :]).ravel()
+            ci, k = divmod(gi, len(offs))
+            e = int(offs[k])
             dg = np.zeros(slots)
-            dg[pos] = np.tile(vals, len(cols_of[ci]))
+            for h in range(n_part):
+                top = min(a, length - e, r - h * length - e)
+                alpha = np.arange(max(0, -e), top)
+                if len(alpha) == 0:
+                    continue
+                vals = p[h * length + alpha + e, alpha]
+                pos = (b_out[cols_of[ci]][:, None] + h * stride + alpha[None, :]).ravel()
+                dg[pos] = np.tile(vals, len(cols_of[ci]))
             return dg, None
 
         groups = _Groups(t=gt, s=gs, delta=gd, diag=diag, conj=False)
-        return self._finish(self._apply(cts, groups, lout.n_ct), lout, mask)
+        outs = self._apply(cts, groups, lout.n_ct)
+        if n_part > 1 and outs[0] is not None:
+            h = n_part // 2
+            while h >= 1:  # chunk t += chunk t + h*t2; garbage lands only in spare chunks
+                self._ev.add_inplace(outs[0], self._rot(outs[0], h * stride))
+                h //= 2
+        return self._finish(outs, lout, mask)
 
 
 # --------------------------------------------------------------------------- scheme

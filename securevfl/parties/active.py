@@ -145,6 +145,11 @@ class ActiveParty:
             "history": history,
             "train_steps": step,
             "time_per_step_s": float(np.mean(step_times)) if step_times else 0.0,
+            "step_time_s": {
+                "first": step_times[0] if step_times else None,
+                "median": float(np.median(step_times)) if step_times else None,
+                "mean_after_first": float(np.mean(step_times[1:])) if len(step_times) > 1 else None,
+            },
             "n_train": self.n_train,
             "n_test": len(self.y_test),
             "n_aligned": len(self.prep.data.ids),

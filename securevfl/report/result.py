@@ -51,6 +51,7 @@ def build_result(
         "device": proto.training.device,
         "train_steps": steps,
         "time_per_step_s": active.get("time_per_step_s"),
+        "step_time_s": active.get("step_time_s"),
         "bytes_per_step": ledger["bytes_per_step"],
         "party_pids": {str(r): pid for r, pid in sorted(pids.items())},
         "ranks": {str(p["rank"]): {"party": p["party"], "role": p["role"]} for p in parts},
