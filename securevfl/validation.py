@@ -97,55 +97,39 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                             f"{lay.path}.model.input_shape",
                         )
 
-    # defenses
+    # defenses and attacks
     for lay in party_layouts(proto):
         side = "active" if lay.is_active else "passive"
         for j, spec in enumerate(lay.spec.defenses):
-            path = f"{lay.path}.defenses[{j}]"
-            if spec.name not in DEFENSES:
-                raise err(
-                    f"unknown defense '{spec.name}' (known: {', '.join(DEFENSES.names()) or 'none'})",
-                    f"{path}.name",
-                )
-            cls = DEFENSES.get(spec.name)
+            cls = _component("defense", DEFENSES, spec, f"{lay.path}.defenses[{j}]", backend, err, source)
             if side not in cls.sides:
                 raise err(
                     f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
                     f"not the {side} party",
-                    path,
+                    f"{lay.path}.defenses[{j}]",
                     UnsupportedCombination,
                 )
-            try:
-                cls.options.model_validate(spec.params)
-            except ValidationError as exc:
-                raise validation_error(exc, prefix=f"{path}.params", source=source) from None
-            missing = cls.requires - backend.capabilities
-            if missing:
-                raise err(
-                    f"defense '{spec.name}' needs {sorted(missing)}, which backend "
-                    f"'{backend.name}' does not offer",
-                    path,
-                    UnsupportedCombination,
-                )
-
-    # attacks
     for j, spec in enumerate(proto.attacks):
-        path = f"attacks[{j}]"
-        if spec.name not in ATTACKS:
-            raise err(
-                f"unknown attack '{spec.name}' (known: {', '.join(ATTACKS.names()) or 'none'})",
-                f"{path}.name",
-            )
-        acls = ATTACKS.get(spec.name)
-        try:
-            acls.options.model_validate(spec.params)
-        except ValidationError as exc:
-            raise validation_error(exc, prefix=f"{path}.params", source=source) from None
-        missing = acls.requires - backend.capabilities
-        if missing:
-            raise err(
-                f"attack '{spec.name}' needs {sorted(missing)}, which backend "
-                f"'{backend.name}' does not offer",
-                path,
-                UnsupportedCombination,
-            )
+        _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
+
+
+def _component(kind: str, registry, spec, path: str, backend, err, source: str | None):
+    """A registered defense or attack: known name, valid params, and every backend
+    capability it requires."""
+    if spec.name not in registry:
+        raise err(
+            f"unknown {kind} '{spec.name}' (known: {', '.join(registry.names()) or 'none'})", f"{path}.name"
+        )
+    cls = registry.get(spec.name)
+    try:
+        cls.options.model_validate(spec.params)
+    except ValidationError as exc:
+        raise validation_error(exc, prefix=f"{path}.params", source=source) from None
+    missing = cls.requires - backend.capabilities
+    if missing:
+        raise err(
+            f"{kind} '{spec.name}' needs {sorted(missing)}, which backend '{backend.name}' does not offer",
+            path,
+            UnsupportedCombination,
+        )
+    return cls

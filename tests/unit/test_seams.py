@@ -1,0 +1,115 @@
+"""The extension seams: registries, defense/attack capability checks at load,
+and the defense stack folding hooks in protocol order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from securevfl.attacks import ATTACKS, Attack
+from securevfl.config import load_protocol_dict
+from securevfl.defenses import DEFENSES, Defense, DefenseStack
+from securevfl.defenses.base import DefenseContext, DefenseOptions
+from securevfl.errors import ConfigError, UnsupportedCombination
+from securevfl.registry import Registry
+from tests.conftest import small_digits
+
+
+class Shift(Defense):
+    """Test double: adds a constant to embeddings; needs A to see them."""
+
+    name = "test_shift"
+    sides = frozenset({"passive"})
+    requires = frozenset({"active_sees_embeddings"})
+
+    class options(DefenseOptions):
+        by: float = 1.0
+
+    def embed(self, h, *, train):
+        return h + self.params.by
+
+
+class Peek(Attack):
+    name = "test_peek"
+    requires = frozenset({"active_sees_embeddings"})
+
+
+@pytest.fixture
+def registered():
+    DEFENSES.add(Shift.name, Shift)
+    ATTACKS.add(Peek.name, Peek)
+    try:
+        yield
+    finally:
+        DEFENSES.remove(Shift.name)
+        ATTACKS.remove(Peek.name)
+
+
+def _with(backend: str, defenses=None, attacks=None, side="passive"):
+    doc = small_digits()
+    doc["exchange"] = {"backend": backend}
+    if defenses is not None:
+        target = doc["parties"]["passive"][0] if side == "passive" else doc["parties"]["active"]
+        target["defenses"] = defenses
+    if attacks is not None:
+        doc["attacks"] = attacks
+    return doc
+
+
+def test_registry_refuses_duplicates_and_names_known():
+    reg: Registry[int] = Registry("thing")
+    reg.add("a", 1)
+    with pytest.raises(ValueError):
+        reg.add("a", 2)
+    reg.add("a", 3, force=True)
+    assert reg.get("a") == 3
+    with pytest.raises(ConfigError, match=r"unknown thing 'b' \(known: a\)"):
+        reg.get("b")
+
+
+def test_defense_accepted_where_capability_exists(registered):
+    proto = load_protocol_dict(_with("plain", [{"name": "test_shift", "params": {"by": 2.0}}]))
+    assert proto.parties.passive[0].defenses[0].name == "test_shift"
+
+
+def test_defense_rejected_where_backend_hides_embeddings(registered):
+    with pytest.raises(UnsupportedCombination) as exc:
+        load_protocol_dict(_with("mpc", [{"name": "test_shift"}]))
+    msg = str(exc.value)
+    assert "parties.passive[0].defenses[0]" in msg and "active_sees_embeddings" in msg and "mpc" in msg
+
+
+def test_defense_rejected_on_wrong_side_and_bad_params(registered):
+    with pytest.raises(UnsupportedCombination, match="passive party, not the active party"):
+        load_protocol_dict(_with("plain", [{"name": "test_shift"}], side="active"))
+    with pytest.raises(ConfigError, match=r"parties\.passive\[0\]\.defenses\[0\]\.params\.byy"):
+        load_protocol_dict(_with("plain", [{"name": "test_shift", "params": {"byy": 1}}]))
+
+
+def test_attack_capability_checked(registered):
+    load_protocol_dict(_with("plain", attacks=[{"name": "test_peek"}]))
+    with pytest.raises(UnsupportedCombination, match=r"attacks\[0\]"):
+        load_protocol_dict(_with("mpc", attacks=[{"name": "test_peek"}]))
+
+
+def test_unknown_defense_lists_known(registered):
+    with pytest.raises(ConfigError, match=r"unknown defense 'nope' \(known: .*test_shift"):
+        load_protocol_dict(_with("plain", [{"name": "nope"}]))
+
+
+def test_stack_applies_hooks_in_order():
+    proto = load_protocol_dict(small_digits())
+    ctx = DefenseContext(proto, "left", "passive", 0)
+    a = Shift(Shift.options(by=1.0), ctx)
+    b = Shift(Shift.options(by=10.0), ctx)
+
+    class Double(Defense):
+        name = "double"
+
+        def embed(self, h, *, train):
+            return h * 2
+
+    stack = DefenseStack([a, Double(DefenseOptions(), ctx), b])
+    assert torch.equal(stack.embed(torch.zeros(2), train=True), torch.full((2,), 12.0))
+    assert stack.local_loss(torch.zeros(1), torch.zeros(1)) is None
+    assert torch.equal(stack.labels(torch.tensor([1, 2])), torch.tensor([1, 2]))
