@@ -38,7 +38,7 @@ KIB = 1024
 
 
 def workload(backend: str, batch: int, parties: int, params: dict[str, Any] | None = None,
-             dim: int = 64) -> dict[str, Any]:
+             dim: int = 64, max_steps: int | None = None) -> dict[str, Any]:
     cols = 64
     bounds = [round(i * cols / parties) for i in range(parties + 1)]
     passive = [
@@ -52,7 +52,7 @@ def workload(backend: str, batch: int, parties: int, params: dict[str, Any] | No
         "parties": {"active": {"name": "active"}, "passive": passive},
         "exchange": {"backend": backend, "params": params or {}},
         "interactive": {"out": dim},
-        "training": {"epochs": 1, "batch_size": batch, "lr": 0.003, "seed": 0},
+        "training": {"epochs": 1, "batch_size": batch, "lr": 0.003, "seed": 0, "max_steps": max_steps},
         "runtime": {"record_views": False},
     }
 

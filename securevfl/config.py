@@ -147,6 +147,9 @@ class TrainingSpec(Strict):
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = 0
     eval_every: int = Field(default=1, ge=1, description="evaluate every N epochs")
+    max_steps: int | None = Field(
+        default=None, ge=1, description="stop after this many training steps (benchmarks)"
+    )
 
 
 class RuntimeSpec(Strict):

@@ -4,61 +4,70 @@ What it protects: W_i exists only as two additive shares (A's and P_i's); every
 operand that crosses to the other party is a CKKS ciphertext under the key of
 the party that produced it (P_i's h'_i, A's dL/dz) or a value the receiver may
 learn plus a uniform mask. A learns z = sum_i h'_i W_i (the declared output); P_i
-learns dL/dh'_i. Semi-honest parties; TenSEAL/SEAL at 128-bit security.
+learns dL/dh'_i. Semi-honest parties; TenSEAL/SEAL with 128-bit parameters.
 
-Packing (never one ciphertext per sample). A real matrix X (r x c) becomes
-complex columns Z_k = X[:, 2k] + i X[:, 2k+1] (both halves of every CKKS slot
-carry data), and each complex column is a block of ``bp`` slots (bp = a power of
-two >= r), ``nb = slots / bp`` blocks per ciphertext. At N=8192 (4096 slots), a
-256 x 64 batch fills 2 ciphertexts.
+Packing: across the batch, never one ciphertext per sample. A real matrix X
+(r x c) becomes complex columns Z_l = X[:, 2l] + i X[:, 2l+1] (both halves of a
+CKKS slot carry data); each complex column is a block of ``bp`` slots (bp a
+power of two >= r, spread so the columns fill the ciphertexts evenly). At
+N=8192 (4096 complex slots) a 256 x 64 batch is 2 ciphertexts, 64 x 64 is one.
 
-* ``matmul`` (Enc(X) W): the block index changes, the row offset does not, so
-  the map is a sum of plaintext diagonals times rotations by multiples of ``bp``;
-  a real-linear map on complex slots is ``sum a*rot(Z) + conj(sum conj(b)*rot(Z))``
+* ``matmul`` (Enc(X) W): the block index changes, the row offset does not, so the
+  map is a sum of plaintext diagonals times rotations by multiples of ``bp``; a
+  real-linear map on complex slots is ``sum a rot(Z) + conj(sum conj(b) rot(Z))``
   (one conjugation per output ciphertext).
-* ``tmatmul`` (p^T Enc(Y)): a sum over the rows inside a block. Its output keeps
-  the input's block stride and puts the a-vector of column l at chunk (l // nb)
-  of block (l % nb), so every term is a rotation by i - alpha - chunk offset,
-  the same for all blocks: r + a - 1 diagonals per input ciphertext.
+* ``tmatmul`` (p^T Enc(Y)): sums over the rows inside a block. The output keeps
+  the input's block stride and puts the a-vector of column group t in chunk t of
+  every block, so a term (i, alpha) is a rotation by i - alpha - t*A, the same
+  in all blocks; spare chunks take row slices that share their diagonals and
+  are folded at the end (B=256, d=o=64: 2 x 191 diagonals, one output ciphertext).
 
-Both run baby-step giant-step (rotations of the inputs shared by every output,
-one rescale and giant rotation per group at the lower level). The plaintext
-diagonals are encoded at scale q1 (the prime dropped by the rescale), so results
+Both run baby-step giant-step (baby rotations of each input shared by every
+output; one rescale, then the giant rotation, per group at the lower level).
+The diagonals are encoded at scale q1, the prime the rescale drops, so results
 come back at exactly the input scale 2^global_scale_bits. One multiplicative
-level is used: ``coeff_mod_bit_sizes = [q0, q1, special]``; fresh ciphertexts
-hold (q0, q1), results only q0.
+level: ``coeff_mod_bit_sizes = [output primes..., q1, special]``. Fresh
+ciphertexts hold every data prime, results the output primes only.
+
+Defaults [47, 47, 40, 60], scale 2^60 (194 of the 218 bits allowed at N=8192).
+Data primes well below the 60-bit special prime keep key-switching noise small
+(with a 60-bit data prime it alone costs ~1e-6); scale 2^60 makes the CKKS
+error, which grows with the plaintext operand (the weight shares), smaller than
+float64's own rounding of the values involved: the measured error is ~4e-9 at
+unit scale, ~|v + mask| 2^-50 beyond.
 
 Wire format: one blob = a fixed header (magic, version, layout: rows, cols, nb,
-bp, chunk, count) then length-prefixed SEAL ciphertexts (SEAL's own
-serialization, validated against the context on load; never pickle). Fresh
-ciphertexts are symmetric (secret-key) encryptions, which SEAL stores with a
-seed for the uniform half: ~116 KB for 4096 complex slots at the defaults;
-results hold one 60-bit prime: ~131 KB. The public context (public key and
-power-of-two Galois keys, no secret and no relinearization key) is ~18 MB and
-crosses once per party pair.
+bp, chunk, count) then length-prefixed SEAL ciphertexts (SEAL's serialization,
+checked against the context on load; never pickle). Fresh ciphertexts are
+symmetric (secret-key) encryptions, stored with a seed for their uniform half:
+~160 KB per ciphertext; results (two 47-bit primes) ~222 KB. The public part
+(TenSEAL context made public: parameters and public key, no secret or
+relinearization key; plus power-of-two rotation and conjugation keys, seeded)
+is ~17 MB and crosses once per party pair.
 
 Circuit privacy and masks. Every result is re-randomized by adding a fresh
 public-key encryption of the mask, which replaces the result's second component
 with an RLWE sample the key owner cannot relate to the evaluator's plaintexts.
 Masks are uniform in [-mask_bound, mask_bound] on the real and the imaginary
-part of every slot of every result ciphertext (padding included; the caller's
-mask fills the data positions, fresh ones the rest). The key owner decrypts
-v + e + eps where e is the CKKS error (it depends on the evaluator's operands);
-since eps is uniform over a cube of side 2 M in all N real coordinates, the
-decryption is a function of v + e + eps and its statistical distance from the
-same message with v', e' is at most (||v - v'||_1 + ||e - e'||_1) / (2 M).
-Per entry of magnitude |v|, that is |v| / (2 M): 2^-19 |v| at the default
-M = 2^18; e is ~1e-9 (measured), so its share is negligible. The hiding is
-statistical and degrades linearly with |v| and with the number of entries.
-The bound on M: results keep only q0, and decryption is exact while
-sqrt(2) (M + |v|) 2^scale < q0 / 2, i.e. M + |v| < 2^(b0 - scale - 1.5)
-(2^18.5 at the defaults; the default leaves room for |v| up to ~1e5); float64
-decoding then adds an error ~M 2^-47.
+part of every slot of every result ciphertext (padding and spare chunks
+included; the caller's mask fills the data positions, fresh ones the rest). The
+key owner decrypts v + e + eps where e is the CKKS error (it depends on the
+evaluator's operands); eps is uniform on a cube of side 2 M in all N real
+coordinates, so the decryption, a function of v + e + eps, is within
+statistical distance (||v - v'||_1 + ||e - e'||_1) / (2 M) of the one for
+v', e'. Per entry: |v| / (2 M) = 2^-23 |v| at the default M = 2^22; e ~ 1e-9
+adds nothing visible. The hiding is statistical and degrades linearly with |v|
+and the number of entries. M is bounded by exact decryption on the output
+primes, sqrt(2) (M + |v|) 2^scale < q_out / 2 (check() keeps M below half of
+that: 2^31.5 at the defaults), and by float64 decoding, whose error ~M 2^-50
+(4e-9 at 2^22) should stay below float32's resolution of the values trained.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import math
 import os
 import secrets
@@ -70,13 +79,28 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import tenseal as ts
-import tenseal.sealapi as sa
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.config import Protocol
-from securevfl.errors import CryptoParameterError, ProtocolError
+from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange.he import HEKey, HEPeer, HEScheme, he_backend
+
+
+class _Lazy:
+    """TenSEAL is an optional dependency (the ``crypto`` extra): import it on first use."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._mod: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._mod is None:
+            self._mod = importlib.import_module(self._name)
+        return getattr(self._mod, attr)
+
+
+ts: Any = _Lazy("tenseal")
+sa: Any = _Lazy("tenseal.sealapi")
 
 # SEAL's HomomorphicEncryption.org table (native/src/seal/util/hestdparms.h):
 # the largest total coefficient-modulus size that still gives 128-bit security.
@@ -85,17 +109,19 @@ MAX_PRIME_BITS = 60
 MIN_MASK_BOUND = 2.0**12
 
 _MAGIC = b"SVCK"
+_PUB_MAGIC = b"SVCP"
 _VERSION = 1
 _HEADER = struct.Struct("<4sBIIIIII")  # magic, version, rows, cols, nb, bp, chunk, count
+_PUB_HEADER = struct.Struct("<4sBQQ")  # magic, version, context length, Galois keys length
 _LEN = struct.Struct("<I")
 
 
 class CkksOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     poly_modulus_degree: int = 8192
-    coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [60, 40, 60])
-    global_scale_bits: int = Field(default=40, ge=20, le=MAX_PRIME_BITS)
-    mask_bound: float = Field(default=2.0**18, gt=0)
+    coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [47, 47, 40, 60])
+    global_scale_bits: int = Field(default=60, ge=20, le=MAX_PRIME_BITS)
+    mask_bound: float = Field(default=2.0**22, gt=0)
     weight_init: Literal["private", "seeded"] = "private"
 
 
@@ -114,8 +140,11 @@ def _mask_limit(opts: CkksOptions) -> float:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where X[i, 2l] + i X[i, 2l+1] lives: block p = l % nb, group v = l // nb,
-    ciphertext v // (bp // chunk), slot p*bp + (v % (bp // chunk))*chunk + i."""
+    """Where the complex entry X[i, 2l] + i X[i, 2l+1] lives. Rows are cut in row
+    chunks of ``chunk`` (c = i // chunk); complex columns in groups of ``nb``
+    (block p = l % nb, group v = l // nb); unit u = c * groups + v goes to
+    ciphertext u // (bp // chunk), slot p*bp + (u % (bp // chunk))*chunk + i % chunk.
+    With chunk = bp >= rows this is one column per block, groups in ciphertexts."""
 
     rows: int
     cols: int
@@ -132,54 +161,64 @@ class _Layout:
         return self.bp // self.chunk
 
     @property
+    def groups(self) -> int:
+        return -(-self.ncc // self.nb)
+
+    @property
+    def row_chunks(self) -> int:
+        return -(-self.rows // self.chunk)
+
+    @property
     def n_ct(self) -> int:
-        groups = -(-self.ncc // self.nb)
-        return -(-groups // self.per_block)
+        return -(-(self.row_chunks * self.groups) // self.per_block)
 
     def valid(self, slots: int) -> bool:
         def p2(x: int) -> bool:
             return x > 0 and x & (x - 1) == 0
 
         return (
-            self.rows >= 1
-            and self.cols >= 1
+            1 <= self.rows <= 1 << 24
+            and 1 <= self.cols <= 1 << 24
             and p2(self.nb)
             and p2(self.bp)
             and p2(self.chunk)
             and self.nb * self.bp == slots
             and self.chunk <= self.bp
-            and self.rows <= self.chunk
+            and self.n_ct <= 1 << 16
         )
 
     def bases(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per complex column: ciphertext index and the slot of row 0."""
-        lc = np.arange(self.ncc)
-        v = lc // self.nb
-        return v // self.per_block, (lc % self.nb) * self.bp + (v % self.per_block) * self.chunk
+        """(row chunk, complex column) -> ciphertext index and slot of its first row."""
+        lc = np.arange(self.ncc)[None, :]
+        u = np.arange(self.row_chunks)[:, None] * self.groups + lc // self.nb
+        return u // self.per_block, (lc % self.nb) * self.bp + (u % self.per_block) * self.chunk
+
+    def _index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, ncc) arrays: ciphertext and slot of every complex entry."""
+        ct, base = self.bases()
+        i = np.arange(self.rows)
+        return ct[i // self.chunk], base[i // self.chunk] + (i % self.chunk)[:, None]
 
     def pack(self, x: np.ndarray, slots: int) -> np.ndarray:
         z = np.zeros((self.rows, 2 * self.ncc))
         z[:, : self.cols] = x
-        ct, base = self.bases()
         out = np.zeros((self.n_ct, slots), dtype=np.complex128)
-        out[ct[None, :], base[None, :] + np.arange(self.rows)[:, None]] = z[:, 0::2] + 1j * z[:, 1::2]
+        out[self._index()] = z[:, 0::2] + 1j * z[:, 1::2]
         return out
 
     def unpack(self, arr: np.ndarray) -> np.ndarray:
-        ct, base = self.bases()
-        z = arr[ct[None, :], base[None, :] + np.arange(self.rows)[:, None]]
+        z = arr[self._index()]
         x = np.empty((self.rows, 2 * self.ncc))
         x[:, 0::2], x[:, 1::2] = z.real, z.imag
         return x[:, : self.cols]
 
     def used(self, slots: int) -> np.ndarray:
-        """Boolean (n_ct, slots x 2): which real coordinates hold data."""
+        """Boolean (n_ct, slots, 2): which real coordinates hold data."""
         m = np.zeros((self.n_ct, slots, 2), dtype=bool)
-        ct, base = self.bases()
-        idx = (ct[None, :], base[None, :] + np.arange(self.rows)[:, None])
-        m[idx + (0,)] = True
+        ct, slot = self._index()
+        m[ct, slot, 0] = True
         odd = np.arange(self.ncc) < self.cols // 2
-        m[(idx[0][:, odd], idx[1][:, odd], 1)] = True
+        m[ct[:, odd], slot[:, odd], 1] = True
         return m
 
 
@@ -220,6 +259,7 @@ class _Seal:
         self.out_level = levels[1].parms_id()
         self.q1 = float(levels[0].parms().coeff_modulus()[-1].value())
         n_mod = len(levels[0].parms().coeff_modulus())
+        self.costs = _costs(n_mod, len(levels[1].parms().coeff_modulus()))
         self.max_ct_bytes = 2 * n_mod * self.slots * 2 * 8 + 4096
 
     def dump(self, obj: Any) -> bytes:
@@ -228,13 +268,15 @@ class _Seal:
             with open(self._path, "rb") as f:
                 return f.read()
 
-    def load(self, data: bytes) -> Any:
+    def load(self, data: bytes, obj: Any = None) -> Any:
+        """Load a SEAL object (a ciphertext unless ``obj`` is given); SEAL checks
+        it against the context and raises on anything malformed."""
+        obj = sa.Ciphertext() if obj is None else obj
         with self._lock:
             with open(self._path, "wb") as f:
                 f.write(data)
-            ct = sa.Ciphertext()
-            ct.load(self.sc, self._path)
-            return ct
+            obj.load(self.sc, self._path)
+            return obj
 
     def encode(self, values: np.ndarray, parms_id: Any, scale: float) -> Any:
         pt = sa.Plaintext()
@@ -246,7 +288,9 @@ class _Seal:
 
 
 def _frame(layout: _Layout, cts: list[bytes]) -> bytes:
-    head = _HEADER.pack(_MAGIC, _VERSION, layout.rows, layout.cols, layout.nb, layout.bp, layout.chunk, len(cts))
+    head = _HEADER.pack(
+        _MAGIC, _VERSION, layout.rows, layout.cols, layout.nb, layout.bp, layout.chunk, len(cts)
+    )
     return b"".join([head, *(_LEN.pack(len(c)) + c for c in cts)])
 
 
@@ -281,16 +325,17 @@ def _unframe(blob: bytes, seal: _Seal, what: str) -> tuple[_Layout, list[Any]]:
     return layout, cts
 
 
-def _check_level(cts: list[Any], parms_id: Any, scale: float, what: str) -> None:
+def _check_level(cts: list[Any], levels: list[Any], scale: float, what: str) -> None:
+    allowed = [list(p) for p in levels]
     for c in cts:
-        if c.size() != 2 or list(c.parms_id()) != list(parms_id) or c.scale != scale:
+        if c.size() != 2 or not c.is_ntt_form() or list(c.parms_id()) not in allowed or c.scale != scale:
             raise ValueError(f"{what}: ciphertext at an unexpected level, size or scale")
 
 
 # --------------------------------------------------------------------------- key owner
 
 
-def _context(opts: CkksOptions) -> ts.Context:
+def _context(opts: CkksOptions) -> Any:
     ctx = ts.context(
         ts.SCHEME_TYPE.CKKS,
         poly_modulus_degree=opts.poly_modulus_degree,
@@ -305,19 +350,28 @@ class CkksKey(HEKey):
     def __init__(self, opts: CkksOptions):
         self.opts = opts
         self.ctx = _context(opts)
-        self.ctx.generate_galois_keys()
         self.seal = _Seal(self.ctx.seal_context().data)
+        self._public: bytes | None = None
         sc = self.seal.sc
         self.scale = 2.0**opts.global_scale_bits
         self._encryptor = sa.Encryptor(sc, self.ctx.public_key().data, self.ctx.secret_key().data)
         self._decryptor = sa.Decryptor(sc, self.ctx.secret_key().data)
 
     def public(self) -> bytes:
-        pub = self.ctx.copy()
-        pub.make_context_public()
-        return pub.serialize(
-            save_public_key=True, save_secret_key=False, save_galois_keys=True, save_relin_keys=False
-        )
+        """The TenSEAL context made public (parameters and public key; no secret or
+        relinearization key) and power-of-two rotation plus conjugation keys, which
+        SEAL serializes with a seed for their uniform halves (half the size of
+        TenSEAL's own Galois-key serialization)."""
+        if self._public is None:
+            pub = self.ctx.copy()
+            pub.make_context_public()
+            ctx_bytes = pub.serialize(
+                save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+            )
+            keygen = sa.KeyGenerator(self.seal.sc, self.ctx.secret_key().data)
+            gk = self.seal.dump(keygen.create_galois_keys())
+            self._public = _PUB_HEADER.pack(_PUB_MAGIC, _VERSION, len(ctx_bytes), len(gk)) + ctx_bytes + gk
+        return self._public
 
     def encrypt(self, x: np.ndarray) -> bytes:
         x = np.asarray(x, dtype=np.float64)
@@ -336,7 +390,7 @@ class CkksKey(HEKey):
             layout, cts = _unframe(blob, self.seal, what)
             if (layout.rows, layout.cols) != tuple(shape):
                 raise ValueError(f"{what}: holds a {layout.rows}x{layout.cols} matrix, expected {shape}")
-            _check_level(cts, self.seal.out_level, self.scale, what)
+            _check_level(cts, [self.seal.out_level, self.seal.in_level], self.scale, what)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
         arr = np.empty((len(cts), self.seal.slots), dtype=np.complex128)
@@ -349,8 +403,11 @@ class CkksKey(HEKey):
 
 # --------------------------------------------------------------------------- evaluator
 
-# Rough relative costs (ms at N=8192) to pick the baby-step size.
-_C_ROT_TOP, _C_ROT_LOW, _C_RESCALE = 2.7, 1.0, 0.65
+
+# Relative costs used to pick the baby-step size: one key switching at a level of
+# L primes ~ L (L + 1), a rescale ~ L (measured ratios at N=8192).
+def _costs(n_in: int, n_out: int) -> tuple[float, float, float]:
+    return n_in * (n_in + 1), n_out * (n_out + 1), 0.7 * n_in
 
 
 def _signed(k: int, slots: int) -> int:
@@ -387,8 +444,9 @@ def _naf_table(slots: int, step: int) -> np.ndarray:
     return np.array([_naf_weight(_signed(k * step, slots)) for k in range(slots // step)])
 
 
-def _plan(g: _Groups, slots: int) -> tuple[int, int]:
+def _plan(g: _Groups, slots: int, costs: tuple[float, float, float]) -> tuple[int, int]:
     """Common step and baby-step count minimising the estimated rotation cost."""
+    c_top, c_low, c_rescale = costs
     step = math.gcd(slots, *np.unique(g.delta).tolist())
     d = g.delta // step
     naf = _naf_table(slots, step)
@@ -398,8 +456,8 @@ def _plan(g: _Groups, slots: int) -> tuple[int, int]:
         d1, d2 = d % n1, d // n1
         baby = np.unique(g.t * slots + d1) % slots
         giant = np.unique(g.s * slots + d2) % slots
-        cost = _C_ROT_TOP * naf[baby].sum() + k * (
-            _C_RESCALE * len(giant) + _C_ROT_LOW * naf[(giant * n1) % (slots // step)].sum()
+        cost = c_top * naf[baby].sum() + k * (
+            c_rescale * len(giant) + c_low * naf[(giant * n1) % (slots // step)].sum()
         )
         if best is None or cost < best[0]:
             best = (cost, n1)
@@ -410,14 +468,20 @@ def _plan(g: _Groups, slots: int) -> tuple[int, int]:
 class CkksPeer(HEPeer):
     def __init__(self, opts: CkksOptions, public: bytes, sender: str):
         self.opts, self.sender = opts, sender
+        public = bytes(public)
+        if len(public) < _PUB_HEADER.size:
+            raise ProtocolError(f"{sender}: malformed CKKS public context (too short)")
+        magic, version, n_ctx, n_gk = _PUB_HEADER.unpack_from(public, 0)
+        if magic != _PUB_MAGIC or version != _VERSION or _PUB_HEADER.size + n_ctx + n_gk != len(public):
+            raise ProtocolError(f"{sender}: malformed CKKS public context (bad header or length)")
         try:
-            ctx = ts.context_from(bytes(public), n_threads=1)
+            ctx = ts.context_from(public[_PUB_HEADER.size : _PUB_HEADER.size + n_ctx], n_threads=1)
         except Exception as exc:
             raise ProtocolError(f"{sender}: malformed CKKS public context ({exc})") from None
         if ctx.has_secret_key() or ctx.is_private():
             raise ProtocolError(f"{sender}: its CKKS public context carries a secret key; refused")
-        if not ctx.has_public_key() or not ctx.has_galois_keys():
-            raise ProtocolError(f"{sender}: CKKS public context without public or Galois keys")
+        if not ctx.has_public_key():
+            raise ProtocolError(f"{sender}: CKKS public context without a public key")
         sc = ctx.seal_context().data
         parms = sc.key_context_data().parms()
         bits = [m.bit_count() for m in parms.coeff_modulus()]
@@ -428,10 +492,19 @@ class CkksPeer(HEPeer):
             )
         self._ctx = ctx  # keeps the SEAL objects alive
         self.seal = _Seal(sc)
+        try:
+            self._gk = self.seal.load(public[_PUB_HEADER.size + n_ctx :], sa.GaloisKeys())
+            missing = [
+                e for e in sc.key_context_data().galois_tool().get_elts_all() if not self._gk.has_key(e)
+            ]
+        except Exception as exc:
+            raise ProtocolError(f"{sender}: malformed CKKS Galois keys ({exc})") from None
+        if missing:
+            raise ProtocolError(f"{sender}: CKKS Galois keys miss {len(missing)} power-of-two rotations")
         self.scale = 2.0**opts.global_scale_bits
         self._ev = sa.Evaluator(sc)
-        self._gk = ctx.galois_keys().data
         self._encryptor = sa.Encryptor(sc, ctx.public_key().data)
+        self._plans: dict[tuple[Any, ...], tuple[int, int]] = {}
 
     # -- helpers
     def _input(self, blob: bytes, shape: tuple[int, int]) -> tuple[_Layout, list[Any]]:
@@ -440,7 +513,7 @@ class CkksPeer(HEPeer):
             layout, cts = _unframe(blob, self.seal, what)
             if layout != _standard(shape[0], shape[1], self.seal.slots):
                 raise ValueError(f"{what}: layout {layout} does not match a {shape[0]}x{shape[1]} matrix")
-            _check_level(cts, self.seal.in_level, self.scale, what)
+            _check_level(cts, [self.seal.in_level], self.scale, what)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
         return layout, cts
@@ -457,7 +530,12 @@ class CkksPeer(HEPeer):
         """out_s = sum over groups of diag_a * rot(in_t, delta), plus
         conj(sum conj(diag_b) * rot(in_t, delta)), by baby-step giant-step."""
         seal, ev, slots = self.seal, self._ev, self.seal.slots
-        step, n1 = _plan(g, slots)
+        key = (g.t.tobytes(), g.s.tobytes(), g.delta.tobytes(), g.conj)
+        if key not in self._plans:
+            if len(self._plans) > 64:
+                self._plans.clear()
+            self._plans[key] = _plan(g, slots, self.seal.costs)
+        step, n1 = self._plans[key]
         d = g.delta // step
         d1, d2 = d % n1, d // n1
         baby: dict[tuple[int, int], Any] = {}
@@ -482,7 +560,11 @@ class CkksPeer(HEPeer):
                     dg = np.roll(dg if j == 0 else np.conj(dg), shift)
                     if not dg.any():
                         continue
-                    pt = seal.encode(dg if np.iscomplexobj(dg) and dg.imag.any() else dg.real, seal.in_level, seal.q1)
+                    if np.iscomplexobj(dg) and not dg.imag.any():
+                        dg = dg.real
+                    pt = seal.encode(dg, seal.in_level, seal.q1)
+                    if pt.is_zero():  # every entry rounds to 0 at scale q1; SEAL refuses the product
+                        continue
                     prod = sa.Ciphertext()
                     ev.multiply_plain(src, pt, prod)
                     if acc[j] is None:
@@ -493,7 +575,8 @@ class CkksPeer(HEPeer):
                 if a is None:
                     continue
                 ev.rescale_to_next_inplace(a)
-                a.scale = self.scale
+                if a.scale != self.scale:  # exact: diagonals are encoded at scale q1
+                    raise RuntimeError(f"ckks: scale {a.scale} after rescale, expected {self.scale}")
                 (outs if j == 0 else conj_outs)[s].append(self._rot(a, shift))
         result = []
         for s in range(n_out):
@@ -552,8 +635,8 @@ class CkksPeer(HEPeer):
         u, v, u2, v2 = wp[0::2, 0::2], wp[1::2, 0::2], wp[0::2, 1::2], wp[1::2, 1::2]
         coef_a = (u + v2 + 1j * (u2 - v)) / 2
         coef_b = (u - v2 + 1j * (u2 + v)) / 2
-        t_in, b_in = lin.bases()
-        s_out, b_out = lout.bases()
+        t_in, b_in = (x[0] for x in lin.bases())
+        s_out, b_out = (x[0] for x in lout.bases())
         k_idx, l_idx = np.meshgrid(np.arange(lin.ncc), np.arange(lout.ncc), indexing="ij")
         k_idx, l_idx = k_idx.ravel(), l_idx.ravel()
         slots = self.seal.slots
@@ -573,7 +656,11 @@ class CkksPeer(HEPeer):
             return da, db
 
         groups = _Groups(
-            t=uniq // slots // lout.n_ct, s=uniq // slots % lout.n_ct, delta=uniq % slots, diag=diag, conj=True
+            t=uniq // slots // lout.n_ct,
+            s=uniq // slots % lout.n_ct,
+            delta=uniq % slots,
+            diag=diag,
+            conj=True,
         )
         return self._finish(self._apply(cts, groups, lout.n_ct), lout, mask)
 
@@ -586,42 +673,44 @@ class CkksPeer(HEPeer):
         slots = self.seal.slots
         big_a, t2 = _pow2(a), _pow2(lin.n_ct)
         n_part, stride, length = 1, 0, r
-        if big_a <= lin.bp:
-            # keep the input's block stride, a-vectors of column group t in chunk t: the
-            # shift of term (i, alpha) is i - alpha - t*A, the same in every block
-            lout = _Layout(a, m, lin.nb, lin.bp, big_a)
-            if t2 * big_a <= lin.bp:
-                # spare chunks: split the rows into n_part slices summed into chunks
-                # t + h*t2 and folded at the end; the slices share their diagonals
-                stride = t2 * big_a
-                n_part = _pow2(-(-r // stride))
-                length = stride if n_part > 1 else r
-        else:
-            lout = _standard(a, m, slots)
+        # Keep the input's block stride and put the a-vector of column group t in
+        # chunk t (or, when a > bp, row chunk c of it in ciphertext c*T + t): the
+        # shift of the term (i, alpha) is then i - alpha - t*A, the same in every block.
+        lout = _Layout(a, m, lin.nb, lin.bp, min(big_a, lin.bp))
+        if t2 * big_a <= lin.bp:
+            # spare chunks: split the rows into n_part slices summed into chunks
+            # t + h*t2 and folded at the end; the slices share their diagonals
+            stride = t2 * big_a
+            n_part = _pow2(-(-r // stride))
+            length = stride if n_part > 1 else r
         t_in, b_in = lin.bases()
-        s_out, b_out = lout.bases()
-        # columns with the same (t, s, base offset) share every diagonal
-        cls_key = np.stack([t_in, s_out, (b_in - b_out) % slots], axis=1)
+        s_out, b_out = lout.bases()  # (row chunks, ncc)
+        ch = lout.chunk
+        # (row chunk, column) pairs with the same (t, s, base offset) share every diagonal
+        rc, lc = np.meshgrid(np.arange(lout.row_chunks), np.arange(lin.ncc), indexing="ij")
+        rc, lc = rc.ravel(), lc.ravel()
+        cls_key = np.stack([t_in[0, lc], s_out[rc, lc], (b_in[0, lc] - b_out[rc, lc]) % slots, rc], axis=1)
         cls, cls_inv = np.unique(cls_key, axis=0, return_inverse=True)
         cls_inv = cls_inv.ravel()
-        offs = np.arange(-(a - 1), length)  # e = i - alpha within a slice
+        offs = np.arange(-(ch - 1), length)  # e = i - alpha' within a slice (alpha' < chunk)
         gt = np.repeat(cls[:, 0], len(offs))
         gs = np.repeat(cls[:, 1], len(offs))
         gd = (np.repeat(cls[:, 2], len(offs)) + np.tile(offs, len(cls))) % slots
-        cols_of = [np.flatnonzero(cls_inv == ci) for ci in range(len(cls))]
+        members = [np.flatnonzero(cls_inv == ci) for ci in range(len(cls))]
 
         def diag(gi: int) -> tuple[np.ndarray, None]:
             ci, k = divmod(gi, len(offs))
-            e = int(offs[k])
+            e, c = int(offs[k]), int(cls[ci, 3])
+            base = b_out[rc[members[ci]], lc[members[ci]]]
+            rows_c = min(ch, a - c * ch)
             dg = np.zeros(slots)
             for h in range(n_part):
-                top = min(a, length - e, r - h * length - e)
-                alpha = np.arange(max(0, -e), top)
-                if len(alpha) == 0:
+                top = min(rows_c, length - e, r - h * length - e)
+                al = np.arange(max(0, -e), top)
+                if len(al) == 0:
                     continue
-                vals = p[h * length + alpha + e, alpha]
-                pos = (b_out[cols_of[ci]][:, None] + h * stride + alpha[None, :]).ravel()
-                dg[pos] = np.tile(vals, len(cols_of[ci]))
+                vals = p[h * length + al + e, c * ch + al]
+                dg[(base[:, None] + h * stride + al[None, :]).ravel()] = np.tile(vals, len(base))
             return dg, None
 
         groups = _Groups(t=gt, s=gs, delta=gd, diag=diag, conj=False)
@@ -658,6 +747,10 @@ class CkksScheme(HEScheme):
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         assert isinstance(options, CkksOptions)
+        if importlib.util.find_spec("tenseal") is None:
+            raise ConfigError(
+                "the ckks backend needs TenSEAL (install the 'crypto' extra)", path="exchange.backend"
+            )
         n, bits = options.poly_modulus_degree, list(options.coeff_mod_bit_sizes)
 
         def refuse(msg: str, field: str) -> CryptoParameterError:
@@ -688,6 +781,13 @@ class CkksScheme(HEScheme):
                 f"128-bit security limit for N={n}",
                 "coeff_mod_bit_sizes",
             )
+        try:
+            sa.CoeffModulus.Create(n, bits)
+        except Exception as exc:
+            raise refuse(
+                f"coeff_mod_bit_sizes {bits}: SEAL cannot build these primes for N={n} ({exc})",
+                "coeff_mod_bit_sizes",
+            ) from None
         limit = _mask_limit(options)
         if options.mask_bound > limit / 2:
             raise refuse(

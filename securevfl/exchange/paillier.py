@@ -52,7 +52,7 @@ Masks and hiding
     mask_bits = 24 and values of magnitude <= 16 that is 2^-20 per value. Larger
     masks hide better but cost precision in he.py's float64 weight shares
     (absolute error on z ~2^(mask_bits-45) after a long run); ``check`` refuses
-    mask_bits < 20.
+    mask_bits < 20. Unused slots of a partial block get fresh masks as well.
 
 Keys and randomness
     2048-bit moduli at least (about 112-bit security; 3072 for 128). The public
@@ -61,9 +61,17 @@ Keys and randomness
     owner computes it by CRT as (r_p^p mod p^2, r_q^q mod q^2), which has exactly
     the distribution of r^n and is ~8x cheaper; the peer, without the factors,
     pays a full 2048-bit exponent mod n^2 per output ciphertext, which dominates
-    its time. Obfuscators are never reused; with ``precompute`` a daemon thread
-    makes the next ones while the party waits on the network (gmpy2's list
-    powmod releases the GIL, and ``threads`` workers split large batches).
+    its time. Obfuscators are never reused. gmpy2's list powmod releases the
+    GIL, so ``threads`` workers split every batch of modexps; with ``precompute``
+    a daemon thread also makes the next obfuscators while the party waits on the
+    network, which pays off when the parties have cores of their own (on one
+    shared 2-core host it measured no faster, so it is off by default).
+
+Wire formats (no pickle; every field is validated, a bad one is a ProtocolError)
+    public key: b"SVPK", version, u16 byte length, n big-endian, nothing else.
+    blob: b"SVPB", version, section count; per section a u32 length, a header
+    (layout, scale, slot bits, slots, rows, cols, ciphertext bytes, count) and
+    ``count`` fixed-width big-endian ciphertexts of 2|n| bits.
 """
 
 from __future__ import annotations
@@ -120,7 +128,9 @@ class PaillierOptions(BaseModel):
         default=None, ge=16, description="packing slot width; none: the smallest safe one per blob"
     )
     threads: int = Field(default=0, ge=0, le=256, description="workers for batched modexps; 0: all CPUs")
-    precompute: bool = Field(default=True, description="make obfuscators while waiting on the network")
+    precompute: bool = Field(
+        default=False, description="make obfuscators while waiting on the network (parties on own hosts)"
+    )
     weight_init: Literal["private", "seeded"] = "private"
 
 
@@ -186,11 +196,11 @@ class _Params:
 def _encode(x: np.ndarray, frac: int, bound_bits: int, what: str, field: str) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)):
-        raise ValueError(f"paillier: non-finite {what}")
+        raise ValueError(f"paillier: {what} is not finite")
     big = float(np.max(np.abs(x))) if x.size else 0.0
     if big >= 2.0**bound_bits:
         raise ConfigError(
-            f"an {what} of magnitude {big:.4g} does not fit the fixed-point range 2^{bound_bits}; "
+            f"{what} of magnitude {big:.4g} does not fit the fixed-point range 2^{bound_bits}; "
             f"raise {field} (it widens the packing slots)",
             path=f"exchange.params.{field}",
         )
@@ -341,7 +351,8 @@ def _multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
 
 class _Fresh:
     """Fresh obfuscators, each handed out once. With ``precompute`` a daemon thread
-    keeps a stock of up to twice the largest request while the party is idle."""
+    keeps a stock as large as the largest request so far, made while the party is
+    idle (waiting on the network); each one is still used exactly once."""
 
     CAP = 4096
 
@@ -364,7 +375,7 @@ class _Fresh:
         if len(out) < k:
             out.extend(self._make(k - len(out), self._threads))
         if self._precompute:
-            self._target = min(self.CAP, max(self._target, 2 * k))
+            self._target = min(self.CAP, max(self._target, k))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._fill, name="paillier-fresh", daemon=True)
                 self._thread.start()
@@ -554,7 +565,7 @@ class PaillierKey(HEKey):
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or 0 in x.shape:
             raise ValueError(f"paillier: encrypt takes a non-empty matrix, got shape {x.shape}")
-        xi = _encode(x, prm.fx, prm.v, "encrypted value", "value_bits")
+        xi = _encode(x, prm.fx, prm.v, "a value to encrypt", "value_bits")
         rows, cols = x.shape
         nbits = self.n.bit_length()
         secs = []
@@ -632,7 +643,11 @@ class PaillierPeer(HEPeer):
             raise ValueError(f"paillier: masks must be finite and within [-2^{prm.m}, 2^{prm.m}]")
         mk = np.rint(np.ldexp(mask, prm.grid)).astype(np.int64)  # the mask grid: exact for mask()
         shift = prm.F - prm.grid
-        packed = _pack(_arrange(mk, sec.layout, sec.slots), sec.slot_bits)
+        slots = _arrange(mk, sec.layout, sec.slots)
+        pad = ~_arrange(np.ones(mk.shape, dtype=bool), sec.layout, sec.slots)
+        if pad.any():  # padding slots hold zeros from an honest sender; mask them too
+            slots[pad] = np.frombuffer(os.urandom(8 * int(pad.sum())), dtype="<i8") >> 11
+        packed = _pack(slots, sec.slot_bits)
         n, n2 = self.n, self.n2
         obf = self._fresh.take(len(outs))
         res = [
@@ -643,7 +658,7 @@ class PaillierPeer(HEPeer):
         return _dump([out], self.ct_bytes)
 
     def _scalars(self, w: np.ndarray) -> np.ndarray:
-        return _encode(w, self.prm.fw, self.prm.sb, "plaintext operand", "scalar_bits")
+        return _encode(w, self.prm.fw, self.prm.sb, "a plaintext operand", "scalar_bits")
 
     def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
         r, c = (int(v) for v in shape)

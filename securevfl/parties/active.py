@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from securevfl.defenses.base import build_stack
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
-from securevfl.parties.common import Prepared, eval_batches, steps_per_epoch, train_batches
+from securevfl.parties.common import Prepared, eval_batches, schedule, steps_per_epoch
 from securevfl.parties.progress import Progress
 from securevfl.runtime.session import Session
 
@@ -64,7 +64,7 @@ class ActiveParty:
         self.trace: list[dict[str, torch.Tensor]] = []
         self.progress = Progress(
             f"{proto.name} [{proto.exchange.backend}]",
-            tr.epochs * steps_per_epoch(self.n_train, tr.batch_size),
+            min(tr.epochs * steps_per_epoch(self.n_train, tr.batch_size), tr.max_steps or 1 << 62),
             enabled=progress,
         )
 
@@ -115,17 +115,16 @@ class ActiveParty:
         step = 0
         step_times: list[float] = []
         metrics: dict[str, Any] = {"test_accuracy": None, "test_auc": None}
-        for epoch in range(tr.epochs):
+        for epoch, batches, last in schedule(self.n_train, tr):
             losses = []
             ch.phase = "train"
-            for idx in train_batches(self.n_train, tr.batch_size, tr.seed, epoch):
+            for idx in batches:
                 ch.round = step
                 t0 = time.perf_counter()
                 losses.append(self.train_step(idx))
                 step_times.append(time.perf_counter() - t0)
                 step += 1
                 self.progress.step()
-            last = epoch == tr.epochs - 1
             row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(np.mean(losses))}
             if last or (epoch + 1) % tr.eval_every == 0:
                 ch.phase, ch.round = "eval", epoch

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from securevfl.config import Protocol
+from securevfl.config import Protocol, TrainingSpec
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
 from securevfl.data.party_data import PartyData, load_party_data, split_indices, standardize
@@ -53,6 +53,21 @@ def train_batches(n_train: int, batch_size: int, seed: int, epoch: int) -> Itera
     perm = torch.randperm(n_train, generator=generator(seed, "epoch", epoch)).numpy()
     for start in range(0, n_train, batch_size):
         yield perm[start : start + batch_size]
+
+
+def schedule(n_train: int, tr: TrainingSpec) -> Iterator[tuple[int, list[np.ndarray], bool]]:
+    """(epoch, its batches, whether it is the last epoch), truncated at
+    ``training.max_steps``; every rank derives the same schedule."""
+    left = tr.max_steps
+    for epoch in range(tr.epochs):
+        batches = list(train_batches(n_train, tr.batch_size, tr.seed, epoch))
+        if left is not None:
+            batches = batches[:left]
+            left -= len(batches)
+        last = epoch == tr.epochs - 1 or left == 0
+        yield epoch, batches, last
+        if last:
+            return
 
 
 def eval_batches(n: int, batch_size: int) -> Iterator[np.ndarray]:

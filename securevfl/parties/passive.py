@@ -10,7 +10,7 @@ import torch
 from securevfl.defenses.base import build_stack
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bottom, make_optimizer
-from securevfl.parties.common import Prepared, eval_batches, train_batches
+from securevfl.parties.common import Prepared, eval_batches, schedule
 from securevfl.runtime.session import Session
 
 
@@ -76,13 +76,13 @@ class PassiveParty:
         tr = self.proto.training
         ch = self.ctx.channel
         step = 0
-        for epoch in range(tr.epochs):
+        for epoch, batches, last in schedule(self.n_train, tr):
             ch.phase = "train"
-            for idx in train_batches(self.n_train, tr.batch_size, tr.seed, epoch):
+            for idx in batches:
                 ch.round = step
                 self.train_step(idx)
                 step += 1
-            if epoch == tr.epochs - 1 or (epoch + 1) % tr.eval_every == 0:
+            if last or (epoch + 1) % tr.eval_every == 0:
                 ch.phase, ch.round = "eval", epoch
                 self.evaluate()
         self.steps = step

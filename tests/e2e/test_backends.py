@@ -20,11 +20,13 @@ pytestmark = pytest.mark.timeout(600)
 # (backend, params for a step-by-step comparison with plain, z tolerance after 8 steps)
 CRYPTO = {
     "mpc": ({"weight_init": "seeded"}, 2e-3),
+    "paillier": ({"weight_init": "seeded"}, 1e-4),
 }
 
 
-def _doc(backend: str, params: dict[str, Any], **training: Any) -> dict[str, Any]:
-    doc = small_digits(epochs=1, **training)
+def _doc(backend: str, params: dict[str, Any]) -> dict[str, Any]:
+    """8 training steps of batch 32 on small digits, then one evaluation."""
+    doc = small_digits(epochs=1, batch_size=32, max_steps=8)
     doc["exchange"] = {"backend": backend, "params": params}
     doc["runtime"] = {"trace_steps": 8, "dump_views": True}
     return doc

@@ -1,0 +1,307 @@
+"""The ``paillier`` scheme: fixed-point encoding with one scale per blob, packed
+slots, homomorphic products against numpy, masks, key and blob validation, and
+the load-time parameter checks. 2048-bit keys, tiny matrices."""
+
+from __future__ import annotations
+
+import struct
+
+import gmpy2
+import numpy as np
+import pytest
+from conftest import load_yaml
+from phe import paillier as phe_paillier
+from pydantic import ValidationError
+
+from securevfl.config import load_protocol_dict
+from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
+from securevfl.exchange import EXCHANGES
+from securevfl.exchange.paillier import (
+    _BLOB_HEAD,
+    _SEC_HEAD,
+    _SEC_LEN,
+    PaillierKey,
+    PaillierOptions,
+    PaillierScheme,
+    _dump_public,
+    _load,
+    _pack,
+    _unpack,
+)
+
+OPTS = PaillierOptions(precompute=False, threads=1)
+FX, FW, M = OPTS.precision_bits, OPTS.scalar_precision_bits, OPTS.mask_bits
+
+
+@pytest.fixture(scope="module")
+def scheme() -> PaillierScheme:
+    return PaillierScheme(OPTS)
+
+
+@pytest.fixture(scope="module")
+def key(scheme) -> PaillierKey:
+    return scheme.new_key()
+
+
+@pytest.fixture(scope="module")
+def peer(scheme, key):
+    return scheme.peer(key.public(), sender="rank 1 (left)")
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def sections(blob: bytes) -> list[tuple[tuple[int, ...], int]]:
+    """(header fields, number of ciphertext bytes) of every section of a blob."""
+    _, _, nsec = _BLOB_HEAD.unpack_from(blob, 0)
+    pos, out = _BLOB_HEAD.size, []
+    for _ in range(nsec):
+        (length,) = _SEC_LEN.unpack_from(blob, pos)
+        head = _SEC_HEAD.unpack_from(blob, pos + _SEC_LEN.size)
+        out.append((head, length - _SEC_HEAD.size))
+        pos += _SEC_LEN.size + length
+    assert pos == len(blob)
+    return out
+
+
+def test_backend_is_registered():
+    backend = EXCHANGES.get("paillier")
+    assert backend.options is PaillierOptions
+    assert "he" in backend.capabilities
+
+
+def test_round_trip_is_exact_at_the_fixed_point_resolution(key):
+    x = rng().normal(0.0, 3.0, size=(19, 3))
+    x[0, 0], x[1, 1], x[2, 2] = 0.0, -(2.0**8) + 1e-3, 1e-9
+    got = key.decrypt(key.encrypt(x), x.shape)
+    np.testing.assert_array_equal(got, np.rint(np.ldexp(x, FX)) / 2.0**FX)
+    assert np.max(np.abs(got - x)) <= 2.0 ** -(FX + 1)
+
+
+def test_decryption_agrees_with_phe(key):
+    """Our CRT encryption/decryption is textbook Paillier with g = n + 1."""
+    pub = phe_paillier.PaillierPublicKey(int(key.n))
+    priv = phe_paillier.PaillierPrivateKey(pub, int(key._p), int(key._q))
+    ms = [0, 1, 12345, int(key.n) - 1, int(key.n) // 3]
+    cts = key._encrypt_ints(ms)
+    assert [priv.raw_decrypt(int(c)) for c in cts] == ms
+    assert [int(m) for m in key._decrypt_ints(cts)] == ms
+    assert pub.raw_encrypt(7, r_value=1) == 1 + 7 * int(key.n)
+
+
+def test_packing_round_trip_with_negative_totals():
+    s, slots = 127, 16
+    n = (1 << (slots * s + 2)) + 1
+    y = rng().integers(-(2**63), 2**63 - 1, size=(3, slots), dtype=np.int64)
+    y[0] = -1  # a negative packed total, wrapped mod n
+    y[1, -1] = -(2**63)
+    got = _unpack([p % n for p in _pack(y, s)], n, slots, s)
+    np.testing.assert_array_equal(got, y.astype(np.float64))
+
+
+def test_matmul_matches_numpy(key, peer, scheme):
+    r = rng(1)
+    x = r.normal(0.0, 2.0, size=(19, 4))  # 19 rows: two row blocks of 16 slots
+    w = r.normal(0.0, 2.0**28, size=(4, 3))  # weight shares carry masks, so they are large
+    w[0, 0] = 0.0
+    mask = scheme.mask(r, (19, 3))
+    got = key.decrypt(peer.matmul(key.encrypt(x), x.shape, w, mask), (19, 3))
+    want = x @ w + mask
+    # rounding: x at 2^-48 times |w|, w at 2^-20 times |x|, plus float64 on ~2^30 values
+    tol = 4 * (np.abs(w).max() * 2.0**-FX + np.abs(x).max() * 2.0**-FW) + 2.0**-20
+    assert np.max(np.abs(got - want)) < tol
+    assert np.max(np.abs((got - mask) - x @ w)) < tol
+
+
+@pytest.mark.parametrize("rows,a,m", [(19, 2, 3), (5, 2, 20)], ids=["one-block", "two-col-blocks"])
+def test_tmatmul_matches_numpy(key, peer, scheme, rows, a, m):
+    r = rng(2)
+    p = r.normal(0.0, 2.0, size=(rows, a))
+    y = r.normal(0.0, 0.05, size=(rows, m))
+    mask = -scheme.mask(r, (a, m))
+    got = key.decrypt(peer.tmatmul(p, key.encrypt(y), y.shape, mask), (a, m))
+    assert np.max(np.abs(got - (p.T @ y + mask))) < rows * 2.0**-FW * 0.05 * 4 + 2.0**-24
+
+
+def test_padding_slots_are_masked_too(key, peer, scheme):
+    """The last row block has unused slots; the peer masks them as well, so even a
+    sender that put values there would read nothing but noise."""
+    x = np.ones((19, 2))
+    out = peer.matmul(key.encrypt(x), x.shape, np.ones((2, 1)), np.zeros((19, 1)))
+    (sec,) = _load(out, key.n, key.n2, "test")
+    slots = _unpack(key._decrypt_ints(sec.cts), key.n, sec.slots, sec.slot_bits)
+    np.testing.assert_allclose(np.ldexp(slots[0], -sec.scale), 2.0)  # rows 0..15
+    assert np.all(np.abs(slots[1, 3:]) > 2.0**sec.scale)  # rows 16..18 are real, the rest masks
+
+
+def test_products_need_the_right_layout(key, peer):
+    x = np.ones((3, 2))
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\).*'rows'"):
+        peer.tmatmul(np.ones((3, 1)), key.encrypt(x, layouts=("cols",)), (3, 2), np.zeros((1, 2)))
+    with pytest.raises(ProtocolError, match="'cols'"):
+        peer.matmul(key.encrypt(x, layouts=("rows",)), (3, 2), np.ones((2, 1)), np.zeros((3, 1)))
+
+
+def test_masks_are_in_range_and_on_the_grid(scheme):
+    m = scheme.mask(rng(3), (64, 64))
+    assert m.dtype == np.float64
+    assert np.max(np.abs(m)) <= 2.0**M
+    k = np.ldexp(m, 52 - M)
+    np.testing.assert_array_equal(k, np.rint(k))  # exact in float64, on the 2^(M-52) grid
+    assert np.max(m) > 2.0 ** (M - 1) and np.min(m) < -(2.0 ** (M - 1))  # spread over the range
+    assert abs(np.mean(m)) < 2.0 ** (M - 4)
+
+
+def test_out_of_range_operands_are_refused(key, peer):
+    with pytest.raises(ConfigError, match="value_bits"):
+        key.encrypt(np.full((2, 2), 2.0**8))
+    blob = key.encrypt(np.ones((2, 2)))
+    with pytest.raises(ConfigError, match="scalar_bits"):
+        peer.matmul(blob, (2, 2), np.full((2, 1), 2.0**40), np.zeros((2, 1)))
+    with pytest.raises(ValueError, match="mask"):
+        peer.matmul(blob, (2, 2), np.ones((2, 1)), np.full((2, 1), 2.0 ** (M + 1)))
+
+
+def test_every_value_in_a_blob_shares_one_scale(key):
+    """No per-value exponent: the header has one scale, the body only ciphertexts,
+    and blobs of tiny and large values are indistinguishable but for the ciphertexts."""
+    small = np.full((5, 3), 1e-6)
+    large = rng(4).normal(0.0, 50.0, size=(5, 3))
+    a, b = key.encrypt(small), key.encrypt(large)
+    assert len(a) == len(b)
+    sa, sb = sections(a), sections(b)
+    assert [h for h, _ in sa] == [h for h, _ in sb]
+    for (_layout, scale, _s, _slots, _r, _c, ct_bytes, count), body in sa:
+        assert scale == FX
+        assert body == count * ct_bytes  # nothing but fixed-width ciphertexts
+    assert {h[0] for h, _ in sa} == {0, 1}  # both layouts
+
+
+def test_ciphertexts_are_fresh(key, peer):
+    x = np.ones((3, 2))
+    a, b = key.encrypt(x), key.encrypt(x)
+    assert a[:30] == b[:30] and a != b
+    w, mask = np.ones((2, 2)), np.zeros((3, 2))
+    assert peer.matmul(a, (3, 2), w, mask) != peer.matmul(a, (3, 2), w, mask)
+
+
+def test_precomputed_obfuscators_are_never_reused():
+    sch = PaillierScheme(PaillierOptions(precompute=True, threads=1))
+    k = sch.new_key()
+    seen: list = []
+    for size in (3, 5, 4):
+        seen += k._fresh.take(size)
+    assert len({int(v) for v in seen}) == len(seen)
+
+
+def test_public_part_holds_no_secret_and_cannot_decrypt(key, scheme):
+    pub = key.public()
+    nb = (key.n.bit_length() + 7) // 8
+    assert len(pub) == 7 + nb and pub.endswith(key.n.to_bytes(nb, "big"))
+    lam = (key._p - 1) * (key._q - 1)
+    for secret in (key._p, key._q, lam):
+        raw = secret.to_bytes((secret.bit_length() + 7) // 8, "big")
+        assert raw not in pub
+    p = scheme.peer(pub, sender="A")
+    assert p.n == key.n
+    assert not hasattr(p, "decrypt")
+    assert not {"_p", "_q", "_hp", "_hq"} & set(vars(p))
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b"",
+        lambda b: b"garbage" * 10,
+        lambda b: b[:-1],
+        lambda b: b + b"\0",
+        lambda b: b"XXXX" + b[4:],
+        lambda b: b[: _BLOB_HEAD.size] + struct.pack(">I", 10**6) + b[_BLOB_HEAD.size + 4 :],
+        lambda b: b[:-512] + b"\xff" * 512,  # a ciphertext >= n^2
+    ],
+    ids=["empty", "random", "truncated", "trailing", "magic", "length", "range"],
+)
+def test_garbage_blobs_raise_protocol_error(key, peer, mutate):
+    blob = mutate(key.encrypt(np.ones((3, 2))))
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\)"):
+        peer.matmul(blob, (3, 2), np.ones((2, 1)), np.zeros((3, 1)))
+    with pytest.raises(ProtocolError):
+        key.decrypt(blob, (3, 2))
+
+
+def test_wrong_shape_raises_protocol_error(key, peer):
+    blob = key.encrypt(np.ones((3, 2)))
+    with pytest.raises(ProtocolError, match="3x2"):
+        peer.matmul(blob, (2, 3), np.ones((3, 1)), np.zeros((2, 1)))
+    with pytest.raises(ProtocolError, match="3x2"):
+        key.decrypt(blob, (3, 3))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"SVPK", b"SVPK\x01\x00\x10" + b"\x01" * 15, b"\x00" * 300],
+    ids=["empty", "header", "short", "zeros"],
+)
+def test_malformed_public_key_raises_protocol_error(scheme, data):
+    with pytest.raises(ProtocolError, match="rank 2 \\(right\\)"):
+        scheme.peer(data, sender="rank 2 (right)")
+
+
+def test_public_key_with_extra_bytes_is_refused(scheme, key):
+    with pytest.raises(ProtocolError, match="only n"):
+        scheme.peer(key.public() + b"\x01" * 256, sender="A")
+
+
+def test_small_public_key_is_refused(scheme):
+    pub, _ = phe_paillier.generate_paillier_keypair(n_length=1024)
+    with pytest.raises(ProtocolError, match="below key_bits=2048"):
+        scheme.peer(_dump_public(gmpy2.mpz(pub.n)), sender="A")
+
+
+def paillier_doc(**params):
+    doc = load_yaml("paillier.yaml")
+    doc["exchange"]["params"] = {**doc["exchange"].get("params", {}), **params}
+    return doc
+
+
+def test_protocol_file_is_the_plain_task():
+    proto = load_protocol_dict(paillier_doc())
+    assert proto.exchange.backend == "paillier"
+    plain, pai = load_yaml("plain.yaml"), load_yaml("paillier.yaml")
+    for section in ("dataset", "training", "top"):
+        assert pai[section] == plain[section]
+    for a, b in zip(plain["parties"]["passive"], pai["parties"]["passive"], strict=True):
+        assert a["columns"] == b["columns"] and a["model"]["kind"] == b["model"]["kind"]
+
+
+def test_check_refuses_small_keys():
+    with pytest.raises(CryptoParameterError) as info:
+        load_protocol_dict(paillier_doc(key_bits=1024))
+    assert info.value.path == "exchange.params.key_bits"
+    assert "exchange.params.key_bits" in str(info.value) and "112-bit" in str(info.value)
+
+
+def test_check_refuses_weak_masks():
+    with pytest.raises(CryptoParameterError, match="statistical"):
+        load_protocol_dict(paillier_doc(mask_bits=12, scalar_bits=30))
+
+
+def test_check_refuses_overflowing_slots():
+    with pytest.raises(ConfigError) as info:
+        load_protocol_dict(paillier_doc(slot_bits=100))
+    assert info.value.path == "exchange.params.slot_bits"
+    assert "overflow" in str(info.value) and "batch_size 64" in str(info.value)
+    load_protocol_dict(paillier_doc(slot_bits=126))
+    with pytest.raises(ConfigError, match="slot_bits"):  # a larger batch needs wider slots
+        load_protocol_dict({**paillier_doc(slot_bits=126), "training": {"batch_size": 512}})
+
+
+def test_options_reject_unknown_keys():
+    with pytest.raises(ValidationError):
+        PaillierOptions.model_validate({"key_bits": 2048, "exponent": 3})
+    with pytest.raises(ValidationError):
+        PaillierOptions.model_validate({"key_bits": "2048"})  # strict: no coercion
+    with pytest.raises(ConfigError) as info:
+        load_protocol_dict(paillier_doc(exponent=3))
+    assert info.value.path == "exchange.params.exponent"
