@@ -260,6 +260,7 @@ def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[
     class _Backend(ExchangeBackend):
         capabilities = frozenset({"he"})
         options = scheme_cls.options
+        scheme = scheme_cls
 
         @classmethod
         def check(cls, proto: Protocol, options: BaseModel) -> None:

@@ -19,14 +19,18 @@ pytestmark = pytest.mark.timeout(600)
 
 # (backend, params for a step-by-step comparison with plain, z tolerance after 8 steps)
 CRYPTO = {
-    "mpc": ({"weight_init": "seeded"}, 2e-3),
-    "paillier": ({"weight_init": "seeded"}, 1e-4),
+    "mpc": ({"weight_init": "seeded"}, 5e-4),  # 16-bit fixed point: ~1e-4 per step observed
+    "ckks": ({"weight_init": "seeded"}, 1e-6),  # CKKS at scale 2^60: ~1e-7 observed
+    "paillier": ({"weight_init": "seeded"}, 1e-5),  # 48-bit fixed point: ~1e-6 observed
 }
 
 
 def _doc(backend: str, params: dict[str, Any]) -> dict[str, Any]:
-    """8 training steps of batch 32 on small digits, then one evaluation."""
-    doc = small_digits(epochs=1, batch_size=32, max_steps=8)
+    """8 training steps of batch 32 on small digits, then one evaluation. The
+    bottoms and top use SGD: Adam divides by the root of the second moment, which
+    turns any rounding difference in a near-zero gradient into a step of size lr,
+    and would measure the optimizer instead of the exchange."""
+    doc = small_digits(epochs=1, batch_size=32, max_steps=8, optimizer="sgd", lr=0.05)
     doc["exchange"] = {"backend": backend, "params": params}
     doc["runtime"] = {"trace_steps": 8, "dump_views": True}
     return doc
@@ -169,3 +173,23 @@ def test_cuda_device(tmp_path: Path, backend: str):
     result = run_doc(doc, tmp_path)
     assert result["device"] == "cuda"
     assert result["test_accuracy"] > 0.5
+
+
+def test_he_public_material_only(crypto_run):
+    """Under HE backends, every key message a party received loads as public-only
+    material (the scheme refuses anything carrying a secret key), and the active
+    party received exactly one such message per passive party."""
+    from securevfl.exchange import EXCHANGES
+
+    backend, _, result, _, out = crypto_run
+    cls = EXCHANGES.get(backend)
+    if not hasattr(cls, "scheme"):
+        pytest.skip("not a homomorphic backend")
+    scheme = cls.scheme(cls.options.model_validate(result["backend_params"]))
+    got = _view(out, 0)["received"]["he_public"]
+    assert len(got) == 2
+    for _, blob in got:
+        scheme.peer(blob.numpy().tobytes(), sender="test")
+    for p in (1, 2):
+        ((_, blob),) = _view(out, p)["received"]["he_public"]
+        scheme.peer(blob.numpy().tobytes(), sender="test")

@@ -1,0 +1,346 @@
+"""The ``ckks`` scheme: packing layouts, encrypted products against numpy, masks,
+public-context and blob validation, and the load-time parameter checks. One key
+pair per module (key generation and the public part take ~0.5 s); no processes.
+
+Tolerance: at the defaults (scale 2^60, results on two 47-bit primes) the
+measured worst absolute error is ~5e-9 on unit-scale data, dominated by float64
+decoding of masked values of magnitude mask_bound = 2^22 (~mask_bound * 2^-50);
+the CKKS noise itself (one rescale, key switching with <= 47-bit digits under a
+60-bit special prime, fresh encryption) is far below at scale 2^60. TOL = 1e-7
+leaves a factor of 20 for larger sums and unlucky slots."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from securevfl.config import load_protocol_dict
+from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
+from securevfl.exchange import EXCHANGES
+from tests.conftest import load_yaml, small_digits
+
+ts = pytest.importorskip("tenseal")
+
+from securevfl.exchange.ckks import (  # noqa: E402  (after the optional-dependency skip)
+    _HEADER,
+    _PUB_HEADER,
+    CkksOptions,
+    CkksScheme,
+    _Layout,
+    _standard,
+    _unframe,
+)
+
+TOL = 1e-7
+OPTS = CkksOptions()
+SLOTS = OPTS.poly_modulus_degree // 2
+SENDER = "rank 1 (left)"
+
+
+@pytest.fixture(scope="module")
+def scheme() -> CkksScheme:
+    return CkksScheme(OPTS)
+
+
+@pytest.fixture(scope="module")
+def key(scheme):
+    return scheme.new_key()
+
+
+@pytest.fixture(scope="module")
+def peer(scheme, key):
+    return scheme.peer(key.public(), sender=SENDER)
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+# -- layouts (pure numpy) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        _standard(256, 64, SLOTS),  # 2 ciphertexts, 16 blocks of 256
+        _standard(64, 64, SLOTS),  # spread: 32 blocks of 128
+        _standard(5, 3, SLOTS),
+        _standard(4096, 3, SLOTS),
+        _Layout(64, 64, 16, 256, 64),  # tmatmul output: a-vectors in 64-slot chunks
+        _Layout(300, 7, 512, 8, 8),  # rows cut into row chunks
+    ],
+)
+def test_layout_packs_every_entry_once(layout):
+    assert layout.valid(SLOTS)
+    x = _rng().normal(size=(layout.rows, layout.cols))
+    packed = layout.pack(x, SLOTS)
+    assert packed.shape == (layout.n_ct, SLOTS)
+    np.testing.assert_array_equal(layout.unpack(packed), x)
+    used = layout.used(SLOTS)
+    assert used.sum() == x.size
+    assert np.count_nonzero(packed.real) + np.count_nonzero(packed.imag) == x.size
+
+
+def test_batch_is_packed_along_slots():
+    """The rule: never one ciphertext per sample. B=256, 64 columns -> 2 ciphertexts."""
+    assert _standard(256, 64, SLOTS).n_ct == 2
+    assert _standard(64, 64, SLOTS).n_ct == 1
+    assert _standard(4096, 2, SLOTS).n_ct == 1
+
+
+# -- encrypted products ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(16, 6), (1, 1), (64, 64)])
+def test_encrypt_decrypt_round_trip(key, shape):
+    x = _rng(1).normal(size=shape) * 3
+    got = key.decrypt(key.encrypt(x), shape)
+    assert got.shape == shape
+    assert np.abs(got - x).max() < TOL
+
+
+@pytest.mark.parametrize(
+    ("r", "d", "o"),
+    [
+        (64, 64, 64),  # the protocol file's step
+        (5, 3, 1),  # odd, tiny
+        (100, 33, 7),  # tmatmul splits rows in slices folded at the end
+        (4, 70, 80),  # a > block size: tmatmul output in row chunks
+    ],
+)
+def test_products_match_numpy(scheme, key, peer, r, d, o):
+    rng = _rng(2)
+    h = rng.normal(size=(r, d))
+    w = rng.normal(scale=0.3, size=(d, o))
+    g = rng.normal(scale=1e-2, size=(r, o))
+
+    eps = scheme.mask(rng, (r, o))
+    z = key.decrypt(peer.matmul(key.encrypt(h), (r, d), w, eps), (r, o))
+    assert np.abs(z - eps - h @ w).max() < TOL
+
+    blob_g = key.encrypt(g)
+    mu = scheme.mask(rng, (r, d))
+    gh = key.decrypt(peer.matmul(blob_g, (r, o), w.T, mu), (r, d))
+    assert np.abs(gh - mu - g @ w.T).max() < TOL
+
+    big_r = scheme.mask(rng, (d, o))
+    gw = key.decrypt(peer.tmatmul(h, blob_g, (r, o), -big_r), (d, o))
+    assert np.abs(gw + big_r - h.T @ g).max() < TOL
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-15])
+def test_zero_weights_give_the_mask(scheme, key, peer, value):
+    """A zero share (weight_init: seeded starts P_i at 0), or one so small that its
+    diagonals round to zero, multiplies nothing (SEAL refuses such products)."""
+    rng = _rng(3)
+    eps = scheme.mask(rng, (8, 4))
+    w = np.full((5, 4), value)
+    out = key.decrypt(peer.matmul(key.encrypt(rng.normal(size=(8, 5))), (8, 5), w, eps), (8, 4))
+    assert np.abs(out - eps).max() < TOL
+
+
+# -- masks -----------------------------------------------------------------------------------
+
+
+def test_masks_lie_within_bound(scheme):
+    m = scheme.mask(_rng(4), (200, 300))
+    assert m.dtype == np.float64
+    assert np.abs(m).max() <= OPTS.mask_bound
+    assert np.abs(m).max() > 0.9 * OPTS.mask_bound  # uses the range
+
+
+def test_every_result_slot_is_masked(key, peer):
+    """Padding slots and imaginary halves get fresh masks within the bound too:
+    with w = 0 and a zero caller mask, every real coordinate the key owner can
+    decode is a mask, none is exactly zero and none exceeds mask_bound."""
+    r, d, o = 5, 3, 3  # one ciphertext, mostly padding, odd column count
+    blob = peer.matmul(key.encrypt(np.ones((r, d))), (r, d), np.zeros((d, o)), np.zeros((r, o)))
+    _, cts = _unframe(blob, key.seal, "test")
+    pt = ts.sealapi.Plaintext()
+    for c in cts:
+        key._decryptor.decrypt(c, pt)
+        v = np.asarray(key.seal.encoder.decode_complex(pt))
+        parts = np.concatenate([v.real, v.imag])
+        data = np.abs(parts) < 1e-6  # the zero data positions (caller mask 0)
+        assert data.sum() == r * o
+        assert np.abs(parts[~data]).max() <= OPTS.mask_bound + 1e-6
+        assert np.abs(parts[~data]).min() > 0
+
+
+# -- public context -----------------------------------------------------------------------------
+
+
+def _split_public(pub: bytes) -> tuple[bytes, bytes]:
+    _, _, n_ctx, _ = _PUB_HEADER.unpack_from(pub, 0)
+    return pub[_PUB_HEADER.size : _PUB_HEADER.size + n_ctx], pub[_PUB_HEADER.size + n_ctx :]
+
+
+def test_public_part_has_no_secret_key(key):
+    pub = key.public()
+    ctx_bytes, _ = _split_public(pub)
+    ctx = ts.context_from(ctx_bytes)
+    assert not ctx.has_secret_key() and not ctx.is_private() and ctx.has_public_key()
+    with pytest.raises(ValueError):
+        ctx.secret_key()
+    # a ciphertext encrypted with the public key cannot be decrypted from it
+    vec = ts.ckks_vector(ctx, [1.0, 2.0], scale=2.0**40)
+    with pytest.raises(ValueError):
+        vec.decrypt()
+    # and the owner's serialized secret key does not appear in it
+    sk = key.seal.dump(key.ctx.secret_key().data)
+    assert len(sk) > 1024 and sk[64:1024] not in pub
+
+
+def test_peer_refuses_a_context_with_a_secret_key(scheme, key):
+    ctx_bytes = key.ctx.serialize(save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
+    _, gk = _split_public(key.public())
+    bad = _PUB_HEADER.pack(b"SVCP", 1, len(ctx_bytes), len(gk)) + ctx_bytes + gk
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\).*secret key"):
+        scheme.peer(bad, sender=SENDER)
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda pub: b"",
+        lambda pub: b"not a context at all, just some bytes",
+        lambda pub: pub[:-1],  # length mismatch
+        lambda pub: b"XXXX" + pub[4:],
+        lambda pub: pub[: _PUB_HEADER.size + 10] + bytes(64) + pub[_PUB_HEADER.size + 74 :],
+        lambda pub: pub[: len(pub) // 2] + bytes(4096) + pub[len(pub) // 2 + 4096 :],  # in the Galois keys
+    ],
+    ids=["empty", "garbage", "truncated", "bad-magic", "bad-context", "bad-galois-keys"],
+)
+def test_peer_refuses_malformed_public_context(scheme, key, mangle):
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\)"):
+        scheme.peer(mangle(key.public()), sender=SENDER)
+
+
+def test_peer_refuses_other_parameters(key):
+    other = CkksScheme(CkksOptions(poly_modulus_degree=16384, coeff_mod_bit_sizes=[40, 40, 40, 60]))
+    with pytest.raises(ProtocolError, match="protocol says"):
+        other.peer(key.public(), sender=SENDER)
+
+
+# -- ciphertext blobs -----------------------------------------------------------------------------
+
+
+def _mangled(blob: bytes) -> dict[str, bytes]:
+    mid = len(blob) // 2
+    hdr = list(_HEADER.unpack_from(blob, 0))
+    wrong_rows = _HEADER.pack(*hdr[:2], hdr[2] + 1, *hdr[3:]) + blob[_HEADER.size :]
+    return {
+        "empty": b"",
+        "garbage": b"\x00" * 200,
+        "bad-magic": b"XXXX" + blob[4:],
+        "truncated": blob[:-10],
+        "trailing": blob + b"\x00",
+        "bad-count": _HEADER.pack(*hdr[:-1], hdr[-1] + 1) + blob[_HEADER.size :],
+        "bad-length": blob[: _HEADER.size] + struct.pack("<I", 1 << 30) + blob[_HEADER.size + 4 :],
+        "corrupt-ciphertext": blob[:mid] + bytes(512) + blob[mid + 512 :],
+        "wrong-shape": wrong_rows,
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty",
+        "garbage",
+        "bad-magic",
+        "truncated",
+        "trailing",
+        "bad-count",
+        "bad-length",
+        "corrupt-ciphertext",
+        "wrong-shape",
+    ],
+)
+def test_garbage_blobs_raise_protocol_error(key, peer, case):
+    rng = _rng(5)
+    x = rng.normal(size=(8, 6))
+    bad = _mangled(key.encrypt(x))[case]
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\)"):
+        peer.matmul(bad, (8, 6), rng.normal(size=(6, 4)), np.zeros((8, 4)))
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\)"):
+        peer.tmatmul(rng.normal(size=(8, 3)), bad, (8, 6), np.zeros((3, 6)))
+    with pytest.raises(ProtocolError):
+        key.decrypt(bad, (8, 6))
+
+
+def test_shape_mismatch_is_refused(key, peer):
+    blob = key.encrypt(np.ones((8, 6)))
+    with pytest.raises(ProtocolError, match="does not match"):
+        peer.matmul(blob, (16, 6), np.ones((6, 2)), np.zeros((16, 2)))
+    with pytest.raises(ProtocolError, match="expected"):
+        key.decrypt(blob, (8, 5))
+
+
+# -- load-time checks -----------------------------------------------------------------------------
+
+
+def _ckks(batch_size: int = 64, **params):
+    doc = small_digits(batch_size=batch_size)
+    doc["exchange"] = {"backend": "ckks", "params": params}
+    return doc
+
+
+def test_protocol_file_and_registration():
+    proto = load_protocol_dict(load_yaml("ckks.yaml"))
+    assert proto.exchange.backend == "ckks"
+    backend = EXCHANGES.get("ckks")
+    assert backend.options is CkksOptions and "he" in backend.capabilities
+    opts = CkksOptions.model_validate(proto.exchange.params)
+    assert opts == CkksOptions()  # the file spells out the defaults
+    info = backend.result_info(opts)
+    assert info["security_bits"] == 128 and info["coeff_modulus_bits"] <= info["max_coeff_modulus_bits"]
+
+
+@pytest.mark.parametrize(
+    ("params", "batch", "path", "fragment"),
+    [
+        ({"poly_modulus_degree": 6000}, 64, "exchange.params.poly_modulus_degree", "not one of"),
+        (
+            {"coeff_mod_bit_sizes": [60, 60, 60, 60, 10]},
+            64,
+            "exchange.params.coeff_mod_bit_sizes",
+            "sum of coefficient moduli 250 bits exceeds 218, the 128-bit security limit for N=8192",
+        ),
+        ({"poly_modulus_degree": 4096}, 64, "exchange.params.coeff_mod_bit_sizes", "exceeds 109"),
+        ({"coeff_mod_bit_sizes": [61, 40, 60]}, 64, "exchange.params.coeff_mod_bit_sizes", "61"),
+        (
+            {"coeff_mod_bit_sizes": [60, 60]},
+            64,
+            "exchange.params.coeff_mod_bit_sizes",
+            "need [q0, q1, special]",
+        ),
+        ({"coeff_mod_bit_sizes": [10, 40, 60]}, 64, "exchange.params.coeff_mod_bit_sizes", "cannot build"),
+        ({"mask_bound": 2.0**33}, 64, "exchange.params.mask_bound", "overflows"),
+        (
+            {"coeff_mod_bit_sizes": [30, 30, 40, 60], "global_scale_bits": 60},
+            64,
+            "exchange.params.mask_bound",
+            "overflows",
+        ),
+        ({"mask_bound": 100.0}, 64, "exchange.params.mask_bound", "statistical distance"),
+        ({}, 5000, "training.batch_size", "exceeds the 4096 CKKS slots"),
+    ],
+)
+def test_check_refuses_insecure_parameters(params, batch, path, fragment):
+    with pytest.raises(CryptoParameterError) as info:
+        load_protocol_dict(_ckks(batch, **params))
+    assert info.value.path == path
+    assert fragment in str(info.value)
+
+
+def test_options_are_strict():
+    with pytest.raises(ValidationError):
+        CkksOptions.model_validate({"poly_modulus_degre": 8192})
+    with pytest.raises(ValidationError):
+        CkksOptions.model_validate({"poly_modulus_degree": "8192"})
+    with pytest.raises(ConfigError) as info:
+        load_protocol_dict(_ckks(scale_bits=40))
+    assert "exchange.params.scale_bits" in str(info.value)
