@@ -38,6 +38,7 @@ def prepare(proto: Protocol, layout: Layout, role: Role, channel: Channel, data_
         order = align_active(channel, layout, raw.ids)
     else:
         order = align_passive(channel, layout, role.rank, raw.ids)
+    channel.phase = "setup"  # what follows (e.g. key exchange) is set-up, not PSI
     data = raw.take(order)
     train_idx, test_idx = split_indices(
         len(data.ids), proto.dataset.test_fraction, generator(proto.training.seed, "split")
