@@ -166,8 +166,8 @@ def main() -> int:
     for r in rows:
         print(
             f"| {r['backend']} | {r['batch']} | {r['passive']} | {r['s_per_step'] * 1000:.1f} ms | "
-            f"{r['ratio_to_plain']:.1f} | {human_bytes(r['bytes_per_step'])} | {human_bytes(r['floor_bytes'])} | "
-            f"{r['bytes_over_floor']:.2f} |"
+            f"{r['ratio_to_plain']:.1f} | {human_bytes(r['bytes_per_step'])} | "
+            f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
