@@ -10,15 +10,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from securevfl.defenses.base import build_stack
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
-from securevfl.parties.common import Prepared, eval_batches, schedule, steps_per_epoch
+from securevfl.parties.common import Party, Prepared, eval_batches, schedule, steps_per_epoch
 from securevfl.parties.progress import Progress
 from securevfl.runtime.session import Session
 
 
-class ActiveParty:
+class ActiveParty(Party):
+    side = "active"
+
     def __init__(
         self,
         session: Session,
@@ -28,14 +29,10 @@ class ActiveParty:
         *,
         progress: bool,
     ):
-        self.s = session
-        self.proto = proto = session.proto
-        self.ctx = ctx
-        self.prep = prep
-        self.device = ctx.device
+        super().__init__(session, backend, ctx, prep, progress=progress)
+        proto = self.proto
         tr = proto.training
-        spec = proto.parties.active
-        self.stack = build_stack(proto, spec.name, "active", spec.defenses)
+        spec = self.spec
         data = prep.data
         assert data.y is not None and data.classes is not None
         self.classes = len(data.classes)

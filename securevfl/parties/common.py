@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from securevfl.config import Protocol, TrainingSpec
+from securevfl.config import PartySpec, Protocol, TrainingSpec
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
 from securevfl.data.party_data import PartyData, load_party_data, split_indices, standardize
+from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
+from securevfl.runtime.session import Session
 from securevfl.seeding import generator
 
 
@@ -47,6 +49,37 @@ def prepare(proto: Protocol, layout: Layout, role: Role, channel: Channel, data_
     if data.x.shape[1] and dataset_standardize(proto, data_dir):
         x_tr, x_te = standardize(x_tr, x_te)
     return Prepared(data, train_idx, test_idx, x_tr, x_te)
+
+
+class Party:
+    """What every party holds: its session, protocol, exchange context, prepared
+    rows and its defense stack (in protocol-file order)."""
+
+    side: str  # "active" | "passive"
+
+    def __init__(
+        self,
+        session: Session,
+        backend: type[ExchangeBackend],
+        ctx: ExchangeContext,
+        prep: Prepared,
+        *,
+        progress: bool,
+    ):
+        from securevfl.defenses.base import build_stack
+
+        self.s = session
+        self.proto = session.proto
+        self.ctx = ctx
+        self.prep = prep
+        self.device = ctx.device
+        self.backend = backend
+        self.spec = self._spec()
+        self.stack = build_stack(self.proto, self.spec.name, self.side, self.spec.defenses)
+
+    def _spec(self) -> PartySpec:
+        role = self.s.role
+        return self.proto.parties.active if role.kind == "active" else self.proto.parties.passive[role.index]
 
 
 def train_batches(n_train: int, batch_size: int, seed: int, epoch: int) -> Iterator[np.ndarray]:

@@ -7,14 +7,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from securevfl.defenses.base import build_stack
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bottom, make_optimizer
-from securevfl.parties.common import Prepared, eval_batches, schedule
+from securevfl.parties.common import Party, Prepared, eval_batches, schedule
 from securevfl.runtime.session import Session
 
 
-class PassiveParty:
+class PassiveParty(Party):
+    side = "passive"
+
     def __init__(
         self,
         session: Session,
@@ -24,14 +25,9 @@ class PassiveParty:
         *,
         progress: bool,
     ):
-        self.s = session
-        self.proto = proto = session.proto
-        self.ctx = ctx
-        self.device = ctx.device
-        role = session.role
-        spec = proto.parties.passive[role.index]
-        self.spec = spec
-        self.stack = build_stack(proto, spec.name, "passive", spec.defenses)
+        super().__init__(session, backend, ctx, prep, progress=progress)
+        proto = self.proto
+        spec = self.spec
         x_tr, cols = self.stack.select_features(prep.x_train, prep.data.columns)
         x_te, _ = self.stack.select_features(prep.x_test, prep.data.columns)
         self.columns = cols
