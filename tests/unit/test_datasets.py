@@ -1,0 +1,63 @@
+"""Built-in datasets and their materialization into one file per party."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from securevfl.config import load_protocol_dict
+from securevfl.data.partition import LABEL_COLUMN, dataset_key, materialize, party_source
+
+
+def _synthetic(rows=300, features=12, classes=3):
+    return {
+        "name": "syn",
+        "dataset": {
+            "name": "synthetic",
+            "synthetic": {"rows": rows, "features": features, "classes": classes},
+        },
+        "parties": {
+            "active": {"name": "a"},
+            "passive": [
+                {"name": "p1", "columns": {"index": [0, 5]}, "model": {"out": 4}},
+                {"name": "p2", "columns": {"index": [5, features]}, "model": {"out": 4}},
+            ],
+        },
+    }
+
+
+def test_synthetic_materializes_one_file_per_party(tmp_path: Path):
+    proto = load_protocol_dict(_synthetic())
+    folder = materialize(proto, tmp_path)
+    assert folder == tmp_path / dataset_key(proto)
+    a = pd.read_csv(folder / "a.csv")
+    p1 = pd.read_csv(folder / "p1.csv")
+    p2 = pd.read_csv(folder / "p2.csv")
+    assert list(a.columns) == ["id", LABEL_COLUMN] and sorted(a[LABEL_COLUMN].unique()) == [0, 1, 2]
+    assert list(p1.columns) == ["id", "f0", "f1", "f2", "f3", "f4"]
+    assert list(p2.columns) == ["id"] + [f"f{i}" for i in range(5, 12)]
+    assert len(a) == len(p1) == len(p2) == 300
+    assert LABEL_COLUMN not in p1.columns and LABEL_COLUMN not in p2.columns
+    src = party_source(proto, "a", tmp_path)
+    assert src.label_column == LABEL_COLUMN and src.feature_columns == []
+
+
+def test_materialize_one_party_only_and_is_deterministic(tmp_path: Path):
+    proto = load_protocol_dict(_synthetic())
+    materialize(proto, tmp_path / "x", only="p1")
+    folder = tmp_path / "x" / dataset_key(proto)
+    assert sorted(f.name for f in folder.glob("*.csv")) == ["p1.csv"]
+    materialize(proto, tmp_path / "y")
+    assert (folder / "p1.csv").read_text() == (tmp_path / "y" / dataset_key(proto) / "p1.csv").read_text()
+
+
+@pytest.mark.parametrize("name,n,cols,classes", [("digits", 1797, 64, 10), ("breast_cancer", 569, 30, 2)])
+def test_builtin_tables(name, n, cols, classes):
+    from securevfl.data.datasets import DATASETS
+
+    proto = load_protocol_dict({**_synthetic(), "dataset": {"name": name}})
+    t = DATASETS.get(name)(proto.dataset, 0)
+    assert len(t.ids) == n and t.features.shape == (n, cols) and len(set(t.labels)) == classes
+    assert len(set(t.ids)) == n
