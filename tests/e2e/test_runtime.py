@@ -143,3 +143,27 @@ def test_launcher_reports_killed_rank(tmp_path: Path):
     for r in (0, 2):
         note = json.loads((out / "ranks" / f"rank{r}.error.json").read_text())
         assert note["lost_rank"] == 1
+
+
+def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
+    """A rank that stops responding (SIGSTOP: alive, connections open, silent) is
+    declared lost by every other rank's watchdog after peer_timeout_s."""
+    doc = small_digits(epochs=400, batch_size=32)
+    doc["runtime"] = {"peer_timeout_s": 10}
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    port = free_port()
+    procs = [_party(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
+    try:
+        _wait_for(procs[0], "epoch 2/400", timeout=120)
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        errs = {r: procs[r].communicate(timeout=60)[1] for r in (0, 1)}
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert elapsed < 60, elapsed
+    for r in (0, 1):
+        assert procs[r].returncode == 3, (r, errs[r][-1500:])
+        assert "rank 2 (passive 'right')" in errs[r] and "stopped responding" in errs[r], errs[r][-1500:]
