@@ -163,6 +163,7 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+            p.communicate()  # reap it and close its pipes
     assert elapsed < 60, elapsed
     for r in (0, 1):
         assert procs[r].returncode == 3, (r, errs[r][-1500:])
