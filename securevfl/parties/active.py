@@ -10,26 +10,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
 from securevfl.parties.common import Party, Prepared, eval_batches, schedule, steps_per_epoch
 from securevfl.parties.progress import Progress
-from securevfl.runtime.session import Session
 
 
 class ActiveParty(Party):
     side = "active"
 
-    def __init__(
-        self,
-        session: Session,
-        backend: type[ExchangeBackend],
-        ctx: ExchangeContext,
-        prep: Prepared,
-        *,
-        progress: bool,
-    ):
-        super().__init__(session, backend, ctx, prep, progress=progress)
+    def _setup(self, prep: Prepared, *, progress: bool) -> None:
         proto = self.proto
         tr = proto.training
         spec = self.spec
@@ -55,7 +44,7 @@ class ActiveParty(Party):
         self.bias.data = self.bias.data.to(self.device)
         params = [p for m in modules for p in m.parameters()] + [self.bias]
         self.opt = make_optimizer(params, tr)
-        self.exchange = backend.active(ctx)
+        self.exchange = self.backend.active(self.ctx)
         self.held_at_start = {k: v.clone() for k, v in self.exchange.state().items()}
         self.n_train = len(prep.train_idx)
         self.trace: list[dict[str, torch.Tensor]] = []

@@ -53,7 +53,8 @@ def prepare(proto: Protocol, layout: Layout, role: Role, channel: Channel, data_
 
 class Party:
     """What every party holds: its session, protocol, exchange context, prepared
-    rows and its defense stack (in protocol-file order)."""
+    rows and its defense stack (in protocol-file order). Each role adds its own
+    models and exchange in :meth:`_setup`."""
 
     side: str  # "active" | "passive"
 
@@ -76,6 +77,10 @@ class Party:
         self.backend = backend
         self.spec = self._spec()
         self.stack = build_stack(self.proto, self.spec.name, self.side, self.spec.defenses)
+        self._setup(prep, progress=progress)
+
+    def _setup(self, prep: Prepared, *, progress: bool) -> None:
+        raise NotImplementedError
 
     def _spec(self) -> PartySpec:
         role = self.s.role

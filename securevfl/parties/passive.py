@@ -7,25 +7,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bottom, make_optimizer
 from securevfl.parties.common import Party, Prepared, eval_batches, schedule
-from securevfl.runtime.session import Session
 
 
 class PassiveParty(Party):
     side = "passive"
 
-    def __init__(
-        self,
-        session: Session,
-        backend: type[ExchangeBackend],
-        ctx: ExchangeContext,
-        prep: Prepared,
-        *,
-        progress: bool,
-    ):
-        super().__init__(session, backend, ctx, prep, progress=progress)
+    def _setup(self, prep: Prepared, *, progress: bool) -> None:
         proto = self.proto
         spec = self.spec
         x_tr, cols = self.stack.select_features(prep.x_train, prep.data.columns)
@@ -41,7 +30,7 @@ class PassiveParty(Party):
         for m in modules:
             m.to(self.device)
         self.opt = make_optimizer([p for m in modules for p in m.parameters()], proto.training)
-        self.exchange = backend.passive(ctx)
+        self.exchange = self.backend.passive(self.ctx)
         self.n_train = len(prep.train_idx)
         self.n_test = len(prep.test_idx)
         self.sent: list[tuple[int, torch.Tensor]] = []
