@@ -102,18 +102,7 @@ class MeteredComm:
         self.rank = channel.rank
         self._orig = {
             name: getattr(inst, name)
-            for name in (
-                "send",
-                "recv",
-                "reduce",
-                "all_reduce",
-                "broadcast",
-                "gather",
-                "all_gather",
-                "scatter",
-                "isend",
-                "irecv",
-            )
+            for name in ("send", "recv", "reduce", "all_reduce", "broadcast", "gather", "all_gather")
         }
         inst.send_obj = self.send_obj
         inst.recv_obj = self.recv_obj
@@ -125,7 +114,7 @@ class MeteredComm:
         inst.broadcast = self.broadcast
         inst.gather = self.gather
         inst.all_gather = self.all_gather
-        inst.scatter = self._unmetered("scatter")
+        inst.scatter = self._refused("scatter")
 
     # ledger
     def _log(
@@ -160,7 +149,7 @@ class MeteredComm:
         except (RuntimeError, dist.DistBackendError) as exc:
             raise self.on_failure(peer, exc) from None
 
-    def _unmetered(self, name: str) -> Callable[..., Any]:
+    def _refused(self, name: str) -> Callable[..., Any]:
         def f(*args: Any, **kw: Any) -> Any:
             raise ProtocolError(f"CrypTen operation '{name}' is not used by securevfl's MPC exchange")
 
