@@ -167,6 +167,18 @@ class RuntimeSpec(Strict):
     )
 
 
+class BudgetSpec(Strict):
+    epsilon: float = Field(gt=0, description="stop training before any party's composed eps exceeds this")
+
+
+class PrivacySpec(Strict):
+    """Accounting settings (DESIGN §7): the delta every (eps, delta) is reported at,
+    and an optional budget that truncates training before it is exceeded."""
+
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    budget: BudgetSpec | None = None
+
+
 class Protocol(Strict):
     name: str
     description: str = ""
@@ -177,6 +189,7 @@ class Protocol(Strict):
     top: TopSpec = Field(default_factory=TopSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     attacks: list[ComponentSpec] = Field(default_factory=list)
+    privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
 
     @model_validator(mode="after")

@@ -9,7 +9,12 @@ each hook is the identity, so a defense implements only what it changes:
 * active, labels: :meth:`Defense.labels` ``y -> y'`` (once, before training)
 * active, auxiliary loss: :meth:`Defense.top_loss`
 * data, before training: :meth:`Defense.select_features`
-* accounting: :meth:`Defense.dp_events` for the one privacy accountant
+* accounting: :meth:`Defense.mechanisms` declares what a DP defense releases
+  about one record over a planned run, for the one accountant (DESIGN §7). It is a
+  function of the protocol and the plan, not of the data, so every rank can
+  compute a budget's stopping step before training (this replaces DESIGN's
+  ``privacy_spent()``, which could only look back).
+* reporting: :meth:`Defense.report` adds run statistics to the result
 
 ``sides`` says where it may run; ``requires`` names backend capabilities it needs
 (e.g. ``active_sees_embeddings``) so an impossible combination is refused at load.
@@ -25,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.config import Protocol
+from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.registry import Registry
 
 
@@ -66,12 +72,24 @@ class Defense:
     def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def top_loss(self, z: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    def top_loss(
+        self,
+        z: torch.Tensor,
+        logits: torch.Tensor,
+        y: torch.Tensor,
+        embeddings: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
+        """Active-side auxiliary loss. ``embeddings`` are the h'_i A received
+        (only under backends with ``active_sees_embeddings``; None otherwise)."""
         return None
 
-    def dp_events(self) -> list[Any]:
-        """dp_accounting events for what this defense released so far."""
+    def mechanisms(self, plan: Plan) -> list[Mechanism]:
+        """What this defense releases about one record over ``plan`` (DP defenses)."""
         return []
+
+    def report(self) -> dict[str, Any]:
+        """Run statistics worth keeping in ``result.json`` (e.g. rescaling factors)."""
+        return {}
 
     def modules(self) -> list[torch.nn.Module]:
         """Trainable parts (their parameters join the party's optimizer)."""
@@ -114,14 +132,23 @@ class DefenseStack:
     def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
         return self._sum([d.local_loss(x, h) for d in self.defenses])
 
-    def top_loss(self, z: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        return self._sum([d.top_loss(z, logits, y) for d in self.defenses])
+    def top_loss(
+        self,
+        z: torch.Tensor,
+        logits: torch.Tensor,
+        y: torch.Tensor,
+        embeddings: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
+        return self._sum([d.top_loss(z, logits, y, embeddings) for d in self.defenses])
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for d in self.defenses for m in d.modules()]
 
-    def dp_events(self) -> dict[str, list[Any]]:
-        return {d.name: d.dp_events() for d in self.defenses if d.dp_events()}
+    def mechanisms(self, plan: Plan) -> list[Mechanism]:
+        return [m for d in self.defenses for m in d.mechanisms(plan)]
+
+    def report(self) -> dict[str, Any]:
+        return {d.name: r for d in self.defenses if (r := d.report())}
 
 
 def build_stack(proto: Protocol, party: str, side: str, specs) -> DefenseStack:

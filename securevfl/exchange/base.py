@@ -57,6 +57,14 @@ class ActiveExchange(ABC):
     @abstractmethod
     def backward(self, grad_z: torch.Tensor) -> None: ...
 
+    def embeddings(self) -> list[torch.Tensor] | None:
+        """The passive parties' embeddings h'_i of the last forward, where this
+        backend shows them to A (``active_sees_embeddings``); None otherwise. In a
+        training step they require grad, so an active-side loss on them (e.g.
+        HashVFL's consistency loss) reaches the passive parties through the
+        returned gradient."""
+        return None
+
     def state(self) -> dict[str, torch.Tensor]:
         """Plaintext parameters this party holds (for checkpoints and tests)."""
         return {}

@@ -47,6 +47,9 @@ class PlainActive(ActiveExchange):
         self._h, self._z = hs, z
         return z.detach()
 
+    def embeddings(self) -> list[torch.Tensor] | None:
+        return self._h
+
     def backward(self, grad_z: torch.Tensor) -> None:
         assert self._z is not None, "backward without a training forward"
         self.opt.zero_grad(set_to_none=True)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
-from securevfl.parties.common import Party, Prepared, eval_batches, schedule, steps_per_epoch
+from securevfl.parties.common import Party, Prepared, eval_batches, schedule
 from securevfl.parties.progress import Progress
 
 
@@ -50,9 +50,17 @@ class ActiveParty(Party):
         self.trace: list[dict[str, torch.Tensor]] = []
         self.progress = Progress(
             f"{proto.name} [{proto.exchange.backend}]",
-            min(tr.epochs * steps_per_epoch(self.n_train, tr.batch_size), tr.max_steps or 1 << 62),
+            self.allowed_steps,
             enabled=progress,
         )
+        if self.allowed_steps < self.planned_steps:
+            budget = proto.privacy.budget
+            assert budget is not None
+            self.progress.note(
+                f"privacy budget eps={budget.epsilon:g} (delta={proto.privacy.delta:g}) allows "
+                f"{self.allowed_steps} of the {self.planned_steps} planned training steps; "
+                "training stops there"
+            )
 
     # -- one forward through the whole split model ------------------------------------
     def _logits(self, idx: np.ndarray, x: torch.Tensor, *, train: bool):
@@ -70,7 +78,7 @@ class ActiveParty(Party):
         loss = F.cross_entropy(logits, y)
         if len(self.trace) < self.proto.runtime.trace_steps:
             self.trace.append({"z": zp.detach().cpu().clone(), "loss": loss.detach().cpu().clone()})
-        extra = self.stack.top_loss(z, logits, y)
+        extra = self.stack.top_loss(z, logits, y, self.exchange.embeddings())
         total = loss if extra is None else loss + extra
         self.opt.zero_grad(set_to_none=True)
         total.backward()
@@ -101,7 +109,7 @@ class ActiveParty(Party):
         step = 0
         step_times: list[float] = []
         metrics: dict[str, Any] = {"test_accuracy": None, "test_auc": None}
-        for epoch, batches, last in schedule(self.n_train, tr):
+        for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             losses = []
             ch.phase = "train"
             for idx in batches:
@@ -139,6 +147,7 @@ class ActiveParty(Party):
             "n_test": len(self.y_test),
             "n_aligned": len(self.prep.data.ids),
             "classes": self.classes,
+            **self.privacy_summary(step),
         }
 
     def own_view(self) -> dict[str, object]:

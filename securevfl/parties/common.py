@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
 from securevfl.data.party_data import PartyData, load_party_data, split_indices, standardize
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
+from securevfl.privacy.accountant import account
+from securevfl.privacy.budget import plan_for
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.session import Session
@@ -68,6 +71,7 @@ class Party:
         progress: bool,
     ):
         from securevfl.defenses.base import build_stack
+        from securevfl.privacy.budget import allowed_steps, planned_steps
 
         self.s = session
         self.proto = session.proto
@@ -77,7 +81,22 @@ class Party:
         self.backend = backend
         self.spec = self._spec()
         self.stack = build_stack(self.proto, self.spec.name, self.side, self.spec.defenses)
+        n_train = len(prep.train_idx)
+        self.planned_steps = planned_steps(n_train, self.proto.training)
+        self.allowed_steps = allowed_steps(self.proto, n_train)
         self._setup(prep, progress=progress)
+
+    def privacy_summary(self, steps: int) -> dict[str, Any]:
+        """This party's own accounting over the steps actually run, and its
+        defenses' run statistics (merged into ``result.json`` by rank 0)."""
+        plan = plan_for(steps, len(self.prep.train_idx), self.proto.training)
+        mechs = self.stack.mechanisms(plan)
+        return {
+            "privacy": account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {},
+            "defense_report": self.stack.report(),
+            "planned_steps": self.planned_steps,
+            "allowed_steps": self.allowed_steps,
+        }
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         raise NotImplementedError
@@ -94,10 +113,12 @@ def train_batches(n_train: int, batch_size: int, seed: int, epoch: int) -> Itera
         yield perm[start : start + batch_size]
 
 
-def schedule(n_train: int, tr: TrainingSpec) -> Iterator[tuple[int, list[np.ndarray], bool]]:
+def schedule(
+    n_train: int, tr: TrainingSpec, steps: int | None = None
+) -> Iterator[tuple[int, list[np.ndarray], bool]]:
     """(epoch, its batches, whether it is the last epoch), truncated at
-    ``training.max_steps``; every rank derives the same schedule."""
-    left = tr.max_steps
+    ``steps`` (default ``training.max_steps``); every rank derives the same schedule."""
+    left = tr.max_steps if steps is None else steps
     for epoch in range(tr.epochs):
         batches = list(train_batches(n_train, tr.batch_size, tr.seed, epoch))
         if left is not None:

@@ -61,7 +61,7 @@ class PassiveParty(Party):
         tr = self.proto.training
         ch = self.ctx.channel
         step = 0
-        for epoch, batches, last in schedule(self.n_train, tr):
+        for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             ch.phase = "train"
             for idx in batches:
                 ch.round = step
@@ -71,7 +71,12 @@ class PassiveParty(Party):
                 ch.phase, ch.round = "eval", epoch
                 self.evaluate()
         self.steps = step
-        return {"train_steps": step, "n_train": self.n_train, "columns": len(self.columns)}
+        return {
+            "train_steps": step,
+            "n_train": self.n_train,
+            "columns": len(self.columns),
+            **self.privacy_summary(step),
+        }
 
     def own_view(self) -> dict[str, object]:
         """What this party itself computed and sent (for wire audits)."""

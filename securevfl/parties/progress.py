@@ -37,6 +37,13 @@ class Progress:
             self._bar.start()
             self._task = self._bar.add_task(label, total=total_steps, info="")
 
+    def note(self, text: str) -> None:
+        """A message the user must see even with progress off (e.g. a budget stop)."""
+        if self._bar is not None:
+            self._bar.console.print(f"[{self.label}] {text}")
+        else:
+            print(f"[{self.label}] {text}", file=sys.stderr, flush=True)
+
     def step(self) -> None:
         if self._bar is not None:
             self._bar.advance(self._task)

@@ -62,8 +62,9 @@ def build_result(
         },
         "history": active.get("history", []),
         "ledger": ledger,
-        "privacy": {},
-        "attacks": {},
+        "privacy": _privacy(proto, parts, steps),
+        "attacks": {p["party"]: p["attacks"] for p in parts if p.get("attacks")},
+        "defense_report": {p["party"]: p["defense_report"] for p in parts if p.get("defense_report")},
         "defenses": {
             lay_name: [d.name for d in specs]
             for lay_name, specs in [(proto.parties.active.name, proto.parties.active.defenses)]
@@ -77,6 +78,26 @@ def build_result(
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
+    }
+
+
+def _privacy(proto: Protocol, parts: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Every party's own accounting, merged; empty when no DP mechanism ran."""
+    per_party: dict[str, Any] = {}
+    for p in parts:
+        per_party.update(p.get("privacy") or {})
+    if not per_party:
+        return {}
+    active = parts[0]
+    budget = proto.privacy.budget
+    return {
+        "accountant": "pld (dp_accounting), replace-one neighbours",
+        "delta": proto.privacy.delta,
+        "parties": per_party,
+        "budget": None if budget is None else {"epsilon": budget.epsilon},
+        "planned_steps": active.get("planned_steps"),
+        "steps_run": steps,
+        "stopped_by_budget": bool(active.get("allowed_steps", steps) < active.get("planned_steps", steps)),
     }
 
 

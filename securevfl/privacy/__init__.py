@@ -1,0 +1,7 @@
+"""Privacy math (pure functions) and the one accountant (DESIGN §7).
+
+Mechanisms declare what they release as :class:`~securevfl.privacy.accountant.Release`
+objects; :mod:`securevfl.privacy.accountant` composes them per party on
+``dp_accounting``'s privacy-loss distributions, and :mod:`securevfl.privacy.budget`
+turns a protocol's budget into the number of training steps every rank runs.
+"""
