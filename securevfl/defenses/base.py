@@ -60,7 +60,8 @@ class Defense:
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         return x, columns
 
-    def labels(self, y: torch.Tensor) -> torch.Tensor:
+    def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
+        """Training labels (class indices; ``classes`` = K from the dataset)."""
         return y
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
@@ -110,9 +111,9 @@ class DefenseStack:
             x, columns = d.select_features(x, columns)
         return x, columns
 
-    def labels(self, y: torch.Tensor) -> torch.Tensor:
+    def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         for d in self.defenses:
-            y = d.labels(y)
+            y = d.labels(y, classes=classes)
         return y
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:

@@ -25,7 +25,7 @@ class ActiveParty(Party):
         data = prep.data
         assert data.y is not None and data.classes is not None
         self.classes = len(data.classes)
-        self.y_train = self.stack.labels(torch.as_tensor(data.y[prep.train_idx]))
+        self.y_train = self.stack.labels(torch.as_tensor(data.y[prep.train_idx]), classes=self.classes)
         self.y_test = torch.as_tensor(data.y[prep.test_idx])
         self.x_train = torch.as_tensor(prep.x_train)
         self.x_test = torch.as_tensor(prep.x_test)

@@ -135,6 +135,18 @@ class EpsDeltaRelease(Release):
 
 
 @dataclass(frozen=True)
+class NonPrivateRelease(Release):
+    """A release with no DP guarantee (e.g. randomized response at eps = inf):
+    whatever it is composed with has epsilon = inf."""
+
+    def pld(self) -> pld_lib.PrivacyLossDistribution | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "non_private", "count": self.count}
+
+
+@dataclass(frozen=True)
 class Mechanism:
     """What one defense releases about a record over a run.
 
@@ -175,7 +187,10 @@ def compose(releases: list[Release]) -> pld_lib.PrivacyLossDistribution | None:
 
 
 def epsilon(releases: list[Release], delta: float) -> float:
-    """Sound eps at ``delta`` of all ``releases`` composed (0 when none)."""
+    """Sound eps at ``delta`` of all ``releases`` composed (0 when none, inf when
+    any is non-private)."""
+    if any(isinstance(r, NonPrivateRelease) and r.count for r in releases):
+        return math.inf
     p = compose(releases)
     return 0.0 if p is None else float(p.get_epsilon_for_delta(delta))
 
