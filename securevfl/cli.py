@@ -7,6 +7,7 @@ User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(party)
 
     cmp_ = sub.add_parser("compare", help="run several protocols and tabulate them")
-    cmp_.add_argument("files", nargs="+")
+    cmp_.add_argument("files", nargs="+", help="protocol files, or folders of them")
     cmp_.add_argument("--out", default="runs/compare")
     cmp_.add_argument("--quiet", action="store_true")
     _add_common(cmp_)
@@ -107,7 +108,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from securevfl.report.compare import print_table, write_comparison
     from securevfl.runtime.launcher import launch
 
-    protos = [load_protocol(f, args.overrides) for f in args.files]  # validate all first
+    files = []
+    for f in map(Path, args.files):  # a folder stands for its protocol files
+        files += sorted(f.glob("*.yaml")) if f.is_dir() else [f]
+    protos = [load_protocol(f, args.overrides) for f in files]  # validate all first
     names = [p.name for p in protos]
     if len(set(names)) != len(names):
         raise SecureVFLError(f"protocol names must be distinct to compare them: {names}")
@@ -119,9 +123,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        results.append(launch(proto, out / proto.name, data_dir=out / "data", progress=not args.quiet))
+        launch(proto, out / proto.name, data_dir=out / "data", progress=not args.quiet)
+        # re-read: the attack harness completes result.json after the ranks end
+        results.append(json.loads((out / proto.name / "result.json").read_text()))
     print_table(results, title="securevfl compare")
-    paths = write_comparison(out, results)
+    paths = write_comparison(out, results, {p.name: out / p.name for p in protos})
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -1,0 +1,98 @@
+"""The comparison report: rows, privacy and attack columns, DCS, files and plots,
+from result records alone."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from securevfl.report.compare import epsilon_spent, markdown_table, rows, write_comparison
+
+
+def result(name, backend, acc, *, defenses=None, eps=None, attacks=None):
+    priv = {}
+    if eps is not None:
+        priv = {"parties": {"left": {"total": {"epsilon": eps}}, "active": {"total": {"epsilon": 0.5}}}}
+    return {
+        "protocol": name,
+        "backend": backend,
+        "dataset": "digits",
+        "test_accuracy": acc,
+        "test_auc": None,
+        "time_per_step_s": 0.01,
+        "bytes_per_step": 2048,
+        "defenses": defenses or {},
+        "privacy": priv,
+        "attacks": attacks or {},
+    }
+
+
+RESULTS = [
+    result(
+        "plain",
+        "plain",
+        0.96,
+        attacks={"recon": {"ap": 0.8, "nmse": 0.2}, "mia": {"ap": 0.7, "chance": 0.5}},
+    ),
+    result("mpc", "mpc", 0.95, attacks={"recon": {"ap": 0.3}, "mia": {"ap": 0.6, "chance": 0.5}}),
+    result(
+        "mpc_dp",
+        "mpc",
+        0.90,
+        defenses={"left": ["embedding_dp"]},
+        eps=3.0,
+        attacks={"recon": {"ap": 0.1}, "mia": {"ap": 0.5, "chance": 0.5}},
+    ),
+]
+
+
+def test_rows_carry_eps_attacks_and_dcs_against_the_same_backend() -> None:
+    table, attacks = rows(RESULTS)
+    assert attacks == ["mia", "recon"]
+    by = {r["protocol"]: r for r in table}
+    assert by["plain"]["epsilon"] is None and by["mpc_dp"]["epsilon"] == 3.0
+    assert by["mpc_dp"]["defenses"] == "embedding_dp" and by["mpc"]["defenses"] == "none"
+    assert by["mpc_dp"]["attack:recon"] == 0.1
+    # DCS of the defended run: reference is undefended mpc (MP 0.95); mia at chance 0.5
+    d_recon = 1 / (1 + math.sqrt(0.5 * 0.1**2 + 0.5 * 0.05**2))
+    d_mia = 1 / (1 + math.sqrt(0.5 * 0.0**2 + 0.5 * 0.05**2))
+    assert by["mpc_dp"]["dcs"] == pytest.approx((d_recon + d_mia) / 2)
+    # an undefended run scored against itself only measures the attack
+    assert by["mpc"]["dcs"] < by["mpc_dp"]["dcs"]
+
+
+def test_epsilon_is_the_worst_party() -> None:
+    assert epsilon_spent(RESULTS[2]) == 3.0
+    assert epsilon_spent(RESULTS[0]) is None
+
+
+def test_markdown_has_one_row_per_run_and_attack_columns() -> None:
+    md = markdown_table(RESULTS).splitlines()
+    assert len(md) == 2 + 3
+    assert "AP recon" in md[0] and "DCS" in md[0] and "eps" in md[0]
+    assert "| mpc_dp | mpc | embedding_dp |" in md[4]
+
+
+def test_files_and_plots_are_written(tmp_path) -> None:
+    run = tmp_path / "plain" / "attacks"
+    run.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.savez(run / "recon.npz", original=rng.random((12, 8, 4)), reconstruction=rng.random((12, 8, 4)))
+    res = [dict(r) for r in RESULTS]
+    res[0] = {**res[0], "attacks": {**res[0]["attacks"], "recon": {"ap": 0.8, "grid": "attacks/recon.npz"}}}
+    paths = write_comparison(tmp_path, res)
+    assert set(paths) == {"json", "csv", "markdown", "privacy_utility", "reconstruction_grid"}
+    assert paths["privacy_utility"].stat().st_size > 10_000
+    assert paths["reconstruction_grid"].stat().st_size > 5_000
+    md = paths["markdown"].read_text()
+    assert "privacy_utility.png" in md and "reconstruction_grid.png" in md
+    assert len(json.loads(paths["json"].read_text())) == 3
+    assert paths["csv"].read_text().splitlines()[0].startswith("protocol,backend,defenses")
+
+
+def test_no_attacks_no_plots(tmp_path) -> None:
+    paths = write_comparison(tmp_path, [result("plain", "plain", 0.9)])
+    assert set(paths) == {"json", "csv", "markdown"}
