@@ -27,3 +27,33 @@ def test_label_dp_run_carries_its_privacy_record(tmp_path) -> None:
 def test_run_without_dp_has_no_privacy_record(tmp_path) -> None:
     run_doc(small_digits(epochs=1), tmp_path)
     assert json.loads((tmp_path / "result.json").read_text())["privacy"] == {}
+
+
+def test_budget_stops_training_at_the_last_step_within_it(tmp_path) -> None:
+    """Vanilla embedding DP releases each training row once per epoch, so a
+    budget between the cost of one and of two releases must stop the run after
+    exactly one epoch (12 steps of 128 over 1437 rows), on every rank."""
+    from securevfl.config import load_protocol_dict
+    from securevfl.privacy.budget import plan_for, spent
+
+    doc = small_digits(epochs=2)
+    dp = {"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 2.0, "delta": 1e-2}}
+    for p in doc["parties"]["passive"]:
+        p["defenses"] = [dp]
+    proto = load_protocol_dict(doc)
+    one = spent(proto, plan_for(12, 1437, proto.training))["left"]["total"]["epsilon"]
+    two = spent(proto, plan_for(13, 1437, proto.training))["left"]["total"]["epsilon"]
+    assert one < two
+    doc["privacy"] = {"budget": {"epsilon": (one + two) / 2}}
+    run_doc(doc, tmp_path)
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["train_steps"] == 12
+    priv = res["privacy"]
+    assert priv["stopped_by_budget"] is True and priv["planned_steps"] == 24 and priv["steps_run"] == 12
+    for party in ("left", "right"):
+        assert priv["parties"][party]["total"]["epsilon"] == pytest.approx(one, rel=1e-6)
+        assert priv["parties"][party]["total"]["epsilon"] <= (one + two) / 2
+    # every rank ran the same truncated schedule
+    for r in (1, 2):
+        summary = json.loads((tmp_path / "ranks" / f"rank{r}.summary.json").read_text())
+        assert summary["train_steps"] == 12
