@@ -177,6 +177,11 @@ class PrivacySpec(Strict):
 
     delta: float = Field(default=1e-5, gt=0, lt=1)
     budget: BudgetSpec | None = None
+    noise_seed: int | None = Field(
+        default=None,
+        description="pin the defenses' private noise for a reproducible experiment; anyone who knows "
+        "it can remove the noise, so leave it unset (fresh OS entropy per party) in a real run",
+    )
 
 
 class Protocol(Strict):

@@ -22,6 +22,7 @@ each hook is the identity, so a defense implements only what it changes:
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,10 +41,29 @@ class DefenseOptions(BaseModel):
 
 @dataclass(frozen=True)
 class DefenseContext:
+    """Where a defense runs. ``seed`` is the protocol's shared seed: every party
+    knows it, so it may only drive what all parties must agree on (e.g. class
+    codes). Noise that protects something draws on ``noise_seed``, private to
+    this party: fresh OS entropy per run unless the protocol pins
+    ``privacy.noise_seed`` for a reproducible experiment (which anyone who knows
+    it can use to subtract the noise; see SECURITY.md)."""
+
     proto: Protocol
     party: str
     side: str  # "active" | "passive"
     seed: int
+    noise_seed: int = 0
+
+
+def private_noise_seed(proto: Protocol, party: str) -> int:
+    """This party's noise seed: OS entropy, or derived from a pinned
+    ``privacy.noise_seed`` (experiments and tests only)."""
+    pinned = proto.privacy.noise_seed
+    if pinned is None:
+        return secrets.randbits(63)
+    from securevfl.seeding import derive_seed
+
+    return derive_seed(pinned, "noise", party)
 
 
 class Defense:
@@ -157,5 +177,6 @@ def build_stack(proto: Protocol, party: str, side: str, specs) -> DefenseStack:
     for spec in specs:
         cls = DEFENSES.get(spec.name)
         params = cls.options.model_validate(spec.params)
-        out.append(cls(params, DefenseContext(proto, party, side, proto.training.seed)))
+        ctx = DefenseContext(proto, party, side, proto.training.seed, private_noise_seed(proto, party))
+        out.append(cls(params, ctx))
     return DefenseStack(out)

@@ -38,7 +38,7 @@ class LabelDP(Defense):
 
     def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         eps = self.params.epsilon
-        g = generator(self.ctx.seed, "label_dp", self.ctx.party)
+        g = generator(self.ctx.noise_seed, "label_dp")  # private: never the shared seed
         out = randomize(y, eps, g, classes=classes)
         self.flipped = float((out != y).float().mean()) if y.numel() else 0.0
         return out

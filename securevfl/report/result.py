@@ -63,7 +63,7 @@ def build_result(
         "history": active.get("history", []),
         "ledger": ledger,
         "privacy": _privacy(proto, parts, steps),
-        "attacks": {p["party"]: p["attacks"] for p in parts if p.get("attacks")},
+        "attacks": {},  # filled by the attack harness after the run
         "defense_report": {p["party"]: p["defense_report"] for p in parts if p.get("defense_report")},
         "defenses": {
             lay_name: [d.name for d in specs]
@@ -93,6 +93,8 @@ def _privacy(proto: Protocol, parts: list[dict[str, Any]], steps: int) -> dict[s
     return {
         "accountant": "pld (dp_accounting), replace-one neighbours",
         "delta": proto.privacy.delta,
+        # a pinned noise seed makes the noise removable by anyone who knows it
+        "noise_seed_pinned": proto.privacy.noise_seed is not None,
         "parties": per_party,
         "budget": None if budget is None else {"epsilon": budget.epsilon},
         "planned_steps": active.get("planned_steps"),
