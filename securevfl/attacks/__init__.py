@@ -1,6 +1,13 @@
 """Attacks on an adversary's view (what its rank received plus its own data),
-registered by name in ATTACKS."""
+registered by name in ATTACKS. Importing this package registers every built-in
+attack; :mod:`securevfl.attacks.harness` runs them after training."""
 
-from securevfl.attacks.base import ATTACKS, Attack, View
+from securevfl.attacks import (  # noqa: F401  (registration)
+    code_reconstruction,
+    feature_reconstruction,
+    label_inference,
+    membership,
+)
+from securevfl.attacks.base import ATTACKS, Attack, View, World
 
-__all__ = ["ATTACKS", "Attack", "View"]
+__all__ = ["ATTACKS", "Attack", "View", "World"]

@@ -1,25 +1,39 @@
 """The attack seam (DESIGN §6).
 
-An attack runs inside the adversary's own rank after training, on a :class:`View`:
-the tensors that rank received (from its ledger) plus its own data and models. It
-never sees anything another rank kept to itself, so what it learns is what that
-party could learn. ``requires`` names the backend capabilities under which the
+An attack runs after training on a :class:`View`: the tensors the adversary's
+rank received (from its ledger), its own data and models (``own``), and the prior
+knowledge the attack explicitly declares (``prior``, built by
+:meth:`Attack.knowledge`). It never sees anything another rank kept to itself, so
+what it learns is what that party could learn. Scoring is separate: the harness
+(:mod:`securevfl.attacks.harness`) holds every party's view as ground truth
+(:class:`World`) and passes it to :meth:`Attack.knowledge` (to cut out the
+declared prior) and :meth:`Attack.score` (to grade the guess), never to
+:meth:`Attack.run`. ``requires`` names the backend capabilities under which the
 attack's view exists, checked at load like a defense's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.registry import Registry
+
+if TYPE_CHECKING:
+    from securevfl.config import Protocol
+    from securevfl.runtime.layout import Layout
 
 
 class AttackOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    label: str | None = Field(
+        default=None, description="key of this attack's entry in result.json['attacks'] (default: its name)"
+    )
+    seed: int = Field(default=0, description="seed of the attack's own randomness (aux rows, models)")
 
 
 @dataclass
@@ -31,9 +45,36 @@ class View:
     party: str
     received: dict[str, list[tuple[int, torch.Tensor]]]
     own: dict[str, Any] = field(default_factory=dict)
+    prior: dict[str, Any] = field(default_factory=dict)  # declared prior knowledge of the attack
 
     def tensors(self, tag: str) -> list[torch.Tensor]:
         return [t for _, t in self.received.get(tag, [])]
+
+
+@dataclass
+class World:
+    """Ground truth for the harness: every party's own view after a run. Used to
+    build an attack's declared prior knowledge and to score its guess; an attack's
+    :meth:`Attack.run` never receives it."""
+
+    proto: Protocol
+    layout: Layout
+    views: dict[str, View]  # party name -> that party's view
+    out_dir: Path
+
+    @property
+    def active(self) -> View:
+        return self.views[self.layout.active.party]
+
+    def passive(self, name: str | None) -> View:
+        """A passive party's view by name (default: the first passive party)."""
+        from securevfl.errors import ConfigError
+
+        names = [r.party for r in self.layout.passive]
+        name = names[0] if name is None else name
+        if name not in names:
+            raise ConfigError(f"'{name}' is not a passive party (passive: {names})", path="attacks")
+        return self.views[name]
 
 
 class Attack:
@@ -42,10 +83,26 @@ class Attack:
     requires: ClassVar[frozenset[str]] = frozenset()
     options: ClassVar[type[BaseModel]] = AttackOptions
 
-    def __init__(self, params: BaseModel):
+    def __init__(self, params: BaseModel, key: str | None = None):
         self.params = params
+        self.key = key or self.name  # its entry in result.json["attacks"] (and file names)
 
-    def run(self, view: View) -> dict[str, float]:
+    def adversary_party(self, world: World) -> str:
+        """The party whose view the attack runs on (default: the active party)."""
+        return world.layout.active.party
+
+    def knowledge(self, world: World) -> dict[str, Any]:
+        """The prior knowledge the adversary is given besides its view (default:
+        none). :meth:`run` reports how much of it it used under ``used``."""
+        return {}
+
+    def run(self, view: View) -> dict[str, Any]:
+        """The attack itself, on the adversary's view (with ``view.prior``): returns
+        its guess, plus ``used``, a JSON-able note of the tensors it read."""
+        raise NotImplementedError
+
+    def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
+        """Grade the guess against the ground truth: metric name -> value."""
         raise NotImplementedError
 
 

@@ -48,6 +48,11 @@ class ActiveParty(Party):
         self.held_at_start = {k: v.clone() for k, v in self.exchange.state().items()}
         self.n_train = len(prep.train_idx)
         self.trace: list[dict[str, torch.Tensor]] = []
+        # what A legitimately knows, kept for attacks run as A: the z each exchange
+        # forward revealed to it, with the row positions of that batch
+        self._keep_view = proto.runtime.record_views and (proto.runtime.dump_views or bool(proto.attacks))
+        self.forwards: list[dict[str, Any]] = []
+        self.revealed_z: list[torch.Tensor] = []
         self.progress = Progress(
             f"{proto.name} [{proto.exchange.backend}]",
             self.allowed_steps,
@@ -65,6 +70,10 @@ class ActiveParty(Party):
     # -- one forward through the whole split model ------------------------------------
     def _logits(self, idx: np.ndarray, x: torch.Tensor, *, train: bool):
         zp = self.exchange.forward(len(idx), train=train).to(self.device)
+        if self._keep_view:
+            phase = "train" if train else "eval"
+            self.forwards.append({"phase": phase, "round": self.ctx.channel.round, "rows": np.array(idx)})
+            self.revealed_z.append(zp.detach().cpu().clone())
         zp = zp.requires_grad_(train)
         z = zp
         if self.bottom is not None and self.own is not None:
@@ -151,8 +160,29 @@ class ActiveParty(Party):
         }
 
     def own_view(self) -> dict[str, object]:
-        """Plaintext parameters of the exchange this party held before training."""
-        return {"held_at_start": self.held_at_start}
+        """Plaintext parameters of the exchange this party held before training and,
+        when attacks run as A, what A legitimately knows: aligned IDs and split, its
+        true labels, the z the exchange revealed at every forward (``z``, one per
+        entry of ``forwards``: phase, round, row positions into the train or test
+        rows), and its own final top model and bias."""
+        view: dict[str, object] = {"held_at_start": self.held_at_start}
+        if not self._keep_view:
+            return view
+        prep = self.prep
+        assert prep.data.y is not None
+        view.update(
+            ids=list(prep.data.ids),
+            train_idx=np.asarray(prep.train_idx),
+            test_idx=np.asarray(prep.test_idx),
+            y_train=torch.as_tensor(prep.data.y[prep.train_idx]),
+            y_test=self.y_test.clone(),
+            classes=self.classes,
+            forwards=self.forwards,
+            z=self.revealed_z,
+            top={k: v.detach().cpu() for k, v in self.top.state_dict().items()},
+            bias=self.bias.detach().cpu(),
+        )
+        return view
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"top.{k}": v.detach().cpu() for k, v in self.top.state_dict().items()}

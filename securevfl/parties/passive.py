@@ -34,6 +34,10 @@ class PassiveParty(Party):
         self.n_train = len(prep.train_idx)
         self.n_test = len(prep.test_idx)
         self.sent: list[tuple[int, torch.Tensor]] = []
+        # what this party legitimately knows, kept for attacks run as this party
+        self._keep_view = proto.runtime.record_views and (proto.runtime.dump_views or bool(proto.attacks))
+        self.forwards: list[dict[str, Any]] = []
+        self.revealed_grads: list[torch.Tensor] = []
 
     def train_step(self, idx: np.ndarray) -> None:
         x = self.x_train[idx].to(self.device)
@@ -42,7 +46,11 @@ class PassiveParty(Party):
         if self.proto.runtime.dump_views:
             self.sent.append((self.ctx.channel.round, h2.detach().cpu().clone()))
         self.exchange.forward(h2, train=True)
-        g = self.stack.grad(self.exchange.backward())
+        revealed = self.exchange.backward()
+        if self._keep_view:
+            self.forwards.append({"phase": "train", "round": self.ctx.channel.round, "rows": idx.copy()})
+            self.revealed_grads.append(revealed.detach().cpu().clone())
+        g = self.stack.grad(revealed)
         obj = (h2 * g).sum()
         local = self.stack.local_loss(x, h)
         if local is not None:
@@ -79,8 +87,40 @@ class PassiveParty(Party):
         }
 
     def own_view(self) -> dict[str, object]:
-        """What this party itself computed and sent (for wire audits)."""
-        return {"embeddings": self.sent}
+        """What this party itself computed and sent (for wire audits), and, when
+        attacks run as this party, what it legitimately knows: the aligned IDs and
+        split (every party derives them), its own raw features, the gradient the
+        exchange revealed to it at each training step (``grads``, one per entry of
+        ``forwards``; row positions index the training rows), its model inputs
+        (``x_*``), its final bottom model and defense modules' states, and its final
+        bottom outputs before (``h_*``) and after (``sent_*``) its embedding defenses."""
+        view: dict[str, object] = {"embeddings": self.sent}
+        if not self._keep_view:
+            return view
+        prep = self.prep
+        with torch.no_grad():
+            hs = {}
+            for split, x in (("train", self.x_train), ("test", self.x_test)):
+                h = self.bottom(x.to(self.device))
+                hs[f"h_{split}"] = h.detach().cpu()
+                hs[f"sent_{split}"] = self.stack.embed(h, train=False).detach().cpu()
+        view.update(
+            ids=list(prep.data.ids),
+            train_idx=np.asarray(prep.train_idx),
+            test_idx=np.asarray(prep.test_idx),
+            columns=list(prep.data.columns),
+            x_raw=torch.as_tensor(np.asarray(prep.data.x, dtype=np.float32)),
+            forwards=self.forwards,
+            grads=self.revealed_grads,
+            x_train=self.x_train.detach().cpu(),
+            x_test=self.x_test.detach().cpu(),
+            bottom={k: v.detach().cpu() for k, v in self.bottom.state_dict().items()},
+            defense_modules=[
+                {k: v.detach().cpu() for k, v in m.state_dict().items()} for m in self.stack.modules()
+            ],
+            **hs,
+        )
+        return view
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()}

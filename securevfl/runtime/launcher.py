@@ -3,7 +3,9 @@
 It materializes built-in datasets into per-party files first (so ranks only read
 their own), starts the ranks, and watches them. When a rank fails, the others end
 themselves through their watchdogs; any still alive after a grace period are
-killed. The error raised names the lost rank and the root cause.
+killed. The error raised names the lost rank and the root cause. After a
+successful run it runs the protocol's attacks on the ranks' saved views
+(securevfl.attacks.harness).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def launch(
     """Run every rank locally; return the result record (also in out_dir/result.json)."""
     from securevfl.data.partition import is_builtin, materialize
 
+    if proto.attacks and not proto.runtime.record_views:
+        raise ConfigError(
+            "attacks run on the views the ranks record; runtime.record_views is off",
+            path="runtime.record_views",
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").unlink(missing_ok=True)
@@ -100,6 +107,10 @@ def launch(
         p.join()
     codes = {r: p.exitcode for r, p in enumerate(procs)}
     if all(c == 0 for c in codes.values()):
+        if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
+            from securevfl.attacks.harness import run_attacks
+
+            run_attacks(proto, out_dir)
         return json.loads((out_dir / "result.json").read_text())
     raise _explain_failure(layout, out_dir, codes)
 

@@ -109,7 +109,7 @@ def run_rank(
                 if getattr(party, "trace", None):
                     torch.save(party.trace, ranks_dir / f"rank{rank}.trace.pt")
                 view = View(rank, role.party, dict(ledger.received), party.own_view())
-                if proto.runtime.dump_views:
+                if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
                     torch.save(
                         {"received": view.received, "own": view.own}, ranks_dir / f"rank{rank}.view.pt"
                     )

@@ -1,0 +1,111 @@
+"""Run a protocol's attacks after training (DESIGN §6).
+
+The local launcher calls :func:`run_attacks` once every rank has finished. Each
+rank has saved its view (``ranks/rank<R>.view.pt``: what it received plus what it
+legitimately holds itself). For every attack listed in the protocol the harness
+
+1. loads the adversary's view (the active party, or the passive party the attack
+   names),
+2. adds the attack's declared prior knowledge (:meth:`Attack.knowledge`, e.g. the
+   raw features of some training rows), and nothing else,
+3. runs the attack on that view, and
+4. scores its guess against the ground truth held in the other parties' views.
+
+Results go to ``result.json["attacks"][key]`` (key = the attack's ``label`` or its
+name; ``name#j`` when a name repeats) as ``{adversary, victim?, <metrics>, ap,
+used}``; ``ap`` is the attack performance in [0, 1] (higher = stronger attacker)
+that the defense capability score uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from securevfl.attacks import ATTACKS
+from securevfl.attacks.base import View, World
+from securevfl.config import Protocol
+from securevfl.errors import ConfigError
+from securevfl.report.result import RESULT_FILE, write_result
+from securevfl.runtime.layout import Layout
+
+
+def load_world(proto: Protocol, out_dir: Path) -> World:
+    """Every non-helper rank's saved view."""
+    layout = Layout.from_protocol(proto)
+    views: dict[str, View] = {}
+    for role in layout.roles:
+        if role.kind == "helper":
+            continue
+        path = Path(out_dir) / "ranks" / f"rank{role.rank}.view.pt"
+        if not path.is_file():
+            raise ConfigError(f"no saved view for rank {role.rank} ({role.party}) at {path}", path="attacks")
+        blob = torch.load(path, weights_only=False)
+        views[role.party] = View(role.rank, role.party, blob["received"], blob["own"])
+    return World(proto, layout, views, Path(out_dir))
+
+
+def attack_keys(proto: Protocol) -> list[str]:
+    """Result keys, one per listed attack: its label, else its name (``name#j``
+    for the j-th entry when several unlabeled entries share a name)."""
+    unlabeled = [a.name for a in proto.attacks if not a.params.get("label")]
+    keys = []
+    for j, a in enumerate(proto.attacks):
+        label = a.params.get("label")
+        keys.append(label if label else (a.name if unlabeled.count(a.name) == 1 else f"{a.name}#{j}"))
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"attack result keys repeat: {keys}", path="attacks")
+    return keys
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return None if math.isnan(float(x)) else float(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    return x
+
+
+def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
+    """Run every attack of ``proto`` on the views saved under ``out_dir`` and
+    merge the results into ``out_dir/result.json``; returns the attacks' entries."""
+    world = load_world(proto, out_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))  # as the ranks do
+    try:
+        results = _run_all(proto, world)
+    finally:
+        torch.set_num_threads(threads)
+    path = Path(out_dir) / RESULT_FILE
+    result = json.loads(path.read_text())
+    result["attacks"] = {**result.get("attacks", {}), **results}
+    write_result(Path(out_dir), result)
+    return results
+
+
+def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for spec, key in zip(proto.attacks, attack_keys(proto), strict=True):
+        cls = ATTACKS.get(spec.name, path="attacks")
+        attack = cls(cls.options.model_validate(spec.params), key=key)
+        t0 = time.perf_counter()
+        adversary = attack.adversary_party(world)
+        own = world.views[adversary]
+        view = View(own.rank, own.party, own.received, own.own, prior=attack.knowledge(world))
+        guess = attack.run(view)
+        entry = {"attack": spec.name, "adversary": adversary, **attack.score(guess, world)}
+        entry["used"] = guess.get("used", {})
+        entry["seconds"] = time.perf_counter() - t0
+        results[key] = _jsonable(entry)
+    return results

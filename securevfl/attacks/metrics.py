@@ -1,0 +1,155 @@
+"""Pure metric math for attacks (DESIGN §6): reconstruction error, image
+similarity, inference AUC/accuracy, and VFLAIR's defense capability score.
+
+Everything here takes arrays and returns numbers; nothing knows about parties,
+views or runs, so each function is unit-tested on its own
+(tests/unit/test_attack_metrics.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def mse(pred: np.ndarray, true: np.ndarray) -> float:
+    """Mean over all elements of ``(pred - true)**2``."""
+    pred, true = np.asarray(pred, dtype=np.float64), np.asarray(true, dtype=np.float64)
+    if pred.shape != true.shape:
+        raise ValueError(f"shape mismatch: {pred.shape} vs {true.shape}")
+    return float(np.mean((pred - true) ** 2))
+
+
+def normalized_mse(pred: np.ndarray, true: np.ndarray, mean: np.ndarray) -> dict[str, float]:
+    """Reconstruction error relative to the attacker who predicts ``mean`` (its
+    auxiliary column means) for every row (spec 002 §5, "attacker hygiene").
+
+    Returns ``mse`` (raw), ``mse_mean`` (the mean predictor's), ``nmse_raw`` =
+    mse / mse_mean and ``nmse`` = min(nmse_raw, 1): an attacker that does worse
+    than the mean predictor would simply answer the mean, so it is never scored
+    as leaking less than nothing. nmse 0 = perfect reconstruction, 1 = no leakage
+    in the MSE sense.
+    """
+    true = np.asarray(true, dtype=np.float64)
+    base = np.broadcast_to(np.asarray(mean, dtype=np.float64), true.shape)
+    m = mse(pred, true)
+    m0 = mse(base, true)
+    raw = m / m0 if m0 > 0 else (0.0 if m == 0 else math.inf)
+    return {"mse": m, "mse_mean": m0, "nmse_raw": raw, "nmse": min(raw, 1.0)}
+
+
+def psnr(pred: np.ndarray, true: np.ndarray, data_range: float) -> float:
+    """Peak signal-to-noise ratio in dB over all elements, ``10 log10(L^2 / MSE)``."""
+    if data_range <= 0:
+        raise ValueError("data_range must be positive")
+    m = mse(pred, true)
+    return math.inf if m == 0 else 10.0 * math.log10(data_range**2 / m)
+
+
+def gaussian_window(size: int, sigma: float = 1.5) -> np.ndarray:
+    """Normalized 2-D Gaussian window (size x size)."""
+    ax = np.arange(size, dtype=np.float64) - (size - 1) / 2.0
+    g = np.exp(-(ax**2) / (2 * sigma**2))
+    w = np.outer(g, g)
+    return w / w.sum()
+
+
+def _filter_valid(img: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """'valid' 2-D correlation of a batch of images (n, H, W) with window w."""
+    k = w.shape[0]
+    n, h, wd = img.shape
+    out = np.zeros((n, h - k + 1, wd - k + 1))
+    for i in range(k):
+        for j in range(k):
+            out += w[i, j] * img[:, i : i + h - k + 1, j : j + wd - k + 1]
+    return out
+
+
+def ssim(
+    pred: np.ndarray, true: np.ndarray, data_range: float, *, win: int = 7, sigma: float = 1.5
+) -> np.ndarray:
+    """Per-image SSIM (Wang et al. 2004; spec 004 §5.3) of batches (n, H, W).
+
+    Gaussian window with ``sigma`` 1.5; its size is ``win`` shrunk to the largest
+    odd number that fits the image (8x4 digit halves use 3x3), statistics over
+    valid positions only; C1 = (0.01 L)^2, C2 = (0.03 L)^2. Returns one value per
+    image in [-1, 1] (1 = identical).
+    """
+    x = np.asarray(pred, dtype=np.float64)
+    y = np.asarray(true, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 3:
+        raise ValueError(f"ssim needs two (n, H, W) batches of the same shape, got {x.shape}, {y.shape}")
+    k = min(win, x.shape[1], x.shape[2])
+    k = k if k % 2 == 1 else k - 1
+    w = gaussian_window(k, sigma)
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    mx, my = _filter_valid(x, w), _filter_valid(y, w)
+    sxx = _filter_valid(x * x, w) - mx**2
+    syy = _filter_valid(y * y, w) - my**2
+    sxy = _filter_valid(x * y, w) - mx * my
+    num = (2 * mx * my + c1) * (2 * sxy + c2)
+    den = (mx**2 + my**2 + c1) * (sxx + syy + c2)
+    return (num / den).reshape(x.shape[0], -1).mean(axis=1)
+
+
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """ROC AUC of ``scores`` for ``labels`` in {0, 1} (ties count one half),
+    by the Mann-Whitney rank statistic. NaN when only one class is present."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), dtype=np.float64)
+    sorted_s = s[order]
+    i = 0
+    while i < len(s):  # average ranks over ties
+        j = i
+        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def leak_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """max(AUC, 1 - AUC): the attacker's AUC when it does not know which side of
+    its score the positive class lies on (Li et al. 2022, "leak AUC"). 0.5 is
+    chance; 1 is perfect separation."""
+    a = roc_auc(scores, labels)
+    return a if math.isnan(a) else max(a, 1.0 - a)
+
+
+def accuracy(pred: np.ndarray, true: np.ndarray) -> float:
+    pred, true = np.asarray(pred), np.asarray(true)
+    if pred.shape != true.shape:
+        raise ValueError(f"shape mismatch: {pred.shape} vs {true.shape}")
+    return float(np.mean(pred == true)) if pred.size else math.nan
+
+
+def dcs(mp: float, ap: float, mp_ref: float, ap_ideal: float = 0.0, beta: float = 0.5) -> float:
+    """VFLAIR's defense capability score of one defended run (MP, AP):
+
+        DCS = 1 / (1 + sqrt((1 - beta) (AP - AP*)^2 + beta (MP - MP*)^2))
+
+    with the ideal defense point (AP*, MP*) = (``ap_ideal``, ``mp_ref``): the
+    attack does no better than chance (``ap_ideal``: 0 for normalized scores,
+    0.5 for AUC or balanced membership accuracy) while the model keeps the main
+    performance of the undefended reference run (``mp_ref``). MP and AP are in
+    [0, 1]; DCS is in (0, 1], 1 = ideal. ``beta`` weighs utility against privacy.
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError("beta must lie in [0, 1]")
+    d = math.sqrt((1 - beta) * (ap - ap_ideal) ** 2 + beta * (mp - mp_ref) ** 2)
+    return 1.0 / (1.0 + d)
+
+
+def total_variation(img: np.ndarray) -> float:
+    """Isotropic total variation of one (H, W) image (spec 004 §5.2), summed over
+    the pixels that have both a lower and a right neighbour."""
+    x = np.asarray(img, dtype=np.float64)
+    dx = x[1:, :-1] - x[:-1, :-1]
+    dy = x[:-1, 1:] - x[:-1, :-1]
+    return float(np.sqrt(dx**2 + dy**2).sum())

@@ -1,0 +1,89 @@
+"""Row identity: map what a party received to the records it belongs to.
+
+Every party derives the same batch schedule (securevfl.parties.common): training
+step t's batch is a list of positions into the training rows, and evaluation walks
+the test rows in order. A party's own view logs that schedule as ``forwards``
+(phase, round, rows), one entry per exchange forward, so the n-th tensor it got
+belongs to the rows of the n-th forward. These helpers turn the per-forward
+tensors into per-record tables: the latest tensor seen for each training row, and
+the tensors of the final evaluation pass for each test row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from securevfl.errors import ProtocolError
+
+
+@dataclass
+class RowTable:
+    """One tensor per record: ``train[i]`` belongs to training row i (valid where
+    ``train_seen[i]``), ``test[j]`` to test row j (from the final evaluation)."""
+
+    train: torch.Tensor
+    train_seen: np.ndarray
+    test: torch.Tensor
+    test_seen: np.ndarray
+
+
+def final_eval_round(forwards: list[dict[str, Any]]) -> int | None:
+    rounds = [f["round"] for f in forwards if f["phase"] == "eval"]
+    return max(rounds) if rounds else None
+
+
+def per_row(
+    forwards: list[dict[str, Any]], tensors: list[torch.Tensor], n_train: int, n_test: int
+) -> RowTable:
+    """Latest training-phase tensor per training row; final-evaluation tensor per
+    test row. ``tensors[k]`` is what the party got at ``forwards[k]``."""
+    if len(forwards) != len(tensors):
+        raise ProtocolError(f"view holds {len(tensors)} tensors for {len(forwards)} forwards")
+    if not tensors:
+        raise ProtocolError("the view holds no tensors (was runtime.record_views off?)")
+    d = tensors[0].shape[1:]
+    train = torch.zeros((n_train, *d))
+    test = torch.zeros((n_test, *d))
+    seen_tr = np.zeros(n_train, dtype=bool)
+    seen_te = np.zeros(n_test, dtype=bool)
+    last_eval = final_eval_round(forwards)
+    for f, t in zip(forwards, tensors, strict=True):
+        rows = np.asarray(f["rows"])
+        if t.shape[0] != len(rows):
+            raise ProtocolError(
+                f"forward {f['phase']}/{f['round']}: {t.shape[0]} rows for {len(rows)} positions"
+            )
+        if f["phase"] == "train":
+            train[rows] = t.float()
+            seen_tr[rows] = True
+        elif f["round"] == last_eval:
+            test[rows] = t.float()
+            seen_te[rows] = True
+    return RowTable(train, seen_tr, test, seen_te)
+
+
+def received_per_forward(received: list[tuple[int, torch.Tensor]], n_forwards: int, n_peers: int, peer: int):
+    """Split a tag's received tensors (arrival order, every peer interleaved) into
+    the ones from passive peer ``peer``: the active party receives one per peer per
+    forward, peers in rank order (securevfl.exchange.plain)."""
+    if len(received) != n_forwards * n_peers:
+        raise ProtocolError(
+            f"expected {n_forwards} x {n_peers} received embeddings, the view holds {len(received)}"
+        )
+    return [received[k * n_peers + peer][1] for k in range(n_forwards)]
+
+
+def steps_per_row(forwards: list[dict[str, Any]], tensors: list[torch.Tensor], n_train: int):
+    """Every training-phase tensor per training row: a list (one per row) of the
+    row's tensors over the steps it appeared in."""
+    out: list[list[torch.Tensor]] = [[] for _ in range(n_train)]
+    for f, t in zip(forwards, tensors, strict=False):
+        if f["phase"] != "train":
+            continue
+        for r, v in zip(np.asarray(f["rows"]), t, strict=True):
+            out[int(r)].append(v)
+    return out
