@@ -176,6 +176,23 @@ class Plan:
         return min(1.0, self.batch_size / max(1, self.n_train))
 
 
+def merge_gaussians(releases: list[Release]) -> list[Release]:
+    """Gaussian releases about the same record compose exactly to one Gaussian of
+    multiplier ``(sum count_i / z_i^2)^(-1/2)`` (mu adds in quadrature, Dong et
+    al. 2019); the other releases are kept as they are."""
+    gauss = [r for r in releases if isinstance(r, GaussianRelease) and r.count]
+    rest = [r for r in releases if not isinstance(r, GaussianRelease)]
+    if not gauss:
+        return rest
+    if any(r.noise_multiplier <= 0 for r in gauss):
+        return [NonPrivateRelease(count=1), *rest]
+    inv = sum(r.count / r.noise_multiplier**2 for r in gauss)
+    finite = [r for r in gauss if not math.isinf(r.noise_multiplier)]
+    if not finite:
+        return rest
+    return [GaussianRelease(count=1, noise_multiplier=inv**-0.5), *rest]
+
+
 def compose(releases: list[Release]) -> pld_lib.PrivacyLossDistribution | None:
     out = None
     for r in releases:
@@ -191,6 +208,12 @@ def epsilon(releases: list[Release], delta: float) -> float:
     any is non-private)."""
     if any(isinstance(r, NonPrivateRelease) and r.count for r in releases):
         return math.inf
+    releases = merge_gaussians(releases)
+    if len(releases) == 1 and isinstance(releases[0], GaussianRelease):
+        # Gaussian-only: exact in closed form (a PLD's support grows as 1/z^2 for small z)
+        from securevfl.privacy.gaussian import gaussian_epsilon
+
+        return gaussian_epsilon(releases[0].noise_multiplier, delta)
     p = compose(releases)
     return 0.0 if p is None else float(p.get_epsilon_for_delta(delta))
 
