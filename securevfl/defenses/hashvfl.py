@@ -1,1 +1,385 @@
-"""(being written)"""
+"""HashVFL (spec 004; Qiu et al., arXiv:2212.00325): passive parties send only
++-1 hash codes of their bottom-model output, and the active party pulls every
+party's code toward a pre-defined code of the sample's class.
+
+Two registered defenses, because the two halves need different things from the
+exchange backend:
+
+* ``hashvfl`` (passive): BatchNorm1d(d) -> Sign with a straight-through gradient
+  (spec 004 §2.2-2.4), plus the optional DP add-on (§2.10). It only changes what
+  the passive party computes and sends, so it runs under every backend.
+* ``hashvfl_consistency`` (active): the consistency loss to the class codes
+  (§2.5-2.6) and the abnormal-input detector (§2.9). Both read the codes h'_i,
+  so it requires ``active_sees_embeddings`` (``plain``); under ``mpc``/``ckks``/
+  ``paillier`` it is refused at load (the loss and the detector would have to be
+  computed inside the secure computation, which no backend offers yet).
+
+Threat model (spec 004 §1.2): honest-but-curious parties; the hash limits what
+the active party (the paper's server, co-located with the label owner) learns
+about a passive party's continuous features to d bits per sample per pass. It
+does not protect the returned gradient, which carries -o_y/(N B d), a label
+signal (§7 item 2), and the codes themselves encode the class (§7 item 3).
+
+Mapping onto securevfl's split model: the paper's server top model is
+Linear(N d, 16) -> ReLU -> Linear(16, C) over the concatenated codes. In
+securevfl A computes z = sum_i h'_i W_i + b, which is exactly
+concat(h'_1..h'_N) @ [W_1; ...; W_N] + b, i.e. the first Linear with
+``interactive.out: 16``; the top model (``top.hidden: []``) is ReLU -> Linear(16, C).
+The code length d is each passive party's ``model.out``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
+from securevfl.errors import ConfigError, UnsupportedCombination
+from securevfl.privacy import hashing
+from securevfl.privacy.accountant import LaplaceRelease, Mechanism, Plan, RandomizedResponseRelease, epsilon
+from securevfl.seeding import generator
+
+
+def _passive_index(ctx: DefenseContext) -> int:
+    for i, p in enumerate(ctx.proto.parties.passive):
+        if p.name == ctx.party:
+            return i
+    raise ConfigError(f"party '{ctx.party}' is not a passive party", path="parties.passive")
+
+
+class HashOptions(DefenseOptions):
+    """Options of the passive-side hash (spec 004 §8.1)."""
+
+    batchnorm: bool = Field(
+        default=True, description="BatchNorm1d(d) before Sign (False: the w/o-BN ablation)"
+    )
+    ste: Literal["identity", "clipped"] = Field(
+        default="identity", description="identity: the paper's STE; clipped: zero gradient where |v| > 1"
+    )
+    dp: Literal["off", "paper", "code", "rr"] = Field(
+        default="off",
+        description="paper: Sign(Sign(v)+Lap(2/eps)); code: Sign(v)+Lap(2/eps) (continuous, official code); "
+        "rr: per-bit randomized response at eps (the honest-DP fix)",
+    )
+    epsilon: float | None = Field(default=None, gt=0, description="the DP add-on's eps (required with dp)")
+    dp_at_inference: bool = Field(default=True, description="also perturb the codes sent for evaluation")
+
+    @model_validator(mode="after")
+    def _eps(self) -> HashOptions:
+        if self.dp != "off" and self.epsilon is None:
+            raise ValueError(f"dp '{self.dp}' needs 'epsilon'")
+        if self.dp == "off" and self.epsilon is not None:
+            raise ValueError("'epsilon' is set but dp is 'off'")
+        return self
+
+
+class _BalanceCounter:
+    """+1 counts per bit over a stretch of batches."""
+
+    def __init__(self) -> None:
+        self.ones: torch.Tensor | None = None
+        self.rows = 0
+
+    def add(self, codes: torch.Tensor) -> None:
+        ones = (codes > 0).sum(0).double().cpu()
+        self.ones = ones if self.ones is None else self.ones + ones
+        self.rows += codes.shape[0]
+
+    def summary(self) -> dict[str, Any]:
+        if self.ones is None or not self.rows:
+            return {}
+        frac = (self.ones / self.rows).float()
+        return {
+            "rows": self.rows,
+            "plus_fraction": [round(float(f), 4) for f in frac],
+            "entropy_bits_mean": float(hashing.bit_entropy(frac).mean()),
+            "mean_abs_deviation": float((frac - 0.5).abs().mean()),
+        }
+
+
+@DEFENSES.register("hashvfl")
+class HashVFL(Defense):
+    """Passive side of HashVFL (spec 004 §2.2-2.4, §2.10): the party sends
+    Sign(BN(f_i(x))) in {-1, +1}^d and trains through the sign with a
+    straight-through gradient. The BatchNorm is a trainable module of the party.
+
+    DP add-on (spec 004 §2.10, §7 item 1), threat model: the receiver of the codes
+    (A) learns at most what the randomized bits reveal. ``paper`` and ``rr`` keep
+    the codes +-1; ``code`` sends continuous values. The sound figure is
+    per-bit randomized response composed over every bit a record can change
+    (see :meth:`mechanisms`); the paper's (eps, 1 - e^(-eps/2)) is reported as its
+    claim.
+    """
+
+    name = "hashvfl"
+    sides = frozenset({"passive"})
+    options = HashOptions
+
+    def __init__(self, params: HashOptions, ctx: DefenseContext):
+        super().__init__(params, ctx)
+        spec = ctx.proto.parties.passive[_passive_index(ctx)]
+        assert spec.model is not None
+        self.bits = spec.model.out
+        self.bn = torch.nn.BatchNorm1d(self.bits, eps=1e-5, momentum=0.1) if params.batchnorm else None
+        self.noise = generator(ctx.noise_seed, "hashvfl", "dp")  # private, never the shared seed
+        self._train_stats = _BalanceCounter()
+        self._eval_stats = _BalanceCounter()
+        self._last_train: bool | None = None
+        self._non_binary_sent = 0
+        self._sent = 0
+
+    def _normalize(self, h: torch.Tensor, train: bool) -> torch.Tensor:
+        if self.bn is None:
+            return h
+        # a training batch of one row has no batch variance: use the running statistics
+        self.bn.train(train and h.shape[0] > 1)
+        return self.bn(h)
+
+    def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
+        if h.shape[1] != self.bits:
+            raise ConfigError(
+                f"hashvfl expected {self.bits}-wide bottom outputs, got {h.shape[1]}",
+                path=f"parties.passive[{_passive_index(self.ctx)}].model.out",
+            )
+        clean = hashing.sign_ste(self._normalize(h, train), clipped=self.params.ste == "clipped")
+        out = clean
+        p = self.params
+        if p.dp != "off" and (train or p.dp_at_inference):
+            assert p.epsilon is not None
+            noisy = hashing.dp_noise(clean.detach(), p.dp, p.epsilon, self.noise)
+            out = hashing.straight_through(clean, noisy)
+        self._observe(out.detach(), train)
+        return out
+
+    def _observe(self, codes: torch.Tensor, train: bool) -> None:
+        """Bit balance of the latest training stretch and the latest evaluation
+        pass (reset whenever the mode changes), and a count of sent values that
+        are not +-1 (non-zero only with ``dp: code``)."""
+        if self._last_train is not train:
+            if train:
+                self._train_stats = _BalanceCounter()
+            else:
+                self._eval_stats = _BalanceCounter()
+        self._last_train = train
+        (self._train_stats if train else self._eval_stats).add(codes)
+        self._sent += codes.numel()
+        self._non_binary_sent += int((codes.abs() != 1).sum())
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.bn] if self.bn is not None else []
+
+    def _release(self, count: int) -> RandomizedResponseRelease | LaplaceRelease:
+        p = self.params
+        assert p.epsilon is not None
+        if p.dp == "paper":
+            return RandomizedResponseRelease(count=count, epsilon=hashing.paper_bit_epsilon(p.epsilon))
+        if p.dp == "rr":
+            return RandomizedResponseRelease(count=count, epsilon=p.epsilon)
+        # code: Laplace of scale 2/eps on a bit whose sensitivity is 2
+        return LaplaceRelease(count=count, scale=1.0 / p.epsilon)
+
+    def _bits_per_step(self, batch_size: int) -> int:
+        """Bits of one training step's release that one record can change: its
+        own d bits without BN; with BN in training mode the batch mean and
+        variance couple every code of the batch to every record in it."""
+        return self.bits * (batch_size if self.bn is not None else 1)
+
+    def mechanisms(self, plan: Plan) -> list[Mechanism]:
+        """Sound accounting of the DP add-on over the training rows (spec 004 §7 item 1).
+
+        Each bit is randomized response (``paper``: eps' = ln(2 e^(eps/2) - 1);
+        ``rr``: eps) or Laplace (``code``); a record's replacement can change
+        ``_bits_per_step`` bits per step it appears in, all composed by the
+        accountant. Not covered (as for every embedding-noise defense): the
+        dependence of other records' codes on the bottom model trained with it,
+        and the unprotected returned gradient.
+        """
+        p = self.params
+        if p.dp == "off":
+            return []
+        assert p.epsilon is not None
+        per_step = self._bits_per_step(plan.batch_size)
+        notes = [
+            f"{per_step} bits per training step a record appears in "
+            + (
+                "(batch_size x d: BatchNorm in training mode couples every code of a batch to every record)"
+                if self.bn is not None
+                else "(its own d bits; no BatchNorm)"
+            ),
+            "the returned gradient and the bottom model's dependence on the record are not covered",
+        ]
+        if p.dp_at_inference and plan.evaluations:
+            test = epsilon([self._release(self.bits * plan.evaluations)], self.ctx.proto.privacy.delta)
+            notes.append(
+                f"test rows (not training rows) get {plan.evaluations} evaluation releases of {self.bits} "
+                f"bits each: eps={test:.4g} at delta={self.ctx.proto.privacy.delta:g}"
+            )
+        claim: dict[str, Any] = {"source": "HashVFL Sec. V-E, per code release, no composition"}
+        if p.dp == "paper":
+            claim.update({"epsilon": p.epsilon, "delta": hashing.paper_claimed_delta(p.epsilon)})
+        return [
+            Mechanism(
+                name=f"hashvfl_{p.dp}",
+                releases=(self._release(per_step * plan.record_releases),),
+                claim=claim,
+                notes=tuple(notes),
+            )
+        ]
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "code_bits": self.bits,
+            "batchnorm": self.bn is not None,
+            "values_sent": self._sent,
+            "non_binary_values_sent": self._non_binary_sent,
+            "train_bits": self._train_stats.summary(),
+            "test_bits": self._eval_stats.summary(),
+        }
+        p = self.params
+        if p.dp != "off":
+            assert p.epsilon is not None
+            flip = {
+                "paper": hashing.paper_flip_probability(p.epsilon),
+                "rr": hashing.rr_flip_probability(p.epsilon),
+                "code": None,
+            }[p.dp]
+            out["dp"] = {"mode": p.dp, "epsilon": p.epsilon, "flip_probability": flip}
+        return out
+
+
+class ConsistencyOptions(DefenseOptions):
+    """Options of the active-side consistency loss and detector (spec 004 §8.1)."""
+
+    codes: Literal["random", "balanced"] = Field(
+        default="random",
+        description="random: the paper's i.i.d. codes; balanced: every bit +1 for half the classes, "
+        "max-min Hamming distance (the fix of spec 004 §7 items 5-6)",
+    )
+    code_seed: int | None = Field(default=None, description="seed of the class codes (default training.seed)")
+    weight: float = Field(default=1.0, ge=0, description="lambda on the consistency loss (paper: 1)")
+    threshold: float | None = Field(
+        default=None, ge=0, description="detector flags Hamming > this (default d/2)"
+    )
+    window: int = Field(default=20, ge=1, description="detector statistics over the last N training steps")
+
+
+@DEFENSES.register("hashvfl_consistency")
+class HashVFLConsistency(Defense):
+    """Active side of HashVFL (spec 004 §2.5, §2.6, §2.9): adds
+    weight * (1/N) sum_i mean_u (1 - <h_i, o_y>/d) to the loss, whose gradient
+    -o_y/(N B d) reaches each passive party through the returned dL/dh'_i, and
+    runs the detector (pairwise and against o_{y_hat}) on every training batch.
+
+    Threat model: it needs the codes in the clear at A, so it requires
+    ``active_sees_embeddings``; the codes o are generated from a seed every rank
+    knows and are written to the result.
+    """
+
+    name = "hashvfl_consistency"
+    sides = frozenset({"active"})
+    requires = frozenset({"active_sees_embeddings"})
+    options = ConsistencyOptions
+
+    def __init__(self, params: ConsistencyOptions, ctx: DefenseContext):
+        super().__init__(params, ctx)
+        passive = ctx.proto.parties.passive
+        widths = {p.model.out for p in passive if p.model is not None}
+        j = [d.name for d in ctx.proto.parties.active.defenses].index(self.name)
+        if len(widths) != 1:
+            raise ConfigError(
+                f"HashVFL compares every party's code with one class code, so every passive party needs the "
+                f"same model.out; got {sorted(widths)}",
+                path=f"parties.active.defenses[{j}]",
+            )
+        missing = [p.name for p in passive if "hashvfl" not in {d.name for d in p.defenses}]
+        if missing:
+            raise ConfigError(
+                f"the consistency loss compares +-1 codes; passive parties {missing} do not run 'hashvfl'",
+                path=f"parties.active.defenses[{j}]",
+            )
+        self.bits = widths.pop()
+        self.codes: torch.Tensor | None = None
+        self._window: deque[dict[str, float]] = deque(maxlen=params.window)
+        self._totals = {"samples": 0, "pair_flagged": 0, "to_pred_flagged": 0}
+
+    @property
+    def threshold(self) -> float:
+        return self.params.threshold if self.params.threshold is not None else self.bits / 2
+
+    def _class_codes(self, classes: int, device: torch.device) -> torch.Tensor:
+        if self.codes is None:
+            seed = self.params.code_seed if self.params.code_seed is not None else self.ctx.seed
+            self.codes = hashing.class_codes(
+                classes, self.bits, self.params.codes, generator(seed, "hashvfl", "codes")
+            )
+        return self.codes.to(device)
+
+    def top_loss(
+        self,
+        z: torch.Tensor,
+        logits: torch.Tensor,
+        y: torch.Tensor,
+        embeddings: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
+        if embeddings is None:
+            raise UnsupportedCombination(
+                "hashvfl_consistency needs the passive parties' codes at the active party "
+                "(backend capability 'active_sees_embeddings')"
+            )
+        codes = self._class_codes(logits.shape[1], logits.device)
+        loss = hashing.consistency_loss(embeddings, codes[y])
+        with torch.no_grad():
+            self._observe([h.detach() for h in embeddings], codes, logits.detach(), y)
+        return self.params.weight * loss
+
+    def _observe(
+        self, hs: list[torch.Tensor], codes: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        pred = logits.argmax(1)
+        det = hashing.detect(hs, codes[pred], self.threshold)
+        correct = (pred == y).cpu()
+        exact = torch.stack([(hashing.hamming(h, codes[y]) == 0).float().cpu() for h in hs]).mean()
+        row = {
+            "samples": float(len(y)),
+            "pair_flagged": float(det["pair_flag"].float().sum()),
+            "to_pred_flagged": float(det["to_pred_flag"].float().sum()),
+            "pair_ham_correct_sum": float(det["pair_max"][correct].sum()),
+            "correct": float(correct.sum()),
+            "pair_ham_wrong_sum": float(det["pair_max"][~correct].sum()),
+            "wrong": float((~correct).sum()),
+            "match_class_code": float(exact) * len(y),
+        }
+        self._window.append(row)
+        for k in self._totals:
+            self._totals[k] += int(row[k])
+
+    def report(self) -> dict[str, Any]:
+        if self.codes is None:
+            return {}
+        dmin, at_min, imbalance = hashing.code_quality(self.codes)
+        w = {k: sum(r[k] for r in self._window) for k in self._window[0]} if self._window else {}
+        n = w.get("samples", 0.0)
+
+        def ratio(a: float, b: float) -> float | None:
+            return a / b if b else None
+
+        return {
+            "code_kind": self.params.codes,
+            "class_codes": self.codes.int().tolist(),
+            "code_min_hamming": dmin,
+            "code_pairs_at_min": at_min,
+            "code_bit_imbalance": imbalance,
+            "threshold": self.threshold,
+            "detector_last_steps": {
+                "steps": len(self._window),
+                "pair_flag_rate": ratio(w.get("pair_flagged", 0.0), n),
+                "to_pred_flag_rate": ratio(w.get("to_pred_flagged", 0.0), n),
+                "pair_hamming_correct": ratio(w.get("pair_ham_correct_sum", 0.0), w.get("correct", 0.0)),
+                "pair_hamming_wrong": ratio(w.get("pair_ham_wrong_sum", 0.0), w.get("wrong", 0.0)),
+                "match_class_code_rate": ratio(w.get("match_class_code", 0.0), n),
+            },
+            "detector_totals": dict(self._totals),
+        }

@@ -1,0 +1,134 @@
+"""HashVFL on digits (spec 004 §8.2 item 13): test accuracy with and without
+hashing, and per-bit balance of the codes sent for the final evaluation, over
+several seeds, each run through the real launcher (one process per rank).
+
+Arms, on protocols/hashvfl_plain.yaml (the plain.yaml task with d-wide bottoms
+and interactive.out 16):
+
+* ``floats``: no defense; each party sends its d float outputs (the paper's
+  no-defense baseline at the same width);
+* ``hashvfl``: the faithful profile (BN + sign + STE, random class codes,
+  consistency loss weight 1);
+* ``balanced``: the same with the balanced class codes (spec 004 §7 items 5-6).
+
+Usage::
+
+    .venv/bin/python benchmarks/hashvfl_digits.py --seeds 0 1 2 --bits 4 8 --out runs/hashvfl_digits
+
+It prints a markdown table (mean +- std over seeds) and writes every result and
+the table to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ARMS = ("floats", "hashvfl", "balanced")
+
+
+def protocol(seed: int, bits: int, arm: str) -> dict[str, Any]:
+    """hashvfl_plain.yaml at ``seed`` and ``bits``, with ``arm``'s defenses."""
+    doc = yaml.safe_load((ROOT / "protocols" / "hashvfl_plain.yaml").read_text())
+    doc["name"] = f"hashvfl_digits_{arm}_d{bits}_s{seed}"
+    doc["training"]["seed"] = seed
+    doc["runtime"] = {"record_views": False}
+    for p in doc["parties"]["passive"]:
+        p["model"]["out"] = bits
+        if arm == "floats":
+            p["defenses"] = []
+    if arm == "floats":
+        doc["parties"]["active"]["defenses"] = []
+    else:
+        codes = "balanced" if arm == "balanced" else "random"
+        doc["parties"]["active"]["defenses"][0]["params"]["codes"] = codes
+    return doc
+
+
+def run_one(doc: dict[str, Any], out: Path, data_dir: Path) -> dict[str, Any]:
+    from securevfl.config import load_protocol_dict
+    from securevfl.runtime.launcher import launch
+
+    return launch(load_protocol_dict(doc), out, data_dir=data_dir, progress=False)
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy, and over both passive parties' final-evaluation codes: the
+    worst bit's |fraction of +1 - 1/2|, the mean entropy per bit, and the
+    fraction of bits within [0.4, 0.6]."""
+    row: dict[str, Any] = {"acc": result["test_accuracy"]}
+    fracs: list[float] = []
+    ents: list[float] = []
+    for rep in result.get("defense_report", {}).values():
+        bits = rep.get("hashvfl", {}).get("test_bits")
+        if bits:
+            fracs += bits["plus_fraction"]
+            ents.append(bits["entropy_bits_mean"])
+    if fracs:
+        row["worst_dev"] = max(abs(f - 0.5) for f in fracs)
+        row["in_04_06"] = sum(0.4 <= f <= 0.6 for f in fracs) / len(fracs)
+        row["entropy"] = statistics.mean(ents)
+    return row
+
+
+def fmt(values: list[float], pct: bool = False) -> str:
+    k = 100 if pct else 1
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{k * values[0]:.2f}" if pct else f"{values[0]:.3f}"
+    m, s = statistics.mean(values) * k, statistics.stdev(values) * k
+    return f"{m:.2f} ± {s:.2f}" if pct else f"{m:.3f} ± {s:.3f}"
+
+
+def table(rows: dict[tuple[int, str], list[dict[str, Any]]]) -> str:
+    lines = [
+        "| d | arm | test acc (%) | gap to floats (points) | worst bit \\|p(+1) - 0.5\\| "
+        "| bits in [0.4, 0.6] | entropy/bit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (bits, arm), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], ARMS.index(kv[0][1]))):
+        base = rows.get((bits, "floats"), [])
+        gaps = [r["acc"] - b["acc"] for r, b in zip(runs, base, strict=False)] if arm != "floats" else []
+        lines.append(
+            f"| {bits} | {arm} | {fmt([r['acc'] for r in runs], pct=True)} | {fmt(gaps, pct=True)} "
+            f"| {fmt([r['worst_dev'] for r in runs if 'worst_dev' in r])} "
+            f"| {fmt([r['in_04_06'] for r in runs if 'in_04_06' in r])} "
+            f"| {fmt([r['entropy'] for r in runs if 'entropy' in r])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--bits", type=int, nargs="+", default=[4])
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "hashvfl_digits")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for bits in args.bits:
+        for arm in args.arms:
+            for seed in args.seeds:
+                doc = protocol(seed, bits, arm)
+                result = run_one(doc, args.out / doc["name"], args.out / "data")
+                row = {"seed": seed, **summarize(result)}
+                rows.setdefault((bits, arm), []).append(row)
+                print(json.dumps({"bits": bits, "arm": arm, **row}), flush=True)
+    text = table(rows)
+    (args.out / "table.md").write_text(text + "\n")
+    (args.out / "rows.json").write_text(json.dumps({f"{b}|{a}": r for (b, a), r in rows.items()}, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""HashVFL end to end with the real launcher (spec 004 §8.2 items 8, 13, 15):
+only +-1 codes leave a passive party, the backward message is B x d, the
+active-side half is refused where the backend hides the codes, and (slow) the
+digits behaviour: accuracy close to the same run without hashing, balanced bits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from securevfl.config import load_protocol, load_protocol_dict
+from securevfl.errors import UnsupportedCombination
+from tests.conftest import PROTOCOLS, cli, load_yaml, run_doc, small_digits, write_yaml
+
+pytestmark = pytest.mark.timeout(900)
+
+BITS = 4
+
+
+def _hashed(doc: dict[str, Any], *, consistency: bool = True, bits: int = BITS, codes: str = "random"):
+    for p in doc["parties"]["passive"]:
+        p["model"]["out"] = bits
+        p["defenses"] = [{"name": "hashvfl"}]
+    if consistency:
+        doc["parties"]["active"]["defenses"] = [{"name": "hashvfl_consistency", "params": {"codes": codes}}]
+    return doc
+
+
+def _fast(backend: str, *, consistency: bool) -> dict[str, Any]:
+    doc = _hashed(small_digits(epochs=1, batch_size=64, max_steps=4), consistency=consistency)
+    doc["exchange"] = {"backend": backend, "params": {}}
+    doc["runtime"] = {"dump_views": True}
+    return doc
+
+
+def _view(out: Path, rank: int) -> dict[str, Any]:
+    return torch.load(out / "ranks" / f"rank{rank}.view.pt", weights_only=False)
+
+
+def _received(out: Path, rank: int, tag: str) -> list[tuple[dict[str, Any], torch.Tensor]]:
+    """(ledger record, tensor) of every ``tag`` message ``rank`` received, in order:
+    the ledger and the recorded views log received messages in the same order."""
+    recs = [
+        json.loads(line) for line in (out / "ranks" / f"rank{rank}.ledger.jsonl").read_text().splitlines()
+    ]
+    recs = [r for r in recs if r["direction"] == "recv" and r["tag"] == tag]
+    tensors = [t for _, t in _view(out, rank)["received"].get(tag, [])]
+    assert len(recs) == len(tensors)
+    return list(zip(recs, tensors, strict=True))
+
+
+def _pm1(t: torch.Tensor) -> bool:
+    return bool(((t == 1) | (t == -1)).all())
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("hashvfl_plain")
+    return run_doc(_fast("plain", consistency=True), out), out
+
+
+def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
+    result, out = plain_run
+    for rank in (1, 2):
+        sent = _view(out, rank)["own"]["embeddings"]
+        assert len(sent) == 4
+        assert all(_pm1(h) and h.shape == (64, BITS) for _, h in sent)
+    got = _received(out, 0, "embedding")
+    phases = {r["phase"] for r, _ in got}
+    assert phases == {"train", "eval"}  # training and evaluation codes alike
+    assert all(_pm1(t) for _, t in got)
+    for party in ("left", "right"):
+        rep = result["defense_report"][party]["hashvfl"]
+        assert rep["non_binary_values_sent"] == 0 and rep["values_sent"] > 0
+
+
+def test_backward_message_is_b_by_d_floats(plain_run):
+    _, out = plain_run
+    for rank in (1, 2):
+        grads = _received(out, rank, "embedding_grad")
+        assert len(grads) == 4
+        for rec, g in grads:
+            assert rec["sender"] == 0 and g.shape == (64, BITS) and g.dtype == torch.float32
+
+
+def test_consistency_and_detector_report(plain_run):
+    result, _ = plain_run
+    rep = result["defense_report"]["active"]["hashvfl_consistency"]
+    codes = torch.tensor(rep["class_codes"])
+    assert codes.shape == (10, BITS) and len({tuple(r) for r in codes.tolist()}) == 10
+    det = rep["detector_last_steps"]
+    assert det["steps"] == 4 and 0.0 <= det["pair_flag_rate"] <= 1.0
+    assert rep["detector_totals"]["samples"] == 4 * 64
+
+
+@pytest.mark.parametrize("backend", ["mpc", "ckks"])
+def test_hash_alone_runs_under_crypto_backends(tmp_path: Path, backend: str):
+    doc = _fast(backend, consistency=False)
+    doc["exchange"]["params"] = {"weight_init": "seeded"}
+    result = run_doc(doc, tmp_path)
+    assert result["backend"] == backend and result["test_accuracy"] is not None
+    for rank in (1, 2):
+        sent = _view(tmp_path, rank)["own"]["embeddings"]
+        assert sent and all(_pm1(h) for _, h in sent)
+    assert "embedding" not in _view(tmp_path, 0)["received"]
+
+
+@pytest.mark.parametrize("backend", ["mpc", "ckks", "paillier"])
+def test_consistency_is_refused_where_the_active_party_cannot_see_codes(backend: str):
+    doc = _hashed(small_digits())
+    doc["exchange"] = {"backend": backend}
+    with pytest.raises(UnsupportedCombination) as exc:
+        load_protocol_dict(doc)
+    msg = str(exc.value)
+    assert exc.value.path == "parties.active.defenses[0]"
+    assert "hashvfl_consistency" in msg and "active_sees_embeddings" in msg and backend in msg
+
+
+def test_cli_validate_accepts_the_protocols_and_names_the_refusal(tmp_path: Path):
+    for name in ("hashvfl_plain", "hashvfl_mpc", "hashvfl_ckks"):
+        proto = load_protocol(PROTOCOLS / f"{name}.yaml")
+        assert proto.name == name
+    doc = load_yaml("hashvfl_mpc.yaml")
+    doc["parties"]["active"]["defenses"] = [{"name": "hashvfl_consistency"}]
+    proc = cli("validate", str(write_yaml(tmp_path / "bad.yaml", doc)), timeout=120)
+    assert proc.returncode == 2
+    text = " ".join(proc.stderr.split())
+    assert "parties.active.defenses[0]" in text and "active_sees_embeddings" in text
+
+
+# -- behaviour (spec 004 §8.2 item 13, plus the balanced-code fix) ---------------------------------
+
+
+def _digits(seed: int, hashed: bool, bits: int) -> dict[str, Any]:
+    doc = load_yaml("plain.yaml")
+    doc["training"]["seed"] = seed
+    doc["interactive"] = {"out": 16}
+    for p in doc["parties"]["passive"]:
+        p["model"]["out"] = bits
+    doc["runtime"] = {"dump_views": True}
+    return _hashed(doc, bits=bits, codes="balanced") if hashed else doc
+
+
+@pytest.mark.slow
+def test_digits_accuracy_close_to_unhashed_and_bits_balanced(tmp_path: Path):
+    """plain.yaml's task with d = 8 bits, balanced class codes, 10 epochs, seed 0.
+
+    Measured (benchmarks/hashvfl_digits.py, same configuration): hashed 0.953 vs
+    8 float embeddings 0.939 (+1.4 points). Final-evaluation bits: mean |p(+1) - 0.5|
+    0.050 (left) and 0.039 (right), against spec 004 §8.2 item 4's bound of 0.1. Not
+    every bit is within [0.4, 0.6]: the left party's bit 0 is at 0.284 (see
+    docs/hashvfl.md), so the per-bit bound asserted here is the spec's mean bound
+    plus the entropy target, not a per-bit [0.4, 0.6]."""
+    bits = 8
+    base = run_doc(_digits(0, False, bits), tmp_path / "base")
+    hashed = run_doc(_digits(0, True, bits), tmp_path / "hashed")
+    assert hashed["test_accuracy"] >= base["test_accuracy"] - 0.03, (hashed["test_accuracy"], base)
+    # the final evaluation's codes as the active party received them, per sender
+    got = [(r, t) for r, t in _received(tmp_path / "hashed", 0, "embedding") if r["phase"] == "eval"]
+    last_round = max(r["round"] for r, _ in got)
+    for sender, party in ((1, "left"), (2, "right")):
+        codes = torch.cat([t for r, t in got if r["round"] == last_round and r["sender"] == sender])
+        assert codes.shape == (hashed["rows"]["test"], bits) and _pm1(codes)
+        frac = (codes > 0).float().mean(0)
+        reported = hashed["defense_report"][party]["hashvfl"]["test_bits"]
+        assert torch.allclose(frac, torch.tensor(reported["plus_fraction"]), atol=1e-4)
+        assert float((frac - 0.5).abs().mean()) < 0.1, (party, frac)
+        assert reported["entropy_bits_mean"] >= 0.9, (party, reported)
