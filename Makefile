@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install demo test test-all lint clean bench
+.PHONY: demo-quick install demo test test-all lint clean bench
 
 install: $(STAMP)
 
@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml requirements.txt requirements-dev.txt Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo
+	$(BIN)/securevfl compare protocols/demo --out runs/demo
+
+demo-quick: $(STAMP)
+	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo-quick
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
