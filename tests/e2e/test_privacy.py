@@ -57,3 +57,20 @@ def test_budget_stops_training_at_the_last_step_within_it(tmp_path) -> None:
     for r in (1, 2):
         summary = json.loads((tmp_path / "ranks" / f"rank{r}.summary.json").read_text())
         assert summary["train_steps"] == 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mpc", "ckks"])
+def test_label_dp_runs_under_crypto_backends(tmp_path, backend: str) -> None:
+    """Crypto plus perturbation: randomized response happens at A before any
+    exchange, so it composes with every backend unchanged."""
+    doc = small_digits(epochs=1, max_steps=4)
+    doc["exchange"] = {"backend": backend, "params": {}}
+    doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 0.5}}]
+    run_doc(doc, tmp_path)
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["backend"] == backend and res["train_steps"] == 4
+    rec = res["privacy"]["parties"]["active"]["mechanisms"]["label_dp.randomized_response"]
+    assert rec["epsilon"] == pytest.approx(0.5, abs=1e-3)
+    # at eps = 0.5, K = 10: 1 - e^0.5 / (9 + e^0.5) = 84.5% of labels change
+    assert 0.80 < res["defense_report"]["active"]["label_dp"]["labels_changed"] < 0.89

@@ -163,3 +163,16 @@ def test_options_refuse_negative_epsilon() -> None:
 
     with pytest.raises(ConfigError, match=r"defenses\[0\]"):
         check_protocol(_proto(-1.0))
+
+
+def test_label_dp_at_a_passive_party_is_refused_at_load() -> None:
+    from securevfl.config import load_protocol_dict
+    from securevfl.errors import UnsupportedCombination
+    from securevfl.validation import check_protocol
+    from tests.conftest import small_digits
+
+    doc = small_digits()
+    doc["parties"]["passive"][0]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]
+    with pytest.raises(UnsupportedCombination, match=r"active party, not the passive party") as exc:
+        check_protocol(load_protocol_dict(doc))
+    assert exc.value.path == "parties.passive[0].defenses[0]"
