@@ -38,6 +38,8 @@ def _doc(backend: str = "plain", params: dict[str, Any] | None = None, defenses=
     doc = small_digits(epochs=1, batch_size=32, max_steps=STEPS, optimizer="sgd", lr=0.05)
     doc["exchange"] = {"backend": backend, "params": params or {}}
     doc["runtime"] = {"trace_steps": STEPS, "dump_views": True}
+    # the runs compared here must draw the same Gaussian noise: pin the private noise seed
+    doc["privacy"] = {"noise_seed": 0}
     for p in doc["parties"]["passive"]:
         p["defenses"] = (defenses or {}).get(p["name"], [])
     return doc

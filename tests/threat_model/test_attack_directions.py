@@ -35,6 +35,7 @@ def _digits(**kw: Any) -> dict[str, Any]:
 
 def _breast_cancer(defenses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     doc = load_yaml("breast_cancer.yaml")
+    doc["privacy"] = {"noise_seed": 0}  # fixed seeds, defenses' noise included
     doc["training"]["epochs"] = 5
     doc["parties"]["active"]["defenses"] = defenses or []
     doc["attacks"] = LABEL_ATTACKS
