@@ -16,28 +16,24 @@ from securevfl.privacy.accountant import Mechanism, Plan, account
 
 
 def plan_for(steps: int, n_train: int, tr: TrainingSpec) -> Plan:
-    """The release counts of the first ``steps`` training steps of the schedule."""
-    from securevfl.parties.common import train_batches
+    """The release counts of the first ``steps`` training steps of the schedule
+    the parties run (the same :func:`~securevfl.parties.common.schedule`)."""
+    from securevfl.parties.common import schedule
 
     counts = np.zeros(n_train, dtype=np.int64)
-    left = steps
     evaluations = 0
-    for epoch in range(tr.epochs):
-        if left <= 0:
-            break
-        for idx in train_batches(n_train, tr.batch_size, tr.seed, epoch):
-            if left <= 0:
-                break
+    for epoch, batches, last in schedule(n_train, tr, steps):
+        for idx in batches:
             counts[idx] += 1
-            left -= 1
-        if left == 0 or epoch == tr.epochs - 1 or (epoch + 1) % tr.eval_every == 0:
+        if last or (epoch + 1) % tr.eval_every == 0:
             evaluations += 1
     return Plan(steps, n_train, tr.batch_size, int(counts.max(initial=0)), evaluations)
 
 
 def planned_steps(n_train: int, tr: TrainingSpec) -> int:
-    per_epoch = (n_train + tr.batch_size - 1) // tr.batch_size
-    total = per_epoch * tr.epochs
+    from securevfl.parties.common import steps_per_epoch
+
+    total = steps_per_epoch(n_train, tr.batch_size) * tr.epochs
     return min(total, tr.max_steps) if tr.max_steps else total
 
 
