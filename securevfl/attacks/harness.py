@@ -36,6 +36,15 @@ from securevfl.errors import ConfigError
 from securevfl.report.result import RESULT_FILE, write_result
 from securevfl.runtime.layout import Layout
 
+#: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
+#: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
+_VIEW_GLOBALS = [
+    np._core.multiarray._reconstruct,
+    np.ndarray,
+    np.dtype,
+    *{type(np.dtype(c)) for c in ("bool", "int32", "int64", "float32", "float64", "<U1")},
+]
+
 
 def load_world(proto: Protocol, out_dir: Path) -> World:
     """Every non-helper rank's saved view."""
@@ -47,7 +56,8 @@ def load_world(proto: Protocol, out_dir: Path) -> World:
         path = Path(out_dir) / "ranks" / f"rank{role.rank}.view.pt"
         if not path.is_file():
             raise ConfigError(f"no saved view for rank {role.rank} ({role.party}) at {path}", path="attacks")
-        blob = torch.load(path, weights_only=False)
+        with torch.serialization.safe_globals(_VIEW_GLOBALS):  # tensors and numpy arrays only
+            blob = torch.load(path, weights_only=True)
         views[role.party] = View(role.rank, role.party, blob["received"], blob["own"])
     return World(proto, layout, views, Path(out_dir))
 
