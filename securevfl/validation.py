@@ -109,6 +109,8 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                     f"{lay.path}.defenses[{j}]",
                     UnsupportedCombination,
                 )
+            params = cls.options.model_validate(spec.params)
+            cls.check(proto, params, backend=backend, path=f"{lay.path}.defenses[{j}]", source=source)
     for j, spec in enumerate(proto.attacks):
         _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
 

@@ -15,6 +15,13 @@ each hook is the identity, so a defense implements only what it changes:
   compute a budget's stopping step before training (this replaces DESIGN's
   ``privacy_spent()``, which could only look back).
 * reporting: :meth:`Defense.report` adds run statistics to the result
+* collective set-up: :meth:`Defense.joins_collective` / :meth:`Defense.collective`,
+  a step every party rank (active and passive, with or without the defense)
+  enters at the same point, after the exchange is up and before the first
+  training step, for a defense that needs a computation across parties (e.g. a
+  secure sum). Helper ranks (a dealer) take part only as the backend's helper.
+* load-time checks that depend on the options or the rest of the protocol:
+  :meth:`Defense.check`
 
 ``sides`` says where it may run; ``requires`` names backend capabilities it needs
 (e.g. ``active_sees_embeddings``) so an impossible combination is refused at load.
@@ -33,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 from securevfl.config import Protocol
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.registry import Registry
+from securevfl.runtime.layout import Layout
 
 
 class DefenseOptions(BaseModel):
@@ -53,6 +61,35 @@ class DefenseContext:
     side: str  # "active" | "passive"
     seed: int
     noise_seed: int = 0
+
+
+@dataclass(frozen=True)
+class CollectiveContext:
+    """What a defense's collective set-up step may use on one party rank.
+
+    ``capabilities`` are the exchange backend's; under a backend offering
+    ``mpc`` the backend has brought CrypTen's communicator up on the MPC party
+    ranks (the active party and every passive party, ranks ``0..n``, each its
+    layout rank) before this step, and its dealer keeps serving until the end of
+    the run, so a collective may run CrypTen operations (see :meth:`crypten`)."""
+
+    proto: Protocol
+    layout: Layout
+    rank: int
+    party: str
+    side: str  # "active" | "passive"
+    n_train: int  # aligned training rows; the same at every party rank
+    capabilities: frozenset[str]
+
+    def crypten(self) -> Any:
+        """The running CrypTen module (backends with capability ``mpc`` only)."""
+        from securevfl.errors import ProtocolError
+
+        if "mpc" not in self.capabilities:
+            raise ProtocolError("a collective step asked for CrypTen under a backend without 'mpc'")
+        from securevfl._compat import import_crypten
+
+        return import_crypten()
 
 
 def private_noise_seed(proto: Protocol, party: str) -> int:
@@ -116,6 +153,27 @@ class Defense:
         """Trainable parts (their parameters join the party's optimizer)."""
         return []
 
+    # collective set-up and load-time checks: class-level, since ranks without the
+    # defense take part too
+    @classmethod
+    def joins_collective(cls, proto: Protocol) -> bool:
+        """Whether every party rank must enter :meth:`collective` for this protocol."""
+        return False
+
+    @classmethod
+    def collective(cls, comm: CollectiveContext, mine: list[Defense]) -> None:
+        """The set-up step run at every party rank, in the same order everywhere,
+        when :meth:`joins_collective` says so; ``mine`` holds this rank's instances of
+        the defense (empty where the party does not run it)."""
+
+    @classmethod
+    def check(
+        cls, proto: Protocol, params: BaseModel, *, backend: Any, path: str, source: str | None = None
+    ) -> None:
+        """Load-time checks that depend on the options or on the rest of the
+        protocol (``backend`` is the exchange backend class); raise a ConfigError or
+        UnsupportedCombination naming ``path``."""
+
 
 DEFENSES: Registry[type[Defense]] = Registry("defense")
 
@@ -170,6 +228,19 @@ class DefenseStack:
 
     def report(self) -> dict[str, Any]:
         return {d.name: r for d in self.defenses if (r := d.report())}
+
+
+def collective_defenses(proto: Protocol) -> list[type[Defense]]:
+    """The defense classes whose collective step this protocol needs, in one order
+    every rank derives alike (sorted by name over every party's defenses)."""
+    names = sorted({d.name for p in (proto.parties.active, *proto.parties.passive) for d in p.defenses})
+    return [cls for cls in (DEFENSES.get(n) for n in names) if cls.joins_collective(proto)]
+
+
+def run_collectives(stack: DefenseStack, comm: CollectiveContext) -> None:
+    """Enter every needed collective step, on this rank's side of it."""
+    for cls in collective_defenses(comm.proto):
+        cls.collective(comm, [d for d in stack.defenses if type(d) is cls])
 
 
 def build_stack(proto: Protocol, party: str, side: str, specs) -> DefenseStack:

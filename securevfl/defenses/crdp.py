@@ -23,25 +23,40 @@ individual options) switch to spec 003's fixes: ``pearson: strict`` (global
 sensitivity 2, eps1 split over the pairs), ``delta_u: strict`` (the utility's real
 sensitivity), ``sensitivity: clipped`` (each coordinate of ``h`` clipped, so the
 record sensitivity ``s`` holds).
+
+``delta_scope`` says whose columns ``Delta_CS_p`` (the noise scale) is computed
+on: ``own`` (default) the party's kept columns alone; ``merged_secure`` the
+merged data of every crdp party's kept columns (spec 003 §2.5(f), Eq. 30), via the
+defense's collective set-up step: match counts are additive over disjoint
+column sets, so the parties secret-share their count matrices in CrypTen, the
+threshold and the max row sum are taken in MPC, and only the scalar is opened
+(spec 003 §7.3; :mod:`securevfl.privacy.secure_sum`). It needs the ``mpc``
+backend (CrypTen and its TTP dealer are already up there) and is refused at load
+under any other backend.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
-from securevfl.errors import DataError, ProtocolError
+from securevfl.config import Protocol
+from securevfl.defenses.base import DEFENSES, CollectiveContext, Defense, DefenseContext, DefenseOptions
+from securevfl.errors import ConfigError, DataError, ProtocolError, UnsupportedCombination
 from securevfl.privacy.accountant import EpsDeltaRelease, LaplaceRelease, Mechanism, Plan, Release
 from securevfl.privacy.correlated import (
+    MergedSensitivity,
     UnboundedRelease,
     communication_scale,
     laplace_noise,
+    match_counts,
     paper_epsilon,
+    quantile_codes,
     record_sensitivity,
     sound_epsilon,
     utility_sensitivity,
@@ -82,6 +97,11 @@ class CrdpOptions(DefenseOptions):
     noise: Literal["correlated", "count", "plain"] = "correlated"
     feature_selection: bool = True
     noise_at_eval: bool = False
+    delta_scope: Literal["own", "merged_secure"] = Field(
+        "own",
+        description="Delta_CS_p on the party's own kept columns, or on every crdp party's merged "
+        "kept columns, computed in CrypTen MPC (mpc backend only)",
+    )
 
     @field_validator("eps1", "eps2", "eps3", mode="before")
     @classmethod
@@ -123,6 +143,9 @@ class Crdp(Defense):
         self.selection: Selection | None = None
         self.keep: list[int] | None = None
         self.scale: float | None = None
+        self.merged: MergedSensitivity | None = None
+        self.merged_seconds: float | None = None
+        self._own_counts: np.ndarray | None = None  # kept columns' match counts (merged_secure only)
         self._noise_rng = np.random.default_rng(derive_seed(ctx.noise_seed, "crdp", "noise"))  # private
         self.releases = 0
 
@@ -163,6 +186,8 @@ class Crdp(Defense):
         rng = np.random.default_rng(derive_seed(self.ctx.noise_seed, "crdp", "select"))  # private
         self.selection = select_features(x, cfg, rng, selector=pca_leverage_selector(p.pca_variance))
         self.keep = list(self.selection.alpha_final)
+        if p.delta_scope == "merged_secure":  # same bins as the selection: per-column q-quantiles
+            self._own_counts = match_counts(quantile_codes(x, p.q)[:, self.keep])
         delta = {
             "correlated": self.selection.delta_cs_p,
             "count": self.selection.delta_gs,
@@ -176,6 +201,8 @@ class Crdp(Defense):
         the copy that is sent; the party's own ``h`` is never noised in place."""
         if self.scale is None:
             raise ProtocolError("crdp: embed called before select_features decided the noise scale")
+        if self.p.delta_scope == "merged_secure" and self.merged is None:
+            raise ProtocolError("crdp: delta_scope merged_secure but the collective step never ran")
         if self.p.resolved("sensitivity") == "clipped":
             h = h.clamp(-self.p.clip, self.p.clip)
         if (train or self.p.noise_at_eval) and self.scale > 0:
@@ -185,6 +212,112 @@ class Crdp(Defense):
             self.releases += 1
         return h
 
+    # -- the merged sensitivity (collective set-up, spec 003 §2.5(f), §7.3) ---------------
+    @classmethod
+    def joins_collective(cls, proto: Protocol) -> bool:
+        """Every party rank joins when some passive party runs crdp with ``merged_secure``."""
+        return any(o.delta_scope == "merged_secure" for _, _, o in _crdp_parties(proto))
+
+    @classmethod
+    def collective(cls, comm: CollectiveContext, mine: list[Defense]) -> None:
+        """Every MPC party runs this at the same point: each crdp party secret-shares
+        its kept columns' match counts over the aligned training rows (the same rows
+        in the same order at every party), its column count and its MCD; parties
+        without crdp (the active party among them) share nothing and so add zero.
+        Only ``l``, the mean MCD and ``Delta_CS_p`` at ``s = 1`` are opened, to every
+        MPC party; each crdp party then scales by its own ``s``."""
+        from securevfl.privacy.secure_sum import secure_merged_sensitivity
+
+        parties = _crdp_parties(comm.proto)
+        sources = [comm.layout.passive[i].rank for i, _, _ in parties]
+        w0 = parties[0][2].w0  # the same at every crdp party (checked at load)
+        local = None
+        for d in mine:
+            assert isinstance(d, Crdp)
+            if d.keep is None or d._own_counts is None or d.selection is None:
+                raise ProtocolError("crdp: the collective step ran before select_features")
+            if d._own_counts.shape != (comm.n_train, comm.n_train):
+                raise ProtocolError(
+                    f"crdp at '{comm.party}': counts over {d._own_counts.shape[0]} rows, "
+                    f"but the run has {comm.n_train} training rows"
+                )
+            local = (torch.as_tensor(d._own_counts), len(d.keep), d.selection.mcd)
+        t0 = time.perf_counter()
+        merged = secure_merged_sensitivity(comm.crypten(), local, comm.n_train, sources, w0=w0)
+        seconds = time.perf_counter() - t0
+        for d in mine:
+            assert isinstance(d, Crdp)
+            d._use_merged(merged, seconds)
+
+    def _use_merged(self, merged: MergedSensitivity, seconds: float) -> None:
+        self.merged = merged
+        self.merged_seconds = seconds
+        self._own_counts = None
+        self.scale = communication_scale(merged.delta_unit * self.s, self.p.eps3)
+
+    @property
+    def delta_used(self) -> float | None:
+        """The sensitivity the communication noise is calibrated to (None before set-up)."""
+        if self.merged is not None:
+            return self.merged.delta_unit * self.s
+        if self.selection is None:
+            return None
+        return {
+            "correlated": self.selection.delta_cs_p,
+            "count": self.selection.delta_gs,
+            "plain": self.s,
+        }[self.p.noise]
+
+    @classmethod
+    def check(
+        cls, proto: Protocol, params: Any, *, backend: Any, path: str, source: str | None = None
+    ) -> None:
+        """``merged_secure`` needs CrypTen with a TTP dealer (the ``mpc`` backend,
+        provider TTP), the correlated noise, and every crdp party on the same
+        scope and ``w0`` (the merged data has one threshold)."""
+        assert isinstance(params, CrdpOptions)
+        if params.delta_scope != "merged_secure":
+            if any(o.delta_scope == "merged_secure" for _, _, o in _crdp_parties(proto)):
+                raise ConfigError(
+                    "every crdp party must use the same delta_scope: the merged data is made of all "
+                    "their columns",
+                    path=f"{path}.params.delta_scope",
+                    source=source,
+                )
+            return
+        where = f"{path}.params.delta_scope"
+        if "mpc" not in backend.capabilities:
+            raise UnsupportedCombination(
+                f"crdp delta_scope 'merged_secure' sums the parties' match counts in CrypTen MPC, "
+                f"which backend '{backend.name}' does not run (no CrypTen communicator, no dealer rank); "
+                "use backend 'mpc', or delta_scope 'own'",
+                path=where,
+                source=source,
+            )
+        if proto.exchange.params.get("provider", "TTP") != "TTP":
+            raise UnsupportedCombination(
+                "crdp delta_scope 'merged_secure' compares secret-shared counts, which needs a "
+                "trusted dealer's correlated randomness; under provider TFP rank 0 (the active "
+                "party) would generate it and could open every count: use provider TTP",
+                path=where,
+                source=source,
+            )
+        if params.noise != "correlated":
+            raise ConfigError(
+                f"delta_scope 'merged_secure' computes the merged Delta_CS_p, which only noise "
+                f"'correlated' uses (got noise '{params.noise}')",
+                path=f"{path}.params.noise",
+                source=source,
+            )
+        w0s = {o.w0 for _, _, o in _crdp_parties(proto)}
+        if len(w0s) > 1:
+            raise ConfigError(
+                f"with delta_scope 'merged_secure' every crdp party needs the same w0 (got {sorted(w0s)}): "
+                "the merged data has one threshold",
+                path=f"{path}.params.w0",
+                source=source,
+            )
+
     # -- accounting ------------------------------------------------------------------
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
         """The three releases of spec 003 §2.8 about one training record, composed
@@ -192,7 +325,9 @@ class Crdp(Defense):
 
         Data-independent bounds (so every rank can plan a budget): the Pearson
         count uses the party's column count, the communication scale uses
-        ``Delta >= s``."""
+        ``Delta >= s``, which holds for the own and the merged ``Delta_CS_p`` alike
+        (the self term). The claim names the ``delta_scope``; the value used is in
+        :meth:`report` (``delta_used``), since it depends on the data."""
         p = self.p
         t = plan.steps  # securevfl communicates every step: the paper's t with R = 1
         n_orgs = sum(any(d.name == self.name for d in s.defenses) for s in self.ctx.proto.parties.passive)
@@ -236,7 +371,12 @@ class Crdp(Defense):
             Mechanism(
                 "crdp.communication",
                 (self._communication_release(plan.record_releases),),
-                claim={"epsilon": t * p.eps3, "statement": "t rounds at eps3 each", **total},
+                claim={
+                    "epsilon": t * p.eps3,
+                    "statement": "t rounds at eps3 each",
+                    "delta_scope": p.delta_scope,  # its data-dependent value: report()["delta_used"]
+                    **total,
+                },
                 notes=self._communication_notes(),
             )
         )
@@ -281,6 +421,14 @@ class Crdp(Defense):
             notes.append("test rows' embeddings are released without noise at evaluation")
         if self.p.resolved("sensitivity") == "unit":
             notes.append("sensitivity 'unit' leaves h unclipped: no finite record-level guarantee")
+        if self.p.delta_scope == "merged_secure":
+            notes.append(
+                "Delta_CS_p is of the merged data of every crdp party's kept columns, computed in CrypTen "
+                "MPC; the scalar, the mean MCD and the total column count are opened to every MPC party "
+                "without noise"
+            )
+        else:
+            notes.append("Delta_CS_p is of this party's own kept columns (delta_scope 'own')")
         return tuple(notes)
 
     def report(self) -> dict[str, Any]:
@@ -314,7 +462,19 @@ class Crdp(Defense):
             "delta_gs": sel.delta_gs,
             "laplace_scale": self.scale,
             "noised_releases": self.releases,
-            "merged_sensitivity": "local: own columns only (the defense seam has no cross-party channel)",
+            "delta_scope": self.p.delta_scope,
+            "delta_used": self.delta_used,
+            "merged": None
+            if self.merged is None
+            else {
+                "delta_cs_p": self.merged.delta_unit * self.s,
+                "delta_cs_p_unit": self.merged.delta_unit,
+                "columns": self.merged.n_features,
+                "mcd": self.merged.mcd,
+                "threshold": self.merged.threshold,
+                "parties": self.merged.parties,
+                "seconds": self.merged_seconds,
+            },
         }
 
 
@@ -325,6 +485,17 @@ def _pearson_notes(mode: str) -> tuple[str, ...]:
             "and basic composition over every pair of the party's columns",
         )
     return ("strict mode: sensitivity 2, eps1 split over the pairs by basic composition",)
+
+
+def _crdp_parties(proto: Protocol) -> list[tuple[int, str, CrdpOptions]]:
+    """(passive index, name, options) of every passive party running crdp, in
+    protocol order (its first crdp entry)."""
+    out = []
+    for i, spec in enumerate(proto.parties.passive):
+        d = next((d for d in spec.defenses if d.name == "crdp"), None)
+        if d is not None:
+            out.append((i, spec.name, CrdpOptions.model_validate(d.params)))
+    return out
 
 
 def _party_width(ctx: DefenseContext) -> int | None:

@@ -85,6 +85,24 @@ class Party:
         self.planned_steps = planned_steps(n_train, self.proto.training)
         self.allowed_steps = allowed_steps(self.proto, n_train)
         self._setup(prep, progress=progress)
+        self._collective(n_train)
+
+    def _collective(self, n_train: int) -> None:
+        """Every party rank enters the defenses' collective set-up steps here, once
+        the exchange is up and before the first training step (DESIGN §5 seam)."""
+        from securevfl.defenses.base import CollectiveContext, run_collectives
+
+        self.ctx.channel.phase = "setup"
+        comm = CollectiveContext(
+            self.proto,
+            self.s.layout,
+            self.s.rank,
+            self.spec.name,
+            self.side,
+            n_train,
+            frozenset(self.backend.capabilities),
+        )
+        run_collectives(self.stack, comm)
 
     def privacy_summary(self, steps: int) -> dict[str, Any]:
         """This party's own accounting over the steps actually run, and its

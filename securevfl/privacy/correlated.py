@@ -237,3 +237,54 @@ class UnboundedRelease(Release):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "unbounded", "reason": self.reason, "count": self.count}
+
+
+# -- the merged data of several organisations (spec 003 §2.5(e)-(f), §7.3) ---------------
+
+
+@dataclass(frozen=True)
+class MergedSensitivity:
+    """``Delta_CS_p`` of the merged (all-organisation, selected-column) data and
+    what it was computed from (spec 003 §2.5(f), Eq. 30)."""
+
+    delta_unit: float  # max_i sum_j [w_ij >= threshold] w_ij on the merged counts: Delta_CS_p at s = 1
+    n_features: int  # l: the organisations' kept columns, summed
+    mcd: float  # Eq. 29 with the organisations as the parts: the mean of their MCDs
+    threshold: float  # max(w0, mcd)
+    parties: int  # organisations whose counts were summed
+
+
+def merged_threshold(w0: float, mcds: Sequence[float]) -> float:
+    """The raised threshold of the merged data: Eq. 29 takes the mean over the
+    parts, here the organisations' own MCDs, guarded as in :func:`raised_threshold`."""
+    if not mcds:
+        raise ValueError("merged_threshold needs at least one organisation's MCD")
+    return raised_threshold(w0, float(np.mean(mcds)))
+
+
+def count_threshold(threshold: float, n_features: int) -> int:
+    """The smallest match count ``k`` with ``k / l >= threshold``: ``w_ij >= t``
+    on ``l`` columns is ``M_ij >= ceil(t l)`` for integer counts ``M_ij``."""
+    if n_features < 1:
+        raise ValueError("n_features must be at least 1")
+    return math.ceil(threshold * n_features - 1e-9)
+
+
+def merged_correlated_sensitivity(
+    counts: Sequence[np.ndarray], n_features: Sequence[int], mcds: Sequence[float], w0: float
+) -> MergedSensitivity:
+    """Eq. 30 on the merged data, in the clear: ``M = sum_r M_r`` over the
+    organisations' match-count matrices of the same rows in the same order,
+    ``l = sum_r l_r``, threshold ``max(w0, mean MCD)``; ``delta_unit`` is at
+    ``s = 1`` (each organisation scales by its own record sensitivity).
+
+    The reference for :func:`securevfl.privacy.secure_sum.secure_merged_sensitivity`,
+    which computes the same in MPC and opens only the scalars."""
+    if not counts or not (len(counts) == len(n_features) == len(mcds)):
+        raise ValueError("one count matrix, column count and MCD per organisation")
+    total = np.sum([np.asarray(c, dtype=np.int64) for c in counts], axis=0)
+    l_total = int(sum(n_features))
+    thr = merged_threshold(w0, mcds)
+    mask = total >= count_threshold(thr, l_total)
+    delta = float((total * mask).sum(axis=1).max()) / l_total
+    return MergedSensitivity(delta, l_total, float(np.mean(mcds)), thr, len(counts))

@@ -20,11 +20,12 @@ Every MPC rank must call these functions at the same point with the same shapes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from securevfl.privacy.correlated import MergedSensitivity, count_threshold, raised_threshold
 
 
 def _share_sum(
@@ -80,8 +81,40 @@ def secure_correlated_sensitivity(
     if n_features < 1:
         raise ValueError("n_features must be at least 1")
     counts = _share_sum(crypten, local_counts, (n, n), sources)
-    k0 = math.ceil(w0 * n_features - 1e-9)
+    k0 = count_threshold(w0, n_features)
     mask = counts >= (k0 - 0.5)
     row = (mask * counts).sum(dim=1)
     top = row.max()
     return float(top.get_plain_text()) * s / n_features
+
+
+def secure_merged_sensitivity(
+    crypten: Any,
+    local: tuple[torch.Tensor, int, float] | None,
+    n: int,
+    sources: Sequence[int],
+    *,
+    w0: float,
+) -> MergedSensitivity:
+    """Spec 003 §2.5(e)-(f) across organisations, in MPC: the MPC twin of
+    :func:`securevfl.privacy.correlated.merged_correlated_sensitivity`.
+
+    ``local`` is this rank's ``(counts, l_r, mcd_r)``: its ``n x n`` match counts
+    over its kept columns of the aligned training rows, its kept column count and
+    its own MCD (None on ranks that contribute nothing). Two openings, both to
+    every MPC party: the sums ``l = sum_r l_r`` and ``sum_r mcd_r`` (so the
+    threshold ``max(w0, mean MCD)`` is public, as the paper shares every MCD in the
+    clear), then the scalar ``Delta_CS_p`` at ``s = 1``. No count is opened."""
+    if not sources:
+        raise ValueError("secure_merged_sensitivity needs at least one source rank")
+    stats = None
+    if local is not None:
+        stats = torch.tensor([float(local[1]), float(local[2])])
+    opened = secure_sum(crypten, stats, (2,), sources)
+    assert opened is not None
+    l_total = round(float(opened[0]))
+    mcd = float(opened[1]) / len(sources)
+    thr = raised_threshold(w0, mcd)
+    counts = None if local is None else torch.as_tensor(local[0])
+    delta = secure_correlated_sensitivity(crypten, counts, n, sources, n_features=l_total, w0=thr, s=1.0)
+    return MergedSensitivity(delta, l_total, mcd, thr, len(sources))

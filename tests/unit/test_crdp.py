@@ -354,3 +354,167 @@ def test_crypten_secure_sum_across_processes(tmp_path: Path):
         else:
             assert np.isnan(got["only0"][0])
     assert expected_cs > 2.0  # the merged sample has correlated records, so the max is not just s
+
+
+# -- the merged sensitivity (delta_scope: merged_secure) ---------------------------------------
+
+
+def test_count_threshold_is_the_smallest_count_reaching_the_weight():
+    from securevfl.privacy.correlated import count_threshold
+
+    assert count_threshold(0.4, 10) == 4  # 4/10 = 0.4 counts (>=)
+    assert count_threshold(0.41, 10) == 5
+    assert count_threshold(0.5158, 18) == 10  # 9.28 -> 10
+    assert count_threshold(0.5, 18) == 9
+    with pytest.raises(ValueError):
+        count_threshold(0.4, 0)
+
+
+def test_merged_threshold_is_the_guarded_mean_of_the_parties_mcds():
+    from securevfl.privacy.correlated import merged_threshold
+
+    assert merged_threshold(0.4, [0.5, 0.6]) == pytest.approx(0.55)
+    assert merged_threshold(0.4, [0.3, 0.35]) == 0.4  # guard max(w0, MCD)
+    with pytest.raises(ValueError):
+        merged_threshold(0.4, [])
+
+
+def test_merged_sensitivity_is_eq30_on_the_concatenated_columns():
+    """Summing the parties' own counts is Eq. 30 on the merged (concatenated)
+    columns: the additivity the secure version relies on."""
+    from securevfl.privacy.correlated import count_threshold, merged_correlated_sensitivity
+
+    x = load_breast_cancer().data[:120]
+    blocks = [quantile_codes(x[:, j : j + 10], 10)[:, :k] for j, k in ((0, 6), (10, 4), (20, 7))]
+    mcds = [0.55, 0.48, 0.61]
+    got = merged_correlated_sensitivity([match_counts(b) for b in blocks], [6, 4, 7], mcds, 0.4)
+    thr = max(0.4, float(np.mean(mcds)))
+    central = distributed_cs(match_counts(np.concatenate(blocks, axis=1)) / 17.0, thr)
+    assert got.delta_unit == pytest.approx(central, abs=1e-12)
+    assert (got.n_features, got.parties, got.threshold) == (17, 3, pytest.approx(thr))
+    assert got.delta_unit >= 1.0  # the self term
+    assert count_threshold(thr, 17) == 10  # 0.5467 * 17 = 9.29
+    with pytest.raises(ValueError):
+        merged_correlated_sensitivity([match_counts(blocks[0])], [6, 4], mcds, 0.4)
+
+
+def _merged_doc(backend: str = "mpc", **params: Any) -> dict[str, Any]:
+    doc = _doc(delta_scope="merged_secure", **params)
+    doc["exchange"] = {"backend": backend}
+    return doc
+
+
+def test_merged_secure_loads_under_mpc_and_joins_the_collective():
+    from securevfl.defenses.base import collective_defenses
+
+    assert collective_defenses(load_protocol_dict(_merged_doc())) == [DEFENSES.get("crdp")]
+    own = _doc()
+    own["exchange"] = {"backend": "mpc"}
+    assert collective_defenses(load_protocol_dict(own)) == []  # default 'own': no collective step
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks", "paillier"])
+def test_merged_secure_refused_without_crypten(backend: str):
+    with pytest.raises(UnsupportedCombination) as exc:
+        load_protocol_dict(_merged_doc(backend))
+    msg = str(exc.value)
+    assert "parties.passive[0].defenses[0].params.delta_scope" in msg
+    assert f"backend '{backend}'" in msg and "mpc" in msg
+
+
+def test_merged_secure_refused_under_tfp():
+    doc = _merged_doc()
+    doc["exchange"]["params"] = {"provider": "TFP", "insecure": True}
+    with pytest.warns(UserWarning, match="TFP"), pytest.raises(UnsupportedCombination) as exc:
+        load_protocol_dict(doc)
+    assert "TFP" in str(exc.value) and "delta_scope" in str(exc.value)
+
+
+def test_merged_secure_needs_agreeing_parties_and_correlated_noise():
+    mixed = _merged_doc()
+    mixed["parties"]["passive"][1]["defenses"][0]["params"]["delta_scope"] = "own"
+    with pytest.raises(ConfigError) as exc:
+        load_protocol_dict(mixed)
+    assert "parties.passive[1].defenses[0].params.delta_scope" in str(exc.value)
+    w0 = _merged_doc()
+    w0["parties"]["passive"][2]["defenses"][0]["params"]["w0"] = 0.5
+    with pytest.raises(ConfigError) as exc:
+        load_protocol_dict(w0)
+    assert "params.w0" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        load_protocol_dict(_merged_doc(noise="count"))
+    assert "params.noise" in str(exc.value)
+
+
+def test_merged_secure_embed_waits_for_the_collective_and_then_uses_it(bc):
+    from securevfl.privacy.correlated import MergedSensitivity
+
+    proto = load_protocol_dict(_merged_doc(variant="fixed", eps3=2.0))
+    spec = proto.parties.passive[0]
+    st = build_stack(proto, "p1", "passive", spec.defenses)
+    d = st.defenses[0]
+    st.select_features(bc[0], COLS)
+    assert d._own_counts is not None and d._own_counts.shape == (400, 400)
+    own = d.selection.delta_cs_p
+    with pytest.raises(ProtocolError, match="collective"):
+        st.embed(torch.zeros(2, 16), train=True)
+    d._use_merged(MergedSensitivity(3.25, 18, 0.52, 0.52, 3), 1.5)
+    assert d.scale == pytest.approx(3.25 * d.s / 2.0)  # s = 2 d_out clip (fixed variant)
+    assert d._own_counts is None  # the counts are dropped once shared
+    rep = st.report()["crdp"]
+    assert rep["delta_scope"] == "merged_secure"
+    assert rep["delta_used"] == pytest.approx(3.25 * d.s)
+    assert rep["delta_cs_p"] == own  # the own-columns value stays reported alongside
+    assert rep["merged"]["columns"] == 18 and rep["merged"]["seconds"] == 1.5
+    comm = {m.name: m for m in st.mechanisms(_plan())}["crdp.communication"]
+    assert comm.claim["delta_scope"] == "merged_secure"
+    assert "delta_used" not in comm.claim  # data-dependent: in the report, not the budget plan
+    assert any("merged data" in n for n in comm.notes)
+
+
+def test_own_scope_reports_its_own_delta(bc):
+    st, _ = _stack()
+    st.select_features(bc[0], COLS)
+    d = st.defenses[0]
+    rep = st.report()["crdp"]
+    assert rep["delta_scope"] == "own" and rep["merged"] is None
+    assert rep["delta_used"] == d.selection.delta_cs_p == rep["delta_cs_p"]
+    assert d._own_counts is None  # not kept unless merged_secure
+
+
+def test_run_collectives_enters_each_needed_step_with_this_ranks_instances():
+    """The lifecycle seam: every rank calls the hook of each defense that needs it,
+    with its own instances (empty where the party does not run the defense)."""
+    from securevfl.defenses.base import CollectiveContext, Defense, run_collectives
+    from securevfl.runtime.layout import Layout
+
+    calls: list[tuple[str, int]] = []
+
+    class Probe(Defense):
+        name = "collective_probe"
+        sides = frozenset({"passive"})
+
+        @classmethod
+        def joins_collective(cls, proto):
+            return True
+
+        @classmethod
+        def collective(cls, comm, mine):
+            calls.append((comm.party, len(mine)))
+
+    DEFENSES.add("collective_probe", Probe)
+    try:
+        doc = _doc()
+        doc["parties"]["passive"][1]["defenses"] = [{"name": "collective_probe"}]
+        proto = load_protocol_dict(doc)
+        lay = Layout.from_protocol(proto)
+        for rank, party, side, specs in [
+            (0, "active", "active", []),
+            (1, "p1", "passive", proto.parties.passive[0].defenses),
+            (2, "p2", "passive", proto.parties.passive[1].defenses),
+        ]:
+            st = build_stack(proto, party, side, specs)
+            run_collectives(st, CollectiveContext(proto, lay, rank, party, side, 10, frozenset()))
+    finally:
+        DEFENSES.remove("collective_probe")
+    assert calls == [("active", 0), ("p1", 0), ("p2", 1)]  # crdp here is 'own': no step of its own
