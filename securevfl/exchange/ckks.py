@@ -83,7 +83,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
-from securevfl.exchange.he import HEKey, HEPeer, HEScheme, he_backend
+from securevfl.exchange.he import BOTH_OPS, HEKey, HEPeer, HEScheme, he_backend
 
 
 class _Lazy:
@@ -373,7 +373,8 @@ class CkksKey(HEKey):
             self._public = _PUB_HEADER.pack(_PUB_MAGIC, _VERSION, len(ctx_bytes), len(gk)) + ctx_bytes + gk
         return self._public
 
-    def encrypt(self, x: np.ndarray) -> bytes:
+    def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
+        # one packing serves both operations
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or not np.isfinite(x).all():
             raise ValueError("ckks encrypt: expects a finite 2-D matrix")

@@ -63,6 +63,8 @@ HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
 HE_GH_MASKED = register_tag("he_gh_masked", FLOATS, "A -> P_i: g W_i^T + mu (masked)")
 
 MAX_PUBLIC_BYTES = 512 << 20
+MATMUL, TMATMUL = "matmul", "tmatmul"
+BOTH_OPS = frozenset({MATMUL, TMATMUL})
 
 
 class HEKey(ABC):
@@ -73,8 +75,11 @@ class HEKey(ABC):
         """Serialized public part (what the peer needs to compute); no secret key."""
 
     @abstractmethod
-    def encrypt(self, x: np.ndarray) -> bytes:
-        """Encrypt a float64 matrix (rows x cols) into one serialized blob."""
+    def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
+        """Encrypt a float64 matrix (rows x cols) into one serialized blob that
+        the peer can use as the encrypted operand of the ``ops`` it names
+        (``"matmul"``, ``"tmatmul"``); a scheme whose packing depends on the
+        operation writes only what those need."""
 
     @abstractmethod
     def decrypt(self, blob: bytes, shape: tuple[int, int]) -> np.ndarray:
@@ -229,7 +234,7 @@ class HEPassive(PassiveExchange):
         ch = self.ctx.channel
         x = h.detach().double().cpu().numpy()
         self._h = x
-        ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt(x))
+        ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt(x, ops=frozenset({MATMUL})))  # A only multiplies
         v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
         ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + x @ self.w.w))
 

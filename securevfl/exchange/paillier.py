@@ -38,9 +38,9 @@ Packing (FATE-style; only additions and one scalar per ciphertext are possible)
     the rows, which need a different scalar per row, so it needs ``rows``: L
     consecutive columns of one row per ciphertext (the ``cols`` layout of X^T);
     p^T @ Y is then the same kernel with p as the scalars. Slots cannot be
-    unpacked without the key, so :meth:`PaillierKey.encrypt` writes both layouts
-    (both fresh encryptions): the blob of dL/dz needs both, the blob of h'_i only
-    ``cols``, but ``HEKey.encrypt`` is not told which one it is making.
+    unpacked without the key, so :meth:`PaillierKey.encrypt` writes the layouts
+    the peer's operations need (``ops``; each a fresh encryption): the blob of
+    dL/dz both, the blob of h'_i only ``cols``.
 
 Masks and hiding
     :meth:`PaillierScheme.mask` draws uniform values on the grid 2^(mask_bits-52)
@@ -92,7 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
-from securevfl.exchange.he import HEKey, HEPeer, HEScheme, he_backend
+from securevfl.exchange.he import BOTH_OPS, MATMUL, TMATMUL, HEKey, HEPeer, HEScheme, he_backend
 
 MIN_KEY_BITS = 2048
 MAX_KEY_BITS = 16384
@@ -103,6 +103,7 @@ BLOB_MAGIC = b"SVPB"
 VERSION = 1
 COLS, ROWS = 0, 1
 LAYOUTS = {"cols": COLS, "rows": ROWS}
+_LAYOUT_OF = {MATMUL: COLS, TMATMUL: ROWS}  # which packing each peer operation needs
 _PUB_HEAD = struct.Struct(">4sBH")  # magic, version, byte length of n
 _BLOB_HEAD = struct.Struct(">4sBB")  # magic, version, number of sections
 _SEC_LEN = struct.Struct(">I")
@@ -560,8 +561,12 @@ class PaillierKey(HEKey):
         obf = self._fresh.take(len(ms))
         return [(1 + (m % n) * n) * r % n2 for m, r in zip(ms, obf, strict=True)]
 
-    def encrypt(self, x: np.ndarray, *, layouts: tuple[str, ...] = ("cols", "rows")) -> bytes:
+    def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
         prm = self.prm
+        unknown = set(ops) - set(_LAYOUT_OF)
+        if not ops or unknown:
+            raise ValueError(f"paillier: encrypt for operations {sorted(ops)}; known: {sorted(_LAYOUT_OF)}")
+        layouts = sorted(_LAYOUT_OF[op] for op in ops)
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or 0 in x.shape:
             raise ValueError(f"paillier: encrypt takes a non-empty matrix, got shape {x.shape}")
@@ -569,8 +574,7 @@ class PaillierKey(HEKey):
         rows, cols = x.shape
         nbits = self.n.bit_length()
         secs = []
-        for name in layouts:
-            lay = LAYOUTS[name]
+        for lay in layouts:
             s = prm.slot_for(cols if lay == COLS else rows, nbits)
             slots = (nbits - 1) // s
             packed = _pack(_arrange(xi, lay, slots), s)

@@ -20,6 +20,8 @@ from securevfl.exchange.paillier import (
     _BLOB_HEAD,
     _SEC_HEAD,
     _SEC_LEN,
+    COLS,
+    ROWS,
     PaillierKey,
     PaillierOptions,
     PaillierScheme,
@@ -138,9 +140,9 @@ def test_padding_slots_are_masked_too(key, peer, scheme):
 def test_products_need_the_right_layout(key, peer):
     x = np.ones((3, 2))
     with pytest.raises(ProtocolError, match=r"rank 1 \(left\).*'rows'"):
-        peer.tmatmul(np.ones((3, 1)), key.encrypt(x, layouts=("cols",)), (3, 2), np.zeros((1, 2)))
+        peer.tmatmul(np.ones((3, 1)), key.encrypt(x, ops=frozenset({"matmul"})), (3, 2), np.zeros((1, 2)))
     with pytest.raises(ProtocolError, match="'cols'"):
-        peer.matmul(key.encrypt(x, layouts=("rows",)), (3, 2), np.ones((2, 1)), np.zeros((3, 1)))
+        peer.matmul(key.encrypt(x, ops=frozenset({"tmatmul"})), (3, 2), np.ones((2, 1)), np.zeros((3, 1)))
 
 
 def test_masks_are_in_range_and_on_the_grid(scheme):
@@ -305,3 +307,17 @@ def test_options_reject_unknown_keys():
     with pytest.raises(ConfigError) as info:
         load_protocol_dict(paillier_doc(exponent=3))
     assert info.value.path == "exchange.params.exponent"
+
+
+def test_encrypt_writes_only_the_layouts_the_peer_operations_need(key):
+    """h'_i is only ever multiplied (``cols``); dL/dz is multiplied and
+    transposed-multiplied (both layouts). A second layout doubles the bytes."""
+    x = np.ones((40, 3))
+    one = _load(key.encrypt(x, ops=frozenset({"matmul"})), key.n, key.n2, "test")
+    both = _load(key.encrypt(x), key.n, key.n2, "test")
+    assert [s.layout for s in one] == [COLS]
+    assert sorted(s.layout for s in both) == [COLS, ROWS]
+    with pytest.raises(ValueError, match="known"):
+        key.encrypt(x, ops=frozenset({"transpose"}))
+    with pytest.raises(ValueError, match="known"):
+        key.encrypt(x, ops=frozenset())
