@@ -104,6 +104,9 @@ class SyntheticParams(Strict):
     features: int = Field(default=20, gt=1)
     classes: int = Field(default=2, ge=2)
     informative: int | None = None
+    label_noise: float = Field(
+        default=0.01, ge=0.0, lt=1.0, description="fraction of labels drawn at random (over-fitting studies)"
+    )
 
 
 class DatasetSpec(Strict):

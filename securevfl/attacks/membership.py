@@ -14,13 +14,14 @@ model) trains on chunk k, and its outputs on chunk k are labelled "in", on the
 other chunk "out". One attack model (sklearn gradient boosting on the sorted
 probability vector, the true-class probability and the loss) learns in/out from
 all shadow outputs. It is evaluated on a balanced set: the other half of the test
-records (non-members) and as many random training records (members). Metric:
+records (non-members) and as many random training records (members), both cut to
+the smaller of the two counts when the training set is the smaller one. Metric:
 accuracy on that set (0.5 = chance) and AUC.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -36,6 +37,30 @@ class MembershipOptions(AttackOptions):
     shadow_epochs: int | None = Field(
         default=None, ge=1, description="epochs per shadow model (default: training.epochs)"
     )
+    attack_model: Literal["boosting", "threshold"] = Field(
+        default="boosting",
+        description="boosting: gradient boosting on the features below; threshold: one cut on the loss, "
+        "placed where it best separates the shadow models' in/out records (transfers better when the "
+        "shadows fit less tightly than the target)",
+    )
+
+
+class _LossThreshold:
+    """Members are the records whose loss is at most a cut learned on the
+    shadows' in/out records (the loss is the last attack feature)."""
+
+    def fit(self, x: np.ndarray, inout: np.ndarray) -> _LossThreshold:
+        loss = x[:, -1]
+        cuts = np.unique(loss)
+        acc = [np.mean((loss <= c) == inout.astype(bool)) for c in cuts]
+        self.cut = float(cuts[int(np.argmax(acc))])
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return (x[:, -1] <= self.cut).astype(int)
+
+    def score(self, x: np.ndarray) -> np.ndarray:
+        return -x[:, -1]
 
 
 def attack_features(proba: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -77,7 +102,10 @@ class MembershipInference(Attack):
         test_rows = g.permutation(np.flatnonzero(table.test_seen))
         half = len(test_rows) // 2
         shadow, nonmem = test_rows[:half], test_rows[half:]
-        members = g.choice(np.flatnonzero(table.train_seen), size=len(nonmem), replace=False)
+        seen = np.flatnonzero(table.train_seen)
+        n_eval = min(len(nonmem), len(seen))  # balanced: as many members as non-members
+        nonmem = nonmem[:n_eval]
+        members = g.choice(seen, size=n_eval, replace=False)
 
         # shadow models: imitate A's top model on shadow chunks
         chunks = [shadow[: half // 2], shadow[half // 2 :]]
@@ -90,10 +118,15 @@ class MembershipInference(Attack):
                     p = torch.softmax(net(table.test[chunk]), 1).numpy()
                 feats.append(attack_features(p, y_te[chunk].numpy()))
                 inout.append(np.full(len(chunk), int(j == k)))
-        from sklearn.ensemble import GradientBoostingClassifier
+        x_shadow, y_shadow = np.vstack(feats), np.concatenate(inout)
+        if self.params.attack_model == "threshold":
+            cut = _LossThreshold().fit(x_shadow, y_shadow)
+            predict, score = cut.predict, cut.score
+        else:
+            from sklearn.ensemble import GradientBoostingClassifier
 
-        clf = GradientBoostingClassifier(random_state=self.params.seed)
-        clf.fit(np.vstack(feats), np.concatenate(inout))
+            clf = GradientBoostingClassifier(random_state=self.params.seed).fit(x_shadow, y_shadow)
+            predict, score = clf.predict, (lambda q: clf.predict_proba(q)[:, 1])
 
         with torch.no_grad():
             p_mem = torch.softmax(top(table.train[members] + bias), 1).numpy()
@@ -104,8 +137,8 @@ class MembershipInference(Attack):
         return {
             "members": members,
             "nonmembers": nonmem,
-            "pred": clf.predict(x_eval),
-            "score": clf.predict_proba(x_eval)[:, 1],
+            "pred": predict(x_eval),
+            "score": score(x_eval),
             "used": {
                 "input": "revealed z at A (last training step per training record, final evaluation per "
                 "test record), A's own top model, bias and labels",

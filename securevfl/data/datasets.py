@@ -61,7 +61,10 @@ def breast_cancer(spec: DatasetSpec, seed: int) -> Table:
 @DATASETS.register("synthetic")
 def synthetic(spec: DatasetSpec, seed: int) -> Table:
     """Gaussian-cluster classification rows (scikit-learn's make_classification),
-    for scale tests: ``synthetic: {rows, features, classes}``; columns ``f0..``."""
+    for scale tests: ``synthetic: {rows, features, classes, informative,
+    label_noise}``; columns ``f0..``. ``label_noise`` is the share of rows whose
+    label is drawn at random (scikit-learn's ``flip_y``): a model that fits those
+    rows has memorised them, the set-up membership inference needs."""
     from sklearn.datasets import make_classification
 
     p = spec.synthetic or SyntheticParams()
@@ -73,6 +76,7 @@ def synthetic(spec: DatasetSpec, seed: int) -> Table:
         n_redundant=0,
         n_classes=p.classes,
         n_clusters_per_class=1,
+        flip_y=p.label_noise,
         random_state=seed % (2**31),
     )
     cols = [f"f{i}" for i in range(p.features)]

@@ -103,3 +103,17 @@ def test_total_variation():
     img = np.zeros((2, 2))
     img[1, 0] = 1.0  # one vertical step at the only interior pixel
     assert metrics.total_variation(img) == pytest.approx(1.0)
+
+
+def test_membership_loss_threshold_cut_separates_the_shadow_records() -> None:
+    """The threshold attack model puts its cut where the shadow in/out records
+    are best separated, and calls members the records at or below it."""
+    from securevfl.attacks.membership import _LossThreshold
+
+    loss_in = np.array([0.01, 0.02, 0.05, 0.3])
+    loss_out = np.array([0.04, 0.9, 1.5, 2.0])
+    x = np.column_stack([np.zeros(8), np.concatenate([loss_in, loss_out])])  # loss is the last feature
+    cut = _LossThreshold().fit(x, np.array([1, 1, 1, 1, 0, 0, 0, 0]))
+    assert cut.cut == 0.3  # 7 of 8 right (0.04 out is called in); 0.05 gets 6, 0.9 gets 6
+    np.testing.assert_array_equal(cut.predict(np.array([[0, 0.29], [0, 0.3], [0, 0.31]])), [1, 1, 0])
+    assert cut.score(np.array([[0, 0.1], [0, 1.0]]))[0] > cut.score(np.array([[0, 0.1], [0, 1.0]]))[1]

@@ -61,3 +61,23 @@ def test_builtin_tables(name, n, cols, classes):
     t = DATASETS.get(name)(proto.dataset, 0)
     assert len(t.ids) == n and t.features.shape == (n, cols) and len(set(t.labels)) == classes
     assert len(set(t.ids)) == n
+
+
+def test_synthetic_label_noise_redraws_that_share_of_labels():
+    """``label_noise`` is scikit-learn's flip_y: that share of rows gets a label
+    drawn at random, about half of which differ on a binary task. A linear model
+    fitted on the rows loses about that much accuracy (0.4 x 1/2 = 0.2)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from securevfl.config import DatasetSpec
+    from securevfl.data.datasets import synthetic
+
+    def fit_accuracy(noise: float) -> float:
+        spec = DatasetSpec(name="synthetic", synthetic={"rows": 4000, "features": 8, "label_noise": noise})
+        t = synthetic(spec, 7)
+        return LogisticRegression(max_iter=1000).fit(t.features, t.labels).score(t.features, t.labels)
+
+    clean, noisy = fit_accuracy(0.0), fit_accuracy(0.4)
+    assert 0.12 < clean - noisy < 0.28, (clean, noisy)
+    with pytest.raises(ValueError):
+        DatasetSpec(name="synthetic", synthetic={"label_noise": 1.0})
