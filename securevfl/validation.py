@@ -111,8 +111,21 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                 )
             params = cls.options.model_validate(spec.params)
             cls.check(proto, params, backend=backend, path=f"{lay.path}.defenses[{j}]", source=source)
+    passive = [p.name for p in proto.parties.passive]
     for j, spec in enumerate(proto.attacks):
-        _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
+        cls = _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
+        params = cls.options.model_validate(spec.params)
+        for field in PARTY_FIELDS:  # checked now, not after training when the attack runs
+            name = getattr(params, field, None)
+            if name is not None and name not in passive:
+                raise err(
+                    f"attack '{spec.name}': {field} '{name}' is not a passive party (passive: {passive})",
+                    f"attacks[{j}].params.{field}",
+                )
+
+
+# attack options that name a passive party (the victim, or the attacking party)
+PARTY_FIELDS = ("target", "party")
 
 
 def _component(kind: str, registry, spec, path: str, backend, err, source: str | None):

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 
 class AttackOptions(BaseModel):
+    """Options every attack takes. An attack option that names a passive party
+    is called ``target`` (the victim) or ``party`` (the attacker); the protocol
+    check refuses an unknown name at load."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     label: str | None = Field(
         default=None, description="key of this attack's entry in result.json['attacks'] (default: its name)"

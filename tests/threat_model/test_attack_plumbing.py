@@ -33,6 +33,21 @@ def test_unknown_attack_option_is_refused_at_load() -> None:
     assert "attacks[0].params" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("attack", "field"), [("feature_reconstruction", "target"), ("label_direction", "party")]
+)
+def test_attack_naming_an_unknown_party_is_refused_at_load(attack: str, field: str) -> None:
+    """A misspelt victim or attacker fails before training, not after it."""
+    doc = small_digits()
+    doc["attacks"] = [{"name": attack, "params": {field: "lefft"}}]
+    with pytest.raises(ConfigError) as err:
+        load_protocol_dict(doc)
+    assert err.value.path == f"attacks[0].params.{field}"
+    assert "'lefft' is not a passive party" in str(err.value) and "left" in str(err.value)
+    doc["attacks"][0]["params"][field] = "left"
+    load_protocol_dict(doc)  # a real passive party loads
+
+
 def test_attacks_run_after_training_on_the_adversaries_views(tmp_path: Path) -> None:
     doc = small_digits(epochs=2)
     doc["attacks"] = [
