@@ -3,10 +3,14 @@ measurable under crypto-only, and reduced by the defense aimed at it.
 
 Every run goes through the real launcher (one OS process per rank); the attacks
 run afterwards on the ranks' saved views (securevfl.attacks.harness). Seeds are
-fixed, so a run is deterministic on one machine; the margins below come from the
+fixed, so a ``plain`` run is deterministic on one machine. An ``mpc`` run is not:
+CrypTen draws its sharing randomness from OS entropy (as it must), and fixed-point
+rounding then moves training like another seed would (the undefended mpc attack
+scored nmse 0.482, 0.504 and 0.595 in three runs). The margins come from the
 values measured while writing the suite (2-core CPU, heavily shared), noted at
-each assertion, and from re-running the attacks with other attack seeds on the
-same views (docs/attacks.md has the commands).
+each assertion, from re-running the attacks with other attack seeds on the same
+views (docs/attacks.md has the commands) and, under mpc, from repeated runs:
+there the defense settings are ones whose effect exceeds that run-to-run spread.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import load_yaml, run_doc, small_digits
+
+# A test's time includes the module fixtures it is the first to need (an mpc run
+# is 1.5-5 minutes on a shared 2-core box); the membership pairs run twice.
+pytestmark = pytest.mark.timeout(1200)
 
 FR = {"name": "feature_reconstruction", "params": {"image_shape": [8, 4]}}
 MPC = {"backend": "mpc", "params": {"provider": "TTP"}}
@@ -169,21 +177,28 @@ def test_label_dp_reduces_label_inference(
 
 
 # Defense pairs for feature reconstruction: (defenses on both passive parties,
-# A's defenses, required nmse margin over plain). Measured nmse over attack seeds
+# A's defenses, required nmse margin over the undefended run of the same backend,
+# [code length]). Measured nmse over attack seeds
 # 0-2 on the saved views (test accuracy of the run in brackets):
 #   plain 0.273 / 0.262 / 0.293 [0.749] (seeds 3, 4: 0.303, 0.289)
 #   hashvfl (16-bit codes) 0.461 / 0.471 / 0.540 [0.866]
 #   embedding_dp vanilla eps=1 1.0 / 1.0 / 1.0 [0.078: the noise also destroys utility]
 #   gaussian_noise std=1 0.765 / 0.732 / 0.827 [0.485]
 #   dravl preset dcor_0.1 0.357 / 0.358 / 0.421 [0.351]
-#   under mpc (A attacks z; consistency loss refused there, so hashing alone):
-#   mpc 0.504 / 0.522 / 0.611 [0.758]
-#   mpc + embedding_dp vanilla eps=1 1.0 / 1.0 / 1.0 [0.109]
-#   mpc + gaussian_noise std 1 0.693 / 0.717 / 0.761 [0.513]
-#   mpc + dravl preset dcor_0.1 0.601 / 0.652 / 0.807 [0.501]
-#   mpc + hashvfl, 16-bit codes 0.488 / 0.468 / 0.500 [0.886]: no effect on the attack on z
-#   mpc + hashvfl, 4-bit codes (the paper's d) 0.615 / 0.637 / 0.645 [0.772]
-# Under mpc the pair uses the paper's 4-bit codes (the bottoms' ``out``, last field).
+#   under mpc (A attacks z; consistency loss refused there, so hashing alone),
+#   attack seed 0 over separate runs unless noted:
+#   mpc 0.482, 0.504, 0.595, 0.560 [0.758-0.816]; attack seeds 0-2 of one run
+#   0.504 / 0.522 / 0.611
+#   mpc + embedding_dp vanilla eps=1 1.0 / 1.0 / 1.0 (attack seeds) [0.109]
+#   mpc + gaussian_noise std 1 0.693 / 0.717 / 0.761 (attack seeds) [0.513]:
+#   inside the spread; std 2 0.874 [0.284]
+#   mpc + dravl dcor_0.1 0.601 / 0.652 / 0.807 (attack seeds) [0.501]: inside the
+#   spread; alpha_d 1 1.0 [0.162]; all three weights at 0.1 0.942 [0.095]
+#   mpc + hashvfl 16-bit codes 0.488 / 0.468 / 0.500 (attack seeds) [0.886] and
+#   4-bit 0.615 / 0.637 / 0.645 [0.772]: inside the spread; 2-bit 0.688, 0.756
+#   in two runs [0.596, 0.604]
+# So under mpc the pairs use settings strong enough to clear the spread, at the
+# utility cost in brackets; the last field is the bottoms' ``out`` (code length).
 HASH = {"name": "hashvfl"}
 FR_DEFENSES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("plain", "hashvfl"): (
@@ -198,14 +213,14 @@ FR_DEFENSES: dict[tuple[str, str], tuple[Any, ...]] = {
     ),
     ("plain", "gaussian_noise"): ([{"name": "gaussian_noise", "params": {"std": 1.0}}], [], 0.3),
     ("plain", "dravl"): ([{"name": "dravl", "params": {"preset": "dcor_0.1"}}], [], 0.05),
-    ("mpc", "hashvfl"): ([HASH], [], 0.05, 4),
+    ("mpc", "hashvfl"): ([HASH], [], 0.05, 2),
     ("mpc", "embedding_dp"): (
         [{"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 1.0}}],
         [],
         0.3,
     ),
-    ("mpc", "gaussian_noise"): ([{"name": "gaussian_noise", "params": {"std": 1.0}}], [], 0.1),
-    ("mpc", "dravl"): ([{"name": "dravl", "params": {"preset": "dcor_0.1"}}], [], 0.05),
+    ("mpc", "gaussian_noise"): ([{"name": "gaussian_noise", "params": {"std": 2.0}}], [], 0.15),
+    ("mpc", "dravl"): ([{"name": "dravl", "params": {"alpha_d": 1.0}}], [], 0.3),
 }
 
 
