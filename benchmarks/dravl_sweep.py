@@ -120,6 +120,21 @@ def main() -> None:
             f"| {s['v_dcor'][0]:.3f} ({s['v_dcor'][1]:.3f}) | {s['v_dcor_permuted'][0]:.3f} "
             f"| {s['u_dcor2'][0]:.3f} ({s['u_dcor2'][1]:.3f}) |"
         )
+    print("\nper seed: test acc / V-dCor (test, sent); Δ against alpha_d = 0 at the same seed")
+    print("| config | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    print("|---|" + "---|" * len(seeds))
+    van = {r["seed"]: r for r in runs[configs[0][0]]}
+    for label, _ in configs:
+        cells = []
+        for r in sorted(runs[label], key=lambda r: r["seed"]):
+            b = van.get(r["seed"])
+            delta = (
+                ""
+                if b is None
+                else f" (Δacc {r['acc'] - b['acc']:+.4f}, ΔdCor {r['v_dcor'] - b['v_dcor']:+.3f})"
+            )
+            cells.append(f"{r['acc']:.4f} / {r['v_dcor']:.3f}{delta}")
+        print(f"| {label} | " + " | ".join(cells) + " |")
     print(f"\nwall time {time.time() - started:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))

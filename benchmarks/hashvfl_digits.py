@@ -9,14 +9,21 @@ and interactive.out 16):
   no-defense baseline at the same width);
 * ``hashvfl``: the faithful profile (BN + sign + STE, random class codes,
   consistency loss weight 1);
-* ``balanced``: the same with the balanced class codes (spec 004 §7 items 5-6).
+* ``balanced``: the same with the balanced class codes (spec 004 §7 items 5-6);
+* ``median``: balanced codes and ``balance: median`` (BN, then Sign at each
+  unit's batch median in training and its running median at evaluation; spec
+  004 §7 item 5);
+* ``median_batch``: the same with ``balance_eval: batch`` (evaluation codes
+  thresholded at each evaluation batch's own median, as in training).
 
 Usage::
 
     .venv/bin/python benchmarks/hashvfl_digits.py --seeds 0 1 2 --bits 4 8 --out runs/hashvfl_digits
 
-It prints a markdown table (mean +- std over seeds) and writes every result and
-the table to ``--out``.
+It prints a markdown table (mean +- std over seeds), a per-seed table (accuracy
+with and without hashing, each party's bit farthest from 1/2 as its +1 fraction,
+and whether the issue's criteria hold), and writes every result and the tables
+to ``--out``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-ARMS = ("floats", "hashvfl", "balanced")
+ARMS = ("floats", "hashvfl", "balanced", "median", "median_batch")
 
 
 def protocol(seed: int, bits: int, arm: str) -> dict[str, Any]:
@@ -48,8 +55,14 @@ def protocol(seed: int, bits: int, arm: str) -> dict[str, Any]:
     if arm == "floats":
         doc["parties"]["active"]["defenses"] = []
     else:
-        codes = "balanced" if arm == "balanced" else "random"
+        codes = "random" if arm == "hashvfl" else "balanced"
         doc["parties"]["active"]["defenses"][0]["params"]["codes"] = codes
+        if arm.startswith("median"):
+            params: dict[str, Any] = {"balance": "median"}
+            if arm == "median_batch":
+                params["balance_eval"] = "batch"
+            for p in doc["parties"]["passive"]:
+                p["defenses"] = [{"name": "hashvfl", "params": params}]
     return doc
 
 
@@ -67,11 +80,13 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"acc": result["test_accuracy"]}
     fracs: list[float] = []
     ents: list[float] = []
-    for rep in result.get("defense_report", {}).values():
+    for party, rep in result.get("defense_report", {}).items():
         bits = rep.get("hashvfl", {}).get("test_bits")
         if bits:
             fracs += bits["plus_fraction"]
             ents.append(bits["entropy_bits_mean"])
+            # the party's bit farthest from 1/2, as its +1 fraction
+            row[f"worst_{party}"] = max(bits["plus_fraction"], key=lambda f: abs(f - 0.5))
     if fracs:
         row["worst_dev"] = max(abs(f - 0.5) for f in fracs)
         row["in_04_06"] = sum(0.4 <= f <= 0.6 for f in fracs) / len(fracs)
@@ -107,12 +122,45 @@ def table(rows: dict[tuple[int, str], list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def per_seed(rows: dict[tuple[int, str], list[dict[str, Any]]]) -> str:
+    """One line per hashed run: accuracy with and without hashing, the gap, each
+    party's worst bit (its +1 fraction on the final evaluation's codes), and the
+    issue's criteria: gap within 3 points and every bit's +1 fraction in [0.4, 0.6]."""
+    lines = [
+        "| d | arm | seed | acc floats (%) | acc hashed (%) | gap (points) | worst bit left "
+        "| worst bit right | gap ok | bits ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (bits, arm), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], ARMS.index(kv[0][1]))):
+        if arm == "floats":
+            continue
+        base = {r["seed"]: r["acc"] for r in rows.get((bits, "floats"), [])}
+        for r in runs:
+            b = base.get(r["seed"])
+            gap = None if b is None else 100 * (r["acc"] - b)
+            worst = [r.get("worst_left"), r.get("worst_right")]
+            ok_bits = r.get("worst_dev") is not None and r["worst_dev"] <= 0.1 + 1e-9
+            lines.append(
+                f"| {bits} | {arm} | {r['seed']} | {'-' if b is None else f'{100 * b:.2f}'} "
+                f"| {100 * r['acc']:.2f} | {'-' if gap is None else f'{gap:+.2f}'} "
+                + " ".join(f"| {'-' if w is None else f'{w:.3f}'}" for w in worst)
+                + f" | {'-' if gap is None else ('yes' if gap >= -3 else 'no')}"
+                + f" | {'yes' if ok_bits else 'no'} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--bits", type=int, nargs="+", default=[4])
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "hashvfl_digits")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read a run's result.json already under --out instead of rerunning it",
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -120,11 +168,15 @@ def main(argv: list[str] | None = None) -> None:
         for arm in args.arms:
             for seed in args.seeds:
                 doc = protocol(seed, bits, arm)
-                result = run_one(doc, args.out / doc["name"], args.out / "data")
+                done = args.out / doc["name"] / "result.json"
+                if args.reuse and done.is_file():
+                    result = json.loads(done.read_text())
+                else:
+                    result = run_one(doc, args.out / doc["name"], args.out / "data")
                 row = {"seed": seed, **summarize(result)}
                 rows.setdefault((bits, arm), []).append(row)
                 print(json.dumps({"bits": bits, "arm": arm, **row}), flush=True)
-    text = table(rows)
+    text = table(rows) + "\n\n" + per_seed(rows)
     (args.out / "table.md").write_text(text + "\n")
     (args.out / "rows.json").write_text(json.dumps({f"{b}|{a}": r for (b, a), r in rows.items()}, indent=1))
     print(text)

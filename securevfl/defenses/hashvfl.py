@@ -6,8 +6,11 @@ Two registered defenses, because the two halves need different things from the
 exchange backend:
 
 * ``hashvfl`` (passive): BatchNorm1d(d) -> Sign with a straight-through gradient
-  (spec 004 §2.2-2.4), plus the optional DP add-on (§2.10). It only changes what
-  the passive party computes and sends, so it runs under every backend.
+  (spec 004 §2.2-2.4), plus the optional DP add-on (§2.10). ``balance: median``
+  (our fix for §7 item 5, not in the paper) thresholds each unit at its median
+  instead of at 0, so that every bit is balanced whatever the unit's
+  distribution. It only changes what the passive party computes and sends, so it
+  runs under every backend.
 * ``hashvfl_consistency`` (active): the consistency loss to the class codes
   (§2.5-2.6) and the abnormal-input detector (§2.9). Both read the codes h'_i,
   so it requires ``active_sees_embeddings`` (``plain``); under ``mpc``/``ckks``/
@@ -56,6 +59,21 @@ class HashOptions(DefenseOptions):
     batchnorm: bool = Field(
         default=True, description="BatchNorm1d(d) before Sign (False: the w/o-BN ablation)"
     )
+    balance: Literal["off", "median"] = Field(
+        default="off",
+        description="off: Sign at 0 (the paper; BN's mean-centring is the only balancing); "
+        "median: Sign(u - m) with m the batch median per unit in training and a running average of "
+        "those medians at evaluation (the fix of spec 004 §7 item 5)",
+    )
+    balance_eval: Literal["running", "batch"] = Field(
+        default="running",
+        description="with balance: median, the evaluation threshold: running (the running median; a code "
+        "depends on its own row only) or batch (each evaluation batch's own median, as in training; every "
+        "bit of a batch of distinct values is exactly balanced, and a code depends on its batch)",
+    )
+    balance_momentum: float = Field(
+        default=0.1, gt=0, le=1, description="momentum of the running median (as BatchNorm's running mean)"
+    )
     ste: Literal["identity", "clipped"] = Field(
         default="identity", description="identity: the paper's STE; clipped: zero gradient where |v| > 1"
     )
@@ -73,6 +91,9 @@ class HashOptions(DefenseOptions):
             raise ValueError(f"dp '{self.dp}' needs 'epsilon'")
         if self.dp == "off" and self.epsilon is not None:
             raise ValueError("'epsilon' is set but dp is 'off'")
+        for key in ("balance_momentum", "balance_eval"):
+            if self.balance == "off" and key in self.model_fields_set:
+                raise ValueError(f"'{key}' is set but balance is 'off'")
         return self
 
 
@@ -100,11 +121,46 @@ class _BalanceCounter:
         }
 
 
+class MedianThreshold(torch.nn.Module):
+    """Running per-unit median of the bottom model's output v (before BN), for
+    the ``balance: median`` hash (spec 004 §7 item 5). It has no trainable
+    parameters; the running median is a buffer, so it travels with the party's
+    defense modules like BN's running statistics.
+
+    It is kept before BN, not after, so that evaluation compares like with like:
+    BN is a per-unit monotone affine map, so Sign(BN(v) - BN(m)) = Sign(gamma)
+    Sign(v - m) whichever statistics BN uses, and the test codes do not depend on
+    how far BN's running statistics differ from the training batches' (which, on
+    skewed units, shifts a threshold kept after BN)."""
+
+    def __init__(self, bits: int, momentum: float):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("running", torch.zeros(bits))
+        self.register_buffer("batches", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def observe(self, v: torch.Tensor) -> None:
+        """Fold a training batch's median into the running one (the first batch's
+        median starts it, rather than an average with 0)."""
+        m = hashing.column_median(v)
+        first = int(self.batches) == 0
+        self.running.copy_(m if first else hashing.running_update(self.running, m, self.momentum))
+        self.batches += 1
+
+
 @DEFENSES.register("hashvfl")
 class HashVFL(Defense):
     """Passive side of HashVFL (spec 004 §2.2-2.4, §2.10): the party sends
     Sign(BN(f_i(x))) in {-1, +1}^d and trains through the sign with a
     straight-through gradient. The BatchNorm is a trainable module of the party.
+
+    ``balance: median`` (spec 004 §7 item 5): the party sends Sign(BN(v) - BN(m))
+    instead, m the per-unit batch median of v in training and a running average
+    of those medians at evaluation. BN centres the mean, which balances a bit
+    only for a distribution symmetric about it; the median balances it for any
+    distribution, exactly on every training batch. Same straight-through
+    gradient, the threshold held constant.
 
     DP add-on (spec 004 §2.10, §7 item 1), threat model: the receiver of the codes
     (A) learns at most what the randomized bits reveal. ``paper`` and ``rr`` keep
@@ -124,6 +180,9 @@ class HashVFL(Defense):
         assert spec.model is not None
         self.bits = spec.model.out
         self.bn = torch.nn.BatchNorm1d(self.bits, eps=1e-5, momentum=0.1) if params.batchnorm else None
+        self.median = (
+            MedianThreshold(self.bits, params.balance_momentum) if params.balance == "median" else None
+        )
         self.noise = generator(ctx.noise_seed, "hashvfl", "dp")  # private, never the shared seed
         self._train_stats = _BalanceCounter()
         self._eval_stats = _BalanceCounter()
@@ -138,13 +197,36 @@ class HashVFL(Defense):
         self.bn.train(train and h.shape[0] > 1)
         return self.bn(h)
 
+    @torch.no_grad()
+    def _threshold(self, h: torch.Tensor, u: torch.Tensor, train: bool) -> torch.Tensor:
+        """The ``balance: median`` threshold in the space of u = BN(h): in
+        training (and at evaluation with ``balance_eval: batch``) the batch median
+        of u, which is BN(median of h) since BN is monotone per unit; otherwise
+        BN, in evaluation mode, of the running median of h. Training batches also
+        update the running median. A batch of one row uses the running median."""
+        assert self.median is not None
+        if h.shape[0] > 1 and (train or self.params.balance_eval == "batch"):
+            if train:
+                self.median.observe(h)
+            return hashing.column_median(u)
+        m = self.median.running[None].to(u.dtype)
+        if self.bn is not None:
+            self.bn.eval()  # _normalize sets the mode again on every call
+            m = self.bn(m)
+        return m[0]
+
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         if h.shape[1] != self.bits:
             raise ConfigError(
                 f"hashvfl expected {self.bits}-wide bottom outputs, got {h.shape[1]}",
                 path=f"parties.passive[{_passive_index(self.ctx)}].model.out",
             )
-        clean = hashing.sign_ste(self._normalize(h, train), clipped=self.params.ste == "clipped")
+        u = self._normalize(h, train)
+        clipped = self.params.ste == "clipped"
+        if self.median is not None:
+            clean = hashing.median_sign_ste(u, self._threshold(h, u, train), clipped=clipped)
+        else:
+            clean = hashing.sign_ste(u, clipped=clipped)
         out = clean
         p = self.params
         if p.dp != "off" and (train or p.dp_at_inference):
@@ -169,7 +251,18 @@ class HashVFL(Defense):
         self._non_binary_sent += int((codes.abs() != 1).sum())
 
     def modules(self) -> list[torch.nn.Module]:
-        return [self.bn] if self.bn is not None else []
+        return [m for m in (self.bn, self.median) if m is not None]
+
+    @property
+    def _batch_coupled(self) -> bool:
+        """True when a training code depends on the other rows of its batch
+        (BN's batch statistics or the batch median)."""
+        return self.bn is not None or self.median is not None
+
+    @property
+    def _eval_batch_coupled(self) -> bool:
+        """True when an evaluation code depends on the other rows of its batch."""
+        return self.median is not None and self.params.balance_eval == "batch"
 
     def _release(self, count: int) -> RandomizedResponseRelease | LaplaceRelease:
         p = self.params
@@ -183,9 +276,10 @@ class HashVFL(Defense):
 
     def _bits_per_step(self, batch_size: int) -> int:
         """Bits of one training step's release that one record can change: its
-        own d bits without BN; with BN in training mode the batch mean and
-        variance couple every code of the batch to every record in it."""
-        return self.bits * (batch_size if self.bn is not None else 1)
+        own d bits without BN or median; with BN in training mode the batch mean
+        and variance, and with ``balance: median`` the batch median, couple every
+        code of the batch to every record in it."""
+        return self.bits * (batch_size if self._batch_coupled else 1)
 
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
         """Sound accounting of the DP add-on over the training rows (spec 004 §7 item 1).
@@ -205,16 +299,19 @@ class HashVFL(Defense):
         notes = [
             f"{per_step} bits per training step a record appears in "
             + (
-                "(batch_size x d: BatchNorm in training mode couples every code of a batch to every record)"
-                if self.bn is not None
-                else "(its own d bits; no BatchNorm)"
+                "(batch_size x d: BatchNorm or the batch median in training mode couples every code of a "
+                "batch to every record)"
+                if self._batch_coupled
+                else "(its own d bits; no BatchNorm, no median threshold)"
             ),
             "the returned gradient and the bottom model's dependence on the record are not covered",
         ]
         if p.dp_at_inference and plan.evaluations:
-            test = epsilon([self._release(self.bits * plan.evaluations)], self.ctx.proto.privacy.delta)
+            # an evaluation batch's median couples its codes as the training batch's does
+            per_eval = self.bits * (plan.batch_size if self._eval_batch_coupled else 1)
+            test = epsilon([self._release(per_eval * plan.evaluations)], self.ctx.proto.privacy.delta)
             notes.append(
-                f"test rows (not training rows) get {plan.evaluations} evaluation releases of {self.bits} "
+                f"test rows (not training rows) get {plan.evaluations} evaluation releases of {per_eval} "
                 f"bits each: eps={test:.4g} at delta={self.ctx.proto.privacy.delta:g}"
             )
         claim: dict[str, Any] = {"source": "HashVFL Sec. V-E, per code release, no composition"}
@@ -233,11 +330,15 @@ class HashVFL(Defense):
         out: dict[str, Any] = {
             "code_bits": self.bits,
             "batchnorm": self.bn is not None,
+            "balance": self.params.balance,
+            "balance_eval": self.params.balance_eval if self.median is not None else None,
             "values_sent": self._sent,
             "non_binary_values_sent": self._non_binary_sent,
             "train_bits": self._train_stats.summary(),
             "test_bits": self._eval_stats.summary(),
         }
+        if self.median is not None:
+            out["running_median"] = [round(float(m), 4) for m in self.median.running]
         p = self.params
         if p.dp != "off":
             assert p.epsilon is not None

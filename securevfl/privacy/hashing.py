@@ -209,6 +209,36 @@ def bit_entropy(fraction: torch.Tensor) -> torch.Tensor:
     return out.float()
 
 
+def column_median(u: torch.Tensor) -> torch.Tensor:
+    """Per-column median of a B x d batch, the midpoint of the two middle values
+    for even B, so that Sign(u - median) is +1 on exactly half the rows of every
+    column whose values are distinct (``torch.median`` would return the lower
+    middle value and put B/2 + 1 rows at +1)."""
+    if u.shape[0] < 1:
+        raise ValueError("the median of an empty batch is undefined")
+    return torch.quantile(u.detach().double(), 0.5, dim=0, interpolation="midpoint").to(u.dtype)
+
+
+def running_update(running: torch.Tensor, batch: torch.Tensor, momentum: float) -> torch.Tensor:
+    """Exponential moving average (1 - momentum) * running + momentum * batch,
+    the update BatchNorm applies to its running mean (spec 004 §2.3)."""
+    return (1 - momentum) * running + momentum * batch
+
+
+def median_sign_ste(u: torch.Tensor, threshold: torch.Tensor, *, clipped: bool = False) -> torch.Tensor:
+    """The median-threshold hash Sign(u - m) with the same straight-through
+    gradient as :func:`sign_ste` (dL/du := dL/dH; ``m`` is a constant).
+
+    The fix of spec 004 §7 item 5: BN's zero batch mean balances a bit only for
+    a distribution symmetric about its mean, whereas thresholding each unit at
+    its median balances it for any distribution. In training ``m`` is the batch
+    median (:func:`column_median`), so every bit of a batch with distinct values
+    is exactly half +1; at evaluation ``m`` is a running average of those medians
+    (:func:`running_update`), which balances test codes as far as the test rows'
+    pre-sign values follow the training rows'."""
+    return sign_ste(u - threshold.detach(), clipped=clipped)
+
+
 # -- the DP add-on (spec 004 §2.10, §7 item 1) ----------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """HashVFL end to end with the real launcher (spec 004 §8.2 items 8, 13, 15):
-only +-1 codes leave a passive party, the backward message is B x d, the
-active-side half is refused where the backend hides the codes, and (slow) the
-digits behaviour: accuracy close to the same run without hashing, balanced bits."""
+only +-1 codes leave a passive party (faithful hash and ``balance: median``), the
+backward message is B x d, the active-side half is refused where the backend
+hides the codes, and (slow) the digits behaviour of the recommended profile:
+accuracy within 3 points of the same run without hashing, every bit balanced."""
 
 from __future__ import annotations
 
@@ -21,17 +22,26 @@ pytestmark = pytest.mark.timeout(900)
 BITS = 4
 
 
-def _hashed(doc: dict[str, Any], *, consistency: bool = True, bits: int = BITS, codes: str = "random"):
+def _hashed(
+    doc: dict[str, Any],
+    *,
+    consistency: bool = True,
+    bits: int = BITS,
+    codes: str = "random",
+    hash_params: dict[str, Any] | None = None,
+):
     for p in doc["parties"]["passive"]:
         p["model"]["out"] = bits
-        p["defenses"] = [{"name": "hashvfl"}]
+        p["defenses"] = [{"name": "hashvfl", "params": dict(hash_params or {})}]
     if consistency:
         doc["parties"]["active"]["defenses"] = [{"name": "hashvfl_consistency", "params": {"codes": codes}}]
     return doc
 
 
-def _fast(backend: str, *, consistency: bool) -> dict[str, Any]:
-    doc = _hashed(small_digits(epochs=1, batch_size=64, max_steps=4), consistency=consistency)
+def _fast(backend: str, *, consistency: bool, hash_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc = _hashed(
+        small_digits(epochs=1, batch_size=64, max_steps=4), consistency=consistency, hash_params=hash_params
+    )
     doc["exchange"] = {"backend": backend, "params": {}}
     doc["runtime"] = {"dump_views": True}
     return doc
@@ -57,10 +67,11 @@ def _pm1(t: torch.Tensor) -> bool:
     return bool(((t == 1) | (t == -1)).all())
 
 
-@pytest.fixture(scope="module")
-def plain_run(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=[{}, {"balance": "median"}], ids=["faithful", "median"])
+def plain_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """One short plain run per hash profile: the faithful one and ``balance: median``."""
     out = tmp_path_factory.mktemp("hashvfl_plain")
-    return run_doc(_fast("plain", consistency=True), out), out
+    return run_doc(_fast("plain", consistency=True, hash_params=request.param), out), out
 
 
 def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
@@ -121,7 +132,7 @@ def test_consistency_is_refused_where_the_active_party_cannot_see_codes(backend:
 
 
 def test_cli_validate_accepts_the_protocols_and_names_the_refusal(tmp_path: Path):
-    for name in ("hashvfl_plain", "hashvfl_mpc", "hashvfl_ckks"):
+    for name in ("hashvfl_plain", "hashvfl_improved_plain", "hashvfl_mpc", "hashvfl_ckks"):
         proto = load_protocol(PROTOCOLS / f"{name}.yaml")
         assert proto.name == name
     doc = load_yaml("hashvfl_mpc.yaml")
@@ -136,25 +147,32 @@ def test_cli_validate_accepts_the_protocols_and_names_the_refusal(tmp_path: Path
 
 
 def _digits(seed: int, hashed: bool, bits: int) -> dict[str, Any]:
-    doc = load_yaml("plain.yaml")
+    """The recommended improved profile (protocols/hashvfl_improved_plain.yaml) at
+    ``seed``, or, unhashed, the same task with ``bits`` float embeddings."""
+    if hashed:
+        doc = load_yaml("hashvfl_improved_plain.yaml")
+        assert all(p["model"]["out"] == bits for p in doc["parties"]["passive"])
+    else:
+        doc = load_yaml("plain.yaml")
+        doc["interactive"] = {"out": 16}
+        for p in doc["parties"]["passive"]:
+            p["model"]["out"] = bits
     doc["training"]["seed"] = seed
-    doc["interactive"] = {"out": 16}
-    for p in doc["parties"]["passive"]:
-        p["model"]["out"] = bits
     doc["runtime"] = {"dump_views": True}
-    return _hashed(doc, bits=bits, codes="balanced") if hashed else doc
+    return doc
 
 
 @pytest.mark.slow
 def test_digits_accuracy_close_to_unhashed_and_bits_balanced(tmp_path: Path):
-    """plain.yaml's task with d = 8 bits, balanced class codes, 10 epochs, seed 0.
+    """The issue's acceptance on seed 0 with the recommended profile (d = 8 bits,
+    balanced class codes, ``balance: median`` with ``balance_eval: batch``, 10 epochs):
+    accuracy within 3 points of 8 float embeddings, every bit's +1 fraction on the
+    test codes in [0.4, 0.6], only +-1 on the wire.
 
-    Measured (benchmarks/hashvfl_digits.py, same configuration): hashed 0.953 vs
-    8 float embeddings 0.939 (+1.4 points). Final-evaluation bits: mean |p(+1) - 0.5|
-    0.050 (left) and 0.039 (right), against spec 004 §8.2 item 4's bound of 0.1. Not
-    every bit is within [0.4, 0.6]: the left party's bit 0 is at 0.284 (see
-    docs/hashvfl.md), so the per-bit bound asserted here is the spec's mean bound
-    plus the entropy target, not a per-bit [0.4, 0.6]."""
+    Measured (benchmarks/hashvfl_digits.py, arm median_batch, seeds 0/1/2): hashed
+    0.9443/0.9610/0.9331 vs floats 0.9387/0.9694/0.9610 (gaps +0.56/-0.84/-2.79 points);
+    every bit of both parties at 0.5014 on the 359 test rows (exact 1/2 per batch, the
+    odd last batch of 39 rows one row over)."""
     bits = 8
     base = run_doc(_digits(0, False, bits), tmp_path / "base")
     hashed = run_doc(_digits(0, True, bits), tmp_path / "hashed")
@@ -166,7 +184,7 @@ def test_digits_accuracy_close_to_unhashed_and_bits_balanced(tmp_path: Path):
         codes = torch.cat([t for r, t in got if r["round"] == last_round and r["sender"] == sender])
         assert codes.shape == (hashed["rows"]["test"], bits) and _pm1(codes)
         frac = (codes > 0).float().mean(0)
-        reported = hashed["defense_report"][party]["hashvfl"]["test_bits"]
-        assert torch.allclose(frac, torch.tensor(reported["plus_fraction"]), atol=1e-4)
-        assert float((frac - 0.5).abs().mean()) < 0.1, (party, frac)
-        assert reported["entropy_bits_mean"] >= 0.9, (party, reported)
+        reported = hashed["defense_report"][party]["hashvfl"]
+        assert reported["non_binary_values_sent"] == 0
+        assert torch.allclose(frac, torch.tensor(reported["test_bits"]["plus_fraction"]), atol=1e-4)
+        assert ((frac >= 0.4) & (frac <= 0.6)).all(), (party, frac)

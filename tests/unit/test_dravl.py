@@ -8,6 +8,8 @@ model F is a small stand-in module where a test needs one."""
 from __future__ import annotations
 
 import copy
+import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -527,3 +529,117 @@ def test_behaviour_dcor_and_noise_move_privacy_the_right_way():
     big = synthetic_defense(Dravl, alpha_d=3.0, collapse_std=1e-4)
     _, a = train_split(big, 0)
     assert big.report()["collapsed_batches"] > 0 and a < 0.75
+
+
+def _medians(runs: dict[Any, dict[str, list[float]]]) -> dict[Any, dict[str, float]]:
+    from statistics import median
+
+    return {k: {m: median(v) for m, v in r.items()} for k, r in runs.items()}
+
+
+def _fit_and_attack(defense, seed: int, xp_eval: torch.Tensor | None = None) -> dict[str, float]:
+    """Train the split model with ``defense`` (None: vanilla), then score it: test
+    AUC, the post-hoc attacker's nMSE and, given ``xp_eval``, the held-out V-dCor."""
+    from securevfl.privacy.dcor import v_dcor
+
+    f, a = train_split(defense, seed)
+    out = {"auc": a, "nmse": attack_nmse(f, seed)}
+    if xp_eval is not None:
+        with torch.no_grad():
+            out["dcor"] = float(v_dcor(xp_eval, f(xp_eval)))
+    return out
+
+
+def _collect(configs: dict[str, Any], xp_eval: torch.Tensor | None = None) -> dict[str, dict[str, list]]:
+    """Per config, per metric, the values over SEEDS; ``configs`` maps a label to a
+    zero-argument factory of a fresh defense (or None for vanilla)."""
+    runs: dict[str, dict[str, list[float]]] = {}
+    for seed in SEEDS:
+        for label, make_defense in configs.items():
+            row = _fit_and_attack(make_defense(), seed, xp_eval)
+            for k, v in row.items():
+                runs.setdefault(label, {}).setdefault(k, []).append(v)
+    print({label: {k: [round(x, 3) for x in v] for k, v in r.items()} for label, r in runs.items()})
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_behaviour_nr_raises_attacker_error():
+    """§9.5-18, 3 seeds, 3 epochs: NR at alpha_n = 0.1 raises the median nMSE by at
+    least 0.08 over vanilla; the median nMSE is non-decreasing over alpha_n in
+    {0, 0.01, 0.1, 1}; the median AUC at alpha_n = 0.01 is within 0.01 of vanilla.
+    Thresholds are the spec's. Measured once (seeds 0, 1, 2; 1700 s on the loaded
+    2-core box): AUC .903 .903 .896 at alpha_n = 0 and at 0.01, .715 .674 .636 at 0.1,
+    .687 .665 .633 at 1; nMSE .227 .201 .144, .777 .524 .489, .672 .841 .888,
+    .994 .992 .974 (medians .201, .524, .841, .992)."""
+    sweep = (0.0, 0.01, 0.1, 1.0)
+    configs = {a: (lambda a=a: synthetic_defense(Dravl, alpha_n=a) if a else None) for a in sweep}
+    med = _medians(_collect(configs))
+    nmse = [med[a]["nmse"] for a in sweep]
+    assert med[0.1]["nmse"] >= med[0.0]["nmse"] + 0.08, med
+    assert all(lo <= hi for lo, hi in itertools.pairwise(nmse)), med
+    assert abs(med[0.01]["auc"] - med[0.0]["auc"]) <= 0.01, med
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # a safety net only: past 1800 s on the 2-core box at load 14
+def test_behaviour_ar_with_inner_steps_raises_attacker_error():
+    """§9.5-20, 3 seeds, 3 epochs: AR with ar_inner_steps = 5 and alpha_r = 0.1
+    raises the median nMSE by at least 0.1 over vanilla (the spec's threshold). The
+    inner steps use the split model's lr (1e-3), as the spec's prototype did.
+    Measured once (seeds 0, 1, 2; 1932 s on the loaded 2-core box): vanilla AUC
+    .903 .903 .896, nMSE .227 .201 .144; AR k = 5 AUC .735 .725 .634, nMSE .931 .910
+    .990 (medians .201 vs .931)."""
+    configs = {
+        "vanilla": lambda: None,
+        "ar_k5": lambda: synthetic_defense(Dravl, alpha_r=0.1, ar_inner_steps=5, inner_lr=1e-3),
+    }
+    med = _medians(_collect(configs))
+    assert med["ar_k5"]["nmse"] >= med["vanilla"]["nmse"] + 0.1, med
+
+
+@pytest.fixture(scope="module")
+def all_three_medians() -> dict[str, dict[str, float]]:
+    """§9.5-22's runs, 3 seeds, 3 epochs: vanilla, NR alone at 0.1, and AR (paper
+    form, k = 0), NR and dCor all at 0.1. Measured once (seeds 0, 1, 2; 1473 s):
+    vanilla AUC .903 .903 .896, nMSE .227 .201 .144, dCor .589 .582 .598; NR 0.1 AUC
+    .715 .674 .636, nMSE .672 .841 .888; all three AUC .761 .740 .639, nMSE .579
+    .963 .975, dCor .496 .304 .245."""
+    xp_eval, _, _ = synthetic(99, 512)
+    configs = {
+        "vanilla": lambda: None,
+        "nr_0.1": lambda: synthetic_defense(Dravl, alpha_n=0.1),
+        "all_0.1": lambda: synthetic_defense(Dravl, alpha_r=0.1, alpha_n=0.1, alpha_d=0.1),
+    }
+    return _medians(_collect(configs, xp_eval))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # a safety net only: past 1800 s on the 2-core box at load 14
+def test_behaviour_all_three_modules_together(all_three_medians: dict[str, dict[str, float]]) -> None:
+    """§9.5-22: the median nMSE is at least 0.2 above vanilla's, the median
+    held-out dCor is below vanilla's and the median AUC is below vanilla's. Not
+    asserted, as the spec says: that the combination beats every single module."""
+    med = all_three_medians
+    assert med["all_0.1"]["nmse"] >= med["vanilla"]["nmse"] + 0.2, med
+    assert med["all_0.1"]["dcor"] < med["vanilla"]["dcor"], med
+    assert med["all_0.1"]["auc"] < med["vanilla"]["auc"], med
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.xfail(
+    strict=True,
+    reason="spec 002 §9.5-22's H10 direction does not hold here: NR alone at 0.1 already drives the "
+    "AUC to about the active-only level (median .674), and in the combination R' is R, trained at "
+    "alpha_r = 0.1 instead of 1, so the combined NR costs less AUC (.740); docs/dravl.md",
+)
+def test_behaviour_all_three_cost_more_auc_than_nr_alone(
+    all_three_medians: dict[str, dict[str, float]],
+) -> None:
+    """§9.5-22, last clause: the combination's median AUC is below NR-alone's at
+    0.1. Kept as a strict xfail so the deviation stays visible and a change that
+    makes it hold is noticed."""
+    med = all_three_medians
+    assert med["all_0.1"]["auc"] < med["nr_0.1"]["auc"], med
