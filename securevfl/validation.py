@@ -101,7 +101,9 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
     for lay in party_layouts(proto):
         side = "active" if lay.is_active else "passive"
         for j, spec in enumerate(lay.spec.defenses):
-            cls = _component("defense", DEFENSES, spec, f"{lay.path}.defenses[{j}]", backend, err, source)
+            cls, params = _component(
+                "defense", DEFENSES, spec, f"{lay.path}.defenses[{j}]", backend, err, source
+            )
             if side not in cls.sides:
                 raise err(
                     f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
@@ -109,12 +111,10 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                     f"{lay.path}.defenses[{j}]",
                     UnsupportedCombination,
                 )
-            params = cls.options.model_validate(spec.params)
             cls.check(proto, params, backend=backend, path=f"{lay.path}.defenses[{j}]", source=source)
     passive = [p.name for p in proto.parties.passive]
     for j, spec in enumerate(proto.attacks):
-        cls = _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
-        params = cls.options.model_validate(spec.params)
+        _, params = _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
         for field in PARTY_FIELDS:  # checked now, not after training when the attack runs
             name = getattr(params, field, None)
             if name is not None and name not in passive:
@@ -130,14 +130,14 @@ PARTY_FIELDS = ("target", "party")
 
 def _component(kind: str, registry, spec, path: str, backend, err, source: str | None):
     """A registered defense or attack: known name, valid params, and every backend
-    capability it requires."""
+    capability it requires. Returns the class and its validated options."""
     if spec.name not in registry:
         raise err(
             f"unknown {kind} '{spec.name}' (known: {', '.join(registry.names()) or 'none'})", f"{path}.name"
         )
     cls = registry.get(spec.name)
     try:
-        cls.options.model_validate(spec.params)
+        params = cls.options.model_validate(spec.params)
     except ValidationError as exc:
         raise validation_error(exc, prefix=f"{path}.params", source=source) from None
     missing = cls.requires - backend.capabilities
@@ -147,4 +147,4 @@ def _component(kind: str, registry, spec, path: str, backend, err, source: str |
             path,
             UnsupportedCombination,
         )
-    return cls
+    return cls, params
