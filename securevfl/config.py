@@ -153,6 +153,13 @@ class TrainingSpec(Strict):
     max_steps: int | None = Field(
         default=None, ge=1, description="stop after this many training steps (benchmarks)"
     )
+    local_steps: int = Field(
+        default=1,
+        ge=1,
+        description="FedBCD local steps R: the parties exchange once per R batches (the embeddings "
+        "of all R, then their gradients) and each takes R local steps on what the others sent; "
+        "needs a backend with capability 'local_steps'",
+    )
 
 
 class RuntimeSpec(Strict):

@@ -35,6 +35,15 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
     backend.check(proto, options)
     if proto.training.device == "cuda" and "cuda" not in backend.capabilities:
         raise err(f"backend '{backend.name}' runs on CPU only", "training.device", UnsupportedCombination)
+    if proto.training.local_steps > 1 and "local_steps" not in backend.capabilities:
+        raise err(
+            f"local steps (FedBCD) need the active party to recompute z from a round's embeddings alone; "
+            f"under backend '{backend.name}' the interactive layer is not A's in the clear, so every local "
+            "step would be an interactive round (backends with local steps: "
+            f"{', '.join(n for n in EXCHANGES.names() if 'local_steps' in EXCHANGES.get(n).capabilities)})",
+            "training.local_steps",
+            UnsupportedCombination,
+        )
 
     # dataset and columns
     builtin = proto.dataset.name != "csv"
@@ -108,6 +117,13 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                 raise err(
                     f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
                     f"not the {side} party",
+                    f"{lay.path}.defenses[{j}]",
+                    UnsupportedCombination,
+                )
+            if proto.training.local_steps > 1 and cls.local_steps_refusal:
+                raise err(
+                    f"defense '{spec.name}' cannot run with training.local_steps > 1: "
+                    f"{cls.local_steps_refusal}",
                     f"{lay.path}.defenses[{j}]",
                     UnsupportedCombination,
                 )

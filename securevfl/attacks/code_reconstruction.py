@@ -121,7 +121,7 @@ class CodeReconstruction(Attack):
         p, prior, own = self.params, view.prior, view.own
         forwards = own["forwards"]
         tensors = received_per_forward(
-            view.received.get(EMBEDDING.name, []), len(forwards), prior["n_peers"], prior["victim_index"]
+            view.received.get(EMBEDDING.name, []), forwards, prior["n_peers"], prior["victim_index"]
         )
         table = per_row(forwards, tensors, len(own["train_idx"]), len(own["test_idx"]))
         seen = table.train_seen

@@ -100,7 +100,7 @@ class FeatureReconstruction(Attack):
         forwards = own["forwards"]
         if prior["source"] == "embedding":
             tensors = received_per_forward(
-                view.received.get(EMBEDDING.name, []), len(forwards), prior["n_peers"], prior["victim_index"]
+                view.received.get(EMBEDDING.name, []), forwards, prior["n_peers"], prior["victim_index"]
             )
             used = f"ledger '{EMBEDDING.name}' from {prior['victim']} (h'_i)"
         else:

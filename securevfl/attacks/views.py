@@ -66,15 +66,24 @@ def per_row(
     return RowTable(train, seen_tr, test, seen_te)
 
 
-def received_per_forward(received: list[tuple[int, torch.Tensor]], n_forwards: int, n_peers: int, peer: int):
+def received_per_forward(
+    received: list[tuple[int, torch.Tensor]], forwards: list[dict[str, Any]], n_peers: int, peer: int
+) -> list[torch.Tensor]:
     """Split a tag's received tensors (arrival order, every peer interleaved) into
-    the ones from passive peer ``peer``: the active party receives one per peer per
-    forward, peers in rank order (securevfl.exchange.plain)."""
-    if len(received) != n_forwards * n_peers:
+    the rows of passive peer ``peer`` for each forward: the active party receives
+    one message per peer per forward, or per FedBCD round holding the round's
+    batches in order, peers in rank order (securevfl.exchange.plain)."""
+    if len(received) % n_peers:
+        raise ProtocolError(f"{len(received)} received embeddings do not split over {n_peers} peers")
+    mine = [t for k, (_, t) in enumerate(received) if k % n_peers == peer]
+    sizes = [len(f["rows"]) for f in forwards]
+    rows = sum(len(t) for t in mine)
+    if rows != sum(sizes):
         raise ProtocolError(
-            f"expected {n_forwards} x {n_peers} received embeddings, the view holds {len(received)}"
+            f"the view holds {rows} received embedding rows from peer {peer}; "
+            f"its {len(forwards)} forwards cover {sum(sizes)}"
         )
-    return [received[k * n_peers + peer][1] for k in range(n_forwards)]
+    return list(torch.cat(mine).split(sizes)) if mine else []
 
 
 def steps_per_row(forwards: list[dict[str, Any]], tensors: list[torch.Tensor], n_train: int):

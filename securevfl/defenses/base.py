@@ -22,6 +22,13 @@ each hook is the identity, so a defense implements only what it changes:
   secure sum). Helper ranks (a dealer) take part only as the backend's helper.
 * load-time checks that depend on the options or the rest of the protocol:
   :meth:`Defense.check`
+* FedBCD local steps (``training.local_steps`` > 1): in a local step the passive
+  party recomputes its own ``h`` with its current parameters and differentiates
+  :meth:`Defense.embed_local`, the noise-free part of :meth:`Defense.embed` (e.g.
+  clipping), against the gradient returned for the round. A defense whose
+  ``embed`` changes ``h`` other than by release noise overrides ``embed_local``;
+  one that cannot work on stale gradients says why in ``local_steps_refusal`` and
+  is refused at load.
 
 ``sides`` says where it may run; ``requires`` names backend capabilities it needs
 (e.g. ``active_sees_embeddings``) so an impossible combination is refused at load.
@@ -108,6 +115,7 @@ class Defense:
     sides: ClassVar[frozenset[str]] = frozenset({"active", "passive"})
     requires: ClassVar[frozenset[str]] = frozenset()
     options: ClassVar[type[BaseModel]] = DefenseOptions
+    local_steps_refusal: ClassVar[str | None] = None  # why training.local_steps > 1 cannot work
 
     def __init__(self, params: BaseModel, ctx: DefenseContext):
         self.params = params
@@ -122,6 +130,12 @@ class Defense:
         return y
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
+        return h
+
+    def embed_local(self, h: torch.Tensor) -> torch.Tensor:
+        """The differentiable, noise-free part of :meth:`embed`, applied to the own
+        ``h`` a party recomputes in a FedBCD local step (nothing is released, no
+        state changes); the identity by default."""
         return h
 
     def grad(self, g: torch.Tensor) -> torch.Tensor:
@@ -197,6 +211,11 @@ class DefenseStack:
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         for d in self.defenses:
             h = d.embed(h, train=train)
+        return h
+
+    def embed_local(self, h: torch.Tensor) -> torch.Tensor:
+        for d in self.defenses:
+            h = d.embed_local(h)
         return h
 
     def grad(self, g: torch.Tensor) -> torch.Tensor:

@@ -212,6 +212,12 @@ class Crdp(Defense):
             self.releases += 1
         return h
 
+    def embed_local(self, h: torch.Tensor) -> torch.Tensor:
+        """A local step's own recomputation: the clipping, without the noise."""
+        if self.p.resolved("sensitivity") == "clipped":
+            return h.clamp(-self.p.clip, self.p.clip)
+        return h
+
     # -- the merged sensitivity (collective set-up, spec 003 §2.5(f), §7.3) ---------------
     @classmethod
     def joins_collective(cls, proto: Protocol) -> bool:
@@ -329,7 +335,7 @@ class Crdp(Defense):
         (the self term). The claim names the ``delta_scope``; the value used is in
         :meth:`report` (``delta_used``), since it depends on the data."""
         p = self.p
-        t = plan.steps  # securevfl communicates every step: the paper's t with R = 1
+        t = plan.communication_rounds  # the paper's t: one per step, or per R (training.local_steps)
         n_orgs = sum(any(d.name == self.name for d in s.defenses) for s in self.ctx.proto.parties.passive)
         paper_total = paper_epsilon(p.eps1, p.eps2, p.m, p.eps3, t)
         spec_sound = sound_epsilon(n_orgs, p.eps1, p.eps2, p.eps3, t)
@@ -373,7 +379,7 @@ class Crdp(Defense):
                 (self._communication_release(plan.record_releases),),
                 claim={
                     "epsilon": t * p.eps3,
-                    "statement": "t rounds at eps3 each",
+                    "statement": "t rounds at eps3 each (a round's R batches are disjoint rows)",
                     "delta_scope": p.delta_scope,  # its data-dependent value: report()["delta_used"]
                     **total,
                 },

@@ -269,6 +269,10 @@ class Dravl(Defense):
             self.probe.saw(h, h, train=train)
         return h
 
+    def embed_local(self, h: torch.Tensor) -> torch.Tensor:
+        """h is sent as it is (the defense is a bottom-model loss); no probe entry."""
+        return h
+
     def noise_like(self, x: torch.Tensor) -> torch.Tensor:
         """N for this batch: a fresh draw, or one fixed draw per distinct row of X."""
         p = self.p
@@ -386,6 +390,10 @@ class GaussianNoise(Defense):
         if self.p.eval_metrics:
             self.probe.saw(h, out, train=train)
         return out
+
+    def embed_local(self, h: torch.Tensor) -> torch.Tensor:
+        """The noise is additive and constant in h: a local step differentiates h."""
+        return h
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"std": self.p.std, "at_eval": self.p.at_eval}

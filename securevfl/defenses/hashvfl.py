@@ -173,6 +173,11 @@ class HashVFL(Defense):
     name = "hashvfl"
     sides = frozenset({"passive"})
     options = HashOptions
+    local_steps_refusal = (
+        "a code is Sign(BN(h)) of one batch: recomputing it in a local step would move the BatchNorm "
+        "and median statistics without a release, and the consistency loss at A needs the codes of "
+        "the step it trains on"
+    )
 
     def __init__(self, params: HashOptions, ctx: DefenseContext):
         super().__init__(params, ctx)
@@ -383,6 +388,7 @@ class HashVFLConsistency(Defense):
     sides = frozenset({"active"})
     requires = frozenset({"active_sees_embeddings"})
     options = ConsistencyOptions
+    local_steps_refusal = "it trains with the passive party's hashvfl, which refuses local steps"
 
     def __init__(self, params: ConsistencyOptions, ctx: DefenseContext):
         super().__init__(params, ctx)

@@ -114,7 +114,11 @@ class EmbeddingDP(Defense):
 
     name = "embedding_dp"
     sides = frozenset({"passive"})
-    requires = frozenset()
+    local_steps_refusal = (
+        "its rescaling and sensitivity estimate are fitted on each released batch, and its gradient "
+        "adjustment (fuzzy c-means, spec 000 §2.6) on the gradient of that release; stale gradients "
+        "over R local steps match neither"
+    )
     options = EmbeddingDPOptions
 
     def __init__(self, params: EmbeddingDPOptions, ctx: DefenseContext):

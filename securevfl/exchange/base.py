@@ -3,7 +3,8 @@
 A backend is one class registered by name. It declares
 
 * ``capabilities``: what it offers, e.g. ``active_sees_embeddings`` (A receives
-  h'_i in the clear) or ``cuda``; defenses and attacks state what they require,
+  h'_i in the clear), ``cuda``, or ``local_steps`` (FedBCD rounds: the round
+  methods below); defenses and attacks state what they require,
   and a protocol asking for a combination that cannot work is rejected at load;
 * ``options``: a strict pydantic model of its ``exchange.params``;
 * ``helper_names``: extra ranks it needs (a dealer, say);
@@ -57,6 +58,26 @@ class ActiveExchange(ABC):
     @abstractmethod
     def backward(self, grad_z: torch.Tensor) -> None: ...
 
+    # -- FedBCD rounds (capability ``local_steps``; spec 003 §2.2 Eq. 14) --------------
+    def receive_round(self, sizes: list[int]) -> None:
+        """Receive every passive party's embeddings for a round's batches (of
+        ``sizes`` rows), one message per party, and keep them for the round."""
+        raise NotImplementedError(f"{type(self).__name__} has no FedBCD rounds")
+
+    def forward_local(self, r: int, *, record_grad: bool) -> torch.Tensor:
+        """z for the round's batch ``r`` from the kept embeddings and the current
+        interactive layer. ``record_grad``: the following :meth:`backward_local`
+        adds dL/dh'_i of this batch to what :meth:`send_round_grads` sends and
+        changes nothing; otherwise it updates the layer and sends nothing."""
+        raise NotImplementedError(f"{type(self).__name__} has no FedBCD rounds")
+
+    def backward_local(self, grad_z: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no FedBCD rounds")
+
+    def send_round_grads(self) -> None:
+        """Send each passive party dL/dh'_i for all the round's batches, one message."""
+        raise NotImplementedError(f"{type(self).__name__} has no FedBCD rounds")
+
     def embeddings(self) -> list[torch.Tensor] | None:
         """The passive parties' embeddings h'_i of the last forward, where this
         backend shows them to A (``active_sees_embeddings``); None otherwise. In a
@@ -82,6 +103,16 @@ class PassiveExchange(ABC):
 
     @abstractmethod
     def backward(self) -> torch.Tensor: ...
+
+    # -- FedBCD rounds (capability ``local_steps``) -------------------------------------
+    def send_round(self, hs: list[torch.Tensor]) -> None:
+        """Contribute h'_i for each of a round's batches, in one message."""
+        raise NotImplementedError(f"{type(self).__name__} has no FedBCD rounds")
+
+    def receive_round_grads(self, sizes: list[int]) -> list[torch.Tensor]:
+        """dL/dh'_i for each of the round's batches, computed by A at the
+        round's parameters (one message)."""
+        raise NotImplementedError(f"{type(self).__name__} has no FedBCD rounds")
 
     def state(self) -> dict[str, torch.Tensor]:
         return {}

@@ -3,6 +3,10 @@
 What each party learns (DESIGN §4): A learns every h'_i and z; P_i learns
 dL/dh'_i. This is the baseline every other backend is measured against, and the
 setting in which feature-reconstruction attacks are strongest.
+
+It is the one backend with FedBCD rounds (``training.local_steps``): A holds every
+W_i in the clear, so it can recompute z from a round's embeddings alone. Under the
+backends that share or encrypt W_i each local step would be an interactive round.
 """
 
 from __future__ import annotations
@@ -33,6 +37,18 @@ class PlainActive(ActiveExchange):
         self.opt = interactive_optimizer(self.blocks.parameters(), proto.interactive)
         self._h: list[torch.Tensor] = []
         self._z: torch.Tensor | None = None
+        # a FedBCD round: per peer, its embeddings of each batch; the gradients to send
+        self._round: list[list[torch.Tensor]] = []
+        self._round_grads: list[list[torch.Tensor]] = []
+        self._record_grad = False
+
+    def _combine(self, hs: list[torch.Tensor], train: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(train):
+            z = hs[0] @ self.blocks[0].weight.T
+            for h, blk in zip(hs[1:], list(self.blocks)[1:], strict=True):
+                z = z + h @ blk.weight.T
+        self._h, self._z = hs, z
+        return z.detach()
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
         ch = self.ctx.channel
@@ -40,12 +56,40 @@ class PlainActive(ActiveExchange):
         for peer, d in zip(self.peers, self.ctx.embed_dims, strict=True):
             h = ch.recv(peer, EMBEDDING, shape=(batch_size, d), dtype=torch.float32)
             hs.append(h.to(self.ctx.device).requires_grad_(train))
-        with torch.set_grad_enabled(train):
-            z = hs[0] @ self.blocks[0].weight.T
-            for h, blk in zip(hs[1:], list(self.blocks)[1:], strict=True):
-                z = z + h @ blk.weight.T
-        self._h, self._z = hs, z
-        return z.detach()
+        return self._combine(hs, train)
+
+    def receive_round(self, sizes: list[int]) -> None:
+        ch = self.ctx.channel
+        self._round = []
+        for peer, d in zip(self.peers, self.ctx.embed_dims, strict=True):
+            h = ch.recv(peer, EMBEDDING, shape=(sum(sizes), d), dtype=torch.float32)
+            self._round.append(list(torch.split(h.to(self.ctx.device), sizes)))
+        self._round_grads = [[] for _ in self.peers]
+
+    def forward_local(self, r: int, *, record_grad: bool) -> torch.Tensor:
+        if not self._round:
+            raise RuntimeError("forward_local outside a round (receive_round first)")
+        self._record_grad = record_grad
+        # fresh leaves: the stale h'_i of batch r (spec 003 §2.2: peers' parts from the round)
+        return self._combine([parts[r].detach().clone().requires_grad_(True) for parts in self._round], True)
+
+    def backward_local(self, grad_z: torch.Tensor) -> None:
+        assert self._z is not None, "backward_local without forward_local"
+        if self._record_grad:  # dL/dh'_i at the round's W_i; W_i untouched
+            through_z = torch.autograd.grad(self._z, self._h, grad_z)
+            for k, (h, gz) in enumerate(zip(self._h, through_z, strict=True)):
+                direct = h.grad  # an active-side loss on the embeddings themselves
+                self._round_grads[k].append(gz if direct is None else gz + direct)
+        else:
+            self.opt.zero_grad(set_to_none=True)
+            self._z.backward(grad_z)
+            self.opt.step()
+        self._h, self._z = [], None
+
+    def send_round_grads(self) -> None:
+        for peer, grads in zip(self.peers, self._round_grads, strict=True):
+            self.ctx.channel.send(peer, EMB_GRAD, torch.cat(grads))
+        self._round_grads = []  # the round's embeddings stay for its local steps
 
     def embeddings(self) -> list[torch.Tensor] | None:
         return self._h
@@ -82,11 +126,18 @@ class PlainPassive(PassiveExchange):
         g = self.ctx.channel.recv(self.active, EMB_GRAD, shape=(self._batch, self.dim), dtype=torch.float32)
         return g.to(self.ctx.device)
 
+    def send_round(self, hs: list[torch.Tensor]) -> None:
+        self.ctx.channel.send(self.active, EMBEDDING, torch.cat([h.float() for h in hs]))
+
+    def receive_round_grads(self, sizes: list[int]) -> list[torch.Tensor]:
+        g = self.ctx.channel.recv(self.active, EMB_GRAD, shape=(sum(sizes), self.dim), dtype=torch.float32)
+        return list(torch.split(g.to(self.ctx.device), sizes))
+
 
 @EXCHANGES.register("plain")
 class Plain(ExchangeBackend):
     name = "plain"
-    capabilities = frozenset({"active_sees_embeddings", "cuda"})
+    capabilities = frozenset({"active_sees_embeddings", "cuda", "local_steps"})
     description = "no protection: h'_i sent in the clear (baseline)"
 
     @classmethod

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
-from securevfl.parties.common import Party, Prepared, eval_batches, schedule
+from securevfl.parties.common import Party, Prepared, eval_batches, rounds_of, schedule
 from securevfl.parties.progress import Progress
 
 
@@ -68,9 +68,24 @@ class ActiveParty(Party):
             )
 
     # -- one forward through the whole split model ------------------------------------
-    def _logits(self, idx: np.ndarray, x: torch.Tensor, *, train: bool):
-        zp = self.exchange.forward(len(idx), train=train).to(self.device)
-        if self._keep_view:
+    def _logits(
+        self,
+        idx: np.ndarray,
+        x: torch.Tensor,
+        *,
+        train: bool,
+        local: int | None = None,
+        record_grad: bool = False,
+    ):
+        """``local``: batch r of a FedBCD round, from the embeddings kept for the
+        round (``record_grad``: the pass at the round's parameters whose dL/dh'_i
+        are sent; it is also the one recorded as A's view)."""
+        if local is None:
+            zp = self.exchange.forward(len(idx), train=train)
+        else:
+            zp = self.exchange.forward_local(local, record_grad=record_grad)
+        zp = zp.to(self.device)
+        if self._keep_view and (local is None or record_grad):
             phase = "train" if train else "eval"
             self.forwards.append({"phase": phase, "round": self.ctx.channel.round, "rows": np.array(idx)})
             self.revealed_z.append(zp.detach().cpu().clone())
@@ -81,20 +96,47 @@ class ActiveParty(Party):
         z = z + self.bias
         return zp, z, self.top(z)
 
-    def train_step(self, idx: np.ndarray) -> float:
+    def _forward_backward(
+        self, idx: np.ndarray, *, local: int | None = None, record_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss on a training batch and its gradients (parameters' and dL/dz's);
+        no optimizer step. Returns the loss and dL/dz."""
         y = self.y_train[idx].to(self.device)
-        zp, z, logits = self._logits(idx, self.x_train, train=True)
+        zp, z, logits = self._logits(idx, self.x_train, train=True, local=local, record_grad=record_grad)
         loss = F.cross_entropy(logits, y)
-        if len(self.trace) < self.proto.runtime.trace_steps:
+        if not record_grad and len(self.trace) < self.proto.runtime.trace_steps:
             self.trace.append({"z": zp.detach().cpu().clone(), "loss": loss.detach().cpu().clone()})
         extra = self.stack.top_loss(z, logits, y, self.exchange.embeddings())
         total = loss if extra is None else loss + extra
         self.opt.zero_grad(set_to_none=True)
         total.backward()
-        self.opt.step()
         assert zp.grad is not None
-        self.exchange.backward(zp.grad)
-        return float(loss.detach())
+        return loss.detach(), zp.grad
+
+    def train_step(self, idx: np.ndarray) -> float:
+        loss, grad_z = self._forward_backward(idx)
+        self.opt.step()
+        self.exchange.backward(grad_z)
+        return float(loss)
+
+    def train_round(self, batches: list[np.ndarray]) -> list[float]:
+        """One FedBCD round (``training.local_steps`` = R; spec 003 §2.2 Eq. 14):
+        receive each passive party's embeddings of the R batches in one message;
+        compute dL/dh'_i of every batch at the round's parameters and send them in
+        one message per party; then take R local steps on those same, stale
+        embeddings, A's own part (bottom model, top model, W_i) fresh at each."""
+        self.exchange.receive_round([len(b) for b in batches])
+        for r, idx in enumerate(batches):
+            _, grad_z = self._forward_backward(idx, local=r, record_grad=True)
+            self.exchange.backward_local(grad_z)
+        self.exchange.send_round_grads()
+        losses = []
+        for r, idx in enumerate(batches):
+            loss, grad_z = self._forward_backward(idx, local=r)
+            self.opt.step()
+            self.exchange.backward_local(grad_z)
+            losses.append(float(loss))
+        return losses
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
@@ -121,13 +163,17 @@ class ActiveParty(Party):
         for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             losses = []
             ch.phase = "train"
-            for idx in batches:
+            for rnd in rounds_of(batches, tr.local_steps):
                 ch.round = step
                 t0 = time.perf_counter()
-                losses.append(self.train_step(idx))
-                step_times.append(time.perf_counter() - t0)
-                step += 1
-                self.progress.step()
+                if tr.local_steps == 1:
+                    losses.append(self.train_step(rnd[0]))
+                else:
+                    losses.extend(self.train_round(rnd))
+                step_times.extend([(time.perf_counter() - t0) / len(rnd)] * len(rnd))
+                step += len(rnd)
+                for _ in rnd:
+                    self.progress.step()
             row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(np.mean(losses))}
             if last or (epoch + 1) % tr.eval_every == 0:
                 ch.phase, ch.round = "eval", epoch

@@ -148,6 +148,13 @@ def schedule(
             return
 
 
+def rounds_of(batches: list[np.ndarray], local_steps: int) -> list[list[np.ndarray]]:
+    """An epoch's batches grouped into communication rounds of ``local_steps``
+    consecutive batches (FedBCD, spec 003 §2.2 Eq. 14); the last round of an epoch
+    may be shorter, so a run has ``sum over epochs of ceil(T_e / R)`` rounds."""
+    return [batches[i : i + local_steps] for i in range(0, len(batches), local_steps)]
+
+
 def eval_batches(n: int, batch_size: int) -> Iterator[np.ndarray]:
     for start in range(0, n, batch_size):
         yield np.arange(start, min(n, start + batch_size))

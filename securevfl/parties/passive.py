@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from securevfl.models import build_bottom, make_optimizer
-from securevfl.parties.common import Party, Prepared, eval_batches, schedule
+from securevfl.parties.common import Party, Prepared, eval_batches, rounds_of, schedule
 
 
 class PassiveParty(Party):
@@ -47,6 +47,34 @@ class PassiveParty(Party):
             self.sent.append((self.ctx.channel.round, h2.detach().cpu().clone()))
         self.exchange.forward(h2, train=True)
         revealed = self.exchange.backward()
+        self._update(idx, x, h, h2, revealed)
+
+    def train_round(self, batches: list[np.ndarray]) -> None:
+        """One FedBCD round (``training.local_steps`` = R; spec 003 §2.2 Eq. 14):
+        release h'_i of the R batches in one message, receive dL/dh'_i of all R
+        (computed by A at the round's parameters) in one message, then take R
+        local steps. In each the own h is recomputed with the current bottom model
+        and differentiated through the defenses' noise-free ``embed_local``; the
+        released, noised copies are never reused here."""
+        sent = []
+        with torch.no_grad():
+            for idx in batches:
+                h2 = self.stack.embed(self.bottom(self.x_train[idx].to(self.device)), train=True)
+                if self.proto.runtime.dump_views:
+                    self.sent.append((self.ctx.channel.round, h2.detach().cpu().clone()))
+                sent.append(h2)
+        self.exchange.send_round(sent)
+        grads = self.exchange.receive_round_grads([len(b) for b in batches])
+        for idx, revealed in zip(batches, grads, strict=True):
+            x = self.x_train[idx].to(self.device)
+            h = self.bottom(x)
+            self._update(idx, x, h, self.stack.embed_local(h), revealed)
+
+    def _update(
+        self, idx: np.ndarray, x: torch.Tensor, h: torch.Tensor, h2: torch.Tensor, revealed: torch.Tensor
+    ) -> None:
+        """One optimizer step of the bottom model (and defense modules) from the
+        gradient the exchange revealed for the sent ``h2``."""
         if self._keep_view:
             self.forwards.append({"phase": "train", "round": self.ctx.channel.round, "rows": idx.copy()})
             self.revealed_grads.append(revealed.detach().cpu().clone())
@@ -71,10 +99,13 @@ class PassiveParty(Party):
         step = 0
         for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             ch.phase = "train"
-            for idx in batches:
+            for rnd in rounds_of(batches, tr.local_steps):
                 ch.round = step
-                self.train_step(idx)
-                step += 1
+                if tr.local_steps == 1:
+                    self.train_step(rnd[0])
+                else:
+                    self.train_round(rnd)
+                step += len(rnd)
             if last or (epoch + 1) % tr.eval_every == 0:
                 ch.phase, ch.round = "eval", epoch
                 self.evaluate()

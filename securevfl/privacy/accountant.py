@@ -170,6 +170,11 @@ class Plan:
     batch_size: int
     record_releases: int  # max over training records of the steps it appeared in
     evaluations: int  # evaluation passes over the test rows
+    rounds: int | None = None  # communication rounds (FedBCD local steps); None: one per step
+
+    @property
+    def communication_rounds(self) -> int:
+        return self.steps if self.rounds is None else self.rounds
 
     @property
     def sampling_rate(self) -> float:

@@ -18,16 +18,17 @@ from securevfl.privacy.accountant import Mechanism, Plan, account
 def plan_for(steps: int, n_train: int, tr: TrainingSpec) -> Plan:
     """The release counts of the first ``steps`` training steps of the schedule
     the parties run (the same :func:`~securevfl.parties.common.schedule`)."""
-    from securevfl.parties.common import schedule
+    from securevfl.parties.common import rounds_of, schedule
 
     counts = np.zeros(n_train, dtype=np.int64)
-    evaluations = 0
+    evaluations = rounds = 0
     for epoch, batches, last in schedule(n_train, tr, steps):
         for idx in batches:
             counts[idx] += 1
+        rounds += len(rounds_of(batches, tr.local_steps))
         if last or (epoch + 1) % tr.eval_every == 0:
             evaluations += 1
-    return Plan(steps, n_train, tr.batch_size, int(counts.max(initial=0)), evaluations)
+    return Plan(steps, n_train, tr.batch_size, int(counts.max(initial=0)), evaluations, rounds)
 
 
 def planned_steps(n_train: int, tr: TrainingSpec) -> int:

@@ -52,11 +52,26 @@ def test_per_row_keeps_the_latest_training_tensor_and_the_final_eval():
         per_row(fw[:1], [torch.zeros(3, 1)], 4, 2)
 
 
+def _fw(*sizes: int) -> list[dict]:
+    return [{"phase": "train", "round": 0, "rows": np.arange(n)} for n in sizes]
+
+
 def test_received_per_forward_splits_interleaved_peers():
-    rec = [(0, torch.full((1,), float(k))) for k in range(6)]  # 3 forwards x 2 peers
-    assert [float(x) for x in received_per_forward(rec, 3, 2, 1)] == [1.0, 3.0, 5.0]
+    rec = [(0, torch.full((1, 1), float(k))) for k in range(6)]  # 3 forwards x 2 peers
+    assert [float(x) for x in received_per_forward(rec, _fw(1, 1, 1), 2, 1)] == [1.0, 3.0, 5.0]
     with pytest.raises(ProtocolError):
-        received_per_forward(rec, 4, 2, 0)
+        received_per_forward(rec, _fw(1, 1, 1, 1), 2, 0)
+    with pytest.raises(ProtocolError):
+        received_per_forward(rec[:5], _fw(1, 1, 1), 2, 0)
+
+
+def test_received_per_forward_splits_a_round_message_into_its_batches():
+    # FedBCD rounds: one message per peer holds a round's batches (2 + 3 rows, then 1 row)
+    peer0 = [torch.arange(5.0)[:, None], torch.tensor([[5.0]])]
+    peer1 = [-t for t in peer0]
+    rec = [(0, peer0[0]), (1, peer1[0]), (0, peer0[1]), (1, peer1[1])]
+    out = received_per_forward(rec, _fw(2, 3, 1), 2, 1)
+    assert [t.flatten().tolist() for t in out] == [[-0.0, -1.0], [-2.0, -3.0, -4.0], [-5.0]]
 
 
 def _schedule(n_train: int, batch: int, epochs: int) -> list[np.ndarray]:

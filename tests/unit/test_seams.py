@@ -113,3 +113,65 @@ def test_stack_applies_hooks_in_order():
     assert torch.equal(stack.embed(torch.zeros(2), train=True), torch.full((2,), 12.0))
     assert stack.local_loss(torch.zeros(1), torch.zeros(1)) is None
     assert torch.equal(stack.labels(torch.tensor([1, 2])), torch.tensor([1, 2]))
+
+
+# -- FedBCD local steps (training.local_steps) ------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["mpc", "ckks", "paillier"])
+def test_local_steps_are_refused_where_a_cannot_recompute_z_alone(backend: str):
+    doc = _with(backend)
+    doc["training"]["local_steps"] = 2
+    with pytest.raises(UnsupportedCombination) as exc:
+        load_protocol_dict(doc)
+    assert exc.value.path == "training.local_steps"
+    assert f"backend '{backend}'" in str(exc.value) and "plain" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "name,params", [("embedding_dp", {"variant": "vanilla", "epsilon": 2.0}), ("hashvfl", {})]
+)
+def test_defenses_that_need_fresh_gradients_refuse_local_steps(name: str, params: dict):
+    doc = _with("plain", defenses=[{"name": name, "params": params}])
+    load_protocol_dict(doc)  # valid with R = 1
+    doc["training"]["local_steps"] = 3
+    with pytest.raises(UnsupportedCombination) as exc:
+        load_protocol_dict(doc)
+    assert exc.value.path == "parties.passive[0].defenses[0]"
+    assert f"'{name}'" in str(exc.value) and "local_steps" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "defenses,side",
+    [
+        ([{"name": "crdp", "params": {"variant": "fixed"}}], "passive"),
+        ([{"name": "gaussian_noise", "params": {"std": 0.5}}], "passive"),
+        ([{"name": "dravl", "params": {"alpha_d": 0.1}}], "passive"),
+        ([{"name": "label_dp", "params": {"epsilon": 1.0}}], "active"),
+    ],
+)
+def test_defenses_with_a_local_step_form_accept_local_steps(defenses, side):
+    doc = _with("plain", defenses=defenses, side=side)
+    doc["training"]["local_steps"] = 3
+    assert load_protocol_dict(doc).training.local_steps == 3
+
+
+def test_every_defense_that_changes_h_says_what_a_local_step_differentiates():
+    """A defense overriding ``embed`` must state its noise-free form (``embed_local``)
+    or why local steps cannot work; otherwise a local step would silently
+    differentiate the bare h (e.g. skip a clip)."""
+    for name in DEFENSES.names():
+        cls = DEFENSES.get(name)
+        if cls.embed is not Defense.embed:
+            assert cls.local_steps_refusal or cls.embed_local is not Defense.embed_local, name
+
+
+def test_crdp_local_step_form_clips_and_never_adds_noise():
+    from securevfl.defenses.crdp import Crdp, CrdpOptions
+
+    d = Crdp.__new__(Crdp)  # only the options matter for embed_local
+    d.p = CrdpOptions(variant="fixed", clip=0.5)
+    h = torch.tensor([[-2.0, 0.1, 3.0]])
+    assert torch.equal(d.embed_local(h), torch.tensor([[-0.5, 0.1, 0.5]]))
+    d.p = CrdpOptions()  # faithful: unit sensitivity, no clip
+    assert torch.equal(d.embed_local(h), h)
