@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | compare | validate | list``.
+"""Command line: ``securevfl run | party | compare | validate | list | criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(val)
 
     lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets")
+    crit = sub.add_parser(
+        "criteo",
+        help="split a Criteo TSV into the passive and active parties' CSV files (spec 002 §4.4)",
+    )
+    crit.add_argument("file", help="Criteo Display Advertising TSV (label, I1..I13, C1..C26)")
+    crit.add_argument("--out", required=True, help="folder for passive.csv, active.csv, protocol.yaml")
+    crit.add_argument("--top-k", type=int, default=8, help="one-hot columns per categorical field")
+    crit.add_argument("--max-rows", type=int, help="read at most this many records")
+    crit.add_argument("--debug", action="store_true", help="show tracebacks")
     lst.add_argument("--debug", action="store_true")
     return ap
 
@@ -163,12 +172,52 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_criteo(args: argparse.Namespace) -> int:
+    import yaml
+
+    from securevfl.data.criteo import active_feature_columns, split_criteo
+
+    paths = split_criteo(args.file, args.out, top_k=args.top_k, max_rows=args.max_rows)
+    doc = {
+        "name": "criteo",
+        "description": f"Criteo split of {args.file}: media platform (passive) and advertiser (active)",
+        "dataset": {"name": "csv", "test_fraction": 0.2},
+        "parties": {
+            "active": {
+                "name": "advertiser",
+                "source": {
+                    "path": str(paths["active"]),
+                    "label_column": "label",
+                    "feature_columns": active_feature_columns(paths["active"]),
+                },
+                "model": {"kind": "mlp", "hidden": [32], "out": 16},
+            },
+            "passive": [
+                {
+                    "name": "media",
+                    "source": {"path": str(paths["passive"])},
+                    "model": {"kind": "mlp", "hidden": [64], "out": 16},
+                }
+            ],
+        },
+        "exchange": {"backend": "plain"},
+        "interactive": {"out": 16},
+        "training": {"epochs": 5, "batch_size": 64, "lr": 0.003, "optimizer": "adam", "seed": 0},
+    }
+    proto = Path(args.out) / "protocol.yaml"
+    proto.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for p in (*paths.values(), proto):
+        print(f"wrote {p}")
+    return 0
+
+
 COMMANDS = {
     "run": cmd_run,
     "party": cmd_party,
     "compare": cmd_compare,
     "validate": cmd_validate,
     "list": cmd_list,
+    "criteo": cmd_criteo,
 }
 
 

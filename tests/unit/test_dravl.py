@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -396,11 +397,19 @@ def auc(score: torch.Tensor, y: torch.Tensor) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+BATCH = 512  # spec 002 §4.2 (the paper's n; §3.3 computes dCor on batches of 512)
+
+
 def train_split(defense, seed: int, epochs: int = 3, n: int = 10_000) -> tuple[nn.Module, float]:
-    """Split training F (P) / H (A) with ``defense`` at P; returns F and test AUC."""
+    """Split training F (P) / H (A) with ``defense`` at P; returns F and test AUC.
+    F is spec 002 §4.2's MLP ``d_x -> 256 -> 128 -> q`` (ReLU, the cut layer too),
+    q = 16 as in the spec's prototype (§9.6); H is the deep logit plus the wide part
+    on A's features (§4.1); Adam at 1e-3 for both (§4.2)."""
     xp, xa, y = synthetic(seed, n + 2000)
     torch.manual_seed(seed)
-    f = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU())
+    f = nn.Sequential(
+        nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 16), nn.ReLU()
+    )
     deep, wide = nn.Linear(16, 1), nn.Linear(4, 1)
     if defense is not None:
         defense.select_features(xp[:n].numpy(), [])
@@ -410,7 +419,7 @@ def train_split(defense, seed: int, epochs: int = 3, n: int = 10_000) -> tuple[n
     bce = nn.BCEWithLogitsLoss()
     g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
-        for idx in torch.randperm(n, generator=g).split(64):
+        for idx in torch.randperm(n, generator=g).split(BATCH):
             x = xp[idx]
             h = f(x)
             h2 = defense.embed(h, train=True) if defense is not None else h
@@ -433,7 +442,8 @@ def train_split(defense, seed: int, epochs: int = 3, n: int = 10_000) -> tuple[n
 
 
 def attack_nmse(embed, seed: int) -> float:
-    """Post-hoc attacker on fresh rows: train 4000 / val 1000 / test 1000."""
+    """Post-hoc attacker R_I on fresh rows: train 4000 / val 1000 / test 1000;
+    spec 002 §4.2's ``q -> 256 -> 256 -> d_x`` with early stopping (§5)."""
     xp, _, _ = synthetic(100 + seed, 6000)
     with torch.no_grad():
         z = embed(xp)
@@ -442,7 +452,7 @@ def attack_nmse(embed, seed: int) -> float:
     z = torch.where(keep, (z - mu) / sd.clamp_min(1e-4), torch.zeros_like(z))  # by ~0 blows up test rows
     torch.manual_seed(seed)
     r = nn.Sequential(
-        nn.Linear(z.shape[1], 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8)
+        nn.Linear(z.shape[1], 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)
     )
     opt = torch.optim.Adam(r.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
@@ -479,6 +489,7 @@ def synthetic_defense(cls, **params):
 
 
 SEEDS = (0, 1, 2)
+XP_EVAL = synthetic(99, 512)[0]  # held-out rows for the dCor metric
 
 
 @pytest.mark.slow
@@ -490,45 +501,61 @@ def test_behaviour_attacker_sanity():
     assert abs(attack_nmse(lambda x: torch.zeros(len(x), 16), 0) - 1.0) < 0.05
 
 
+@pytest.fixture(scope="module")
+def vanilla_runs() -> dict[str, list[float]]:
+    """The undefended split model on the spec's seeds: AUC, attacker nMSE and
+    held-out dCor per seed (shared by the behaviour tests below)."""
+    return _collect({"vanilla": lambda: None}, XP_EVAL)["vanilla"]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~2 min on an idle 2-core machine, far more on a shared one
-def test_behaviour_dcor_and_noise_move_privacy_the_right_way():
-    """§9.5-19/21 (reduced), 3 seeds, 3 epochs. Measured per seed (0, 1, 2):
-    vanilla AUC .903 .903 .896, held-out dCor .589 .582 .598, attacker nMSE .227 .201 .144;
-    dCor(log) alpha_d = 0.1: AUC .902 .902 .894, dCor .548 .552 .560, nMSE .649 .562 .684;
-    noise s = 2: AUC .882 .879 .874, nMSE .888 .891 .902; alpha_d = 3 collapses
-    (308 of 471 batches flagged, AUC .687 ~ the active-only AUC)."""
-    from statistics import median
-
-    from securevfl.privacy.dcor import v_dcor
-
-    xp_eval, _, _ = synthetic(99, 512)
-    van, dc, nz = (
-        {"dcor": [], "nmse": [], "auc": []},
-        {"dcor": [], "nmse": [], "auc": []},
-        {"nmse": [], "auc": []},
-    )
-    for seed in SEEDS:
-        for out, defense in ((van, None), (dc, synthetic_defense(Dravl, alpha_d=0.1))):
-            f, a = train_split(defense, seed)
-            with torch.no_grad():
-                out["dcor"].append(float(v_dcor(xp_eval, f(xp_eval))))
-            out["nmse"].append(attack_nmse(f, seed))
-            out["auc"].append(a)
-        fn, a = train_split(synthetic_defense(GaussianNoise, std=2.0), seed)
-        gen = torch.Generator().manual_seed(seed)
-        nz["nmse"].append(
-            attack_nmse(lambda x, fn=fn, gen=gen: fn(x) + 2.0 * torch.randn(len(x), 16, generator=gen), seed)
-        )
-        nz["auc"].append(a)
-    assert median(dc["dcor"]) < median(van["dcor"])
-    assert median(dc["nmse"]) >= median(van["nmse"]) + 0.08
-    assert abs(median(dc["auc"]) - median(van["auc"])) <= 0.01
-    assert min(nz["nmse"]) > 0.8 and median(nz["nmse"]) > median(van["nmse"])
-    assert median(nz["auc"]) <= median(van["auc"])
+@pytest.mark.timeout(3600)  # a safety net only
+def test_behaviour_dcor_moves_privacy_the_right_way(vanilla_runs: dict[str, list[float]]):
+    """§9.5-19, 3 seeds, 3 epochs, log form: at alpha_d = 0.03 the median nMSE is at
+    least 0.08 above vanilla's and the median AUC within 0.01 of it; at 0.1 the
+    median held-out dCor is below vanilla's; the collapse detector fires at
+    alpha_d = 3. Thresholds are the spec's. Measured: see docs/dravl.md."""
+    configs = {
+        "dcor_0.03": lambda: synthetic_defense(Dravl, alpha_d=0.03),
+        "dcor_0.1": lambda: synthetic_defense(Dravl, alpha_d=0.1),
+    }
+    med = _medians({"vanilla": vanilla_runs, **_collect(configs, XP_EVAL)})
+    assert med["dcor_0.03"]["nmse"] >= med["vanilla"]["nmse"] + 0.08, med
+    assert abs(med["dcor_0.03"]["auc"] - med["vanilla"]["auc"]) <= 0.01, med
+    assert med["dcor_0.1"]["dcor"] < med["vanilla"]["dcor"], med
     big = synthetic_defense(Dravl, alpha_d=3.0, collapse_std=1e-4)
     _, a = train_split(big, 0)
-    assert big.report()["collapsed_batches"] > 0 and a < 0.75
+    print("alpha_d = 3:", big.report()["collapsed_batches"], "collapsed batches, AUC", round(a, 3))
+    assert big.report()["collapsed_batches"] > 0, big.report()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # a safety net only
+def test_behaviour_embedding_noise_moves_privacy_the_right_way(vanilla_runs: dict[str, list[float]]):
+    """§9.5-21, 3 seeds, 3 epochs, the noise baseline ``h + N(0, s^2)``: the median
+    nMSE increases over s in {0, 0.5, 2} and exceeds 0.8 on every seed at s = 2; the
+    median AUC is non-increasing over the same s; at s = 200 it is more than 0.2
+    below vanilla's. The attacker sees the noised embedding. Thresholds are the
+    spec's. Measured: see docs/dravl.md."""
+    runs: dict[float, dict[str, list[float]]] = {0.0: vanilla_runs}
+    for std in (0.5, 2.0, 200.0):
+        for seed in SEEDS:
+            fn, a = train_split(synthetic_defense(GaussianNoise, std=std), seed)
+            gen = torch.Generator().manual_seed(seed)
+
+            def sent(x, fn=fn, gen=gen, std=std):
+                return fn(x) + std * torch.randn(len(x), 16, generator=gen)
+
+            row = runs.setdefault(std, {"auc": [], "nmse": []})
+            row["auc"].append(a)
+            row["nmse"].append(attack_nmse(sent, seed))
+    print({s: {k: [round(x, 3) for x in v] for k, v in r.items()} for s, r in runs.items()})
+    med = _medians(runs)
+    sweep = (0.0, 0.5, 2.0)
+    assert all(med[a]["nmse"] < med[b]["nmse"] for a, b in itertools.pairwise(sweep)), med
+    assert min(runs[2.0]["nmse"]) > 0.8, runs[2.0]
+    assert all(med[a]["auc"] >= med[b]["auc"] for a, b in itertools.pairwise(sweep)), med
+    assert med[200.0]["auc"] < med[0.0]["auc"] - 0.2, med
 
 
 def _medians(runs: dict[Any, dict[str, list[float]]]) -> dict[Any, dict[str, float]]:
@@ -563,19 +590,22 @@ def _collect(configs: dict[str, Any], xp_eval: torch.Tensor | None = None) -> di
     return runs
 
 
+@pytest.fixture(scope="module")
+def nr_runs() -> dict[float, dict[str, list[float]]]:
+    """NR alone at alpha_n in {0.01, 0.1, 1} on the spec's seeds (items 18 and 22)."""
+    configs = {a: (lambda a=a: synthetic_defense(Dravl, alpha_n=a)) for a in (0.01, 0.1, 1.0)}
+    return _collect(configs, XP_EVAL)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_behaviour_nr_raises_attacker_error():
+@pytest.mark.timeout(3600)  # a safety net only
+def test_behaviour_nr_raises_attacker_error(vanilla_runs, nr_runs):
     """§9.5-18, 3 seeds, 3 epochs: NR at alpha_n = 0.1 raises the median nMSE by at
     least 0.08 over vanilla; the median nMSE is non-decreasing over alpha_n in
     {0, 0.01, 0.1, 1}; the median AUC at alpha_n = 0.01 is within 0.01 of vanilla.
-    Thresholds are the spec's. Measured once (seeds 0, 1, 2; 1700 s on the loaded
-    2-core box): AUC .903 .903 .896 at alpha_n = 0 and at 0.01, .715 .674 .636 at 0.1,
-    .687 .665 .633 at 1; nMSE .227 .201 .144, .777 .524 .489, .672 .841 .888,
-    .994 .992 .974 (medians .201, .524, .841, .992)."""
+    Thresholds are the spec's. Measured: see docs/dravl.md."""
     sweep = (0.0, 0.01, 0.1, 1.0)
-    configs = {a: (lambda a=a: synthetic_defense(Dravl, alpha_n=a) if a else None) for a in sweep}
-    med = _medians(_collect(configs))
+    med = _medians({0.0: vanilla_runs, **nr_runs})
     nmse = [med[a]["nmse"] for a in sweep]
     assert med[0.1]["nmse"] >= med[0.0]["nmse"] + 0.08, med
     assert all(lo <= hi for lo, hi in itertools.pairwise(nmse)), med
@@ -583,63 +613,49 @@ def test_behaviour_nr_raises_attacker_error():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # a safety net only: past 1800 s on the 2-core box at load 14
-def test_behaviour_ar_with_inner_steps_raises_attacker_error():
+@pytest.mark.timeout(3600)  # a safety net only
+def test_behaviour_ar_with_inner_steps_raises_attacker_error(vanilla_runs):
     """§9.5-20, 3 seeds, 3 epochs: AR with ar_inner_steps = 5 and alpha_r = 0.1
     raises the median nMSE by at least 0.1 over vanilla (the spec's threshold). The
     inner steps use the split model's lr (1e-3), as the spec's prototype did.
-    Measured once (seeds 0, 1, 2; 1932 s on the loaded 2-core box): vanilla AUC
-    .903 .903 .896, nMSE .227 .201 .144; AR k = 5 AUC .735 .725 .634, nMSE .931 .910
-    .990 (medians .201 vs .931)."""
-    configs = {
-        "vanilla": lambda: None,
-        "ar_k5": lambda: synthetic_defense(Dravl, alpha_r=0.1, ar_inner_steps=5, inner_lr=1e-3),
-    }
-    med = _medians(_collect(configs))
+    Measured: see docs/dravl.md."""
+    configs = {"ar_k5": lambda: synthetic_defense(Dravl, alpha_r=0.1, ar_inner_steps=5, inner_lr=1e-3)}
+    med = _medians({"vanilla": vanilla_runs, **_collect(configs, XP_EVAL)})
     assert med["ar_k5"]["nmse"] >= med["vanilla"]["nmse"] + 0.1, med
 
 
-@pytest.fixture(scope="module")
-def all_three_medians() -> dict[str, dict[str, float]]:
-    """§9.5-22's runs, 3 seeds, 3 epochs: vanilla, NR alone at 0.1, and AR (paper
-    form, k = 0), NR and dCor all at 0.1. Measured once (seeds 0, 1, 2; 1473 s):
-    vanilla AUC .903 .903 .896, nMSE .227 .201 .144, dCor .589 .582 .598; NR 0.1 AUC
-    .715 .674 .636, nMSE .672 .841 .888; all three AUC .761 .740 .639, nMSE .579
-    .963 .975, dCor .496 .304 .245."""
-    xp_eval, _, _ = synthetic(99, 512)
-    configs = {
-        "vanilla": lambda: None,
-        "nr_0.1": lambda: synthetic_defense(Dravl, alpha_n=0.1),
-        "all_0.1": lambda: synthetic_defense(Dravl, alpha_r=0.1, alpha_n=0.1, alpha_d=0.1),
-    }
-    return _medians(_collect(configs, xp_eval))
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # a safety net only: past 1800 s on the 2-core box at load 14
-def test_behaviour_all_three_modules_together(all_three_medians: dict[str, dict[str, float]]) -> None:
-    """§9.5-22: the median nMSE is at least 0.2 above vanilla's, the median
-    held-out dCor is below vanilla's and the median AUC is below vanilla's. Not
-    asserted, as the spec says: that the combination beats every single module."""
-    med = all_three_medians
+@pytest.mark.timeout(3600)  # a safety net only
+def test_behaviour_all_three_modules_together(vanilla_runs, nr_runs) -> None:
+    """§9.5-22, AR (paper form, k = 0), NR and dCor all at 0.1, 3 seeds, 3 epochs:
+    the median nMSE is at least 0.2 above vanilla's, the median held-out dCor is
+    below vanilla's, and the median AUC is below vanilla's and below NR-alone's at
+    0.1 (the direction of H10). Not asserted, as the spec says: that the
+    combination beats every single module. Measured: see docs/dravl.md."""
+    configs = {"all_0.1": lambda: synthetic_defense(Dravl, alpha_r=0.1, alpha_n=0.1, alpha_d=0.1)}
+    med = _medians({"vanilla": vanilla_runs, "nr_0.1": nr_runs[0.1], **_collect(configs, XP_EVAL)})
     assert med["all_0.1"]["nmse"] >= med["vanilla"]["nmse"] + 0.2, med
     assert med["all_0.1"]["dcor"] < med["vanilla"]["dcor"], med
     assert med["all_0.1"]["auc"] < med["vanilla"]["auc"], med
+    assert med["all_0.1"]["auc"] < med["nr_0.1"]["auc"], med
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
-@pytest.mark.xfail(
-    strict=True,
-    reason="spec 002 §9.5-22's H10 direction does not hold here: NR alone at 0.1 already drives the "
-    "AUC to about the active-only level (median .674), and in the combination R' is R, trained at "
-    "alpha_r = 0.1 instead of 1, so the combined NR costs less AUC (.740); docs/dravl.md",
-)
-def test_behaviour_all_three_cost_more_auc_than_nr_alone(
-    all_three_medians: dict[str, dict[str, float]],
-) -> None:
-    """§9.5-22, last clause: the combination's median AUC is below NR-alone's at
-    0.1. Kept as a strict xfail so the deviation stays visible and a change that
-    makes it hold is noticed."""
-    med = all_three_medians
-    assert med["all_0.1"]["auc"] < med["nr_0.1"]["auc"], med
+@pytest.mark.timeout(3600)  # a safety net only
+def test_known_limitation_ar_without_inner_steps_is_recorded_not_asserted(vanilla_runs):
+    """§9.5-20, the faithful k = 0 AR (paper form: R trained only through the AR term
+    at alpha_r = 0.1): the spec measured no reliable effect on the post-hoc
+    attacker, so its nMSE is recorded (printed with ``-s``, in docs/dravl.md) and
+    not compared with vanilla. Asserted only: the runs complete, the AR term was
+    active on every step, and the metric is a valid nMSE."""
+    nmse, aucs = [], []
+    for seed in SEEDS:
+        d = synthetic_defense(Dravl, alpha_r=0.1)
+        row = _fit_and_attack(d, seed)
+        rep = d.report()
+        assert rep["steps"] == 3 * math.ceil(10_000 / BATCH) and "ar_loss" in rep, rep
+        nmse.append(row["nmse"])
+        aucs.append(row["auc"])
+    print("AR k = 0, alpha_r = 0.1: nMSE", [round(x, 3) for x in nmse], "AUC", [round(x, 3) for x in aucs])
+    print("vanilla: nMSE", [round(x, 3) for x in vanilla_runs["nmse"]])
+    assert all(0.0 <= x < 2.0 for x in nmse), nmse
