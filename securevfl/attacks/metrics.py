@@ -39,6 +39,29 @@ def normalized_mse(pred: np.ndarray, true: np.ndarray, mean: np.ndarray) -> dict
     return {"mse": m, "mse_mean": m0, "nmse_raw": raw, "nmse": min(raw, 1.0)}
 
 
+def per_feature_r2(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """``1 - MSE_j / Var_j`` per column j (spec 002 §5: per-feature R² = 1 - nMSE_j);
+    nan for a constant column."""
+    pred, true = np.asarray(pred, dtype=np.float64), np.asarray(true, dtype=np.float64)
+    if pred.shape != true.shape or true.ndim != 2:
+        raise ValueError(
+            f"expected two (rows, features) arrays of one shape, got {pred.shape} and {true.shape}"
+        )
+    err = ((pred - true) ** 2).mean(axis=0)
+    var = true.var(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(var > 0, 1.0 - err / var, np.nan)
+
+
+def log_loss(prob: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:
+    """Binary cross-entropy of predicted probabilities (clipped to [eps, 1 - eps])."""
+    p = np.clip(np.asarray(prob, dtype=np.float64), eps, 1 - eps)
+    y = np.asarray(labels, dtype=np.float64)
+    if p.shape != y.shape:
+        raise ValueError(f"shape mismatch: {p.shape} vs {y.shape}")
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
 def psnr(pred: np.ndarray, true: np.ndarray, data_range: float) -> float:
     """Peak signal-to-noise ratio in dB over all elements, ``10 log10(L^2 / MSE)``."""
     if data_range <= 0:
