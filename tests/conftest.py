@@ -57,6 +57,49 @@ def cli(
     )
 
 
+def training_rows(proto, data_dir: Path) -> tuple[list[Any], Any, int]:
+    """Each passive party's training features and the labels, as the launcher
+    derives them on a built-in dataset in which every party holds every ID (so the
+    PSI order, sorted IDs, is the file order): (x per passive party, y, classes)."""
+    import torch
+
+    from securevfl.data.partition import party_source
+    from securevfl.data.party_data import load_party_data, split_indices
+    from securevfl.seeding import generator
+
+    act = load_party_data(party_source(proto, "active", data_dir), "active", is_active=True)
+    xs = [
+        load_party_data(party_source(proto, p.name, data_dir), p.name, is_active=False)
+        for p in proto.parties.passive
+    ]
+    assert all(x.ids == sorted(act.ids) for x in xs)
+    seed = proto.training.seed
+    train_idx, _ = split_indices(len(act.ids), proto.dataset.test_fraction, generator(seed, "split"))
+    x_train = [torch.as_tensor(x.x[train_idx]) for x in xs]
+    return x_train, torch.as_tensor(act.y[train_idx]), len(act.classes)
+
+
+def model_state(proto, top, bias, bottoms, blocks) -> dict[str, Any]:
+    """An in-process reference model's parameters under the names the ranks'
+    ``state.pt`` files use (see :func:`split_state`)."""
+    state = {f"top.{k}": v for k, v in top.state_dict().items()} | {"bias": bias.detach()}
+    for p, b, blk in zip(proto.parties.passive, bottoms, blocks, strict=True):
+        state |= {f"{p.name}.bottom.{k}": v for k, v in b.state_dict().items()}
+        state[f"interactive.{p.name}"] = blk.weight.detach()
+    return state
+
+
+def split_state(out: Path, proto) -> dict[str, Any]:
+    """Every rank's final parameters of a run, passive ones prefixed by the party."""
+    import torch
+
+    state = dict(torch.load(out / "ranks" / "rank0.state.pt", weights_only=True))
+    for r, p in enumerate(proto.parties.passive, start=1):
+        s = torch.load(out / "ranks" / f"rank{r}.state.pt", weights_only=True)
+        state |= {f"{p.name}.{k}": v for k, v in s.items()}
+    return state
+
+
 def write_yaml(path: Path, doc: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

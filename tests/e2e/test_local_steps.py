@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from securevfl.config import Protocol, load_protocol_dict
-from tests.conftest import run_doc, small_digits
+from tests.conftest import model_state, run_doc, small_digits, split_state, training_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,24 +28,6 @@ STEPS = 7  # rounds of 3, 3 and 1 batches: ceil(7 / 3) = 3 rounds
 
 def _doc(**training: Any) -> dict[str, Any]:
     return small_digits(epochs=1, max_steps=STEPS, local_steps=R, **training)
-
-
-def _parties(proto: Protocol, data_dir: Path):
-    """Each party's training rows, as the launcher derives them (every party holds
-    every ID of digits, so the PSI order is the file order)."""
-    from securevfl.data.partition import party_source
-    from securevfl.data.party_data import load_party_data, split_indices
-    from securevfl.seeding import generator
-
-    tr = proto.training
-    act = load_party_data(party_source(proto, "active", data_dir), "active", is_active=True)
-    xs = [
-        load_party_data(party_source(proto, p.name, data_dir), p.name, is_active=False)
-        for p in proto.parties.passive
-    ]
-    assert all(x.ids == sorted(act.ids) for x in xs)
-    train_idx, _ = split_indices(len(act.ids), proto.dataset.test_fraction, generator(tr.seed, "split"))
-    return [torch.as_tensor(x.x[train_idx]) for x in xs], torch.as_tensor(act.y[train_idx]), len(act.classes)
 
 
 def fedbcd_reference(
@@ -78,7 +60,7 @@ def fedbcd_reference(
     from securevfl.parties.common import rounds_of, schedule
 
     tr = proto.training
-    xs, y, classes = _parties(proto, data_dir)
+    xs, y, classes = training_rows(proto, data_dir)
     passive = proto.parties.passive
     bottoms = [
         build_bottom(p.model, x.shape[1], seed=tr.seed, party=p.name)
@@ -130,19 +112,7 @@ def fedbcd_reference(
                         (own_transform(b(x[idx])) * grads[r][k]).sum().backward()
                     opt.step()
             j += len(rnd)
-    state = {f"top.{k}": v for k, v in top.state_dict().items()} | {"bias": bias.detach()}
-    for p, b, blk in zip(passive, bottoms, blocks, strict=True):
-        state |= {f"{p.name}.bottom.{k}": v for k, v in b.state_dict().items()}
-        state[f"interactive.{p.name}"] = blk.weight.detach()
-    return state, clean
-
-
-def _split_state(out: Path, proto: Protocol) -> dict[str, torch.Tensor]:
-    state = dict(torch.load(out / "ranks" / "rank0.state.pt", weights_only=True))
-    for r, p in enumerate(proto.parties.passive, start=1):
-        s = torch.load(out / "ranks" / f"rank{r}.state.pt", weights_only=True)
-        state |= {f"{p.name}.{k}": v for k, v in s.items()}
-    return state
+    return model_state(proto, top, bias, bottoms, blocks), clean
 
 
 def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -161,7 +131,7 @@ def fedbcd_run(tmp_path_factory) -> tuple[Path, Protocol, dict[str, Any]]:
 def test_local_steps_use_the_last_rounds_peer_embeddings_and_a_fresh_own_part(fedbcd_run):
     out, proto, result = fedbcd_run
     assert result["train_steps"] == STEPS
-    split = _split_state(out, proto)
+    split = split_state(out, proto)
     ref, _ = fedbcd_reference(proto, out / "data", R)
     assert _gap(split, ref) <= 1e-5, _gap(split, ref)
     # the comparison tells the schedules apart: fresh peers every step (R = 1) and
@@ -217,7 +187,7 @@ def test_crdp_noise_only_on_the_sent_copies_in_local_steps(tmp_path: Path):
     ref, clean = fedbcd_reference(
         proto, tmp_path / "data", R, sent_copies=sent, own_transform=lambda h: h.clamp(-clip, clip)
     )
-    split = _split_state(tmp_path, proto)
+    split = split_state(tmp_path, proto)
     assert _gap(split, ref) <= 1e-5, _gap(split, ref)
     # the wire carried clip(h) + Laplace noise of the reported scale; the own h had none
     for k, party in enumerate(("left", "right")):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from securevfl.config import load_protocol, load_protocol_dict
 from securevfl.data.partition import ID_COLUMN, LABEL_COLUMN, dataset_key
-from tests.conftest import PROTOCOLS, run_doc, small_digits
+from tests.conftest import PROTOCOLS, model_state, run_doc, small_digits, split_state, training_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -127,8 +127,6 @@ def test_breast_cancer_three_passive_parties_auc(tmp_path: Path):
 
 def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
     """The same architecture in one process: same seeds, same batches, same init."""
-    from securevfl.data.partition import party_source
-    from securevfl.data.party_data import load_party_data, split_indices
     from securevfl.models import (
         build_bias,
         build_bottom,
@@ -138,33 +136,23 @@ def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
         make_optimizer,
     )
     from securevfl.parties.common import train_batches
-    from securevfl.seeding import generator
 
     tr = proto.training
-    act = load_party_data(party_source(proto, "active", data_dir), "active", is_active=True)
-    xs = [
-        load_party_data(party_source(proto, p.name, data_dir), p.name, is_active=False)
-        for p in proto.parties.passive
-    ]
-    # every party holds every ID, so the PSI order (sorted IDs) is the file order
-    assert all(x.ids == sorted(act.ids) for x in xs)
-    train_idx, _ = split_indices(len(act.ids), proto.dataset.test_fraction, generator(tr.seed, "split"))
+    x_train, y_train, classes = training_rows(proto, data_dir)
     bottoms = [
-        build_bottom(p.model, x.x.shape[1], seed=tr.seed, party=p.name)
-        for p, x in zip(proto.parties.passive, xs, strict=True)
+        build_bottom(p.model, x.shape[1], seed=tr.seed, party=p.name)
+        for p, x in zip(proto.parties.passive, x_train, strict=True)
     ]
     blocks = [
         build_interactive(p.model.out, proto.interactive.out, seed=tr.seed, party=p.name)
         for p in proto.parties.passive
     ]
     bias = build_bias(proto.interactive.out)
-    top = build_top(proto.top, proto.interactive.out, len(act.classes), seed=tr.seed)
+    top = build_top(proto.top, proto.interactive.out, classes, seed=tr.seed)
     params = [q for m in [*bottoms, top] for q in m.parameters()] + [bias]
     opt = make_optimizer(params, tr)
     opt_w = interactive_optimizer([b.weight for b in blocks], proto.interactive)
-    x_train = [torch.as_tensor(x.x[train_idx]) for x in xs]
-    y_train = torch.as_tensor(act.y[train_idx])
-    for idx in train_batches(len(train_idx), tr.batch_size, tr.seed, 0):
+    for idx in train_batches(len(y_train), tr.batch_size, tr.seed, 0):
         hs = [b(x[idx]) for b, x in zip(bottoms, x_train, strict=True)]
         z = hs[0] @ blocks[0].weight.T
         for h, blk in zip(hs[1:], blocks[1:], strict=True):
@@ -176,11 +164,7 @@ def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
         loss.backward()
         opt.step()
         opt_w.step()
-    state = {f"top.{k}": v for k, v in top.state_dict().items()} | {"bias": bias.detach()}
-    for p, b, blk in zip(proto.parties.passive, bottoms, blocks, strict=True):
-        state |= {f"{p.name}.bottom.{k}": v for k, v in b.state_dict().items()}
-        state[f"interactive.{p.name}"] = blk.weight.detach()
-    return state
+    return model_state(proto, top, bias, bottoms, blocks)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -189,12 +173,7 @@ def test_one_epoch_split_equals_central(tmp_path: Path, optimizer: str):
     run_doc(doc, tmp_path)
     proto = load_protocol_dict(doc)
     central = _central_epoch(proto, tmp_path / "data")
-    split: dict[str, torch.Tensor] = {}
-    a = torch.load(tmp_path / "ranks" / "rank0.state.pt", weights_only=True)
-    split |= a
-    for r, p in enumerate(proto.parties.passive, start=1):
-        s = torch.load(tmp_path / "ranks" / f"rank{r}.state.pt", weights_only=True)
-        split |= {f"{p.name}.{k}": v for k, v in s.items()}
+    split = split_state(tmp_path, proto)
     assert set(split) == set(central)
     worst = max(float((split[k] - central[k]).abs().max()) for k in central)
     assert worst <= 1e-5, worst

@@ -400,45 +400,66 @@ def auc(score: torch.Tensor, y: torch.Tensor) -> float:
 BATCH = 512  # spec 002 §4.2 (the paper's n; §3.3 computes dCor on batches of 512)
 
 
+class _Split:
+    """The synthetic split model: F at P (with ``defense``, or none), H at A. F is
+    spec 002 §4.2's MLP ``d_x -> 256 -> 128 -> q`` (ReLU, the cut layer too), q = 16
+    as in the spec's prototype (§9.6); H is the deep logit plus the wide part on A's
+    features (§4.1); Adam at 1e-3 for both (§4.2)."""
+
+    def __init__(self, defense, seed: int, x_fit: torch.Tensor):
+        torch.manual_seed(seed)
+        self.f = nn.Sequential(
+            nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 16), nn.ReLU()
+        )
+        self.deep, self.wide = nn.Linear(16, 1), nn.Linear(4, 1)
+        self.defense = defense
+        if defense is not None:
+            defense.select_features(x_fit.numpy(), [])
+        mods = [self.f, *(defense.modules() if defense is not None else [])]
+        self.opt_p = torch.optim.Adam([p for m in mods for p in m.parameters()], lr=1e-3)
+        self.opt_a = torch.optim.Adam([*self.deep.parameters(), *self.wide.parameters()], lr=1e-3)
+        self.bce = nn.BCEWithLogitsLoss()
+
+    def sent(self, x: torch.Tensor, *, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what P sends, F's clean output) for rows ``x``."""
+        h = self.f(x)
+        return (self.defense.embed(h, train=train) if self.defense is not None else h), h
+
+    def logit(self, sent: torch.Tensor, xa: torch.Tensor) -> torch.Tensor:
+        return (self.deep(sent) + self.wide(xa)).squeeze(1)
+
+    def step(self, x: torch.Tensor, xa: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One training step (§3.4): A steps H on the sent batch and returns
+        G = dL/dZ_sent; P steps F (and R) on ``<Z_sent, G>`` plus the defense's local
+        loss. Returns the sent batch, detached."""
+        h2, h = self.sent(x, train=True)
+        zin = h2.detach().requires_grad_()
+        loss = self.bce(self.logit(zin, xa), y)
+        self.opt_a.zero_grad()
+        loss.backward()
+        self.opt_a.step()
+        obj = (h2 * zin.grad).sum()
+        local = self.defense.local_loss(x, h) if self.defense is not None else None
+        if local is not None:
+            obj = obj + local
+        self.opt_p.zero_grad(set_to_none=True)
+        obj.backward()
+        self.opt_p.step()
+        return h2.detach()
+
+
 def train_split(defense, seed: int, epochs: int = 3, n: int = 10_000) -> tuple[nn.Module, float]:
-    """Split training F (P) / H (A) with ``defense`` at P; returns F and test AUC.
-    F is spec 002 §4.2's MLP ``d_x -> 256 -> 128 -> q`` (ReLU, the cut layer too),
-    q = 16 as in the spec's prototype (§9.6); H is the deep logit plus the wide part
-    on A's features (§4.1); Adam at 1e-3 for both (§4.2)."""
+    """Split training with ``defense`` at P, ``epochs`` passes in batches of 512;
+    returns F and the test AUC."""
     xp, xa, y = synthetic(seed, n + 2000)
-    torch.manual_seed(seed)
-    f = nn.Sequential(
-        nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 16), nn.ReLU()
-    )
-    deep, wide = nn.Linear(16, 1), nn.Linear(4, 1)
-    if defense is not None:
-        defense.select_features(xp[:n].numpy(), [])
-    mods = [f, *(defense.modules() if defense is not None else [])]
-    opt_p = torch.optim.Adam([p for m in mods for p in m.parameters()], lr=1e-3)
-    opt_a = torch.optim.Adam([*deep.parameters(), *wide.parameters()], lr=1e-3)
-    bce = nn.BCEWithLogitsLoss()
+    model = _Split(defense, seed, xp[:n])
     g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         for idx in torch.randperm(n, generator=g).split(BATCH):
-            x = xp[idx]
-            h = f(x)
-            h2 = defense.embed(h, train=True) if defense is not None else h
-            zin = h2.detach().requires_grad_()
-            loss = bce((deep(zin) + wide(xa[idx])).squeeze(1), y[idx])
-            opt_a.zero_grad()
-            loss.backward()
-            opt_a.step()
-            obj = (h2 * zin.grad).sum()
-            local = defense.local_loss(x, h) if defense is not None else None
-            if local is not None:
-                obj = obj + local
-            opt_p.zero_grad(set_to_none=True)
-            obj.backward()
-            opt_p.step()
+            model.step(xp[idx], xa[idx], y[idx])
     with torch.no_grad():
-        h = f(xp[n:])
-        h = defense.embed(h, train=False) if defense is not None else h
-        return f, auc((deep(h) + wide(xa[n:])).squeeze(1), y[n:])
+        sent, _ = model.sent(xp[n:], train=False)
+        return model.f, auc(model.logit(sent, xa[n:]), y[n:])
 
 
 def stream_split(defense, seed: int, days: int = 7, n: int = 10_000) -> dict[str, float]:
@@ -450,24 +471,13 @@ def stream_split(defense, seed: int, days: int = 7, n: int = 10_000) -> dict[str
     from securevfl.attacks.stream import DayMetrics, OnlineReconstructor, day_chunks
 
     xp, xa, y = synthetic(seed, n)
-    torch.manual_seed(seed)
-    f = nn.Sequential(
-        nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 16), nn.ReLU()
-    )
-    deep, wide = nn.Linear(16, 1), nn.Linear(4, 1)
-    if defense is not None:
-        defense.select_features(xp.numpy(), [])
-    mods = [f, *(defense.modules() if defense is not None else [])]
-    opt_p = torch.optim.Adam([p for m in mods for p in m.parameters()], lr=1e-3)
-    opt_a = torch.optim.Adam([*deep.parameters(), *wide.parameters()], lr=1e-3)
-    bce = nn.BCEWithLogitsLoss()
+    model = _Split(defense, seed, xp)
     r_i = OnlineReconstructor(16, 8, seed=seed)
     out = DayMetrics()
     for day in day_chunks(n, days):
         with torch.no_grad():  # test, then train (progressive validation)
-            sent = f(xp[day])
-            sent = defense.embed(sent, train=False) if defense is not None else sent
-            prob = torch.sigmoid((deep(sent) + wide(xa[day])).squeeze(1))
+            sent, _ = model.sent(xp[day], train=False)
+            prob = torch.sigmoid(model.logit(sent, xa[day]))
             out.add(
                 auc=auc(prob, y[day]),
                 log_loss=log_loss(prob.numpy(), y[day].numpy()),
@@ -475,22 +485,7 @@ def stream_split(defense, seed: int, days: int = 7, n: int = 10_000) -> dict[str
                 target_var=float(xp[day].var(0).mean()),
             )
         for idx in torch.from_numpy(day).split(BATCH):
-            x = xp[idx]
-            h = f(x)
-            h2 = defense.embed(h, train=True) if defense is not None else h
-            r_i.observe(h2, x)
-            zin = h2.detach().requires_grad_()
-            loss = bce((deep(zin) + wide(xa[idx])).squeeze(1), y[idx])
-            opt_a.zero_grad()
-            loss.backward()
-            opt_a.step()
-            obj = (h2 * zin.grad).sum()
-            local = defense.local_loss(x, h) if defense is not None else None
-            if local is not None:
-                obj = obj + local
-            opt_p.zero_grad(set_to_none=True)
-            obj.backward()
-            opt_p.step()
+            r_i.observe(model.step(xp[idx], xa[idx], y[idx]), xp[idx])
     return out.averages()
 
 
