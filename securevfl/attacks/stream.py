@@ -41,9 +41,12 @@ class OnlineReconstructor:
                 width = h
             layers.append(nn.Linear(width, d_out))
         self.net = nn.Sequential(*layers)
-        with torch.no_grad():  # its own seeded init (uniform, 1/sqrt(fan_in))
-            for p in self.net.parameters():
-                p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) / max(1, p.shape[-1]) ** 0.5)
+        with torch.no_grad():  # its own seeded init: uniform in +-1/sqrt(fan_in), as nn.Linear's
+            for layer in self.net:
+                if isinstance(layer, nn.Linear):
+                    bound = layer.in_features**-0.5
+                    for p in (layer.weight, layer.bias):
+                        p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=lr)
         self.steps = 0
 
