@@ -7,6 +7,7 @@ from securevfl.attacks import (  # noqa: F401  (registration)
     feature_reconstruction,
     label_inference,
     membership,
+    online_reconstruction,
 )
 from securevfl.attacks.base import ATTACKS, Attack, View, World
 

@@ -40,6 +40,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RANK_PROCESS = "securevfl-rank"
+
+
 def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool) -> None:
     import sys
 
@@ -55,6 +58,14 @@ def launch(
 ) -> dict[str, Any]:
     """Run every rank locally; return the result record (also in out_dir/result.json)."""
     from securevfl.data.partition import is_builtin, materialize
+
+    if mp.current_process().name.startswith(RANK_PROCESS):
+        # Under the 'spawn' start method each rank re-imports the caller's main
+        # module; a script that calls launch() at top level would launch again.
+        raise SecureVFLError(
+            "launch() was called inside a rank process: the calling script has no "
+            "`if __name__ == '__main__':` guard, so every rank re-ran it on start-up"
+        )
 
     if proto.attacks and not proto.runtime.record_views:
         raise ConfigError(
@@ -78,7 +89,7 @@ def launch(
     procs = [
         ctx.Process(
             target=_child,
-            name=f"securevfl-rank{r.rank}",
+            name=f"{RANK_PROCESS}{r.rank}",
             args=(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress),
         )
         for r in layout.roles
@@ -143,4 +154,9 @@ def _explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]
         n = failures[0]
         return PartyFailure(f"rank {n.rank} ({names[n.rank]}): {n.message}", rank=n.lost_rank)
     bad = {r: c for r, c in codes.items() if c != 0}
-    return PartyFailure(f"ranks exited with codes {bad} without an error report", rank=None)
+    return PartyFailure(
+        f"ranks exited with codes {bad} before writing an error report; their tracebacks are on "
+        "stderr (a rank fails this way when, e.g., the script calling launch() lacks an "
+        "`if __name__ == '__main__':` guard)",
+        rank=None,
+    )

@@ -168,3 +168,24 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
     for r in (0, 1):
         assert procs[r].returncode == 3, (r, errs[r][-1500:])
         assert "rank 2 (passive 'right')" in errs[r] and "stopped responding" in errs[r], errs[r][-1500:]
+
+
+def test_launch_from_a_script_without_a_main_guard_says_so(tmp_path: Path):
+    """Each rank is a 'spawn' process that re-imports the caller's main module: a
+    script calling launch() at top level would launch again inside every rank.
+    The ranks refuse, and the launcher's error points at the cause."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from securevfl.config import load_protocol\n"
+        "from securevfl.runtime.launcher import launch\n"
+        f"launch(load_protocol({str(ROOT / 'protocols' / 'plain.yaml')!r}), {str(tmp_path / 'out')!r}, "
+        "progress=False)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
+    assert proc.returncode != 0
+    assert "launch() was called inside a rank process" in proc.stderr
+    assert "before writing an error report" in proc.stderr and "__main__" in proc.stderr
+    assert not (tmp_path / "out" / "result.json").exists()

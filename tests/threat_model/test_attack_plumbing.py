@@ -54,10 +54,11 @@ def test_attacks_run_after_training_on_the_adversaries_views(tmp_path: Path) -> 
         {"name": "feature_reconstruction", "params": {"image_shape": [8, 4], "grid_rows": 4}},
         {"name": "label_norm", "params": {"party": "right"}},
         {"name": "label_norm", "params": {"label": "norm_left"}},
+        {"name": "online_reconstruction"},
     ]
     res = run_doc(doc, tmp_path)
     att = res["attacks"]
-    assert set(att) == {"feature_reconstruction", "label_norm", "norm_left"}
+    assert set(att) == {"feature_reconstruction", "label_norm", "norm_left", "online_reconstruction"}
     assert att == json.loads((tmp_path / "result.json").read_text())["attacks"]
     fr = att["feature_reconstruction"]
     assert (fr["adversary"], fr["victim"]) == ("active", "left")
@@ -68,6 +69,13 @@ def test_attacks_run_after_training_on_the_adversaries_views(tmp_path: Path) -> 
     assert (tmp_path / "attacks" / "feature_reconstruction.npz").is_file()
     assert att["label_norm"]["adversary"] == "right" and att["norm_left"]["adversary"] == "left"
     assert att["label_norm"]["n_rows"] == res["rows"]["train"]
+    online = att["online_reconstruction"]
+    # R_I took one step per training batch A received, and was scored after each epoch
+    assert online["used"]["train_steps_observed"] == res["train_steps"]
+    assert online["rounds"] == [0, 1] and online["n_test"] == res["rows"]["test"]
+    assert online["nmse"] == pytest.approx(sum(online["nmse_per_pass"]) / 2)
+    # measured (seed 0): nmse per pass 1.180, 0.971: R_I is still learning after 24 steps
+    assert online["nmse_per_pass"][1] < online["nmse_per_pass"][0]
     # the passive party's recorded gradients are exactly what the ledger received (plain)
     v = torch.load(tmp_path / "ranks" / "rank1.view.pt", weights_only=False)
     ledger = [t for _, t in v["received"]["embedding_grad"]]

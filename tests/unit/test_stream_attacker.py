@@ -61,3 +61,52 @@ def test_per_feature_r2_and_log_loss():
     assert log_loss(np.array([1.0]), np.array([0])) == pytest.approx(-math.log(1e-7))
     with pytest.raises(ValueError):
         per_feature_r2(pred[:, :2], true)
+
+
+def _forwards() -> tuple[list[dict], list[torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    phi = torch.randn(6, 2, generator=g)
+    fw = [
+        {"phase": "train", "round": 0, "rows": [0, 1, 2]},
+        {"phase": "train", "round": 1, "rows": [3, 4, 5]},
+        {"phase": "eval", "round": 1, "rows": [0, 1]},
+        {"phase": "train", "round": 2, "rows": [5, 0, 2]},
+        {"phase": "eval", "round": 2, "rows": [0, 1, 2]},
+    ]
+    ts = [torch.randn(len(f["rows"]), 4, generator=g) for f in fw]
+    return fw, ts, phi
+
+
+def test_replay_trains_on_training_forwards_in_order_and_predicts_each_evaluation_pass():
+    """The registered online attacker (spec 002 §5 mode 1 over a launcher run):
+    replaying the view in arrival order is R_I trained during the run."""
+    from securevfl.attacks.online_reconstruction import replay
+
+    fw, ts, phi = _forwards()
+    rec = OnlineReconstructor(4, 2, seed=5)
+    passes = replay(fw, ts, phi, 3, rec)
+    assert rec.steps == 3 and [r for r, _ in passes] == [1, 2]
+    first, last = passes[0][1], passes[1][1]
+    assert torch.isnan(first[2]).all() and not torch.isnan(first[:2]).any()  # pass 1 did not cover row 2
+    assert not torch.isnan(last).any()
+    # the same reconstructor driven by hand, step by step
+    ref = OnlineReconstructor(4, 2, seed=5)
+    ref.observe(ts[0], phi[[0, 1, 2]])
+    ref.observe(ts[1], phi[[3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(first[:2], ref.net(ts[2]))
+    ref.observe(ts[3], phi[[5, 0, 2]])
+    with torch.no_grad():
+        assert torch.equal(last, ref.net(ts[4]))
+
+
+def test_replay_refuses_a_view_whose_tensors_do_not_match_its_forwards():
+    from securevfl.attacks.online_reconstruction import replay
+    from securevfl.errors import ProtocolError
+
+    fw, ts, phi = _forwards()
+    with pytest.raises(ProtocolError, match="5 forwards"):
+        replay(fw, ts[:-1], phi, 3, OnlineReconstructor(4, 2))
+    ts[1] = ts[1][:2]
+    with pytest.raises(ProtocolError, match="train/1: 2 rows for 3"):
+        replay(fw, ts, phi, 3, OnlineReconstructor(4, 2))
