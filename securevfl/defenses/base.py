@@ -8,6 +8,9 @@ each hook is the identity, so a defense implements only what it changes:
 * passive, returned gradient: :meth:`Defense.grad` ``g -> g'``
 * active, labels: :meth:`Defense.labels` ``y -> y'`` (once, before training)
 * active, auxiliary loss: :meth:`Defense.top_loss`
+* active, evaluation: :meth:`Defense.begin_eval` once per evaluation pass, then
+  :meth:`Defense.observe_eval` per test batch (read-only: e.g. a detector's
+  statistics on test traffic; nothing it does changes a prediction)
 * data, before training: :meth:`Defense.select_features`
 * accounting: :meth:`Defense.mechanisms` declares what a DP defense releases
   about one record over a planned run, for the one accountant (DESIGN §7). It is a
@@ -155,6 +158,15 @@ class Defense:
         (only under backends with ``active_sees_embeddings``; None otherwise)."""
         return None
 
+    def begin_eval(self) -> None:
+        """An evaluation pass starts (active side)."""
+
+    def observe_eval(
+        self, logits: torch.Tensor, y: torch.Tensor, embeddings: list[torch.Tensor] | None
+    ) -> None:
+        """One test batch of the pass: A's logits, the true labels A holds, and the
+        h'_i it received (under ``active_sees_embeddings``; None otherwise)."""
+
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
         """What this defense releases about one record over ``plan`` (DP defenses)."""
         return []
@@ -238,6 +250,16 @@ class DefenseStack:
         embeddings: list[torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
         return self._sum([d.top_loss(z, logits, y, embeddings) for d in self.defenses])
+
+    def begin_eval(self) -> None:
+        for d in self.defenses:
+            d.begin_eval()
+
+    def observe_eval(
+        self, logits: torch.Tensor, y: torch.Tensor, embeddings: list[torch.Tensor] | None
+    ) -> None:
+        for d in self.defenses:
+            d.observe_eval(logits, y, embeddings)
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for d in self.defenses for m in d.modules()]

@@ -411,6 +411,8 @@ class HashVFLConsistency(Defense):
         self.codes: torch.Tensor | None = None
         self._window: deque[dict[str, float]] = deque(maxlen=params.window)
         self._totals = {"samples": 0, "pair_flagged": 0, "to_pred_flagged": 0}
+        self._eval: list[dict[str, float]] = []  # the latest evaluation pass, per batch
+        self._eval_passes = 0
 
     @property
     def threshold(self) -> float:
@@ -439,12 +441,31 @@ class HashVFLConsistency(Defense):
         codes = self._class_codes(logits.shape[1], logits.device)
         loss = hashing.consistency_loss(embeddings, codes[y])
         with torch.no_grad():
-            self._observe([h.detach() for h in embeddings], codes, logits.detach(), y)
+            row = self._detect([h.detach() for h in embeddings], codes, logits.detach(), y)
+        self._window.append(row)
+        for k in self._totals:
+            self._totals[k] += int(row[k])
         return self.params.weight * loss
 
-    def _observe(
-        self, hs: list[torch.Tensor], codes: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+    def begin_eval(self) -> None:
+        self._eval = []
+        self._eval_passes += 1
+
+    def observe_eval(
+        self, logits: torch.Tensor, y: torch.Tensor, embeddings: list[torch.Tensor] | None
     ) -> None:
+        """The detector on test traffic (spec 004 §2.9 runs it at inference)."""
+        if embeddings is None:  # refused at load; kept for a backend that stops showing them
+            return
+        with torch.no_grad():
+            codes = self._class_codes(logits.shape[1], logits.device)
+            self._eval.append(self._detect([h.detach() for h in embeddings], codes, logits.detach(), y))
+
+    def _detect(
+        self, hs: list[torch.Tensor], codes: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+    ) -> dict[str, float]:
+        """Detector statistics of one batch: flags (pairwise, against o_{y_hat}),
+        pairwise Hamming sums for correct and wrong predictions, exact matches."""
         pred = logits.argmax(1)
         det = hashing.detect(hs, codes[pred], self.threshold)
         correct = (pred == y).cpu()
@@ -459,34 +480,41 @@ class HashVFLConsistency(Defense):
             "wrong": float((~correct).sum()),
             "match_class_code": float(exact) * len(y),
         }
-        self._window.append(row)
-        for k in self._totals:
-            self._totals[k] += int(row[k])
+        return row
 
     def report(self) -> dict[str, Any]:
         if self.codes is None:
             return {}
         dmin, at_min, imbalance = hashing.code_quality(self.codes)
-        w = {k: sum(r[k] for r in self._window) for k in self._window[0]} if self._window else {}
-        n = w.get("samples", 0.0)
-
-        def ratio(a: float, b: float) -> float | None:
-            return a / b if b else None
-
-        return {
+        out = {
             "code_kind": self.params.codes,
             "class_codes": self.codes.int().tolist(),
             "code_min_hamming": dmin,
             "code_pairs_at_min": at_min,
             "code_bit_imbalance": imbalance,
             "threshold": self.threshold,
-            "detector_last_steps": {
-                "steps": len(self._window),
-                "pair_flag_rate": ratio(w.get("pair_flagged", 0.0), n),
-                "to_pred_flag_rate": ratio(w.get("to_pred_flagged", 0.0), n),
-                "pair_hamming_correct": ratio(w.get("pair_ham_correct_sum", 0.0), w.get("correct", 0.0)),
-                "pair_hamming_wrong": ratio(w.get("pair_ham_wrong_sum", 0.0), w.get("wrong", 0.0)),
-                "match_class_code_rate": ratio(w.get("match_class_code", 0.0), n),
-            },
+            "detector_last_steps": {"steps": len(self._window), **_detector_rates(list(self._window))},
             "detector_totals": dict(self._totals),
         }
+        if self._eval:
+            out["detector_eval"] = {"passes": self._eval_passes, **_detector_rates(self._eval)}
+        return out
+
+
+def _detector_rates(rows: list[dict[str, float]]) -> dict[str, float | None]:
+    """Flag rates, mean pairwise Hamming for correct and wrong predictions (the
+    Table VI statistic) and the exact-match rate over batches' detector rows."""
+    w = {k: sum(r[k] for r in rows) for k in rows[0]} if rows else {}
+    n = w.get("samples", 0.0)
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    return {
+        "samples": int(n),
+        "pair_flag_rate": ratio(w.get("pair_flagged", 0.0), n),
+        "to_pred_flag_rate": ratio(w.get("to_pred_flagged", 0.0), n),
+        "pair_hamming_correct": ratio(w.get("pair_ham_correct_sum", 0.0), w.get("correct", 0.0)),
+        "pair_hamming_wrong": ratio(w.get("pair_ham_wrong_sum", 0.0), w.get("wrong", 0.0)),
+        "match_class_code_rate": ratio(w.get("match_class_code", 0.0), n),
+    }

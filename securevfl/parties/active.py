@@ -141,8 +141,10 @@ class ActiveParty(Party):
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         probs = []
+        self.stack.begin_eval()
         for idx in eval_batches(len(self.y_test), self.proto.training.batch_size):
             _, _, logits = self._logits(idx, self.x_test, train=False)
+            self.stack.observe_eval(logits, self.y_test[idx].to(self.device), self.exchange.embeddings())
             probs.append(torch.softmax(logits.float(), dim=1).cpu())
         p = torch.cat(probs)
         acc = float((p.argmax(1) == self.y_test).float().mean())

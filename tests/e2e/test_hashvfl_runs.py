@@ -108,6 +108,21 @@ def test_consistency_and_detector_report(plain_run):
     assert rep["detector_totals"]["samples"] == 4 * 64
 
 
+def test_detector_runs_on_test_traffic(plain_run):
+    """The detector also watches the evaluation pass (spec 004 §2.9 applies it at
+    inference): its pairwise flag rate equals the one recomputed from the test
+    codes A received."""
+    result, out = plain_run
+    rep = result["defense_report"]["active"]["hashvfl_consistency"]
+    ev = rep["detector_eval"]
+    assert ev["passes"] == 1 and ev["samples"] == result["rows"]["test"]
+    got = [t for r, t in _received(out, 0, "embedding") if r["phase"] == "eval"]
+    left, right = torch.cat(got[0::2]), torch.cat(got[1::2])  # peers in rank order per forward
+    ham = ((left * right - 1) / -2).sum(1)
+    assert ev["pair_flag_rate"] == pytest.approx(float((ham > rep["threshold"]).float().mean()))
+    assert 0.0 <= ev["match_class_code_rate"] <= 1.0
+
+
 @pytest.mark.parametrize("backend", ["mpc", "ckks"])
 def test_hash_alone_runs_under_crypto_backends(tmp_path: Path, backend: str):
     doc = _fast(backend, consistency=False)
