@@ -50,7 +50,7 @@ def test_hashed_run_pgd_and_detection(tmp_path: Path):
     assert all(r["n_correct"] + r["n_wrong"] == 2**BITS for r in t6["per_class"])
     assert det["thresholds"] == list(range(BITS + 1))
     honest, rnd = det["traffic"]["honest"], det["traffic"]["random_b"]
-    assert honest["records"] == result["n_test"]
+    assert honest["records"] == rnd["records"] == 359  # every test row of digits (1797 rows, 20%)
     # Ham <= d always, so nothing is flagged at t = d; every rate falls with t
     assert honest["pair_flag_rate"][BITS] == 0.0 and rnd["pair_flag_rate"][BITS] == 0.0
     for rates in (honest["pair_flag_rate"], rnd["pair_flag_rate"]):
