@@ -262,6 +262,7 @@ class TargetedPGD(Attack):
             "grid": grid,
             **server_check(world, server),
             "ap": max(g["asr"] for g in grid) / 100,
+            "chance": float((clean == t).mean()),  # AP* for the DCS: the target rate without the attack
         }
 
     @staticmethod
