@@ -130,7 +130,7 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
             cls.check(proto, params, backend=backend, path=f"{lay.path}.defenses[{j}]", source=source)
     passive = [p.name for p in proto.parties.passive]
     for j, spec in enumerate(proto.attacks):
-        _, params = _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
+        cls, params = _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
         for field in PARTY_FIELDS:  # checked now, not after training when the attack runs
             name = getattr(params, field, None)
             if name is not None and name not in passive:
@@ -138,6 +138,7 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                     f"attack '{spec.name}': {field} '{name}' is not a passive party (passive: {passive})",
                     f"attacks[{j}].params.{field}",
                 )
+        cls.check(proto, params, backend=backend, path=f"attacks[{j}]", source=source)
 
 
 # attack options that name a passive party (the victim, or the attacking party)

@@ -3,11 +3,13 @@ registered by name in ATTACKS. Importing this package registers every built-in
 attack; :mod:`securevfl.attacks.harness` runs them after training."""
 
 from securevfl.attacks import (  # noqa: F401  (registration)
+    code_detection,
     code_reconstruction,
     feature_reconstruction,
     label_inference,
     membership,
     online_reconstruction,
+    targeted_pgd,
 )
 from securevfl.attacks.base import ATTACKS, Attack, View, World
 

@@ -91,6 +91,15 @@ class Attack:
         self.params = params
         self.key = key or self.name  # its entry in result.json["attacks"] (and file names)
 
+    @classmethod
+    def check(
+        cls, proto: Protocol, params: BaseModel, *, backend: Any, path: str, source: str | None = None
+    ) -> None:
+        """Load-time checks that depend on the options or on the rest of the
+        protocol, as a defense's (``backend`` is the exchange backend class); raise
+        a ConfigError or UnsupportedCombination naming ``path``. Refusing here, not
+        after training, keeps a run from training for an attack that cannot run."""
+
     def adversary_party(self, world: World) -> str:
         """The party whose view the attack runs on (default: the active party)."""
         return world.layout.active.party

@@ -212,7 +212,11 @@ class ActiveParty(Party):
         when attacks run as A, what A legitimately knows: aligned IDs and split, its
         true labels, the z the exchange revealed at every forward (``z``, one per
         entry of ``forwards``: phase, round, row positions into the train or test
-        rows), and its own final top model and bias."""
+        rows), its own final top model and bias, and the interactive blocks W_i it
+        holds in the clear (``interactive``: ``{"interactive.<party>": weight}``; empty
+        under the backends that share or encrypt them) with, for an active party
+        with its own features, its part of z on the test rows (``own_z_test``):
+        together the whole server function of the split model (attacks/server.py)."""
         view: dict[str, object] = {"held_at_start": self.held_at_start}
         if not self._keep_view:
             return view
@@ -229,8 +233,18 @@ class ActiveParty(Party):
             z=self.revealed_z,
             top={k: v.detach().cpu() for k, v in self.top.state_dict().items()},
             bias=self.bias.detach().cpu(),
+            interactive={k: v for k, v in self.exchange.state().items() if k.startswith("interactive.")},
+            own_z_test=self._own_z_test(),
         )
         return view
+
+    @torch.no_grad()
+    def _own_z_test(self) -> torch.Tensor | None:
+        """A's own contribution W_A f_A(x_A) to z on the test rows (None for a
+        label-only active party)."""
+        if self.bottom is None or self.own is None:
+            return None
+        return self.own(self.bottom(self.x_test.to(self.device))).detach().cpu()
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"top.{k}": v.detach().cpu() for k, v in self.top.state_dict().items()}
