@@ -39,6 +39,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from securevfl.config import Protocol
 from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.privacy import hashing
@@ -392,27 +393,38 @@ class HashVFLConsistency(Defense):
 
     def __init__(self, params: ConsistencyOptions, ctx: DefenseContext):
         super().__init__(params, ctx)
-        passive = ctx.proto.parties.passive
-        widths = {p.model.out for p in passive if p.model is not None}
         j = [d.name for d in ctx.proto.parties.active.defenses].index(self.name)
-        if len(widths) != 1:
-            raise ConfigError(
-                f"HashVFL compares every party's code with one class code, so every passive party needs the "
-                f"same model.out; got {sorted(widths)}",
-                path=f"parties.active.defenses[{j}]",
-            )
-        missing = [p.name for p in passive if "hashvfl" not in {d.name for d in p.defenses}]
-        if missing:
-            raise ConfigError(
-                f"the consistency loss compares +-1 codes; passive parties {missing} do not run 'hashvfl'",
-                path=f"parties.active.defenses[{j}]",
-            )
-        self.bits = widths.pop()
+        self.check(ctx.proto, params, backend=None, path=f"parties.active.defenses[{j}]")
+        self.bits = next(p.model.out for p in ctx.proto.parties.passive if p.model is not None)
         self.codes: torch.Tensor | None = None
         self._window: deque[dict[str, float]] = deque(maxlen=params.window)
         self._totals = {"samples": 0, "pair_flagged": 0, "to_pred_flagged": 0}
         self._eval: list[dict[str, float]] = []  # the latest evaluation pass, per batch
         self._eval_passes = 0
+
+    @classmethod
+    def check(
+        cls, proto: Protocol, params: Any, *, backend: Any, path: str, source: str | None = None
+    ) -> None:
+        """At load: every passive party runs ``hashvfl`` with one code length (the
+        loss compares each party's code with one class code). 2^d >= C is checked
+        when the rank knows C, before training."""
+        passive = proto.parties.passive
+        widths = {p.model.out for p in passive if p.model is not None}
+        if len(widths) != 1:
+            raise ConfigError(
+                f"HashVFL compares every party's code with one class code, so every passive party needs the "
+                f"same model.out; got {sorted(widths)}",
+                path=path,
+                source=source,
+            )
+        missing = [p.name for p in passive if "hashvfl" not in {d.name for d in p.defenses}]
+        if missing:
+            raise ConfigError(
+                f"the consistency loss compares +-1 codes; passive parties {missing} do not run 'hashvfl'",
+                path=path,
+                source=source,
+            )
 
     @property
     def threshold(self) -> float:

@@ -321,17 +321,17 @@ def test_active_defense_weights_the_loss_and_uses_seeded_codes():
 
 
 def test_active_defense_refuses_parties_without_hash_or_with_unequal_code_lengths():
+    """Refused when the protocol loads, before any rank starts."""
     doc = _doc(consistency_params={})
     doc["parties"]["passive"][1]["defenses"] = []
-    proto = load_protocol_dict(doc)
     with pytest.raises(ConfigError, match=r"\['right'\] do not run 'hashvfl'") as exc:
-        build_stack(proto, "active", "active", proto.parties.active.defenses)
+        load_protocol_dict(doc)
     assert exc.value.path == "parties.active.defenses[0]"
     doc = _doc(consistency_params={})
     doc["parties"]["passive"][1]["model"]["out"] = 8
-    proto = load_protocol_dict(doc)
-    with pytest.raises(ConfigError, match=r"same model\.out"):
-        build_stack(proto, "active", "active", proto.parties.active.defenses)
+    with pytest.raises(ConfigError, match=r"same model\.out") as exc:
+        load_protocol_dict(doc)
+    assert exc.value.path == "parties.active.defenses[0]"
 
 
 # -- 7. top model ----------------------------------------------------------------------------------
