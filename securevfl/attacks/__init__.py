@@ -5,6 +5,7 @@ attack; :mod:`securevfl.attacks.harness` runs them after training."""
 from securevfl.attacks import (  # noqa: F401  (registration)
     code_reconstruction,
     feature_reconstruction,
+    gradient_clusters,
     label_inference,
     membership,
 )
