@@ -6,6 +6,7 @@ from securevfl.attacks import (  # noqa: F401  (registration)
     code_detection,
     code_reconstruction,
     feature_reconstruction,
+    gradient_clusters,
     label_inference,
     membership,
     online_reconstruction,

@@ -12,9 +12,12 @@ Attack: x* = argmin_x MSE(v(x), o_y) + lambda TV(x), with v(x) the pre-Sign
 BatchNorm output (spec 004 §5.2 [GAP]: Sign has zero gradient, so the BN output
 is matched). Without hashing the same attack matches the class mean of the
 received embeddings with the bottom output: the "no-defense upper bound".
-Metric: SSIM between each class's reconstruction and every test image of that
-class (victim's half, model-input space), mean over classes; ``ssim_mean_image``
-is the same for the average training image, the know-nothing baseline.
+Metrics (spec 004 §5.3, pairing: each class's reconstruction against every test
+image of that class, victim's half, model-input space): SSIM, mean (and std) over
+classes of the per-class mean; ``ssim_mean_image`` is the same for the average
+training image, the know-nothing baseline. DCOR (per image over pixels) and KLD
+(KL(P_raw || P_rec) of pixel distributions, see :func:`metrics.kld_pixels`), mean
+and std over all (class, image) pairs, each with its ``*_mean_image`` baseline.
 """
 
 from __future__ import annotations
@@ -163,16 +166,29 @@ class CodeReconstruction(Attack):
         imgs = x_te.reshape(-1, *shape)
         mean_img = vv["x_train"].numpy().astype(np.float64).mean(0).reshape(shape)
         per_class, base = [], []
+        pairs: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("dcor", "kld", "dcor_mean_image", "kld_mean_image")
+        }
         for c in range(guess["recon"].shape[0]):
             own = imgs[y_te == c]
             if not len(own):
                 continue
             rec = np.broadcast_to(guess["recon"][c], own.shape)
+            avg = np.broadcast_to(mean_img, own.shape)
             per_class.append(float(metrics.ssim(rec, own, rng).mean()))
-            base.append(float(metrics.ssim(np.broadcast_to(mean_img, own.shape), own, rng).mean()))
+            base.append(float(metrics.ssim(avg, own, rng).mean()))
+            pairs["dcor"].append(metrics.dcor_pixels(rec, own))
+            pairs["kld"].append(metrics.kld_pixels(own, rec))
+            pairs["dcor_mean_image"].append(metrics.dcor_pixels(avg, own))
+            pairs["kld_mean_image"].append(metrics.kld_pixels(own, avg))
         out["ssim"] = float(np.mean(per_class))
         out["ssim_std"] = float(np.std(per_class))
         out["ssim_mean_image"] = float(np.mean(base))
+        for key, vals in pairs.items():
+            v = np.concatenate(vals)
+            out[key] = float(v.mean())
+            if not key.endswith("_mean_image"):
+                out[f"{key}_std"] = float(v.std())
         out["ap"] = max(0.0, out["ssim"])
         return out
 

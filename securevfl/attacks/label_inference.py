@@ -21,8 +21,18 @@ sees except for the few ``n_known`` training labels it is explicitly given.
 * ``model_completion`` (any task): a small classifier on the party's own final
   bottom-model output (what it sends, after its embedding defenses, by default)
   fitted to the ``n_known`` known labels, predicting the test records. Metric:
-  accuracy (and AUC for binary tasks). The semi-supervised MixMatch step of Fu et
-  al. is left out: the head is fitted on the known labels only.
+  accuracy (and AUC for binary tasks). ``semi_supervised: none`` fits the head on
+  the known labels only; ``mixmatch`` adds Fu et al.'s semi-supervised step
+  (:mod:`securevfl.attacks.mixmatch`), with the party's training records as the
+  unlabelled pool. Its augmentation (``augment``): ``input`` adds Gaussian noise
+  (``augment_std`` times each input column's std over the party's training rows)
+  to the party's own model input and passes it through its own frozen bottom
+  model and, for ``features: sent``, its own embedding defenses in evaluation
+  mode (under HashVFL a noisy input flips code bits the way the real channel
+  would); ``feature`` adds the noise to the z-scored features directly. Rebuilding
+  its own models takes their architecture from the protocol, which every party
+  holds (prior ``protocol``); the weights are the party's own (``own["bottom"]``,
+  ``own["defense_modules"]``).
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ from pydantic import Field
 from securevfl.attacks import metrics
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_classifier
+from securevfl.attacks.mixmatch import fit_mixmatch
 from securevfl.attacks.views import steps_per_row
+from securevfl.errors import ProtocolError
 
 
 class _PassiveOptions(AttackOptions):
@@ -151,6 +163,16 @@ class ModelCompletionOptions(_PassiveOptions):
         default="sent", description="sent: bottom output after the party's embedding defenses; bottom: before"
     )
     hidden: list[int] = Field(default=[32], description="hidden sizes of the completion head")
+    semi_supervised: Literal["none", "mixmatch"] = Field(
+        default="none",
+        description="none: fit on the known labels only; mixmatch: MixMatch over own train rows",
+    )
+    augment: Literal["input", "feature"] = Field(
+        default="input", description="MixMatch augmentation: noise on the bottom input, or on the features"
+    )
+    augment_std: float = Field(default=0.1, gt=0, description="augmentation noise, in column stds")
+    epochs: int = Field(default=25, ge=1, description="MixMatch passes over the unlabelled pool")
+    lambda_u: float = Field(default=10.0, ge=0, description="MixMatch weight of the unlabelled loss")
 
 
 class ModelCompletion(_PassiveAttack):
@@ -160,6 +182,8 @@ class ModelCompletion(_PassiveAttack):
     def knowledge(self, world: World) -> dict[str, Any]:
         known = self._known(world, self.params.n_known)
         known["classes"] = int(world.active.own["classes"])
+        if self.params.semi_supervised == "mixmatch" and self.params.augment == "input":
+            known["protocol"] = world.proto  # public: the party's own architecture and defenses
         return known
 
     def run(self, view: View) -> dict[str, Any]:
@@ -167,16 +191,39 @@ class ModelCompletion(_PassiveAttack):
         pre = "sent" if p.features == "sent" else "h"
         x_tr, x_te = own[f"{pre}_train"].float(), own[f"{pre}_test"].float()
         rows = torch.as_tensor(prior["known_rows"])
-        proba = fit_classifier(
-            x_tr[rows], torch.as_tensor(prior["known_labels"]), prior["classes"], hidden=p.hidden, seed=p.seed
-        )(x_te)
-        return {
-            "proba": proba,
-            "used": {
-                "input": f"own final bottom-model output ({p.features}) of train and test records",
-                "known_labels": len(rows),
-            },
+        labels = torch.as_tensor(prior["known_labels"])
+        used: dict[str, Any] = {
+            "input": f"own final bottom-model output ({p.features}) of train and test records",
+            "known_labels": len(rows),
         }
+        if p.semi_supervised == "none":
+            proba = fit_classifier(x_tr[rows], labels, prior["classes"], hidden=p.hidden, seed=p.seed)(x_te)
+        else:
+            augment = self._augmenter(view, x_tr)
+            proba = fit_mixmatch(
+                x_tr,
+                rows,
+                labels,
+                prior["classes"],
+                augment,
+                hidden=p.hidden,
+                seed=p.seed,
+                epochs=p.epochs,
+                lambda_u=p.lambda_u,
+            )(x_te)
+            used |= {"unlabelled": len(x_tr), "semi_supervised": "mixmatch", "augment": p.augment}
+        return {"proba": proba, "used": used}
+
+    def _augmenter(self, view: View, x_tr: torch.Tensor):
+        """``augment(rows, gen)`` for MixMatch: fresh noisy features of training rows."""
+        p, own = self.params, view.own
+        if p.augment == "feature":
+            scale = p.augment_std * x_tr.std(0, unbiased=False)
+            return lambda r, g: x_tr[r] + scale * torch.randn(len(r), x_tr.shape[1], generator=g)
+        embed = own_embedding(view, view.prior["protocol"], sent=p.features == "sent")
+        x_in = own["x_train"].float()
+        scale = p.augment_std * x_in.std(0, unbiased=False)
+        return lambda r, g: embed(x_in[r] + scale * torch.randn(len(r), x_in.shape[1], generator=g))
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         y = world.active.own["y_test"].numpy()
@@ -188,6 +235,36 @@ class ModelCompletion(_PassiveAttack):
         if proba.shape[1] == 2:
             out["auc"] = metrics.roc_auc(proba[:, 1], y)
         return out
+
+
+def own_embedding(view: View, proto: Any, *, sent: bool):
+    """The party's own frozen bottom model (and, with ``sent``, its embedding
+    defenses in evaluation mode) rebuilt from the protocol's architecture and the
+    weights in its own view: ``x -> h`` or ``x -> h'``, without gradients."""
+    from securevfl.defenses.base import build_stack
+    from securevfl.models import build_bottom
+
+    spec = next(s for s in proto.parties.passive if s.name == view.party)
+    bottom = build_bottom(spec.model, view.own["x_train"].shape[1], seed=0, party=view.party)
+    bottom.load_state_dict(view.own["bottom"])
+    bottom.eval()
+    stack = build_stack(proto, view.party, "passive", spec.defenses)
+    modules = stack.modules()
+    states = view.own["defense_modules"]
+    if len(modules) != len(states):
+        raise ProtocolError(
+            f"{view.party}: {len(states)} saved defense module states for {len(modules)} modules"
+        )
+    for m, st in zip(modules, states, strict=True):
+        m.load_state_dict(st)
+        m.eval()
+
+    def embed(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            h = bottom(x)
+            return stack.embed(h, train=False).float() if sent else h.float()
+
+    return embed
 
 
 for _cls in (LabelNorm, LabelDirection, ModelCompletion):

@@ -176,3 +176,95 @@ def total_variation(img: np.ndarray) -> float:
     dx = x[1:, :-1] - x[:-1, :-1]
     dy = x[:-1, 1:] - x[:-1, :-1]
     return float(np.sqrt(dx**2 + dy**2).sum())
+
+
+def dcor_pixels(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """Per-image distance correlation over pixels (Székely; spec 004 §5.3, DCOR).
+
+    Each pair of images (``pred[k]``, ``true[k]``) is flattened to two vectors a
+    and b whose pixels are the paired samples; with A and B the double-centred
+    matrices of |a_k - a_l| and |b_k - b_l|, dCov^2 = mean(A*B) and
+    dCor = sqrt(dCov^2(a, b) / sqrt(dCov^2(a, a) dCov^2(b, b))), computed in
+    float64 by :func:`securevfl.privacy.dcor.v_dcor2` without its smoothing eps
+    (no gradient is needed), so dCor(x, x) = 1. An image with constant pixels has
+    distance variance 0; its dCor is 0 (Székely's convention). Returns one value
+    per image in [0, 1] (1 = an affine copy; 0 = independent)."""
+    import torch
+
+    from securevfl.privacy.dcor import v_dcor2
+
+    x = np.asarray(pred, dtype=np.float64)
+    y = np.asarray(true, dtype=np.float64)
+    if x.shape != y.shape or x.ndim < 2:
+        raise ValueError(f"dcor_pixels needs two (n, ...) batches of one shape, got {x.shape}, {y.shape}")
+    out = np.zeros(x.shape[0])
+    for k in range(x.shape[0]):
+        a, b = x[k].reshape(-1).copy(), y[k].reshape(-1).copy()  # broadcast views are read-only
+        if np.ptp(a) == 0 or np.ptp(b) == 0:
+            continue
+        out[k] = math.sqrt(float(v_dcor2(torch.from_numpy(a), torch.from_numpy(b), eps=0.0)))
+    return out
+
+
+def pixel_distribution(img: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """One image as a distribution over its pixels: shifted by its own minimum
+    to be non-negative, normalised to sum 1, then floored by mixing in ``eps``
+    of the uniform mass per pixel (``(p + eps) / (1 + n eps)``) so that no pixel
+    has probability 0. A constant image gives the uniform distribution."""
+    s = np.asarray(img, dtype=np.float64).reshape(-1)
+    s = s - s.min()
+    total = s.sum()
+    p = s / total if total > 0 else np.full(s.shape, 1.0 / s.size)
+    return (p + eps) / (1.0 + s.size * eps)
+
+
+def kld_pixels(raw: np.ndarray, rec: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Per-image KL(P_raw || P_rec) in nats between pixel distributions (spec
+    004 §5.3, KLD; the paper leaves the definition open): each image becomes a
+    distribution over its pixel positions by :func:`pixel_distribution` (shift to
+    its minimum, normalise to sum 1, ``eps`` floor). The shift and normalisation
+    make the value blind to brightness offset and contrast: it compares where the
+    intensity mass lies. 0 for identical images (and for affine copies with a
+    positive scale); larger means less alike (less leakage). Returns one value per
+    image pair, shape (n,)."""
+    x = np.asarray(raw, dtype=np.float64)
+    y = np.asarray(rec, dtype=np.float64)
+    if x.shape != y.shape or x.ndim < 2:
+        raise ValueError(f"kld_pixels needs two (n, ...) batches of one shape, got {x.shape}, {y.shape}")
+    out = np.zeros(x.shape[0])
+    for k in range(x.shape[0]):
+        p, q = pixel_distribution(x[k], eps), pixel_distribution(y[k], eps)
+        out[k] = float(np.sum(p * np.log(p / q)))
+    return out
+
+
+def adjusted_mutual_info(labels: np.ndarray, clusters: np.ndarray) -> float:
+    """Adjusted mutual information (Vinh et al. 2010; arithmetic-mean
+    normalisation, as scikit-learn's default) between true labels and cluster
+    ids: 1 for a relabelling of the truth, about 0 (can be slightly negative) for
+    clusters independent of the labels."""
+    from sklearn.metrics import adjusted_mutual_info_score
+
+    y, c = np.asarray(labels), np.asarray(clusters)
+    if y.shape != c.shape or y.ndim != 1:
+        raise ValueError(f"need two 1-d label arrays of one length, got {y.shape} and {c.shape}")
+    return float(adjusted_mutual_info_score(y, c))
+
+
+def matched_accuracy(labels: np.ndarray, clusters: np.ndarray) -> float:
+    """Accuracy of clusters read as labels under the best one-to-one cluster ->
+    label matching (Hungarian assignment on the contingency table). Clusters
+    left unmatched (more clusters than labels) count as wrong."""
+    from scipy.optimize import linear_sum_assignment
+
+    y, c = np.asarray(labels), np.asarray(clusters)
+    if y.shape != c.shape or y.ndim != 1:
+        raise ValueError(f"need two 1-d label arrays of one length, got {y.shape} and {c.shape}")
+    if not y.size:
+        return math.nan
+    ys, yi = np.unique(y, return_inverse=True)
+    cs, ci = np.unique(c, return_inverse=True)
+    table = np.zeros((len(cs), len(ys)), dtype=np.int64)
+    np.add.at(table, (ci, yi), 1)
+    r, k = linear_sum_assignment(table, maximize=True)
+    return float(table[r, k].sum() / y.size)
