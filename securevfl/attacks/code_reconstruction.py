@@ -22,7 +22,7 @@ and std over all (class, image) pairs, each with its ``*_mean_image`` baseline.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,6 +42,12 @@ class CodeReconstructionOptions(AttackOptions):
     image_shape: tuple[int, int] | None = Field(
         default=None, description="(H, W) of the victim's features (default: its cnn input_shape)"
     )
+    mode: Literal["class_code", "sample"] = Field(
+        default="class_code",
+        description="class_code: invert each class's code (the paper's attack); sample: invert individual "
+        "test records' continuous pre-Sign values, the upper bound of spec 004 §5.2 [C]",
+    )
+    samples: int = Field(default=20, ge=1, description="test records inverted in mode 'sample'")
 
 
 def isotropic_tv(x: torch.Tensor) -> torch.Tensor:
@@ -78,6 +84,19 @@ def invert(
     return x.detach()
 
 
+def pre_sign(bottom: torch.nn.Module, bn: dict[str, torch.Tensor] | None):
+    """x -> the victim's pre-Sign value: its bottom output, through its BatchNorm
+    in eval mode when it has one (spec 004 §5.2 [GAP]: the BN output is matched)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        h = bottom(x)
+        if bn is not None:
+            h = (h - bn["running_mean"]) / torch.sqrt(bn["running_var"] + 1e-5) * bn["weight"] + bn["bias"]
+        return h
+
+    return f
+
+
 class CodeReconstruction(Attack):
     name = "code_reconstruction"
     adversary = "active"
@@ -109,7 +128,7 @@ class CodeReconstruction(Attack):
         bottom.eval()
         bn = next((m for m in vv["defense_modules"] if "running_var" in m), None)
         x = vv["x_train"]
-        return {
+        prior = {
             "victim": victim,
             "victim_index": idx,
             "n_peers": len(world.layout.passive),
@@ -119,9 +138,35 @@ class CodeReconstruction(Attack):
             "n_features": int(x.shape[1]),
             "init": float(x.min() + x.max()) / 2,  # mid-range start (the paper's code starts at 0.5)
         }
+        if self.params.mode == "sample":
+            # the upper bound: continuous values the adversary does not see under HashVFL
+            rows = self._sample_rows(len(vv["x_test"]))
+            with torch.no_grad():
+                prior["sample_rows"] = rows
+                prior["sample_targets"] = pre_sign(bottom, bn)(vv["x_test"][torch.as_tensor(rows)].float())
+        return prior
+
+    def _sample_rows(self, n_test: int) -> np.ndarray:
+        g = np.random.default_rng(self.params.seed)
+        return np.sort(g.choice(n_test, size=min(self.params.samples, n_test), replace=False))
 
     def run(self, view: View) -> dict[str, Any]:
         p, prior, own = self.params, view.prior, view.own
+        shape = prior["image_shape"] or (1, prior["n_features"])
+        if p.mode == "sample":
+            f = pre_sign(prior["bottom"], prior["batchnorm"])
+            targets = prior["sample_targets"]
+            recon = invert(f, targets, shape, prior["init"], iterations=p.iterations, lr=p.lr, tv=p.tv_weight)
+            return {
+                "recon": recon.numpy(),
+                "binary": False,
+                "rows": prior["sample_rows"],
+                "used": {
+                    "input": f"declared prior: continuous pre-Sign values of {len(targets)} test records",
+                    "prior": "victim bottom model and defense modules (white-box); the upper bound of "
+                    "spec 004 §5.2 [C]",
+                },
+            }
         forwards = own["forwards"]
         tensors = received_per_forward(
             view.received.get(EMBEDDING.name, []), forwards, prior["n_peers"], prior["victim_index"]
@@ -131,18 +176,7 @@ class CodeReconstruction(Attack):
         codes, labels = table.train[seen], own["y_train"][torch.as_tensor(np.flatnonzero(seen))]
         binary = bool(((codes.abs() - 1).abs() < 1e-6).all())
         targets = class_codes(codes, labels, int(own["classes"]), binary=binary)
-        bn = prior["batchnorm"]
-        bottom = prior["bottom"]
-
-        def f(x: torch.Tensor) -> torch.Tensor:
-            h = bottom(x)
-            if binary and bn is not None:
-                h = (h - bn["running_mean"]) / torch.sqrt(bn["running_var"] + 1e-5) * bn["weight"] + bn[
-                    "bias"
-                ]
-            return h
-
-        shape = prior["image_shape"] or (1, prior["n_features"])
+        f = pre_sign(prior["bottom"], prior["batchnorm"] if binary else None)
         recon = invert(f, targets, shape, prior["init"], iterations=p.iterations, lr=p.lr, tv=p.tv_weight)
         return {
             "recon": recon.numpy(),
@@ -165,6 +199,8 @@ class CodeReconstruction(Attack):
         rng = float(x_te.max() - x_te.min()) or 1.0
         imgs = x_te.reshape(-1, *shape)
         mean_img = vv["x_train"].numpy().astype(np.float64).mean(0).reshape(shape)
+        if self.params.mode == "sample":
+            return {**out, **_sample_scores(np.asarray(guess["recon"]), imgs[guess["rows"]], mean_img, rng)}
         per_class, base = [], []
         pairs: dict[str, list[np.ndarray]] = {
             k: [] for k in ("dcor", "kld", "dcor_mean_image", "kld_mean_image")
@@ -191,6 +227,28 @@ class CodeReconstruction(Attack):
                 out[f"{key}_std"] = float(v.std())
         out["ap"] = max(0.0, out["ssim"])
         return out
+
+
+def _sample_scores(recon: np.ndarray, true: np.ndarray, mean_img: np.ndarray, rng: float) -> dict[str, Any]:
+    """Each record's reconstruction against that record (mode ``sample``), with
+    the average training image as the know-nothing baseline."""
+    recon = recon.reshape(true.shape).astype(np.float64)
+    avg = np.broadcast_to(mean_img, true.shape)
+    ssim = metrics.ssim(recon, true, rng)
+    dcor, kld = metrics.dcor_pixels(recon, true), metrics.kld_pixels(true, recon)
+    return {
+        "ssim": float(ssim.mean()),
+        "ssim_std": float(ssim.std()),
+        "ssim_mean_image": float(metrics.ssim(avg, true, rng).mean()),
+        "dcor": float(dcor.mean()),
+        "dcor_std": float(dcor.std()),
+        "dcor_mean_image": float(metrics.dcor_pixels(avg, true).mean()),
+        "kld": float(kld.mean()),
+        "kld_std": float(kld.std()),
+        "kld_mean_image": float(metrics.kld_pixels(true, avg).mean()),
+        "n_records": len(true),
+        "ap": max(0.0, float(ssim.mean())),
+    }
 
 
 ATTACKS.add(CodeReconstruction.name, CodeReconstruction)
