@@ -10,7 +10,10 @@ exchange backend:
   (our fix for §7 item 5, not in the paper) thresholds each unit at its median
   instead of at 0, so that every bit is balanced whatever the unit's
   distribution. It only changes what the passive party computes and sends, so it
-  runs under every backend.
+  runs under every backend. The ablations of spec 004 §8.1 are options of it too:
+  ``batchnorm: false`` (w/o BN), ``quantization_weight`` (GreedyHash's
+  ||V - Sign(V)||_3 as the party's local loss) and ``send: continuous`` (the
+  official code's w/o-consistency arm, which sends V: not a hashed system).
 * ``hashvfl_consistency`` (active): the consistency loss to the class codes
   (§2.5-2.6) and the abnormal-input detector (§2.9). Both read the codes h'_i,
   so it requires ``active_sees_embeddings`` (``plain``); under ``mpc``/``ckks``/

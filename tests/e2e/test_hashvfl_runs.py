@@ -161,7 +161,13 @@ def test_consistency_is_refused_where_the_active_party_cannot_see_codes(backend:
 
 
 def test_cli_validate_accepts_the_protocols_and_names_the_refusal(tmp_path: Path):
-    for name in ("hashvfl_plain", "hashvfl_improved_plain", "hashvfl_mpc", "hashvfl_ckks"):
+    for name in (
+        "hashvfl_plain",
+        "hashvfl_improved_plain",
+        "hashvfl_greedyhash_plain",
+        "hashvfl_mpc",
+        "hashvfl_ckks",
+    ):
         proto = load_protocol(PROTOCOLS / f"{name}.yaml")
         assert proto.name == name
     doc = load_yaml("hashvfl_mpc.yaml")
