@@ -91,8 +91,9 @@ class HashOptions(DefenseOptions):
         default=0.0,
         ge=0,
         description="weight of GreedyHash's quantization penalty ||V - Sign(V)||_3 over the batch matrix, "
-        "V the pre-sign value (the BN output, or the bottom output without BN), added to the party's "
-        "local loss in training (spec 004 §8.1 ablations; the paper's HashVFL: 0, GreedyHash: 1)",
+        "V the pre-sign value (the BN output, or the bottom output without BN), divided by the number of "
+        "passive parties (bn.py averages it over parties) and added to the party's local loss in training "
+        "(spec 004 §8.1 ablations; the paper's HashVFL: 0, GreedyHash: 1)",
     )
     send: Literal["codes", "continuous"] = Field(
         default="codes",
