@@ -14,7 +14,18 @@ and interactive.out 16):
   unit's batch median in training and its running median at evaluation; spec
   004 §7 item 5);
 * ``median_batch``: the same with ``balance_eval: batch`` (evaluation codes
-  thresholded at each evaluation batch's own median, as in training).
+  thresholded at each evaluation batch's own median, as in training);
+* ``no_bn``: the paper's "Ours w/o BN" ablation (spec 004 Table X): no BN,
+  sign + STE, CE + consistency loss;
+* ``greedyhash``: the paper's GreedyHash ablation (Table X): no BN, sign + STE,
+  CE + ||V - H||_3 (``quantization_weight: 1``), no consistency loss;
+* ``greedyhash_code``: the official ``bn.py`` "greedy" arm as it actually
+  trains: no BN, sign + STE, CE only (its ||V - H||_3 is computed with H from the
+  identity-STE sign, so the term has zero gradient);
+* ``no_consistency``: BN, sign + STE, CE + ||V - H||_3, no consistency loss (the
+  hashed form of Fig. 6's "w/o consistency" arm);
+* ``no_consistency_continuous``: the same sending the continuous BN output V
+  (``send: continuous``), the official code's Fig. 6 arm. NOT a hashed system.
 
 Usage::
 
@@ -39,7 +50,28 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-ARMS = ("floats", "hashvfl", "balanced", "median", "median_batch")
+ARMS = (
+    "floats",
+    "hashvfl",
+    "balanced",
+    "median",
+    "median_batch",
+    "no_bn",
+    "greedyhash",
+    "greedyhash_code",
+    "no_consistency",
+    "no_consistency_continuous",
+)
+# the ablation arms' hashvfl params (spec 004 §8.1, Table X, Fig. 6), and those run without the
+# active party's consistency loss
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "no_bn": {"batchnorm": False},
+    "greedyhash": {"batchnorm": False, "quantization_weight": 1.0},
+    "greedyhash_code": {"batchnorm": False},
+    "no_consistency": {"quantization_weight": 1.0},
+    "no_consistency_continuous": {"quantization_weight": 1.0, "send": "continuous"},
+}
+NO_CONSISTENCY = ("greedyhash", "greedyhash_code", "no_consistency", "no_consistency_continuous")
 
 
 def protocol(seed: int, bits: int, arm: str) -> dict[str, Any]:
@@ -52,9 +84,12 @@ def protocol(seed: int, bits: int, arm: str) -> dict[str, Any]:
         p["model"]["out"] = bits
         if arm == "floats":
             p["defenses"] = []
-    if arm == "floats":
+    if arm == "floats" or arm in NO_CONSISTENCY:
         doc["parties"]["active"]["defenses"] = []
-    else:
+    if arm in ABLATIONS:
+        for p in doc["parties"]["passive"]:
+            p["defenses"] = [{"name": "hashvfl", "params": dict(ABLATIONS[arm])}]
+    elif arm != "floats":
         codes = "random" if arm == "hashvfl" else "balanced"
         doc["parties"]["active"]["defenses"][0]["params"]["codes"] = codes
         if arm.startswith("median"):

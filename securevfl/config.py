@@ -29,20 +29,42 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+class RatioBlock(Strict):
+    """Party ``part``'s contiguous block when the feature columns are cut in
+    ``ratios`` (HashVFL's ``feature_distribute``, spec 004 §4): round(n r) columns,
+    Python's round (half to even), for every ratio but the last, the rest for the
+    last; e.g. 95 columns at [0.5, 0.5] give 48/47."""
+
+    ratios: list[float] = Field(min_length=1)
+    part: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _valid(self) -> RatioBlock:
+        if any(not r > 0 for r in self.ratios):
+            raise ValueError(f"ratios must be positive, got {self.ratios}")
+        if abs(sum(self.ratios) - 1) > 1e-6:
+            raise ValueError(f"ratios must sum to 1, got {self.ratios}")
+        if self.part >= len(self.ratios):
+            raise ValueError(f"part {self.part} is out of range for {len(self.ratios)} ratios")
+        return self
+
+
 class ColumnSelect(Strict):
     """Which feature columns of a built-in dataset a party holds. Exactly one of
-    ``names`` (explicit list), ``glob`` (fnmatch pattern over column names) or
-    ``index`` ([start, stop) over the dataset's feature columns)."""
+    ``names`` (explicit list), ``glob`` (fnmatch pattern over column names),
+    ``index`` ([start, stop) over the dataset's feature columns) or ``block``
+    (a contiguous block by feature ratios, :class:`RatioBlock`)."""
 
     names: list[str] | None = None
     glob: str | None = None
     index: list[int] | None = Field(default=None, min_length=2, max_length=2)
+    block: RatioBlock | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ColumnSelect:
-        given = [k for k in ("names", "glob", "index") if getattr(self, k) is not None]
+        given = [k for k in ("names", "glob", "index", "block") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of 'names', 'glob' or 'index'")
+            raise ValueError("give exactly one of 'names', 'glob', 'index' or 'block'")
         if self.index is not None and not (0 <= self.index[0] < self.index[1]):
             raise ValueError("index must be [start, stop) with 0 <= start < stop")
         return self

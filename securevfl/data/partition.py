@@ -48,6 +48,14 @@ def select_columns(all_cols: list[str], sel: ColumnSelect, *, path: str) -> list
         cols = [c for c in all_cols if c in chosen]
     elif sel.glob is not None:
         cols = [c for c in all_cols if fnmatch.fnmatchcase(c, sel.glob)]
+    elif sel.block is not None:
+        from securevfl.data.splits import contiguous_blocks
+
+        try:
+            start, stop = contiguous_blocks(len(all_cols), sel.block.ratios)[sel.block.part]
+        except ConfigError as exc:
+            raise ConfigError(str(exc), path=f"{path}.columns.block") from exc
+        cols = all_cols[start:stop]
     else:
         start, stop = sel.index  # type: ignore[misc]
         if stop > len(all_cols):

@@ -10,7 +10,10 @@ exchange backend:
   (our fix for §7 item 5, not in the paper) thresholds each unit at its median
   instead of at 0, so that every bit is balanced whatever the unit's
   distribution. It only changes what the passive party computes and sends, so it
-  runs under every backend.
+  runs under every backend. The ablations of spec 004 §8.1 are options of it too:
+  ``batchnorm: false`` (w/o BN), ``quantization_weight`` (GreedyHash's
+  ||V - Sign(V)||_3 as the party's local loss) and ``send: continuous`` (the
+  official code's w/o-consistency arm, which sends V: not a hashed system).
 * ``hashvfl_consistency`` (active): the consistency loss to the class codes
   (§2.5-2.6) and the abnormal-input detector (§2.9). Both read the codes h'_i,
   so it requires ``active_sees_embeddings`` (``plain``); under ``mpc``/``ckks``/
@@ -41,7 +44,7 @@ from pydantic import Field, model_validator
 
 from securevfl.config import Protocol
 from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
-from securevfl.errors import ConfigError, UnsupportedCombination
+from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
 from securevfl.privacy import hashing
 from securevfl.privacy.accountant import LaplaceRelease, Mechanism, Plan, RandomizedResponseRelease, epsilon
 from securevfl.seeding import generator
@@ -85,6 +88,20 @@ class HashOptions(DefenseOptions):
     )
     epsilon: float | None = Field(default=None, gt=0, description="the DP add-on's eps (required with dp)")
     dp_at_inference: bool = Field(default=True, description="also perturb the codes sent for evaluation")
+    quantization_weight: float = Field(
+        default=0.0,
+        ge=0,
+        description="weight of GreedyHash's quantization penalty ||V - Sign(V)||_3 over the batch matrix, "
+        "V the pre-sign value (the BN output, or the bottom output without BN), divided by the number of "
+        "passive parties (bn.py averages it over parties) and added to the party's local loss in training "
+        "(spec 004 §8.1 ablations; the paper's HashVFL: 0, GreedyHash: 1)",
+    )
+    send: Literal["codes", "continuous"] = Field(
+        default="codes",
+        description="codes: send Sign(V) in {-1, +1}^d (HashVFL); continuous: send V itself, NOT a hashed "
+        "system (the official code's 'w/o consistency' arm of spec 004 Fig. 6; counted in "
+        "non_binary_values_sent)",
+    )
 
     @model_validator(mode="after")
     def _eps(self) -> HashOptions:
@@ -95,6 +112,14 @@ class HashOptions(DefenseOptions):
         for key in ("balance_momentum", "balance_eval"):
             if self.balance == "off" and key in self.model_fields_set:
                 raise ValueError(f"'{key}' is set but balance is 'off'")
+        if self.send == "continuous":
+            # each of these only shapes the +-1 code, which is not what is sent
+            if self.dp != "off":
+                raise ValueError("dp perturbs +-1 codes; send: continuous sends no codes")
+            if self.balance != "off":
+                raise ValueError("balance sets the sign's threshold; send: continuous sends no codes")
+            if "ste" in self.model_fields_set:
+                raise ValueError("ste is the sign's gradient; send: continuous sends no codes")
         return self
 
 
@@ -195,6 +220,9 @@ class HashVFL(Defense):
         self._last_train: bool | None = None
         self._non_binary_sent = 0
         self._sent = 0
+        # (bottom output h, pre-sign V) of the latest training embed, for local_loss
+        self._pre_sign: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._quantization_last: float | None = None
 
     def _normalize(self, h: torch.Tensor, train: bool) -> torch.Tensor:
         if self.bn is None:
@@ -228,19 +256,51 @@ class HashVFL(Defense):
                 path=f"parties.passive[{_passive_index(self.ctx)}].model.out",
             )
         u = self._normalize(h, train)
-        clipped = self.params.ste == "clipped"
-        if self.median is not None:
-            clean = hashing.median_sign_ste(u, self._threshold(h, u, train), clipped=clipped)
-        else:
-            clean = hashing.sign_ste(u, clipped=clipped)
-        out = clean
         p = self.params
+        # V: the value that is signed (u, or u minus the constant median threshold)
+        v = u - self._threshold(h, u, train).detach() if self.median is not None else u
+        if train and p.quantization_weight > 0:
+            self._pre_sign = (h, v)
+        if p.send == "continuous":
+            self._observe(v.detach(), train)
+            return v
+        clean = hashing.sign_ste(v, clipped=p.ste == "clipped")
+        out = clean
         if p.dp != "off" and (train or p.dp_at_inference):
             assert p.epsilon is not None
             noisy = hashing.dp_noise(clean.detach(), p.dp, p.epsilon, self.noise)
             out = hashing.straight_through(clean, noisy)
         self._observe(out.detach(), train)
         return out
+
+    def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """quantization_weight * ||V - Sign(V)||_3 on the V of this training step
+        (spec 004 §8.1 GreedyHash / w/o-consistency ablations).
+
+        V is the very tensor :meth:`embed` signed (kept from it, not recomputed,
+        so BN's running statistics move once per step), so the penalty's gradient
+        reaches BN's gamma and beta and the bottom model through the same graph
+        as the returned dL/dH; Sign(V) is a constant (see
+        :func:`~securevfl.privacy.hashing.quantization_norm`). Each party
+        penalises its own codes, so the joint objective is
+        CE + weight * (1/N) sum_i ||V_i - H_i||_3 over the N passive parties,
+        the official ``bn.py`` normalisation (its norm term is averaged over the
+        parties).
+
+        Unlike ``bn.py``, the penalty here has a gradient: there H is the output
+        of the identity-STE sign, so d(V - H)/dV = 0 and the term only changes the
+        logged loss (its "greedy" arm trains as no BN + CE only)."""
+        if self.params.quantization_weight == 0:
+            return None
+        if self._pre_sign is None or self._pre_sign[0] is not h:
+            raise ProtocolError(
+                "hashvfl's quantization penalty needs the pre-sign value of the same step's training embed"
+            )
+        _, v = self._pre_sign
+        self._pre_sign = None
+        loss = hashing.quantization_norm(v)
+        self._quantization_last = float(loss.detach())
+        return self.params.quantization_weight * loss / len(self.ctx.proto.parties.passive)
 
     def _observe(self, codes: torch.Tensor, train: bool) -> None:
         """Bit balance of the latest training stretch and the latest evaluation
@@ -338,6 +398,9 @@ class HashVFL(Defense):
             "batchnorm": self.bn is not None,
             "balance": self.params.balance,
             "balance_eval": self.params.balance_eval if self.median is not None else None,
+            "send": self.params.send,
+            "quantization_weight": self.params.quantization_weight,
+            "quantization_norm_last": self._quantization_last,
             "values_sent": self._sent,
             "non_binary_values_sent": self._non_binary_sent,
             "train_bits": self._train_stats.summary(),
@@ -422,6 +485,19 @@ class HashVFLConsistency(Defense):
         if missing:
             raise ConfigError(
                 f"the consistency loss compares +-1 codes; passive parties {missing} do not run 'hashvfl'",
+                path=path,
+                source=source,
+            )
+        continuous = [
+            p.name
+            for p in passive
+            for d in p.defenses
+            if d.name == "hashvfl" and d.params.get("send", "codes") == "continuous"
+        ]
+        if continuous:
+            raise ConfigError(
+                f"the consistency loss and the detector compare +-1 codes; passive parties {continuous} "
+                "run hashvfl with send: continuous",
                 path=path,
                 source=source,
             )

@@ -60,6 +60,28 @@ def straight_through(clean: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
     return clean + (noisy - clean).detach()
 
 
+def quantization_norm(v: torch.Tensor, p: float = 3.0) -> torch.Tensor:
+    """||V - H||_p = (sum |V - H|^p)^(1/p) over the whole B x d batch matrix, with
+    H = :func:`sign` (V): GreedyHash's quantization penalty, the loss term of the
+    GreedyHash and "w/o consistency" ablations of spec 004 §8.1 (Table X note:
+    p = 3, weight 1, one norm per batch matrix, not a per-row mean).
+
+    H is treated as a constant (detached). That is the true derivative of the
+    sign almost everywhere (0), and it is the only choice under which the term
+    does anything: differentiating H through the identity straight-through
+    estimator would give d(V - H)/dV = 1 - 1 = 0. So the gradient is
+    d/dV_k = |V_k - H_k|^(p-1) sign(V_k - H_k) / ||V - H||_p^(p-1), pulling each
+    pre-sign value toward its own code (0 where V = H; at V = H everywhere the
+    norm is 0 and autograd's 0/0 is replaced by 0).
+    """
+    diff = v - sign(v).detach()
+    a = diff.abs()
+    total = (a**p).sum()
+    if float(total.detach()) == 0.0:
+        return total  # 0 with a zero gradient (the norm's gradient is undefined at 0)
+    return total ** (1.0 / p)
+
+
 # -- pre-defined class codes (spec 004 §2.5, §7 item 6) -------------------------------------------
 
 

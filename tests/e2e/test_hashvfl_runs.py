@@ -7,6 +7,7 @@ accuracy within 3 points of the same run without hashing, every bit balanced."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,34 @@ def test_detector_runs_on_test_traffic(plain_run):
     assert 0.0 <= ev["match_class_code_rate"] <= 1.0
 
 
+@pytest.mark.parametrize(
+    "hash_params",
+    [
+        pytest.param({"batchnorm": False, "quantization_weight": 1.0}, id="greedyhash"),
+        pytest.param(
+            {"quantization_weight": 1.0, "send": "continuous"}, id="continuous", marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_ablation_runs_send_what_they_declare(tmp_path: Path, hash_params: dict[str, Any]):
+    """The GreedyHash ablation (spec 004 Table X) sends only +-1 and trains with
+    the quantization penalty; ``send: continuous`` (the Fig. 6 "w/o consistency"
+    arm of the official code) sends the BN output, every value counted as
+    non-binary. Neither has the active-side consistency loss."""
+    result = run_doc(_fast("plain", consistency=False, hash_params=hash_params), tmp_path)
+    got = _received(tmp_path, 0, "embedding")
+    assert {r["phase"] for r, _ in got} == {"train", "eval"}
+    continuous = hash_params.get("send") == "continuous"
+    assert all(((t.abs() != 1).all() if continuous else _pm1(t)) for _, t in got)
+    assert result["train_steps"] == 4 and all(math.isfinite(h["train_loss"]) for h in result["history"])
+    assert "active" not in result["defense_report"]  # no active-side defense, nothing reported
+    for party in ("left", "right"):
+        rep = result["defense_report"][party]["hashvfl"]
+        assert rep["send"] == hash_params.get("send", "codes") and rep["values_sent"] > 0
+        assert rep["non_binary_values_sent"] == (rep["values_sent"] if continuous else 0)
+        assert rep["quantization_weight"] == 1.0 and 0 < rep["quantization_norm_last"] < math.inf
+
+
 @pytest.mark.parametrize("backend", ["mpc", "ckks"])
 def test_hash_alone_runs_under_crypto_backends(tmp_path: Path, backend: str):
     doc = _fast(backend, consistency=False)
@@ -147,7 +176,13 @@ def test_consistency_is_refused_where_the_active_party_cannot_see_codes(backend:
 
 
 def test_cli_validate_accepts_the_protocols_and_names_the_refusal(tmp_path: Path):
-    for name in ("hashvfl_plain", "hashvfl_improved_plain", "hashvfl_mpc", "hashvfl_ckks"):
+    for name in (
+        "hashvfl_plain",
+        "hashvfl_improved_plain",
+        "hashvfl_greedyhash_plain",
+        "hashvfl_mpc",
+        "hashvfl_ckks",
+    ):
         proto = load_protocol(PROTOCOLS / f"{name}.yaml")
         assert proto.name == name
     doc = load_yaml("hashvfl_mpc.yaml")

@@ -15,7 +15,7 @@ from torch import nn
 from securevfl.config import TopSpec, load_protocol_dict
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, ProtocolError
 from securevfl.models import build_interactive, build_top, mlp
 from securevfl.privacy import hashing
 from securevfl.privacy.accountant import Plan, account
@@ -548,3 +548,149 @@ def test_registered_names_and_sides():
     active = DEFENSES.get("hashvfl_consistency")
     assert active.sides == frozenset({"active"}) and active.requires == frozenset({"active_sees_embeddings"})
     assert isinstance(_passive(), DEFENSES.get("hashvfl"))
+
+
+# -- ablations (spec 004 §8.1): GreedyHash's ||V - H||_3 and send: continuous --------------------
+
+
+def test_quantization_norm_matches_a_hand_computation():
+    v = torch.tensor([[0.5, -2.0], [1.0, -0.25]])
+    # H = [[1, -1], [1, -1]]; |V - H| = [[0.5, 1], [0, 0.75]]; sum of cubes 0.125 + 1 + 0 + 0.421875
+    assert float(hashing.quantization_norm(v)) == pytest.approx(1.546875 ** (1 / 3), abs=1e-6)
+    # zero maps to +1 (spec 004 §2.4), so |0 - 1|^3 = 1
+    assert float(hashing.quantization_norm(torch.zeros(2, 3))) == pytest.approx(6 ** (1 / 3), abs=1e-6)
+    assert float(hashing.quantization_norm(torch.tensor([[1.0, -1.0]]))) == 0.0
+
+
+def test_quantization_norm_gradient_treats_the_code_as_constant():
+    gen = torch.Generator().manual_seed(0)
+    v = (torch.randn(16, 4, generator=gen) * 2).requires_grad_()
+    hashing.quantization_norm(v).backward()
+    with torch.no_grad():
+        diff = v - hashing.sign(v)
+        norm = (diff.abs() ** 3).sum() ** (1 / 3)
+        expect = diff.abs() ** 2 * torch.sign(diff) / norm**2
+    assert torch.allclose(v.grad, expect, atol=1e-6)
+    # the gradient pulls V toward H: moving against it lowers the norm
+    with torch.no_grad():
+        assert hashing.quantization_norm(v - 0.01 * v.grad) < hashing.quantization_norm(v)
+    # at V = H everywhere: norm 0 and a zero (not NaN) gradient
+    at = torch.tensor([[1.0, -1.0], [-1.0, 1.0]], requires_grad=True)
+    hashing.quantization_norm(at).backward()
+    assert torch.equal(at.grad, torch.zeros(2, 2))
+
+
+def _bottom_and_x(seed: int = 0, rows: int = 32):
+    torch.manual_seed(seed)
+    return mlp([6, 16, BITS]), torch.randn(rows, 6, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("batchnorm", [True, False])
+def test_local_loss_is_the_weighted_norm_of_the_value_that_was_signed(batchnorm):
+    hv = _passive({"batchnorm": batchnorm, "quantization_weight": 0.5})
+    bottom, x = _bottom_and_x()
+    h = bottom(x)
+    out = hv.embed(h, train=True)
+    v = hv.bn(h) if batchnorm else h  # BN again, with the same batch statistics
+    assert torch.equal(out, hashing.sign(v))
+    loss = hv.local_loss(x, h)
+    # weight 0.5, averaged over the 2 passive parties as in the official bn.py
+    assert len(hv.ctx.proto.parties.passive) == 2
+    assert float(loss.detach()) == pytest.approx(
+        0.25 * float(hashing.quantization_norm(v).detach()), rel=1e-6
+    )
+    if batchnorm:
+        # the kept V is reused, not recomputed: BN saw the batch once per embed
+        # (plus the one recomputation above)
+        assert int(hv.bn.num_batches_tracked) == 2
+    loss.backward()
+    for m in [bottom, *hv.modules()]:
+        for name, p in m.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    assert hv.report()["quantization_norm_last"] == pytest.approx(float(loss.detach()) / 0.25, rel=1e-6)
+
+
+def test_local_loss_with_median_balance_penalises_the_thresholded_value():
+    hv = _passive({"balance": "median", "batchnorm": False, "quantization_weight": 1.0})
+    bottom, x = _bottom_and_x()
+    h = bottom(x)
+    out = hv.embed(h, train=True)
+    v = h - hashing.column_median(h)
+    assert torch.equal(out, hashing.sign(v))
+    assert float(hv.local_loss(x, h).detach()) == pytest.approx(
+        float(hashing.quantization_norm(v).detach()) / 2, rel=1e-6
+    )
+
+
+def test_local_loss_is_off_by_default_and_refuses_a_stale_value():
+    hv = _passive()
+    bottom, x = _bottom_and_x()
+    h = bottom(x)
+    hv.embed(h, train=True)
+    assert hv.local_loss(x, h) is None and hv.report()["quantization_norm_last"] is None
+    hq = _passive({"quantization_weight": 1.0})
+    hq.embed(h, train=True)
+    with pytest.raises(ProtocolError):
+        hq.local_loss(x, bottom(x))  # not the h that was embedded
+    hq.embed(h, train=True)
+    hq.local_loss(x, h)
+    with pytest.raises(ProtocolError):
+        hq.local_loss(x, h)  # used once per training embed
+    with torch.no_grad():
+        hq.embed(h, train=False)  # evaluation keeps nothing
+    with pytest.raises(ProtocolError):
+        hq.local_loss(x, h)
+
+
+def test_penalty_alone_drives_the_pre_sign_values_to_the_codes():
+    """GreedyHash's term on its own: 200 Adam steps on ||V - H||_3 bring a
+    no-BN bottom model's outputs close to +-1 (the norm falls by more than 10x)."""
+    hv = _passive({"batchnorm": False, "quantization_weight": 1.0})
+    bottom, x = _bottom_and_x()
+    opt = torch.optim.Adam(bottom.parameters(), lr=1e-2)
+    norms = []
+    for _ in range(200):
+        h = bottom(x)
+        hv.embed(h, train=True)
+        loss = hv.local_loss(x, h)
+        norms.append(float(loss.detach()))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert norms[-1] < norms[0] / 10, (norms[0], norms[-1])
+
+
+def test_send_continuous_sends_v_and_counts_it_as_non_binary():
+    hv = _passive({"quantization_weight": 1.0, "send": "continuous"})
+    bottom, x = _bottom_and_x()
+    h = bottom(x)
+    out = hv.embed(h, train=True)
+    assert torch.equal(out, hv.bn(h)) and (out.abs() != 1).all()
+    (out.sum() + hv.local_loss(x, h)).backward()  # the gradient reaches the bottom model directly
+    assert all(p.grad.abs().sum() > 0 for p in bottom.parameters())
+    rep = hv.report()
+    assert rep["send"] == "continuous" and rep["non_binary_values_sent"] == rep["values_sent"] == 32 * BITS
+
+
+@pytest.mark.parametrize(
+    "params, word",
+    [
+        ({"quantization_weight": -1.0}, "quantization_weight"),
+        ({"send": "continuous", "dp": "rr", "epsilon": 1.0}, "dp"),
+        ({"send": "continuous", "balance": "median"}, "balance"),
+        ({"send": "continuous", "ste": "clipped"}, "ste"),
+        ({"send": "bits"}, "send"),
+    ],
+)
+def test_ablation_options_refuse_only_meaningless_combinations(params, word):
+    with pytest.raises(ConfigError) as exc:
+        load_protocol_dict(_doc(params))
+    assert exc.value.path.startswith("parties.passive[0].defenses[0].params") and word in str(exc.value)
+
+
+def test_consistency_refuses_continuous_senders():
+    with pytest.raises(ConfigError) as exc:
+        _active({}, {"send": "continuous"})
+    assert exc.value.path == "parties.active.defenses[0]" and "send: continuous" in str(exc.value)
+    # the hashed GreedyHash form composes with it (a choice, not an ablation of the paper)
+    assert _active({}, {"quantization_weight": 1.0}).bits == BITS
