@@ -28,9 +28,7 @@ from pydantic import Field
 from securevfl.attacks import metrics
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_regressor
-from securevfl.attacks.views import per_row, received_per_forward
-from securevfl.errors import ConfigError
-from securevfl.runtime.messages import EMBEDDING
+from securevfl.attacks.views import active_source, active_tensors, per_row
 
 
 class FeatureReconstructionOptions(AttackOptions):
@@ -65,8 +63,6 @@ class FeatureReconstruction(Attack):
     def knowledge(self, world: World) -> dict[str, Any]:
         """The victim's raw features of a random ``aux_fraction`` of the training
         rows (positions into the training rows, and their values)."""
-        from securevfl.exchange import EXCHANGES
-
         p = self.params
         idx, victim = self._victim(world)
         vv = world.views[victim].own
@@ -75,15 +71,7 @@ class FeatureReconstruction(Attack):
         n_aux = max(2, round(p.aux_fraction * n_train))
         aux = np.sort(g.choice(n_train, size=min(n_aux, n_train), replace=False))
         x = vv["x_raw"][torch.as_tensor(vv["train_idx"][aux])]
-        caps = EXCHANGES.get(world.proto.exchange.backend).capabilities
-        source = p.source
-        if source == "auto":
-            source = "embedding" if "active_sees_embeddings" in caps else "z"
-        if source == "embedding" and "active_sees_embeddings" not in caps:
-            raise ConfigError(
-                f"source 'embedding': backend '{world.proto.exchange.backend}' never shows A an embedding",
-                path="attacks.params.source",
-            )
+        source = active_source(world.proto, p.source)
         return {
             "victim": victim,
             "victim_index": idx,
@@ -98,14 +86,7 @@ class FeatureReconstruction(Attack):
         own = view.own
         n_train, n_test = len(own["train_idx"]), len(own["test_idx"])
         forwards = own["forwards"]
-        if prior["source"] == "embedding":
-            tensors = received_per_forward(
-                view.received.get(EMBEDDING.name, []), forwards, prior["n_peers"], prior["victim_index"]
-            )
-            used = f"ledger '{EMBEDDING.name}' from {prior['victim']} (h'_i)"
-        else:
-            tensors = own["z"]
-            used = "revealed z at A (own record of each exchange forward)"
+        tensors, used = active_tensors(view, prior)
         table = per_row(forwards, tensors, n_train, n_test)
         aux = prior["aux_rows"]
         aux = aux[table.train_seen[aux]]

@@ -34,9 +34,8 @@ from pydantic import Field
 from securevfl.attacks import metrics
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.stream import OnlineReconstructor
-from securevfl.attacks.views import received_per_forward
-from securevfl.errors import ConfigError, ProtocolError
-from securevfl.runtime.messages import EMBEDDING
+from securevfl.attacks.views import active_source, active_tensors
+from securevfl.errors import ProtocolError
 
 
 class OnlineReconstructionOptions(AttackOptions):
@@ -105,19 +104,9 @@ class OnlineReconstruction(Attack):
     def knowledge(self, world: World) -> dict[str, Any]:
         """phi(x) of every training record of the victim (spec 002 §5: the
         reconstructor that knows the ground-truth inputs)."""
-        from securevfl.exchange import EXCHANGES
-
         idx, victim = self._victim(world)
         phi_train, _ = _phi(world.views[victim].own, self.params.target_space)
-        caps = EXCHANGES.get(world.proto.exchange.backend).capabilities
-        source = self.params.source
-        if source == "auto":
-            source = "embedding" if "active_sees_embeddings" in caps else "z"
-        if source == "embedding" and "active_sees_embeddings" not in caps:
-            raise ConfigError(
-                f"source 'embedding': backend '{world.proto.exchange.backend}' never shows A an embedding",
-                path="attacks.params.source",
-            )
+        source = active_source(world.proto, self.params.source)
         return {
             "victim": victim,
             "victim_index": idx,
@@ -129,14 +118,7 @@ class OnlineReconstruction(Attack):
     def run(self, view: View) -> dict[str, Any]:
         p, prior, own = self.params, view.prior, view.own
         forwards = own["forwards"]
-        if prior["source"] == "embedding":
-            tensors = received_per_forward(
-                view.received.get(EMBEDDING.name, []), forwards, prior["n_peers"], prior["victim_index"]
-            )
-            used = f"ledger '{EMBEDDING.name}' from {prior['victim']}, in arrival order"
-        else:
-            tensors = own["z"]
-            used = "revealed z at A, in arrival order"
+        tensors, used = active_tensors(view, prior)
         if not tensors:
             raise ProtocolError("the view holds no exchanged tensors (was runtime.record_views off?)")
         phi = prior["phi_train"]
@@ -147,7 +129,11 @@ class OnlineReconstruction(Attack):
         return {
             "rounds": [r for r, _ in passes],
             "predictions": [pred.numpy() for _, pred in passes],
-            "used": {"input": used, "train_steps_observed": rec.steps, "known_train_rows": len(phi)},
+            "used": {
+                "input": f"{used}, in arrival order",
+                "train_steps_observed": rec.steps,
+                "known_train_rows": len(phi),
+            },
         }
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:

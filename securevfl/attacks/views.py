@@ -96,3 +96,38 @@ def steps_per_row(forwards: list[dict[str, Any]], tensors: list[torch.Tensor], n
         for r, v in zip(np.asarray(f["rows"]), t, strict=True):
             out[int(r)].append(v)
     return out
+
+
+def active_source(proto: Any, requested: str) -> str:
+    """What A can decode of a victim: ``embedding`` (its h'_i, only under a backend
+    with ``active_sees_embeddings``) or ``z``; ``auto`` picks the former where it
+    exists. Asking for an embedding the backend never shows A is a ConfigError."""
+    from securevfl.errors import ConfigError
+    from securevfl.exchange import EXCHANGES
+
+    caps = EXCHANGES.get(proto.exchange.backend).capabilities
+    if requested == "auto":
+        return "embedding" if "active_sees_embeddings" in caps else "z"
+    if requested == "embedding" and "active_sees_embeddings" not in caps:
+        raise ConfigError(
+            f"source 'embedding': backend '{proto.exchange.backend}' never shows A an embedding",
+            path="attacks.params.source",
+        )
+    return requested
+
+
+def active_tensors(view: Any, prior: dict[str, Any]) -> tuple[list[torch.Tensor], str]:
+    """A's tensor per exchange forward, for ``prior["source"]`` from
+    :func:`active_source`: the received embeddings of the victim (``prior``'s
+    ``victim``, ``victim_index`` of ``n_peers``), or the z A recorded. Also says which."""
+    from securevfl.runtime.messages import EMBEDDING
+
+    if prior["source"] == "embedding":
+        tensors = received_per_forward(
+            view.received.get(EMBEDDING.name, []),
+            view.own["forwards"],
+            prior["n_peers"],
+            prior["victim_index"],
+        )
+        return tensors, f"ledger '{EMBEDDING.name}' from {prior['victim']} (h'_i)"
+    return view.own["z"], "revealed z at A (own record of each exchange forward)"
