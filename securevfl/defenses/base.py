@@ -193,6 +193,14 @@ class Defense:
         the defense (empty where the party does not run it)."""
 
     @classmethod
+    def emits_codes(cls, params: BaseModel) -> bool | None:
+        """Whether :meth:`embed` returns exactly +-1 values with these options (a
+        backend may then send them as bits). None: ``embed`` is the identity, so
+        what it passes on keeps the upstream property; a defense that changes the
+        embedding otherwise says False (the default)."""
+        return None if cls.embed is Defense.embed else False
+
+    @classmethod
     def check(
         cls, proto: Protocol, params: BaseModel, *, backend: Any, path: str, source: str | None = None
     ) -> None:
@@ -282,6 +290,20 @@ def run_collectives(stack: DefenseStack, comm: CollectiveContext) -> None:
     """Enter every needed collective step, on this rank's side of it."""
     for cls in collective_defenses(comm.proto):
         cls.collective(comm, [d for d in stack.defenses if type(d) is cls])
+
+
+def sends_codes(proto: Protocol, party: str) -> bool:
+    """Whether everything passive ``party`` sends forward is +-1 by construction:
+    its last defense that changes the embedding emits codes (e.g. ``hashvfl``).
+    Every rank derives it from the protocol alone, so sender and receiver agree
+    on a compact wire form without a message."""
+    spec = next(p for p in proto.parties.passive if p.name == party)
+    codes = False  # a bottom model's output
+    for d in spec.defenses:
+        cls = DEFENSES.get(d.name)
+        says = cls.emits_codes(cls.options.model_validate(d.params))
+        codes = codes if says is None else says
+    return codes
 
 
 def build_stack(proto: Protocol, party: str, side: str, specs) -> DefenseStack:

@@ -205,6 +205,11 @@ class HashVFL(Defense):
         "the step it trains on"
     )
 
+    @classmethod
+    def emits_codes(cls, params: HashOptions) -> bool | None:  # type: ignore[override]
+        """+-1 unless it sends V (``send: continuous``) or Laplace-noised codes (``dp: code``)."""
+        return params.send == "codes" and params.dp != "code"
+
     def __init__(self, params: HashOptions, ctx: DefenseContext):
         super().__init__(params, ctx)
         spec = ctx.proto.parties.passive[_passive_index(ctx)]

@@ -17,7 +17,7 @@ branches on a backend's name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -45,6 +45,8 @@ class ExchangeContext:
     options: BaseModel
     embed_dims: list[int]
     device: torch.device
+    # per passive party: whether everything it sends forward is +-1 (defenses.base.sends_codes)
+    sends_codes: list[bool] = field(default_factory=list)
 
 
 class ActiveExchange(ABC):

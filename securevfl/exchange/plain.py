@@ -21,7 +21,29 @@ from securevfl.exchange.base import (
     PassiveExchange,
 )
 from securevfl.models import build_interactive, interactive_optimizer
+from securevfl.privacy.hashing import pack_codes, unpack_codes
 from securevfl.runtime.messages import EMB_GRAD, EMBEDDING
+
+# Embeddings that are +-1 by construction (ExchangeContext.sends_codes, e.g. HashVFL
+# codes) travel as packed bits: ceil(d/8) bytes per row instead of 4 d. Both ends
+# derive the form from the protocol; a peer that sends the other form is refused
+# by the channel's dtype check.
+
+
+def _encode(h: torch.Tensor, codes: bool) -> torch.Tensor:
+    return torch.from_numpy(pack_codes(h)) if codes else h.float()
+
+
+def _recv_embedding(ctx: ExchangeContext, peer: int, rows: int, d: int, codes: bool) -> torch.Tensor:
+    if codes:
+        return ctx.channel.recv(
+            peer,
+            EMBEDDING,
+            shape=(rows, (d + 7) // 8),
+            dtype=torch.uint8,
+            decode=lambda t: unpack_codes(t.numpy(), d),
+        )
+    return ctx.channel.recv(peer, EMBEDDING, shape=(rows, d), dtype=torch.float32)
 
 
 class PlainActive(ActiveExchange):
@@ -50,19 +72,20 @@ class PlainActive(ActiveExchange):
         self._h, self._z = hs, z
         return z.detach()
 
+    def _codes(self) -> list[bool]:
+        return self.ctx.sends_codes or [False] * len(self.peers)
+
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
-        ch = self.ctx.channel
         hs = []
-        for peer, d in zip(self.peers, self.ctx.embed_dims, strict=True):
-            h = ch.recv(peer, EMBEDDING, shape=(batch_size, d), dtype=torch.float32)
+        for peer, d, codes in zip(self.peers, self.ctx.embed_dims, self._codes(), strict=True):
+            h = _recv_embedding(self.ctx, peer, batch_size, d, codes)
             hs.append(h.to(self.ctx.device).requires_grad_(train))
         return self._combine(hs, train)
 
     def receive_round(self, sizes: list[int]) -> None:
-        ch = self.ctx.channel
         self._round = []
-        for peer, d in zip(self.peers, self.ctx.embed_dims, strict=True):
-            h = ch.recv(peer, EMBEDDING, shape=(sum(sizes), d), dtype=torch.float32)
+        for peer, d, codes in zip(self.peers, self.ctx.embed_dims, self._codes(), strict=True):
+            h = _recv_embedding(self.ctx, peer, sum(sizes), d, codes)
             self._round.append(list(torch.split(h.to(self.ctx.device), sizes)))
         self._round_grads = [[] for _ in self.peers]
 
@@ -115,19 +138,21 @@ class PlainPassive(PassiveExchange):
     def __init__(self, ctx: ExchangeContext):
         self.ctx = ctx
         self.active = ctx.layout.active.rank
-        self.dim = ctx.embed_dims[ctx.layout.role(ctx.rank).index]
+        index = ctx.layout.role(ctx.rank).index
+        self.dim = ctx.embed_dims[index]
+        self.codes = bool(ctx.sends_codes) and ctx.sends_codes[index]
         self._batch = 0
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         self._batch = h.shape[0]
-        self.ctx.channel.send(self.active, EMBEDDING, h.float())
+        self.ctx.channel.send(self.active, EMBEDDING, _encode(h, self.codes))
 
     def backward(self) -> torch.Tensor:
         g = self.ctx.channel.recv(self.active, EMB_GRAD, shape=(self._batch, self.dim), dtype=torch.float32)
         return g.to(self.ctx.device)
 
     def send_round(self, hs: list[torch.Tensor]) -> None:
-        self.ctx.channel.send(self.active, EMBEDDING, torch.cat([h.float() for h in hs]))
+        self.ctx.channel.send(self.active, EMBEDDING, _encode(torch.cat(hs), self.codes))
 
     def receive_round_grads(self, sizes: list[int]) -> list[torch.Tensor]:
         g = self.ctx.channel.recv(self.active, EMB_GRAD, shape=(sum(sizes), self.dim), dtype=torch.float32)

@@ -118,9 +118,13 @@ class Channel:
         *,
         shape: tuple[int | None, ...] | None = None,
         dtype: torch.dtype | None = None,
+        decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Receive one message from ``src`` that must carry ``tag``; ``shape`` may
-        use None for free dimensions."""
+        use None for free dimensions. ``decode`` turns a compact wire form into the
+        tensor the caller works with (e.g. packed bits into +-1 codes): the ledger
+        records the wire's shape, dtype and bytes, the recorded view the decoded
+        tensor, which is what is returned."""
         header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         self._io(dist.recv, header, src)
         h = header.tolist()
@@ -155,6 +159,8 @@ class Channel:
             self._io(dist.recv, out, src)
         if dt.is_floating_point and not torch.isfinite(out).all():
             raise ProtocolError(f"{who} sent '{tag.name}' containing NaN or infinite values")
+        if decode is not None:
+            out = decode(out)
         self.ledger.log(
             Record(
                 "recv",

@@ -58,7 +58,9 @@ FLOATS = {torch.float32, torch.float64}
 BYTES = {torch.uint8}
 
 # core tags (plain exchange, PSI, control)
-EMBEDDING = register_tag("embedding", FLOATS, "passive -> active: h'_i for one batch (plain)")
+EMBEDDING = register_tag(
+    "embedding", FLOATS | BYTES, "passive -> active: h'_i for one batch (plain; +-1 codes as packed bits)"
+)
 EMB_GRAD = register_tag("embedding_grad", FLOATS, "active -> passive: dL/dh'_i (plain)")
 PSI_HELLO = register_tag("psi_hello", BYTES, "active -> passive: client set size (JSON)")
 PSI_SETUP = register_tag("psi_setup", BYTES, "passive -> active: PSI server setup (protobuf)")

@@ -46,6 +46,7 @@ def run_rank(
     opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
     from securevfl.attacks.base import View
+    from securevfl.defenses.base import sends_codes
     from securevfl.exchange import EXCHANGES
     from securevfl.exchange.base import ExchangeContext
     from securevfl.parties.active import ActiveParty
@@ -84,6 +85,7 @@ def run_rank(
                 options,
                 [p.model.out for p in proto.parties.passive if p.model],
                 device,
+                [sends_codes(proto, p.name) for p in proto.parties.passive],
             )
             role = session.role
             summary: dict[str, Any] = {

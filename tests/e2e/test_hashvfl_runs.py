@@ -85,6 +85,10 @@ def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
     phases = {r["phase"] for r, _ in got}
     assert phases == {"train", "eval"}  # training and evaluation codes alike
     assert all(_pm1(t) for _, t in got)
+    # on the wire the codes are packed bits: ceil(d/8) bytes per row, not 4 d
+    for rec, t in got:
+        assert rec["dtype"] == "uint8" and rec["shape"] == [t.shape[0], (BITS + 7) // 8]
+        assert rec["bytes"] == t.shape[0] * ((BITS + 7) // 8)
     for party in ("left", "right"):
         rep = result["defense_report"][party]["hashvfl"]
         assert rep["non_binary_values_sent"] == 0 and rep["values_sent"] > 0

@@ -175,3 +175,27 @@ def test_crdp_local_step_form_clips_and_never_adds_noise():
     assert torch.equal(d.embed_local(h), torch.tensor([[-0.5, 0.1, 0.5]]))
     d.p = CrdpOptions()  # faithful: unit sensitivity, no clip
     assert torch.equal(d.embed_local(h), h)
+
+
+@pytest.mark.parametrize(
+    ("defenses", "codes"),
+    [
+        ([], False),
+        ([{"name": "hashvfl"}], True),
+        ([{"name": "hashvfl", "params": {"dp": "paper", "epsilon": 2.0}}], True),
+        ([{"name": "hashvfl", "params": {"dp": "code", "epsilon": 2.0}}], False),
+        ([{"name": "hashvfl", "params": {"send": "continuous"}}], False),
+        ([{"name": "hashvfl"}, {"name": "gaussian_noise", "params": {"std": 1.0}}], False),
+        ([{"name": "gaussian_noise", "params": {"std": 1.0}}, {"name": "hashvfl"}], True),
+    ],
+)
+def test_a_party_sends_codes_only_when_its_last_embedding_change_emits_them(defenses, codes):
+    """The plain exchange packs a party's embeddings into bits exactly when every
+    value it sends is +-1 by construction (both ends derive this from the protocol)."""
+    from securevfl.defenses.base import sends_codes
+
+    doc = small_digits()
+    doc["parties"]["passive"][0]["defenses"] = defenses
+    proto = load_protocol_dict(doc)
+    assert sends_codes(proto, "left") is codes
+    assert sends_codes(proto, "right") is False
