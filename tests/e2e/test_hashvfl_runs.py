@@ -94,6 +94,22 @@ def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
         assert rep["non_binary_values_sent"] == 0 and rep["values_sent"] > 0
 
 
+def test_every_party_batches_the_same_sample_ids(plain_run):
+    """Spec 004 §8.2 item 12's last clause: aligned batches, one shared order of
+    the sample IDs for every party (each rank logs the rows of its training
+    forwards; A also logs its evaluation forwards)."""
+    _, out = plain_run
+    per_rank = []
+    for rank in (0, 1, 2):
+        own = _view(out, rank)["own"]
+        ids, train = own["ids"], own["train_idx"]
+        per_rank.append(
+            [[ids[train[r]] for r in f["rows"]] for f in own["forwards"] if f["phase"] == "train"]
+        )
+    assert len(per_rank[0]) == 4 and all(len(b) == 64 for b in per_rank[0])
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+
+
 def test_backward_message_is_b_by_d_floats(plain_run):
     _, out = plain_run
     for rank in (1, 2):
