@@ -79,14 +79,39 @@ def training_rows(proto, data_dir: Path) -> tuple[list[Any], Any, int]:
     return x_train, torch.as_tensor(act.y[train_idx]), len(act.classes)
 
 
-def model_state(proto, top, bias, bottoms, blocks) -> dict[str, Any]:
-    """An in-process reference model's parameters under the names the ranks'
-    ``state.pt`` files use (see :func:`split_state`)."""
-    state = {f"top.{k}": v for k, v in top.state_dict().items()} | {"bias": bias.detach()}
-    for p, b, blk in zip(proto.parties.passive, bottoms, blocks, strict=True):
-        state |= {f"{p.name}.bottom.{k}": v for k, v in b.state_dict().items()}
-        state[f"interactive.{p.name}"] = blk.weight.detach()
-    return state
+class ReferenceSplit:
+    """The split model in one process, built with the seeds every rank uses:
+    bottoms, interactive blocks W_i, bias and top model; ``logits(hs)`` is A's
+    ``top(sum_i h_i W_i^T + b)`` in its order of operations."""
+
+    def __init__(self, proto, xs: list[Any], classes: int):
+        from securevfl.models import build_bias, build_bottom, build_interactive, build_top
+
+        tr, out = proto.training, proto.interactive.out
+        passive = proto.parties.passive
+        self.proto = proto
+        self.bottoms = [
+            build_bottom(p.model, x.shape[1], seed=tr.seed, party=p.name)
+            for p, x in zip(passive, xs, strict=True)
+        ]
+        self.blocks = [build_interactive(p.model.out, out, seed=tr.seed, party=p.name) for p in passive]
+        self.bias = build_bias(out)
+        self.top = build_top(proto.top, out, classes, seed=tr.seed)
+
+    def logits(self, hs: list[Any]) -> Any:
+        z = hs[0] @ self.blocks[0].weight.T
+        for h, blk in zip(hs[1:], self.blocks[1:], strict=True):
+            z = z + h @ blk.weight.T
+        return self.top(z + self.bias)
+
+    def state(self) -> dict[str, Any]:
+        """Parameters under the names the ranks' ``state.pt`` files use (see
+        :func:`split_state`)."""
+        state = {f"top.{k}": v for k, v in self.top.state_dict().items()} | {"bias": self.bias.detach()}
+        for p, b, blk in zip(self.proto.parties.passive, self.bottoms, self.blocks, strict=True):
+            state |= {f"{p.name}.bottom.{k}": v for k, v in b.state_dict().items()}
+            state[f"interactive.{p.name}"] = blk.weight.detach()
+        return state
 
 
 def split_state(out: Path, proto) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from securevfl.config import Protocol, load_protocol_dict
-from tests.conftest import model_state, run_doc, small_digits, split_state, training_rows
+from tests.conftest import ReferenceSplit, run_doc, small_digits, split_state, training_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,36 +49,20 @@ def fedbcd_reference(
     (``stale_own``: differentiates the round's h_k, at the round's parameters,
     instead: the negative control).
     Returns the final parameters and each party's round-start outputs."""
-    from securevfl.models import (
-        build_bias,
-        build_bottom,
-        build_interactive,
-        build_top,
-        interactive_optimizer,
-        make_optimizer,
-    )
+    from securevfl.models import interactive_optimizer, make_optimizer
     from securevfl.parties.common import rounds_of, schedule
 
     tr = proto.training
     xs, y, classes = training_rows(proto, data_dir)
     passive = proto.parties.passive
-    bottoms = [
-        build_bottom(p.model, x.shape[1], seed=tr.seed, party=p.name)
-        for p, x in zip(passive, xs, strict=True)
-    ]
-    out = proto.interactive.out
-    blocks = [build_interactive(p.model.out, out, seed=tr.seed, party=p.name) for p in passive]
-    bias = build_bias(proto.interactive.out)
-    top = build_top(proto.top, proto.interactive.out, classes, seed=tr.seed)
-    opt_a = make_optimizer([*top.parameters(), bias], tr)
-    opt_w = interactive_optimizer([b.weight for b in blocks], proto.interactive)
+    ref = ReferenceSplit(proto, xs, classes)
+    bottoms = ref.bottoms
+    opt_a = make_optimizer([*ref.top.parameters(), ref.bias], tr)
+    opt_w = interactive_optimizer([b.weight for b in ref.blocks], proto.interactive)
     opt_p = [make_optimizer(b.parameters(), tr) for b in bottoms]
 
     def loss_of(hs: list[torch.Tensor], idx) -> torch.Tensor:
-        z = hs[0] @ blocks[0].weight.T
-        for h, blk in zip(hs[1:], blocks[1:], strict=True):
-            z = z + h @ blk.weight.T
-        return F.cross_entropy(top(z + bias), y[idx])
+        return F.cross_entropy(ref.logits(hs), y[idx])
 
     clean: list[list[torch.Tensor]] = [[] for _ in passive]
     j = 0  # batch counter over the run (indexes sent_copies)
@@ -112,7 +96,7 @@ def fedbcd_reference(
                         (own_transform(b(x[idx])) * grads[r][k]).sum().backward()
                     opt.step()
             j += len(rnd)
-    return model_state(proto, top, bias, bottoms, blocks), clean
+    return ref.state(), clean
 
 
 def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from securevfl.config import load_protocol, load_protocol_dict
 from securevfl.data.partition import ID_COLUMN, LABEL_COLUMN, dataset_key
-from tests.conftest import PROTOCOLS, model_state, run_doc, small_digits, split_state, training_rows
+from tests.conftest import PROTOCOLS, ReferenceSplit, run_doc, small_digits, split_state, training_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -127,44 +127,24 @@ def test_breast_cancer_three_passive_parties_auc(tmp_path: Path):
 
 def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
     """The same architecture in one process: same seeds, same batches, same init."""
-    from securevfl.models import (
-        build_bias,
-        build_bottom,
-        build_interactive,
-        build_top,
-        interactive_optimizer,
-        make_optimizer,
-    )
+    from securevfl.models import interactive_optimizer, make_optimizer
     from securevfl.parties.common import train_batches
 
     tr = proto.training
     x_train, y_train, classes = training_rows(proto, data_dir)
-    bottoms = [
-        build_bottom(p.model, x.shape[1], seed=tr.seed, party=p.name)
-        for p, x in zip(proto.parties.passive, x_train, strict=True)
-    ]
-    blocks = [
-        build_interactive(p.model.out, proto.interactive.out, seed=tr.seed, party=p.name)
-        for p in proto.parties.passive
-    ]
-    bias = build_bias(proto.interactive.out)
-    top = build_top(proto.top, proto.interactive.out, classes, seed=tr.seed)
-    params = [q for m in [*bottoms, top] for q in m.parameters()] + [bias]
+    ref = ReferenceSplit(proto, x_train, classes)
+    params = [q for m in [*ref.bottoms, ref.top] for q in m.parameters()] + [ref.bias]
     opt = make_optimizer(params, tr)
-    opt_w = interactive_optimizer([b.weight for b in blocks], proto.interactive)
+    opt_w = interactive_optimizer([b.weight for b in ref.blocks], proto.interactive)
     for idx in train_batches(len(y_train), tr.batch_size, tr.seed, 0):
-        hs = [b(x[idx]) for b, x in zip(bottoms, x_train, strict=True)]
-        z = hs[0] @ blocks[0].weight.T
-        for h, blk in zip(hs[1:], blocks[1:], strict=True):
-            z = z + h @ blk.weight.T
-        z = z + bias
-        loss = F.cross_entropy(top(z), y_train[idx])
+        hs = [b(x[idx]) for b, x in zip(ref.bottoms, x_train, strict=True)]
+        loss = F.cross_entropy(ref.logits(hs), y_train[idx])
         opt.zero_grad()
         opt_w.zero_grad()
         loss.backward()
         opt.step()
         opt_w.step()
-    return model_state(proto, top, bias, bottoms, blocks)
+    return ref.state()
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
