@@ -80,6 +80,13 @@ class World:
             raise ConfigError(f"'{name}' is not a passive party (passive: {names})", path="attacks")
         return self.views[name]
 
+    def locate(self, name: str | None) -> tuple[int, str]:
+        """A passive party's position among the passive parties (the order of
+        the exchange's peers and interactive blocks) and its name (default: the
+        first)."""
+        party = self.passive(name).party
+        return [r.party for r in self.layout.passive].index(party), party
+
 
 class Attack:
     name: ClassVar[str]

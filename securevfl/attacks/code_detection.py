@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.code_reconstruction import class_codes as majority_codes
 from securevfl.attacks.server import received_test_embeddings, server_check, server_from_view
-from securevfl.attacks.targeted_pgd import hash_params, pick_rows, presign_values, targeted_pgd
+from securevfl.attacks.targeted_pgd import hash_params, pick_rows, targeted_pgd, view_presign
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
 from securevfl.privacy import hashing
@@ -244,13 +244,7 @@ class CodeDetection(Attack):
             bv = world.views[names[b_idx]].own
             hp = hash_params(world.proto, b_idx)
             assert hp is not None  # check() refuses a party without hashvfl
-            v = presign_values(
-                bv["h_test"],
-                bv["defense_modules"],
-                batchnorm=hp["batchnorm"],
-                balance=hp["balance"],
-                balance_eval=hp["balance_eval"],
-            )
+            v = view_presign(bv, hp)
             rows = pick_rows(world.active.own["y_test"].numpy(), p.target_class, p.samples, p.seed)
             a_codes = world.views[names[a_idx]].own["sent_test"][rows].float()
             r = torch.as_tensor(rows)

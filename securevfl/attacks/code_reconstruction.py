@@ -103,14 +103,10 @@ class CodeReconstruction(Attack):
     requires = frozenset({"active_sees_embeddings"})
     options = CodeReconstructionOptions
 
-    def _victim(self, world: World) -> tuple[int, str]:
-        view = world.passive(self.params.target)
-        return [r.party for r in world.layout.passive].index(view.party), view.party
-
     def _shape(self, world: World) -> tuple[int, int] | None:
         if self.params.image_shape is not None:
             return self.params.image_shape
-        spec = world.proto.parties.passive[self._victim(world)[0]]
+        spec = world.proto.parties.passive[world.locate(self.params.target)[0]]
         if spec.model is not None and spec.model.input_shape is not None and spec.model.input_shape[0] == 1:
             return tuple(spec.model.input_shape[1:])  # type: ignore[return-value]
         return None
@@ -119,7 +115,7 @@ class CodeReconstruction(Attack):
         """White-box victim bottom model and defense modules (spec 004 §5.2)."""
         from securevfl.models import build_bottom
 
-        idx, victim = self._victim(world)
+        idx, victim = world.locate(self.params.target)
         vv = world.views[victim].own
         spec = world.proto.parties.passive[idx]
         assert spec.model is not None
@@ -189,11 +185,11 @@ class CodeReconstruction(Attack):
         }
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
-        vv = world.views[self._victim(world)[1]].own
+        vv = world.views[world.locate(self.params.target)[1]].own
         a = world.active.own
         x_te, y_te = vv["x_test"].numpy().astype(np.float64), a["y_test"].numpy()
         shape = self._shape(world)
-        out: dict[str, Any] = {"victim": self._victim(world)[1], "binary_codes": guess["binary"]}
+        out: dict[str, Any] = {"victim": world.locate(self.params.target)[1], "binary_codes": guess["binary"]}
         if shape is None:
             return out
         rng = float(x_te.max() - x_te.min()) or 1.0

@@ -55,16 +55,11 @@ class FeatureReconstruction(Attack):
     adversary = "active"
     options = FeatureReconstructionOptions
 
-    def _victim(self, world: World) -> tuple[int, str]:
-        view = world.passive(self.params.target)
-        idx = [r.party for r in world.layout.passive].index(view.party)
-        return idx, view.party
-
     def knowledge(self, world: World) -> dict[str, Any]:
         """The victim's raw features of a random ``aux_fraction`` of the training
         rows (positions into the training rows, and their values)."""
         p = self.params
-        idx, victim = self._victim(world)
+        idx, victim = world.locate(self.params.target)
         vv = world.views[victim].own
         n_train = len(vv["train_idx"])
         g = np.random.default_rng(p.seed)
@@ -113,12 +108,12 @@ class FeatureReconstruction(Attack):
         }
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
-        vv = world.views[self._victim(world)[1]].own
+        vv = world.views[world.locate(self.params.target)[1]].own
         true = vv["x_raw"][torch.as_tensor(vv["test_idx"][guess["test_rows"]])].numpy().astype(np.float64)
         out: dict[str, Any] = metrics.normalized_mse(guess["recon"], true, guess["aux_mean"])
         out["nmse_decoder"] = metrics.normalized_mse(guess["decoded"], true, guess["aux_mean"])["nmse_raw"]
         out["ap"] = 1.0 - out["nmse"]
-        out["victim"] = self._victim(world)[1]
+        out["victim"] = world.locate(self.params.target)[1]
         out["n_test"] = len(true)
         shape = self._image_shape(world)
         rng = guess["data_range"] or 1.0
@@ -140,7 +135,7 @@ class FeatureReconstruction(Attack):
         one-channel cnn input_shape of the victim's bottom model."""
         if self.params.image_shape is not None:
             return self.params.image_shape
-        spec = world.proto.parties.passive[self._victim(world)[0]]
+        spec = world.proto.parties.passive[world.locate(self.params.target)[0]]
         if spec.model is not None and spec.model.input_shape is not None:
             c, h, w = spec.model.input_shape
             return (h, w) if c == 1 else None

@@ -114,6 +114,12 @@ def fit_classifier(
         opt.zero_grad()
         nn.functional.cross_entropy(net(xt), yt).backward()
         opt.step()
+    return proba_of(net, sx)
+
+
+def proba_of(net: nn.Module, sx: Standardizer):
+    """``predict_proba(x) -> (n, classes)`` of a trained classifier on inputs
+    z-scored by ``sx`` (evaluation mode, no gradient)."""
     net.eval()
 
     def predict_proba(q: torch.Tensor) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from securevfl.attacks.learners import Standardizer, _mlp
+from securevfl.attacks.learners import Standardizer, _mlp, proba_of
 
 
 def sharpen(p: torch.Tensor, t: float) -> torch.Tensor:
@@ -106,10 +106,4 @@ def fit_mixmatch(
         opt.zero_grad()
         (loss_x + w * loss_u).backward()
         opt.step()
-    net.eval()
-
-    def predict_proba(q: torch.Tensor) -> np.ndarray:
-        with torch.no_grad():
-            return torch.softmax(net(sx(q)), dim=1).numpy()
-
-    return predict_proba
+    return proba_of(net, sx)

@@ -97,14 +97,10 @@ class OnlineReconstruction(Attack):
     adversary = "active"
     options = OnlineReconstructionOptions
 
-    def _victim(self, world: World) -> tuple[int, str]:
-        view = world.passive(self.params.target)
-        return [r.party for r in world.layout.passive].index(view.party), view.party
-
     def knowledge(self, world: World) -> dict[str, Any]:
         """phi(x) of every training record of the victim (spec 002 §5: the
         reconstructor that knows the ground-truth inputs)."""
-        idx, victim = self._victim(world)
+        idx, victim = world.locate(self.params.target)
         phi_train, _ = _phi(world.views[victim].own, self.params.target_space)
         source = active_source(world.proto, self.params.source)
         return {
@@ -137,7 +133,7 @@ class OnlineReconstruction(Attack):
         }
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
-        _, victim = self._victim(world)
+        _, victim = world.locate(self.params.target)
         _, true = _phi(world.views[victim].own, self.params.target_space)
         true64 = true.numpy().astype(np.float64)
         var = float(true64.var(0).mean())

@@ -142,6 +142,18 @@ def hash_params(proto: Any, index: int) -> dict[str, Any] | None:
     return None if spec is None else HashOptions.model_validate(spec.params).model_dump()
 
 
+def view_presign(own: dict[str, Any], hp: dict[str, Any]) -> torch.Tensor:
+    """:func:`presign_values` of a passive party's final test outputs, from its
+    own view and its ``hashvfl`` options (:func:`hash_params`)."""
+    return presign_values(
+        own["h_test"],
+        own["defense_modules"],
+        batchnorm=hp["batchnorm"],
+        balance=hp["balance"],
+        balance_eval=hp["balance_eval"],
+    )
+
+
 class TargetedPGD(Attack):
     name = "targeted_pgd"
     adversary = "passive"
@@ -151,9 +163,6 @@ class TargetedPGD(Attack):
     def adversary_party(self, world: World) -> str:
         return world.passive(self.params.party).party
 
-    def _index(self, world: World) -> int:
-        return [r.party for r in world.layout.passive].index(self.adversary_party(world))
-
     def knowledge(self, world: World) -> dict[str, Any]:
         """White-box prior (spec 004 §5.5): the server function, the other
         parties' final test submissions, and which records to attack."""
@@ -161,7 +170,7 @@ class TargetedPGD(Attack):
         a = world.active.own
         if p.target_class >= int(a["classes"]):
             raise ProtocolError(f"target_class {p.target_class} is not a class (classes: {a['classes']})")
-        idx = self._index(world)
+        idx = world.locate(self.params.party)[0]
         names = [r.party for r in world.layout.passive]
         return {
             "index": idx,
@@ -178,13 +187,7 @@ class TargetedPGD(Attack):
         rows = torch.as_tensor(prior["rows"])
         binary = hp is not None
         if binary:
-            v = presign_values(
-                own["h_test"],
-                own["defense_modules"],
-                batchnorm=hp["batchnorm"],
-                balance=hp["balance"],
-                balance_eval=hp["balance_eval"],
-            )
+            v = view_presign(own, hp)
             clean_match = float((hashing.sign(v) == own["sent_test"]).float().mean())
             x0 = v[rows] if p.perturb == "pre_sign" else hashing.sign(v[rows])
             clean = hashing.sign(v[rows])

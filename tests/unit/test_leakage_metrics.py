@@ -5,6 +5,7 @@ scores of the label-leak probe (§8.2 item 19: AMI, matched accuracy)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,19 +105,15 @@ def test_code_reconstruction_score_reports_ssim_dcor_and_kld():
     KLD = 0; noise scores worse on all three."""
     from types import SimpleNamespace
 
-    from securevfl.attacks.base import View
+    from securevfl.attacks.base import View, World
     from securevfl.attacks.code_reconstruction import CodeReconstruction, CodeReconstructionOptions
 
     rng = np.random.default_rng(0)
     x_te = rng.random((2, 32)).astype(np.float32)
     victim = View(1, "left", {}, {"x_test": torch.as_tensor(x_te), "x_train": torch.as_tensor(x_te)})
     active = View(0, "active", {}, {"y_test": torch.tensor([0, 1])})
-    world = SimpleNamespace(
-        views={"left": victim, "active": active},
-        active=active,
-        layout=SimpleNamespace(passive=[SimpleNamespace(party="left")]),
-        passive=lambda name: victim,
-    )
+    layout = SimpleNamespace(passive=[SimpleNamespace(party="left")], active=SimpleNamespace(party="active"))
+    world = World(None, layout, {"left": victim, "active": active}, Path("."))  # type: ignore[arg-type]
     attack = CodeReconstruction(CodeReconstructionOptions(image_shape=(8, 4)))
     perfect = attack.score({"recon": x_te.reshape(2, 8, 4), "binary": True}, world)
     assert perfect["ssim"] == pytest.approx(1.0) and perfect["dcor"] == pytest.approx(1.0)
