@@ -10,9 +10,11 @@ import argparse
 import json
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
-from securevfl.errors import PartyFailure, SecureVFLError
+from securevfl.errors import PartyFailure, SecureVFLError, show_warning
+from securevfl.report.outdir import OutputFolder, check_available
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -27,6 +29,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def _add_overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace securevfl's earlier results in the output folder (once the new run has "
+        "finished; other files are left alone); without it a non-empty folder is refused",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="securevfl", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -36,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output folder (default: runs/<protocol name>)")
     run.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    _add_overwrite(run)
     _add_common(run)
 
     party = sub.add_parser("party", help="run one rank (one organization) of a protocol")
@@ -45,12 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     party.add_argument("--out", help="output folder (default: runs/<protocol name>-rank<R>)")
     party.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
     party.add_argument("--quiet", action="store_true")
+    _add_overwrite(party)
     _add_common(party)
 
     cmp_ = sub.add_parser("compare", help="run several protocols and tabulate them")
     cmp_.add_argument("files", nargs="+", help="protocol files, or folders of them")
     cmp_.add_argument("--out", default="runs/compare")
     cmp_.add_argument("--quiet", action="store_true")
+    _add_overwrite(cmp_)
     _add_common(cmp_)
 
     val = sub.add_parser("validate", help="check protocol files without running them")
@@ -79,7 +93,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
     out = Path(args.out or f"runs/{proto.name}")
     result = launch(
-        proto, out, data_dir=Path(args.data_dir) if args.data_dir else None, progress=not args.quiet
+        proto,
+        out,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
     )
     print_table([result], title=f"securevfl run: {proto.name}")
     print(f"result: {out / 'result.json'}")
@@ -98,6 +116,7 @@ def cmd_party(args: argparse.Namespace) -> int:
     role = Layout.from_protocol(proto).role(args.rank)
     out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
+    folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
     if is_builtin(proto) and role.kind != "helper":
         # Materialize this party's slice in a short-lived child process, so this
         # rank's own process never holds the other parties' columns.
@@ -106,8 +125,17 @@ def cmd_party(args: argparse.Namespace) -> int:
         p.join()
         if p.exitcode != 0:
             raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
-    code = run_rank(proto, args.rank, args.rendezvous, out, data_dir, progress=not args.quiet)
-    if code == 0 and args.rank == 0:
+    code = run_rank(proto, args.rank, args.rendezvous, folder.path, data_dir, progress=not args.quiet)
+    if code != 0:
+        failed = folder.abandon()
+        if failed is not None:
+            print(
+                f"securevfl: the earlier result in {out} is untouched; this run's files are in {failed}",
+                file=sys.stderr,
+            )
+        return code
+    folder.commit()
+    if args.rank == 0:
         print(f"result: {out / 'result.json'}")
     return code
 
@@ -125,6 +153,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise SecureVFLError(f"protocol names must be distinct to compare them: {names}")
     out = Path(args.out)
+    for proto in protos:  # refuse before anything runs
+        check_available(out / proto.name, overwrite=args.overwrite)
     results = []
     for i, proto in enumerate(protos, 1):
         print(
@@ -132,7 +162,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        launch(proto, out / proto.name, data_dir=out / "data", progress=not args.quiet)
+        launch(
+            proto,
+            out / proto.name,
+            data_dir=out / "data",
+            progress=not args.quiet,
+            overwrite=args.overwrite,
+        )
         # re-read: the attack harness completes result.json after the ranks end
         results.append(json.loads((out / proto.name / "result.json").read_text()))
     print_table(results, title="securevfl compare")
@@ -223,6 +259,7 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.showwarning = show_warning
     try:
         return COMMANDS[args.command](args)
     except SecureVFLError as exc:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,7 +27,7 @@ class Strict(BaseModel):
     """Base for every schema model: unknown keys are errors, values are not coerced
     from strings (``epochs: "ten"`` is an error, not a guess)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class RatioBlock(Strict):
@@ -83,15 +84,20 @@ class CsvSource(Strict):
     )
 
 
+MAX_WIDTH = 1 << 16
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+"""A layer width or tensor extent: positive and small enough to allocate."""
+
+
 class ModelSpec(Strict):
     """A bottom model. ``mlp``: Linear/ReLU stack to ``out``; ``cnn``: a small conv
     net over ``input_shape`` (channels, height, width), e.g. an image half."""
 
     kind: Literal["mlp", "cnn"] = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [64])
-    out: int = Field(default=64, gt=0)
-    input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3)
-    channels: int = Field(default=8, gt=0)
+    hidden: list[Width] = Field(default_factory=lambda: [64])
+    out: Width = 64
+    input_shape: list[Width] | None = Field(default=None, min_length=3, max_length=3)
+    channels: Width = 8
 
     @model_validator(mode="after")
     def _cnn_shape(self) -> ModelSpec:
@@ -154,13 +160,13 @@ class InteractiveSpec(Strict):
     ``plain`` keeps every backend comparable to it.
     """
 
-    out: int = Field(default=64, gt=0)
+    out: Width = 64
     lr: float = Field(default=0.05, gt=0)
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
 
 
 class TopSpec(Strict):
-    hidden: list[int] = Field(default_factory=list)
+    hidden: list[Width] = Field(default_factory=list)
 
 
 class TrainingSpec(Strict):
@@ -243,9 +249,18 @@ class Protocol(Strict):
         return len(self.parties.passive)
 
     def digest(self) -> str:
-        """Stable hash of the validated protocol; every rank checks it at start-up
-        so that ranks started on different hosts agree on what they run."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """Stable hash of what the parties must agree on; every rank checks it at
+        start-up so that ranks started on different hosts run the same protocol.
+
+        Where each party keeps its own file (``source.path``) is that party's
+        business, not something to agree on: it is left out, so identical
+        protocol files kept in different folders (relative paths resolve per
+        host) agree."""
+        doc = self.model_dump(mode="json")
+        for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
+            if entry.get("source"):
+                entry["source"].pop("path", None)
+        blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -336,6 +351,28 @@ def apply_override(doc: dict[str, Any], path: list[str | int], value: Any) -> No
                 node = node.setdefault(part, {})
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+INT64_MAX = (1 << 63) - 1
+
+
+def check_numbers(node: Any, loc: tuple[Any, ...] = (), *, source: str | None = None) -> None:
+    """Refuse, anywhere in a protocol document (component ``params`` included),
+    a float that is NaN, infinite or beyond float32's range (training runs in
+    float32, so such a value becomes inf or NaN on the first step and is then
+    blamed on a peer), and an integer beyond int64."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            check_numbers(v, (*loc, k), source=source)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_numbers(v, (*loc, i), source=source)
+    elif isinstance(node, float) and not (math.isfinite(node) and abs(node) <= FLOAT32_MAX):
+        what = "not a finite number" if not math.isfinite(node) else "beyond float32's range (3.4e38)"
+        raise ConfigError(f"{what} (got {node!r})", path=format_loc(loc), source=source)
+    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT64_MAX:
+        raise ConfigError(f"integer beyond int64's range (got {node})", path=format_loc(loc), source=source)
+
+
 def load_protocol_dict(
     doc: Any, *, source: str | None = None, overrides: list[str] | None = None
 ) -> Protocol:
@@ -346,6 +383,7 @@ def load_protocol_dict(
     for expr in overrides or []:
         path, value = parse_override(expr)
         apply_override(doc, path, value)
+    check_numbers(doc, source=source)
     try:
         proto = Protocol.model_validate(doc)
     except ValidationError as exc:
@@ -363,9 +401,19 @@ def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Proto
     if not p.is_file():
         raise ConfigError(f"protocol file not found: {p}")
     try:
-        doc = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("not a text file (protocol files are UTF-8 YAML)", source=str(p)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
+    if "\x00" in text:
+        raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
+    try:
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from None
+    except RecursionError:
+        raise ConfigError("not valid YAML: nested too deeply", source=str(p)) from None
     proto = load_protocol_dict(doc, source=str(p), overrides=overrides)
     return _resolve_paths(proto, p.parent)
 

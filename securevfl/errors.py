@@ -7,6 +7,10 @@ a one-paragraph message. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import sys
+import warnings
+from typing import Any, TextIO
+
 
 class SecureVFLError(Exception):
     """Base class of every error securevfl raises on purpose."""
@@ -30,7 +34,19 @@ class UnsupportedCombination(ConfigError):
 
 class DataError(SecureVFLError):
     """A party's data is unusable: NaNs, duplicate or missing IDs, missing label
-    column, empty intersection. The message names the party and the column."""
+    column, empty intersection.
+
+    ``str(exc)`` is the public message: it names the party, the column and a
+    count, never an ID, a value, a line or a file path, because a failing rank
+    relays it to every other party (SECURITY.md, "What error messages may
+    contain"). ``detail`` is for the owner only: it may name the first offending
+    IDs, lines and the file, and is written to the owner's own stderr and error
+    file, never sent to a peer.
+    """
+
+    def __init__(self, message: str, *, detail: str | None = None):
+        self.detail = detail
+        super().__init__(message)
 
 
 class ProtocolError(SecureVFLError):
@@ -47,3 +63,27 @@ class PartyFailure(SecureVFLError):
 
 class CryptoParameterError(ConfigError):
     """Crypto parameters below the security floor, refused at load."""
+
+
+class DataWarning(UserWarning):
+    """A party's data is usable but probably not what the user meant (e.g. a label
+    column with nearly one class per row); printed to the owner's stderr."""
+
+
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """``warnings.showwarning`` for securevfl's entry points: a :class:`DataWarning`
+    prints as one ``securevfl: warning:`` line, anything else as Python would."""
+    if issubclass(category, DataWarning):
+        print(f"securevfl: warning: {message}", file=file or sys.stderr, flush=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning: Any = warnings.showwarning

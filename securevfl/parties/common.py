@@ -14,7 +14,13 @@ import torch
 from securevfl.config import PartySpec, Protocol, TrainingSpec
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
-from securevfl.data.party_data import PartyData, load_party_data, split_indices, standardize
+from securevfl.data.party_data import (
+    PartyData,
+    check_test_rows,
+    load_party_data,
+    split_indices,
+    standardize,
+)
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.privacy.accountant import account
 from securevfl.privacy.budget import plan_for
@@ -48,6 +54,7 @@ def prepare(proto: Protocol, layout: Layout, role: Role, channel: Channel, data_
     train_idx, test_idx = split_indices(
         len(data.ids), proto.dataset.test_fraction, generator(proto.training.seed, "split")
     )
+    check_test_rows(role.party, len(test_idx), data.classes)
     x_tr, x_te = data.x[train_idx], data.x[test_idx]
     if data.x.shape[1] and dataset_standardize(proto, data_dir):
         x_tr, x_te = standardize(x_tr, x_te)

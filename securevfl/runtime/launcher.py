@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from securevfl.attacks.harness import run_attacks
 from securevfl.config import Protocol
+from securevfl.data.partition import is_builtin, materialize
 from securevfl.errors import ConfigError, DataError, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.report.outdir import OutputFolder
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.session import ErrorNote
 
@@ -54,11 +57,18 @@ def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: 
 
 
 def launch(
-    proto: Protocol, out_dir: Path, *, data_dir: Path | None = None, progress: bool = True
+    proto: Protocol,
+    out_dir: Path,
+    *,
+    data_dir: Path | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Run every rank locally; return the result record (also in out_dir/result.json)."""
-    from securevfl.data.partition import is_builtin, materialize
+    """Run every rank locally; return the result record (also in out_dir/result.json).
 
+    An ``out_dir`` that already holds results is refused unless ``overwrite``;
+    then the new run is written aside and replaces securevfl's earlier files only
+    once it has finished (:class:`~securevfl.report.outdir.OutputFolder`)."""
     if mp.current_process().name.startswith(RANK_PROCESS):
         # Under the 'spawn' start method each rank re-imports the caller's main
         # module; a script that calls launch() at top level would launch again.
@@ -73,13 +83,22 @@ def launch(
             path="runtime.record_views",
         )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "result.json").unlink(missing_ok=True)
-    ranks_dir = out_dir / "ranks"
-    if ranks_dir.exists():
-        for f in ranks_dir.iterdir():
-            f.unlink()
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
+    folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
+    try:
+        result = _launch(proto, folder.path, data_dir, progress)
+    except BaseException as exc:
+        failed = folder.abandon()
+        if failed is not None and isinstance(exc, SecureVFLError):
+            exc.args = (
+                f"{exc} (the earlier result in {out_dir} is untouched; this run's files are in {failed})",
+            )
+        raise
+    folder.commit()
+    return result
+
+
+def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> dict[str, Any]:
     if is_builtin(proto):
         materialize(proto, data_dir)
     layout = Layout.from_protocol(proto)
@@ -96,6 +115,7 @@ def launch(
     ]
     for p in procs:
         p.start()
+    ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     (ranks_dir / "launcher_pids.json").write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
     grace = proto.runtime.peer_timeout_s + 30.0
@@ -119,8 +139,6 @@ def launch(
     codes = {r: p.exitcode for r, p in enumerate(procs)}
     if all(c == 0 for c in codes.values()):
         if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
-            from securevfl.attacks.harness import run_attacks
-
             run_attacks(proto, out_dir)
         return json.loads((out_dir / "result.json").read_text())
     raise _explain_failure(layout, out_dir, codes)
@@ -140,7 +158,9 @@ def _explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]
     if origin:
         n = origin[0]
         cls = ERROR_KINDS.get(n.kind, SecureVFLError)
-        return cls(f"rank {n.rank} ({names[n.rank]}): {n.message}")
+        # the local launcher's user runs every party, so the owner's detail is theirs
+        detail = f" [{n.detail}]" if n.detail else ""
+        return cls(f"rank {n.rank} ({names[n.rank]}): {n.message}{detail}")
     if killed:
         r = killed[0]
         sig = signal.Signals(-codes[r]).name  # type: ignore[operator]

@@ -11,13 +11,14 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from securevfl.config import Protocol
-from securevfl.errors import SecureVFLError
+from securevfl.errors import SecureVFLError, show_warning
 from securevfl.runtime.session import Session, exit_code_for
 
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
@@ -44,6 +45,7 @@ def run_rank(
 ) -> int:
     """Run one rank to completion; returns the process exit code."""
     opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
+    warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
     from securevfl.attacks.base import View
     from securevfl.defenses.base import sends_codes

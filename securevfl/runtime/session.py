@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from securevfl import __version__
 from securevfl.config import Protocol
-from securevfl.errors import ConfigError, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.errors import ConfigError, DataError, PartyFailure, ProtocolError, SecureVFLError
 from securevfl.runtime.layout import Layout, Role
 
 EXIT_USER_ERROR = 2
@@ -49,11 +49,41 @@ class Hello(BaseModel):
 
 
 class ErrorNote(BaseModel):
+    """A rank's error report. ``message`` is public: it goes to every peer
+    through the store. ``detail`` (the owner's own IDs, lines, paths, or a bug's
+    exception text) stays in the owner's error file and stderr and is removed
+    from the copy published to peers (:meth:`public`)."""
+
     model_config = ConfigDict(extra="forbid")
     rank: int
     kind: str
     message: str
     lost_rank: int | None = None
+    detail: str | None = None
+
+    def public(self) -> ErrorNote:
+        return self.model_copy(update={"detail": None})
+
+
+def error_note(rank: int, exc: BaseException) -> ErrorNote:
+    """What a failing rank reports. A :class:`SecureVFLError`'s message is written
+    to be shared (a :class:`DataError` keeps IDs and values in its ``detail``);
+    any other exception is a bug whose text may quote data, so only its type
+    crosses to the peers."""
+    if isinstance(exc, SecureVFLError):
+        return ErrorNote(
+            rank=rank,
+            kind=type(exc).__name__,
+            message=str(exc),
+            lost_rank=exc.rank if isinstance(exc, PartyFailure) else None,
+            detail=exc.detail if isinstance(exc, DataError) else None,
+        )
+    return ErrorNote(
+        rank=rank,
+        kind=type(exc).__name__,
+        message=f"internal error ({type(exc).__name__}); the traceback is in this rank's own log",
+        detail=f"{type(exc).__name__}: {exc}",
+    )
 
 
 def parse_rendezvous(addr: str) -> tuple[str, int]:
@@ -277,13 +307,16 @@ class Session:
             if self._reported:
                 return
             self._reported = True
-        lost = exc.rank if isinstance(exc, PartyFailure) else None
-        note = ErrorNote(rank=self.rank, kind=type(exc).__name__, message=str(exc), lost_rank=lost)
+        note = error_note(self.rank, exc)
         write_error_file(self.out_dir, note)
-        print(f"securevfl: rank {self.rank} ({self.role.label}): {exc}", file=sys.stderr, flush=True)
+        print(f"securevfl: rank {self.rank} ({self.role.label}): {note.message}", file=sys.stderr, flush=True)
+        if note.detail:
+            print(
+                f"securevfl: rank {self.rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True
+            )
         if self.store is not None:
             try:
-                self.store.set(f"err/{self.rank}", note.model_dump_json())
+                self.store.set(f"err/{self.rank}", note.public().model_dump_json())
                 if self.rank == 0:
                     self._linger()
             except Exception:

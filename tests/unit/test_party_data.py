@@ -3,14 +3,15 @@ labels only at the active party; split and standardization."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from securevfl.config import CsvSource
-from securevfl.data.party_data import load_party_data, split_indices, standardize
-from securevfl.errors import DataError
+from securevfl.data.party_data import check_test_rows, load_party_data, split_indices, standardize
+from securevfl.errors import DataError, DataWarning
 from securevfl.seeding import generator
 
 
@@ -93,7 +94,8 @@ c,7,yes
 d,6,maybe
 """,
     )
-    data = load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    with pytest.warns(DataWarning, match="3 distinct values in 4 rows"):
+        data = load_party_data(src(path, label_column="label"), "bank", is_active=True)
     # the active party reads no feature columns unless it lists them
     assert data.columns == []
     assert data.x.shape == (4, 0)
@@ -158,8 +160,10 @@ cust-cc03,52,3.5
     msg = str(info.value)
     assert "'shop'" in msg
     assert "'income'" in msg
-    assert "cust-bb02" in msg
     assert "age" not in msg
+    # the public message (relayed to every party) names no ID; the owner's detail does
+    assert "cust-" not in msg
+    assert "cust-bb02" in info.value.detail and "line 3" in info.value.detail
 
 
 def test_infinite_value_is_rejected(tmp_path):
@@ -172,11 +176,12 @@ a,1
 b,inf
 """,
     )
-    with pytest.raises(DataError, match=r"'f'.*'b'"):
+    with pytest.raises(DataError, match=r"1 missing, infinite.*'f'") as info:
         load_party_data(src(path), "p", is_active=False)
+    assert "'b'" not in str(info.value) and "ID 'b'" in info.value.detail
 
 
-def test_duplicate_ids_are_named(tmp_path):
+def test_duplicate_ids_are_counted_and_named_to_the_owner_only(tmp_path):
     path = write(
         tmp_path,
         "p.csv",
@@ -192,9 +197,11 @@ u-3,5
     with pytest.raises(DataError) as info:
         load_party_data(src(path), "telco", is_active=False)
     msg = str(info.value)
-    assert "'telco'" in msg and "duplicate" in msg
-    assert "u-1" in msg and "u-3" in msg
-    assert "u-2" not in msg
+    assert "'telco'" in msg and "duplicate" in msg and "2 duplicate IDs" in msg
+    assert "u-" not in msg  # relayed to every party: no IDs
+    detail = info.value.detail
+    assert "u-1" in detail and "u-3" in detail
+    assert "u-2" not in detail
 
 
 def test_missing_id_value_names_the_line(tmp_path):
@@ -212,7 +219,8 @@ u-3,3
         load_party_data(src(path), "telco", is_active=False)
     msg = str(info.value)
     assert "'telco'" in msg and "missing ID" in msg and "'id'" in msg
-    assert "line 3" in msg
+    assert "line" not in msg
+    assert "line 3" in info.value.detail
 
 
 def test_missing_id_column(tmp_path):
@@ -261,7 +269,7 @@ b,0
         load_party_data(src(path), "bank", is_active=True)
 
 
-def test_missing_label_value_names_the_id(tmp_path):
+def test_missing_label_value_names_the_id_to_the_owner_only(tmp_path):
     path = write(
         tmp_path,
         "a.csv",
@@ -272,8 +280,9 @@ b,
 c,0
 """,
     )
-    with pytest.raises(DataError, match=r"'bank'.*missing label.*'b'"):
+    with pytest.raises(DataError, match=r"'bank'.*missing label.*'label' on 1 rows") as info:
         load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    assert "'b'" not in str(info.value) and "ID 'b'" in info.value.detail
 
 
 def test_single_class_labels_rejected(tmp_path):
@@ -376,3 +385,53 @@ def test_standardize_uses_training_statistics():
     # a constant column keeps scale 1 (only shifted), no division by zero
     np.testing.assert_allclose(s_tr[:, 2], 0.0)
     np.testing.assert_allclose(s_te[:, 2], x_te[:, 2] - 4.0, atol=1e-5)
+
+
+def test_row_with_extra_fields_is_refused(tmp_path):
+    # one row too long: pandas would drop the extra field when reading some columns
+    path = write(tmp_path, "p.csv", "\nid,f,g\na,1,2\nb,3,4,99\nc,5,6\n")
+    with pytest.raises(DataError, match=r"'p'.*more fields than the header") as info:
+        load_party_data(src(path), "p", is_active=False)
+    assert "line 3" in info.value.detail
+
+
+def test_every_row_with_extra_fields_is_refused(tmp_path):
+    # every row too long: pandas would silently make the ID column the index
+    path = write(tmp_path, "p.csv", "\nid,f\na,1,2\nb,3,4\n")
+    with pytest.raises(DataError, match="more fields than the header"):
+        load_party_data(src(path), "p", is_active=False)
+
+
+def test_header_only_file_says_it_has_no_rows(tmp_path):
+    path = write(tmp_path, "p.csv", "\nid,f,g\n")
+    with pytest.raises(DataError, match=r"'p'.*header but no rows"):
+        load_party_data(src(path), "p", is_active=False)
+
+
+def test_float32_overflow_is_refused_at_load(tmp_path):
+    path = write(tmp_path, "p.csv", "\nid,f,g\na,1,2\nb,1e300,4\nc,5,6\n")
+    with pytest.raises(DataError, match=r"1 missing, infinite or float32-overflowing.*'f'") as info:
+        load_party_data(src(path), "p", is_active=False)
+    assert "1e" not in str(info.value) and "'b'" not in str(info.value)
+
+
+def test_label_with_nearly_one_class_per_row_warns(tmp_path):
+    rows = "".join(f"u{i},{i * 0.37:.3f}\n" for i in range(60))
+    path = write(tmp_path, "a.csv", "\nid,label\n" + rows)
+    with pytest.warns(DataWarning, match=r"60 distinct values in 60 rows.*continuous target"):
+        load_party_data(src(path, label_column="label"), "bank", is_active=True)
+
+
+def test_label_with_few_classes_does_not_warn(tmp_path):
+    rows = "".join(f"u{i},{i % 3}\n" for i in range(60))
+    path = write(tmp_path, "a.csv", "\nid,label\n" + rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_party_data(src(path, label_column="label"), "bank", is_active=True)
+
+
+def test_test_split_smaller_than_the_classes_is_refused():
+    with pytest.raises(DataError, match=r"'bank'.*test split holds 2 rows, fewer than the 3 classes"):
+        check_test_rows("bank", 2, ["a", "b", "c"])
+    check_test_rows("bank", 3, ["a", "b", "c"])
+    check_test_rows("shop", 1, None)  # a passive party holds no labels

@@ -1,0 +1,128 @@
+"""A run's output folder: never lose an earlier result.
+
+A run writes ``result.json``, ``ranks/rank<R>.*`` and ``attacks/*.npz`` under its
+output folder. An existing folder that already holds anything (other than the
+materialized-data cache the run itself uses) is refused unless the user asks to
+overwrite. With ``overwrite`` the new run is written to a staging folder inside
+the output folder; only when it has finished are securevfl's own earlier files
+removed and the new ones moved into their place. Files securevfl did not write
+are never touched. A run that fails leaves the earlier result as it was and its
+own files in ``OUT/failed-run/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from securevfl.errors import ConfigError
+
+STAGING_PREFIX = ".securevfl-staging-"
+FAILED_RUN = "failed-run"
+# what securevfl writes under an output folder (paths relative to it)
+OWN_FILES = re.compile(
+    r"^(result\.json|ranks/(rank\d+\.[A-Za-z0-9_.]+|launcher_pids\.json)|attacks/[^/]+\.npz)$"
+)
+
+
+def is_own(relpath: str) -> bool:
+    """Whether a file (path relative to the output folder, '/'-separated) is one
+    that securevfl writes, and so may replace."""
+    return OWN_FILES.match(relpath) is not None
+
+
+def _entries(out: Path, keep: set[Path]) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.resolve() not in keep)
+
+
+@dataclass
+class OutputFolder:
+    """Where one run writes. ``path`` is the folder the ranks write to: the output
+    folder itself when it was empty, else a staging folder inside it that
+    :meth:`commit` moves into place."""
+
+    out: Path
+    path: Path
+    staged: bool
+
+    @classmethod
+    def open(
+        cls, out: Path, *, overwrite: bool, keep: tuple[Path, ...] = (), flag: str = "--overwrite"
+    ) -> OutputFolder:
+        """Check ``out`` and choose where the run writes. ``keep`` lists entries of
+        ``out`` that do not count as earlier results (the data cache). Raises
+        :class:`ConfigError` (path ``--out``) for a folder that holds earlier
+        results when ``overwrite`` is false."""
+        out = Path(out)
+        check_available(out, overwrite=overwrite, keep=keep, flag=flag)
+        out.mkdir(parents=True, exist_ok=True)
+        kept = {Path(k).resolve() for k in keep}
+        if not _entries(out, kept):
+            return cls(out, out, staged=False)
+        staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        return cls(out, staging, staged=True)
+
+    def commit(self) -> None:
+        """Replace securevfl's earlier files in the output folder by the new run's."""
+        if not self.staged:
+            return
+        for old in _own_files(self.out):
+            old.unlink()
+        for new in sorted(p for p in self.path.rglob("*") if p.is_file()):
+            dest = self.out / new.relative_to(self.path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(new, dest)
+        shutil.rmtree(self.path)
+
+    def abandon(self) -> Path | None:
+        """After a failed run: leave the earlier result as it was and keep the
+        failed run's files in ``OUT/failed-run`` (returned), replacing an older one."""
+        if not self.staged or not self.path.exists():
+            return None
+        failed = self.out / FAILED_RUN
+        if failed.exists():
+            shutil.rmtree(failed)
+        os.replace(self.path, failed)
+        return failed
+
+
+def check_available(
+    out: Path, *, overwrite: bool, keep: tuple[Path, ...] = (), flag: str = "--overwrite"
+) -> None:
+    """Refuse an output folder that already holds earlier results, unless
+    ``overwrite``; a path that is a file is always refused."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"the output folder {out} is a file", path="--out")
+    if not out.exists() or overwrite:
+        return
+    kept = {Path(k).resolve() for k in keep}
+    found = _entries(out, kept)
+    if found:
+        shown = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found[:4])
+        raise ConfigError(
+            f"the output folder {out} already holds {shown}{', ...' if len(found) > 4 else ''}: "
+            f"choose another folder, or pass {flag} to replace securevfl's earlier results there "
+            "(the new run is written aside and moves in only once it has finished)",
+            path="--out",
+        )
+
+
+def _own_files(out: Path) -> list[Path]:
+    """securevfl's files in an output folder (not the staging or failed-run folders)."""
+    found = []
+    for sub in ("", "ranks", "attacks"):
+        d = out / sub if sub else out
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            rel = f"{sub}/{p.name}" if sub else p.name
+            if p.is_file() and is_own(rel):
+                found.append(p)
+    return found
