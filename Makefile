@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml requirements.txt requirements-dev.txt Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/securevfl compare protocols/demo --out runs/demo
+	$(BIN)/securevfl compare protocols/demo --out runs/demo --overwrite
 
 demo-quick: $(STAMP)
-	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo-quick
+	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo-quick --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -122,7 +122,8 @@ def load_party_data(source: CsvSource, party: str, *, is_active: bool) -> PartyD
     if dup.any():
         n_dup = int(ids[dup].nunique())
         raise DataError(
-            f"party '{party}': {n_dup} duplicate IDs in column '{source.id_column}' (each occurs more than once)",
+            f"party '{party}': {n_dup} duplicate IDs in column '{source.id_column}' "
+            "(each occurs more than once)",
             detail=f"first at {_first_rows(dup, ids)} of {source.path}",
         )
     x = frame[feats]

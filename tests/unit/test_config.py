@@ -380,3 +380,86 @@ def test_digest_same_for_override_and_edit(doc):
     via_set = load_protocol_dict(doc, overrides=["training.epochs=3"]).digest()
     doc["training"]["epochs"] = 3
     assert load_protocol_dict(doc).digest() == via_set
+
+
+# -- numbers and sizes are checked at load (no inf, NaN, overflow, negative widths) --
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "text"),
+    [
+        ("training.lr", float("inf"), "not a finite number"),
+        ("interactive.lr", float("inf"), "not a finite number"),
+        ("training.lr", float("nan"), "not a finite number"),
+        ("training.lr", 1.0e308, "beyond float32's range"),
+        ("training.batch_size", 10**30, "beyond int64's range"),
+        ("parties.passive[0].model.hidden", [-3], "greater than 0"),
+        ("top.hidden", [0], "greater than 0"),
+        ("interactive.out", 1 << 30, "less than or equal to 65536"),
+    ],
+)
+def test_bad_numbers_are_refused_at_load_with_their_path(doc, path, value, text):
+    keys = [int(k) if k.isdigit() else k for k in path.replace("[", ".").replace("]", "").split(".")]
+    node = doc
+    for k in keys[:-1]:
+        node = node.setdefault(k, {}) if isinstance(k, str) else node[k]
+    node[keys[-1]] = value
+    err = config_error(doc)
+    shown = path + ("[0]" if isinstance(value, list) else "")
+    assert err.path == shown and text in str(err), str(err)
+
+
+def test_negative_cnn_input_shape_is_refused(doc):
+    doc["parties"]["passive"][0]["model"] = {"kind": "cnn", "input_shape": [1, -8, 4], "out": 8}
+    err = config_error(doc)
+    assert err.path == "parties.passive[0].model.input_shape[1]"
+
+
+def test_non_finite_component_parameter_is_refused_with_its_path(doc):
+    doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": float("inf")}}]
+    err = config_error(doc)
+    assert err.path == "parties.active.defenses[0].params.epsilon" and "not a finite number" in str(err)
+
+
+def test_non_finite_override_is_refused(doc):
+    with pytest.raises(ConfigError, match=r"at 'training\.lr': not a finite number"):
+        load_protocol_dict(doc, overrides=["training.lr=.inf"])
+
+
+def test_binary_protocol_file_is_refused(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ConfigError, match="not a text file"):
+        load_protocol(f)
+    f.write_bytes(b"name: a\x00b\n")
+    with pytest.raises(ConfigError, match="NUL bytes"):
+        load_protocol(f)
+
+
+# -- the digest covers what the parties agree on, not where each keeps its file --
+
+
+def _csv_folder(root: Path, doc: dict[str, Any]) -> Path:
+    root.mkdir()
+    for p in [doc["parties"]["active"], *doc["parties"]["passive"]]:
+        (root / p["source"]["path"]).write_text("id,x\n")
+    f = root / "protocol.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    return f
+
+
+def test_same_protocol_in_two_folders_has_one_digest(tmp_path):
+    doc = csv_doc()
+    a = load_protocol(_csv_folder(tmp_path / "host_a", doc))
+    b = load_protocol(_csv_folder(tmp_path / "host_b", doc))
+    assert a.parties.active.source.path != b.parties.active.source.path  # each resolved locally
+    assert a.digest() == b.digest()
+
+
+def test_digest_still_covers_the_source_columns(tmp_path):
+    doc = csv_doc()
+    other = copy.deepcopy(doc)
+    other["parties"]["active"]["source"]["label_column"] = "outcome"
+    a = load_protocol(_csv_folder(tmp_path / "a", doc))
+    b = load_protocol(_csv_folder(tmp_path / "b", other))
+    assert a.digest() != b.digest()

@@ -1,0 +1,151 @@
+"""Malformed protocol files through ``securevfl run``: each mutation of a shipped
+protocol exits 2 within 10 s with a message naming the file (and, for a bad
+field, its YAML path), no traceback, and nothing trained or written.
+
+The mutations are deterministic: types, signs, zeros, non-finite and huge numbers,
+missing and unknown keys, component parameters, binary and empty files. They run
+in-process through :func:`securevfl.cli.main` (the same code path as the
+console script, minus the interpreter start-up); a few also run as real
+subprocesses to check the exit code the shell sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import PROTOCOLS, cli
+
+from securevfl.cli import main
+
+Path_ = list[str | int]
+
+# fields that exist in every shipped protocol after defaults are filled in,
+# and values that are invalid for each of them
+NUMERIC_FIELDS: list[Path_] = [
+    ["training", "lr"],
+    ["training", "epochs"],
+    ["training", "batch_size"],
+    ["interactive", "lr"],
+    ["interactive", "out"],
+    ["dataset", "test_fraction"],
+    ["runtime", "peer_timeout_s"],
+    ["privacy", "delta"],
+    ["parties", "passive", 0, "model", "out"],
+]
+BAD_VALUES: dict[str, Any] = {
+    "negative": -1,
+    "zero": 0,
+    "inf": math.inf,
+    "neg_inf": -math.inf,
+    "nan": math.nan,
+    "huge_float": 1.0e308,
+    "huge_int": 10**30,
+    "string": "ten",
+    "list": [1, 2],
+}
+
+
+def _set(doc: dict[str, Any], path: Path_, value: Any) -> None:
+    node: Any = doc
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(key, str) else node[key]
+    node[path[-1]] = value
+
+
+def _delete(doc: dict[str, Any], path: Path_) -> None:
+    node: Any = doc
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+
+
+def _mutations() -> list[tuple[str, str, Any]]:
+    """(id, shipped protocol file, mutated document or raw bytes)."""
+    files = sorted(PROTOCOLS.glob("*.yaml")) + sorted((PROTOCOLS / "demo").glob("*.yaml"))
+    out: list[tuple[str, str, Any]] = []
+    for i, f in enumerate(files):
+        base = yaml.safe_load(f.read_text())
+        # spread the field x value grid over the files so every pair is covered
+        for j, field in enumerate(NUMERIC_FIELDS):
+            kind = sorted(BAD_VALUES)[(i + j) % len(BAD_VALUES)]
+            doc = copy.deepcopy(base)
+            _set(doc, field, BAD_VALUES[kind])
+            out.append((f"{f.stem}:{'.'.join(map(str, field))}={kind}", f.name, doc))
+        doc = copy.deepcopy(base)
+        _set(doc, ["parties", "passive", 0, "model", "hidden"], [-3])
+        out.append((f"{f.stem}:hidden=-3", f.name, doc))
+        doc = copy.deepcopy(base)
+        _set(doc, ["top", "hidden"], [0])
+        out.append((f"{f.stem}:top.hidden=0", f.name, doc))
+        doc = copy.deepcopy(base)
+        _set(doc, ["training", "unknown_option"], 1)
+        out.append((f"{f.stem}:unknown_key", f.name, doc))
+        doc = copy.deepcopy(base)
+        _delete(doc, ["parties"] if i % 2 else ["dataset"])
+        out.append((f"{f.stem}:missing_key", f.name, doc))
+        defenses = base["parties"]["active"].get("defenses") or base["parties"]["passive"][0].get("defenses")
+        if defenses:
+            doc = copy.deepcopy(base)
+            owner = (
+                doc["parties"]["active"]
+                if base["parties"]["active"].get("defenses")
+                else doc["parties"]["passive"][0]
+            )
+            owner["defenses"][0].setdefault("params", {})["epsilon"] = math.inf if i % 2 else -2.5
+            out.append((f"{f.stem}:defense_param", f.name, doc))
+    out.append(("binary", "-", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\x00\x01"))
+    out.append(("empty", "-", b""))
+    out.append(("nul_bytes", "-", b"name: x\x00\x00\n"))
+    out.append(("not_a_mapping", "-", b"- 1\n- 2\n"))
+    out.append(("bad_yaml", "-", b"name: [unclosed\n"))
+    return out
+
+
+MUTATIONS = _mutations()
+
+
+def test_enough_mutations():
+    assert len(MUTATIONS) >= 50
+
+
+def _write(tmp_path: Path, content: Any) -> Path:
+    f = tmp_path / "protocol.yaml"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(yaml.safe_dump(content, sort_keys=False))
+    return f
+
+
+@pytest.mark.parametrize("case", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_mutated_protocol_is_refused_cleanly(tmp_path, capsys, case):
+    _, _, content = case
+    f = _write(tmp_path, content)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    code = main(["run", str(f), "--out", str(out), "--quiet"])
+    elapsed = time.monotonic() - t0
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert elapsed < 10, elapsed
+    assert "Traceback" not in captured.err + captured.out
+    assert f"securevfl: error: {f}" in captured.err.replace("\n", " ")
+    # nothing trained, nothing written
+    assert not (out / "result.json").exists() and not (out / "ranks").exists()
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary\x00", b""], ids=["binary", "empty"])
+def test_binary_and_empty_files_through_the_console(tmp_path, content):
+    f = _write(tmp_path, content)
+    t0 = time.monotonic()
+    proc = cli("run", str(f), "--out", str(tmp_path / "out"), "--quiet", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert time.monotonic() - t0 < 30  # interpreter and torch start-up included
+    assert "Traceback" not in proc.stderr
+    assert str(f) in " ".join(proc.stderr.split())
