@@ -53,6 +53,13 @@ class ProtocolError(SecureVFLError):
     """A peer sent something unexpected or malformed; names sender and message."""
 
 
+class Diverged(SecureVFLError):
+    """This party's own computation produced NaN or infinite values (training
+    diverged: a learning rate too large for the data's scale, say). Raised by the
+    sender before anything non-finite goes on the wire, so the failure names the
+    party where it happened instead of a peer refusing the message."""
+
+
 class PartyFailure(SecureVFLError):
     """A peer rank died, stalled or reported an error; names the lost rank."""
 

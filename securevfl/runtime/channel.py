@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ValidationError
 
-from securevfl.errors import PartyFailure, ProtocolError
+from securevfl.errors import Diverged, PartyFailure, ProtocolError
 from securevfl.runtime.ledger import Ledger, Record
 from securevfl.runtime.messages import CONTROL, DTYPE_CODES, DTYPES, Tag, tag_by_code
 
@@ -85,6 +85,12 @@ class Channel:
             raise ProtocolError(f"refusing to send {tag.name} as {t.dtype} (allowed {tag.dtypes})")
         if t.dim() > MAX_NDIM:
             raise ProtocolError(f"{tag.name}: tensors of more than {MAX_NDIM} dims not supported")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise Diverged(
+                f"{self._who(self.rank)} computed '{tag.name}' with NaN or infinite values in step "
+                f"{self.round}: training diverged (lower training.lr or interactive.lr, or "
+                "standardize the features)"
+            )
         header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         header[0] = MAGIC
         header[1] = tag.code

@@ -22,7 +22,7 @@ from typing import Any
 from securevfl.attacks.harness import run_attacks
 from securevfl.config import Protocol
 from securevfl.data.partition import is_builtin, materialize
-from securevfl.errors import ConfigError, DataError, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.errors import ConfigError, DataError, Diverged, PartyFailure, ProtocolError, SecureVFLError
 from securevfl.report.outdir import OutputFolder
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.session import ErrorNote
@@ -32,6 +32,7 @@ ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "UnsupportedCombination": ConfigError,
     "CryptoParameterError": ConfigError,
     "DataError": DataError,
+    "Diverged": Diverged,
     "ProtocolError": ProtocolError,
     "PartyFailure": PartyFailure,
 }

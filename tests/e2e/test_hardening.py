@@ -146,3 +146,16 @@ def test_a_failing_overwrite_leaves_the_earlier_result(tmp_path):
     assert "duplicate IDs" in proc.stderr and "untouched" in " ".join(proc.stderr.split())
     assert (out / "result.json").read_bytes() == before
     assert (out / "failed-run" / "ranks" / "rank2.error.json").is_file()
+
+
+def test_a_diverging_run_names_the_party_where_it_diverged(tmp_path):
+    # finite but absurd learning rates: the first non-finite tensor is caught by its
+    # sender (exit 2, Diverged), not reported as a peer's protocol violation
+    doc = small_digits(epochs=1, max_steps=6, lr=1.0e30)
+    doc["interactive"]["lr"] = 1.0e30
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    proc = cli("run", str(proto), "--out", str(tmp_path / "run"), "--quiet", timeout=120)
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stderr
+    assert "training diverged" in text and "lower training.lr" in text, text
+    assert "containing NaN" not in text and "Traceback" not in text
