@@ -368,6 +368,8 @@ def check_numbers(node: Any, loc: tuple[Any, ...] = (), *, source: str | None = 
             check_numbers(v, (*loc, i), source=source)
     elif isinstance(node, float) and not (math.isfinite(node) and abs(node) <= FLOAT32_MAX):
         what = "not a finite number" if not math.isfinite(node) else "beyond float32's range (3.4e38)"
+        if node == math.inf:
+            what += "; a privacy budget without noise is written null"
         raise ConfigError(f"{what} (got {node!r})", path=format_loc(loc), source=source)
     elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT64_MAX:
         raise ConfigError(f"integer beyond int64's range (got {node})", path=format_loc(loc), source=source)

@@ -106,7 +106,8 @@ class CrdpOptions(DefenseOptions):
     @field_validator("eps1", "eps2", "eps3", mode="before")
     @classmethod
     def _null_is_infinite(cls, v: Any) -> Any:
-        """``.inf`` (no noise) travels between ranks as JSON ``null``; read it back as inf."""
+        """A protocol writes "no noise" as ``null`` (non-finite numbers are refused at
+        load); internally it is eps = inf."""
         return math.inf if v is None else v
 
     def resolved(self, name: str) -> str:

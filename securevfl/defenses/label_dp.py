@@ -12,9 +12,10 @@ perturbed (they are only used to score the model).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from securevfl.defenses.base import DEFENSES, Defense
 from securevfl.privacy.accountant import EpsDeltaRelease, Mechanism, NonPrivateRelease, Plan
@@ -24,7 +25,14 @@ from securevfl.seeding import generator
 
 class LabelDPOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    epsilon: float = Field(ge=0, description="label-DP epsilon; 0 = uniform labels, .inf = no noise")
+    epsilon: float = Field(ge=0, description="label-DP epsilon; 0 = uniform labels, null = no noise")
+
+    @field_validator("epsilon", mode="before")
+    @classmethod
+    def _null_is_infinite(cls, v: Any) -> Any:
+        """A protocol writes "no noise" as ``null`` (non-finite numbers are refused
+        at load); internally it is eps = inf."""
+        return math.inf if v is None else v
 
 
 class LabelDP(Defense):

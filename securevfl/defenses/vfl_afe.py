@@ -47,7 +47,7 @@ class EmbeddingDPOptions(DefenseOptions):
         default="full", description="vanilla = clip+noise; R = +rescaling and L_KL; D = +FCM and L_CL"
     )
     epsilon: float | None = Field(
-        default=1.0, gt=0, description="claimed per-release eps; null (or inf) = no noise, for ablations"
+        default=1.0, gt=0, description="claimed per-release eps; null = no noise, for ablations"
     )
     delta: float = Field(default=1e-2, gt=0, lt=1, description="claimed per-release delta (paper: 1e-2)")
     calibration: Literal["classic", "analytic"] = "classic"

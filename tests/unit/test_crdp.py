@@ -196,7 +196,7 @@ def test_embed_adds_fresh_laplace_noise_to_the_sent_copy_only(bc):
 
 def test_no_noise_when_eps3_infinite_bit_for_bit(bc):
     x_tr, _ = bc
-    st, _ = _stack(eps3=math.inf, feature_selection=False)
+    st, _ = _stack(eps3=None, feature_selection=False)  # null: no noise
     xs, _ = st.select_features(x_tr, COLS)
     assert np.array_equal(xs, x_tr)
     h = torch.randn(64, 16)
@@ -205,7 +205,7 @@ def test_no_noise_when_eps3_infinite_bit_for_bit(bc):
 
 def test_clipped_sensitivity_clips_and_scales(bc):
     x_tr, _ = bc
-    st, _ = _stack(variant="fixed", clip=0.5, eps3=math.inf)
+    st, _ = _stack(variant="fixed", clip=0.5, eps3=None)
     st.select_features(x_tr, COLS)
     rep = st.report()["crdp"]
     assert rep["record_sensitivity_s"] == 2 * 16 * 0.5

@@ -122,7 +122,7 @@ def test_same_seed_same_noise() -> None:
     assert not torch.equal(randomize(y, 1.0, gen(12), classes=10), randomize(y, 1.0, gen(13), classes=10))
 
 
-def _proto(eps: float, budget: float | None = None):
+def _proto(eps: float | None, budget: float | None = None):
     from securevfl.config import load_protocol_dict
     from tests.conftest import small_digits
 
@@ -143,7 +143,7 @@ def test_accountant_reports_the_label_epsilon_once() -> None:
         assert rec["epsilon"] == pytest.approx(0.7, abs=1e-3)  # reuse across epochs costs nothing more
         assert parties["active"]["total"]["epsilon"] == pytest.approx(0.7, abs=1e-3)
         assert set(parties) == {"active"}  # passive parties spent nothing
-    inf = spent(_proto(math.inf), plan_for(5, 1437, proto.training))
+    inf = spent(_proto(None), plan_for(5, 1437, proto.training))  # null: no noise
     assert math.isinf(inf["active"]["total"]["epsilon"])
 
 
