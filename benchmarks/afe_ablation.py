@@ -63,7 +63,7 @@ def run_one(doc: dict[str, Any], out: Path) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         proto = load_protocol_dict(copy.deepcopy(doc))
-    res = launch(proto, out, progress=False)
+    res = launch(proto, out, progress=False, overwrite=True)
     sound, claim, eff = [], [], []
     for party in (res.get("privacy") or {}).get("parties", {}).values():
         m = party["mechanisms"]["embedding_dp"]

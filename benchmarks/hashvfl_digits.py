@@ -105,7 +105,7 @@ def run_one(doc: dict[str, Any], out: Path, data_dir: Path) -> dict[str, Any]:
     from securevfl.config import load_protocol_dict
     from securevfl.runtime.launcher import launch
 
-    return launch(load_protocol_dict(doc), out, data_dir=data_dir, progress=False)
+    return launch(load_protocol_dict(doc), out, data_dir=data_dir, progress=False, overwrite=True)
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def main() -> None:
     for arm in ("floats", "hashvfl"):
         for seed in a.seeds:
             out = a.out / f"{arm}_s{seed}"
-            res = run_doc(protocol(arm, seed, a.bits, a.epochs), out)
+            res = run_doc(protocol(arm, seed, a.bits, a.epochs), out, overwrite=True)
             att = res["attacks"]
             vals = [res["test_accuracy"]] + [att[k][m] for k, m in COLUMNS]
             rows.setdefault(arm, []).append(vals)

@@ -28,7 +28,8 @@ def main() -> None:
             base["parties"],
             active={"name": "active", "defenses": [{"name": "label_dp", "params": {"epsilon": eps}}]},
         )
-        result = launch(load_protocol_dict(doc), ROOT / "runs" / "examples" / doc["name"], progress=False)
+        out = ROOT / "runs" / "examples" / doc["name"]
+        result = launch(load_protocol_dict(doc), out, progress=False, overwrite=True)
         spent = result["privacy"]["parties"]["active"]["total"]["epsilon"]
         print(f"{eps:>10} {result['test_accuracy']:>9.4f} {spent:>13.4g}")
 
