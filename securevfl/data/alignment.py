@@ -1,6 +1,7 @@
 """Entity alignment by private set intersection (openmined-psi, ECDH).
 
-The active party is the PSI client of every passive party in turn. With each
+The active party is the PSI client of every passive party, with one request
+sent to all of them at once (their server work runs concurrently). With each
 passive party P_i it learns which of its own IDs P_i also holds (P_i learns only
 the size of A's set); it intersects those answers and sends every passive party
 the final intersection, sorted, which becomes the agreed row order. So:
@@ -53,15 +54,24 @@ def _parse(cls, raw: bytes, who: str, what: str):
 
 
 def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray:
-    """Run PSI with every passive party; return A's row indices in agreed order."""
+    """Run PSI with every passive party; return A's row indices in agreed order.
+
+    A builds one PSI request (its IDs blinded under one client key) and sends it
+    to every passive party before collecting any answer, so the passive parties'
+    server work runs at the same time and A blinds its set once, not once per
+    party. Reusing the request is safe in this model: every server sees the
+    same pseudorandom blinded elements and the set size, which is what each saw
+    from its own request before; A's key never leaves A (SECURITY.md §3)."""
     psi = _psi()
+    client = psi.client.CreateWithNewKey(True)
+    request = client.CreateRequest(ids).SerializeToString()
+    for role in layout.passive:
+        channel.send_json(role.rank, PsiHello(client_size=len(ids)), PSI_HELLO)
+        channel.send_bytes(role.rank, PSI_REQUEST, request)
     keep = np.ones(len(ids), dtype=bool)
     for role in layout.passive:
         who = f"rank {role.rank} ({role.label})"
-        client = psi.client.CreateWithNewKey(True)
-        channel.send_json(role.rank, PsiHello(client_size=len(ids)), PSI_HELLO)
         setup = _parse(psi.ServerSetup, channel.recv_bytes(role.rank, PSI_SETUP), who, "setup")
-        channel.send_bytes(role.rank, PSI_REQUEST, client.CreateRequest(ids).SerializeToString())
         resp = _parse(psi.Response, channel.recv_bytes(role.rank, PSI_RESPONSE), who, "response")
         if len(resp.encrypted_elements) != len(ids):
             raise ProtocolError(
@@ -96,14 +106,16 @@ def align_passive(channel: Channel, layout: Layout, rank: int, ids: list[str]) -
     hello = channel.recv_json(active, PsiHello, PSI_HELLO)
     if not 0 <= hello.client_size <= MAX_IDS:
         raise ProtocolError(f"{who} announced an implausible PSI set size {hello.client_size}")
+    # take the request at once: A sends it to every passive party before it
+    # collects any answer, and a transfer completes only once its receiver is ready
+    request = _parse(psi.Request, channel.recv_bytes(active, PSI_REQUEST), who, "request")
     server = psi.server.CreateWithNewKey(True)
     setup = server.CreateSetupMessage(FPR, max(1, hello.client_size), ids, psi.DataStructure.RAW)
-    channel.send_bytes(active, PSI_SETUP, setup.SerializeToString())
-    request = _parse(psi.Request, channel.recv_bytes(active, PSI_REQUEST), who, "request")
     try:
         response = server.ProcessRequest(request)
     except Exception as exc:
         raise ProtocolError(f"{who} sent a PSI request that cannot be processed: {exc}") from None
+    channel.send_bytes(active, PSI_SETUP, setup.SerializeToString())
     channel.send_bytes(active, PSI_RESPONSE, response.SerializeToString())
     raw = channel.recv_bytes(active, PSI_RESULT)
     try:

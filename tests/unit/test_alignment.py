@@ -168,6 +168,15 @@ def test_every_party_ends_with_the_intersection_in_sorted_order(party_ids):
         assert [party_ids[r][i] for i in order] == expected, f"rank {r}"
 
 
+def test_one_request_serves_every_passive_party(party_ids):
+    wire = Wire(3)
+    run_parties(wire, party_ids)
+    requests = [[d for src, tag, d in wire.received[r] if tag == PSI_REQUEST.name] for r in (1, 2)]
+    assert len(requests[0]) == len(requests[1]) == 1
+    assert requests[0] == requests[1]  # A blinded its set once
+    assert len(requests[0][0]) > 33 * len(party_ids[0])  # and it is the whole blinded set
+
+
 def test_no_party_receives_a_foreign_or_non_intersection_id(party_ids):
     expected = set(intersection(party_ids))
     universe = set().union(*map(set, party_ids.values()))
@@ -251,6 +260,7 @@ def test_garbage_setup_is_a_protocol_error_naming_the_sender():
 
     def script() -> None:
         peer.recv_json(0, PsiHello, PSI_HELLO)
+        peer.recv_bytes(0, PSI_REQUEST)
         peer.send_bytes(0, PSI_SETUP, GARBAGE)
 
     with pytest.raises(ProtocolError) as info:
@@ -267,10 +277,10 @@ def test_garbage_response_is_a_protocol_error_naming_the_sender():
 
     def script() -> None:
         hello = peer.recv_json(0, PsiHello, PSI_HELLO)
+        peer.recv_bytes(0, PSI_REQUEST)
         server = psi.server.CreateWithNewKey(True)
         setup = server.CreateSetupMessage(1e-9, hello.client_size, ids[:10], psi.DataStructure.RAW)
         peer.send_bytes(0, PSI_SETUP, setup.SerializeToString())
-        peer.recv_bytes(0, PSI_REQUEST)
         peer.send_bytes(0, PSI_RESPONSE, GARBAGE)
 
     with pytest.raises(ProtocolError) as info:
@@ -286,7 +296,6 @@ def test_garbage_request_is_a_protocol_error_naming_the_active_party():
 
     def script() -> None:
         peer.send_json(1, PsiHello(client_size=20), PSI_HELLO)
-        peer.recv_bytes(1, PSI_SETUP)
         peer.send_bytes(1, PSI_REQUEST, GARBAGE)
 
     with pytest.raises(ProtocolError) as info:
@@ -310,8 +319,8 @@ def _honest_client_then(result: bytes, ids: list[str], wire: Wire) -> Callable[[
     def script() -> None:
         client = psi.client.CreateWithNewKey(True)
         peer.send_json(1, PsiHello(client_size=len(ids)), PSI_HELLO)
-        peer.recv_bytes(1, PSI_SETUP)
         peer.send_bytes(1, PSI_REQUEST, client.CreateRequest(ids).SerializeToString())
+        peer.recv_bytes(1, PSI_SETUP)
         peer.recv_bytes(1, PSI_RESPONSE)
         peer.send_bytes(1, PSI_RESULT, result)
 
