@@ -20,13 +20,45 @@ from pathlib import Path
 import pytest
 
 from securevfl.runtime.launcher import free_port
-from tests.conftest import ROOT, small_digits, write_yaml
+from tests.conftest import ROOT, write_yaml
 
 pytestmark = pytest.mark.timeout(300)
 
 NATIVE_TRACE = ("frame #", "Exception raised from", "[c10d]")
 LISTEN = "0A"  # TCP state in /proc/net/tcp*
 LOOPBACK_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
+
+
+def _protocol(folder: Path) -> Path:
+    """A tiny CSV protocol (active 'active' with the labels, passive 'left' and
+    'right'): each rank reads its own file, so no materializing child process
+    slows the start of every rank down."""
+    tables = {
+        "active": (["label"], lambda i: [i % 2]),
+        "left": (["a", "b"], lambda i: [i % 7, i % 5]),
+        "right": (["c", "d"], lambda i: [i % 3, i % 11]),
+    }
+    for party, (cols, values) in tables.items():
+        rows = [",".join(map(str, [f"id-{i:03d}", *values(i)])) for i in range(64)]
+        (folder / f"{party}.csv").write_text("\n".join([",".join(["id", *cols]), *rows]) + "\n")
+    model = {"kind": "mlp", "hidden": [4], "out": 4}
+    doc = {
+        "name": "rendezvous",
+        "dataset": {"name": "csv"},
+        "parties": {
+            "active": {
+                "name": "active",
+                "source": {"path": str(folder / "active.csv"), "label_column": "label"},
+            },
+            "passive": [
+                {"name": p, "source": {"path": str(folder / f"{p}.csv")}, "model": model}
+                for p in ("left", "right")
+            ],
+        },
+        "interactive": {"out": 4},
+        "training": {"epochs": 1, "batch_size": 16},
+    }
+    return write_yaml(folder / "p.yaml", doc)
 
 
 def _party(
@@ -103,7 +135,7 @@ def test_second_claim_of_a_rank_is_refused(tmp_path: Path):
     2 naming the rank and the holder's pid and host; the run completes. A rank 1
     started again after the run (the store is gone) exits 3 within the start-up
     timeout instead of hanging."""
-    proto = write_yaml(tmp_path / "p.yaml", small_digits(epochs=1))
+    proto = _protocol(tmp_path)
     port = free_port()
     procs = {
         "0": _party(proto, 0, port, tmp_path / "r0"),
@@ -141,7 +173,7 @@ def test_store_listens_on_the_rendezvous_address_only(tmp_path: Path):
     """With ``tcp://127.0.0.1:PORT`` rank 0's store listens on 127.0.0.1:PORT and on
     no other address (not 0.0.0.0, not ::). A second rank 0 on the same address
     cannot listen there: exit 2, naming ``--rendezvous``."""
-    proto = write_yaml(tmp_path / "p.yaml", small_digits(epochs=1))
+    proto = _protocol(tmp_path)
     port = free_port()
     first = _party(proto, 0, port, tmp_path / "a", "--set", "runtime.startup_timeout_s=120")
     try:
@@ -169,7 +201,7 @@ def test_store_listens_on_the_rendezvous_address_only(tmp_path: Path):
 def test_rank0_refuses_an_address_of_another_machine(tmp_path: Path):
     """Rank 0 binds the address it is given: one that is not this machine's
     (192.0.2.1, TEST-NET-1) is a user error naming ``--rendezvous``, at once."""
-    proto = write_yaml(tmp_path / "p.yaml", small_digits(epochs=1))
+    proto = _protocol(tmp_path)
     out = tmp_path / "r0"
     proc = _party(proto, 0, free_port(), out, "--set", "runtime.startup_timeout_s=30", host="192.0.2.1")
     try:
@@ -189,7 +221,7 @@ def test_passive_rank_gives_up_within_startup_timeout(tmp_path: Path, rank0: str
     accepts TCP and stays silent, as a stopped rank 0 would): rank 1 exits 3
     naming rank 0 and the timeout, within ``startup_timeout_s`` plus the 2 s grace
     for a blocked native call, and prints no native stack trace."""
-    proto = write_yaml(tmp_path / "p.yaml", small_digits(epochs=1))
+    proto = _protocol(tmp_path)
     silent = None
     if rank0 == "silent":
         silent = socket.socket()
