@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import warnings
@@ -260,6 +261,10 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = show_warning
+    if not args.debug:
+        # torch's C++ logs append native stack traces; securevfl reports its errors
+        # itself. Read when torch loads (inherited by the ranks the launcher spawns).
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         return COMMANDS[args.command](args)
     except SecureVFLError as exc:

@@ -1,8 +1,12 @@
 """A rank's session: rendezvous, start-up checks, liveness watchdog, shutdown.
 
-Rank 0 hosts a TCP key-value store at the rendezvous address; every rank
-publishes a hello (its rank, party, pid, protocol digest), checks that world size,
-roles and protocol digest agree, and only then joins the gloo process group.
+Rank 0 hosts a TCP key-value store at the rendezvous address, listening on that
+address only (loopback for local runs); every rank claims its rank in the store
+(a second claim of the same rank is refused), publishes a hello (its rank, party,
+pid, protocol digest), checks that world size, roles and protocol digest agree,
+and only then joins the gloo process group. Connecting and the handshake share
+one deadline, ``runtime.startup_timeout_s``, which holds even when the address
+answers TCP but never speaks the store's protocol.
 A watchdog thread publishes a heartbeat and watches every peer's: a peer that
 dies, stalls (no heartbeat for ``peer_timeout_s``) or reports an error ends this
 rank with a :class:`PartyFailure` naming it, even while the main thread is
@@ -12,8 +16,10 @@ blocked in a receive. Store values are JSON validated by pydantic, never pickles
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -34,6 +40,10 @@ from securevfl.runtime.layout import Layout, Role
 EXIT_USER_ERROR = 2
 EXIT_PARTY_FAILURE = 3
 HEARTBEAT_S = 0.5
+PROBE_S = 1.0  # one TCP probe of the rendezvous address waits at most this long
+RETRY_S = 0.25  # pause between probes while rank 0 is not (yet) listening
+STARTUP_GRACE_S = 2.0  # past the start-up deadline, a blocked native call is abandoned
+LISTEN_BACKLOG = 128
 
 
 class Hello(BaseModel):
@@ -46,6 +56,17 @@ class Hello(BaseModel):
     pid: int
     host: str
     version: str
+
+
+class Claim(BaseModel):
+    """Who holds a rank: written once per rank with an atomic compare-and-set, so
+    that a second process started with the same ``--rank`` is refused before it
+    can overwrite the first one's hello. ``token`` makes each claim unique."""
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+    host: str
+    token: str
 
 
 class ErrorNote(BaseModel):
@@ -100,6 +121,68 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def native_message(exc: BaseException) -> str:
+    """The first meaningful line of an exception's text.
+
+    torch's C++ errors may carry a native stack trace after the message
+    (``Exception raised from ...`` and ``frame #N: ...`` lines); users get the
+    message alone (``--debug`` shows torch's own logs, traces included)."""
+    for raw in str(exc).splitlines():
+        line = raw.strip()
+        if line.startswith("Exception raised from"):
+            break
+        if line and not line.startswith(("frame #", "<omitting python frames>")):
+            return line
+    return type(exc).__name__
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Rank 0's listening socket for the rendezvous store, bound to the address
+    given in ``--rendezvous`` (not to every interface): ``127.0.0.1`` keeps the
+    store on loopback, a host name binds the address it resolves to (IPv4 first,
+    as the other ranks and gloo resolve it)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot resolve the rendezvous host {host!r}: {exc.strerror or exc}", path="--rendezvous"
+        ) from None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch does: rebinding after a run
+        sock.bind(addr)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        hints = {
+            errno.EADDRINUSE: "another process already listens there (is a rank 0 already running?)",
+            errno.EADDRNOTAVAIL: f"{addr[0]} is not an address of this machine: "
+            "start rank 0 on the host named in --rendezvous",
+            errno.EACCES: "this user may not listen on that port",
+        }
+        hint = hints.get(exc.errno or 0)
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({addr[0]}) for the rendezvous: {exc.strerror or exc}"
+            + (f"; {hint}" if hint else ""),
+            path="--rendezvous",
+        ) from None
+    return sock
+
+
+def probe(host: str, port: int, timeout: float) -> str | None:
+    """None when something accepts TCP connections at host:port, else why not.
+
+    A plain socket, not a store client: torch's client retries on its own, may
+    take twice its timeout, and logs a native stack trace for every failure."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+
+
 class Session:
     """Context manager around one rank's life in the run."""
 
@@ -113,6 +196,7 @@ class Session:
         self.out_dir = Path(out_dir)
         self.names = layout.names()
         self.store: dist.TCPStore | None = None
+        self._claimed = False  # this process holds its rank in the store
         self.hellos: dict[int, Hello] = {}
         self._lost: PartyFailure | None = None
         self._lost_event = threading.Event()
@@ -129,8 +213,8 @@ class Session:
     def __enter__(self) -> Session:
         if is_loopback(self.host):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        self.store = self._connect(timeout=self.rt.startup_timeout_s)
-        self._handshake()
+        self._start_up()
+        assert self.store is not None
         dist.init_process_group(
             "gloo",
             store=dist.PrefixStore("pg/", self.store),
@@ -142,30 +226,132 @@ class Session:
         self._watchdog.start()
         return self
 
-    def _connect(self, timeout: float) -> dist.TCPStore:
-        try:
-            return dist.TCPStore(
-                self.host,
-                self.port,
-                self.layout.world_size if self.rank == 0 else None,
-                is_master=self.rank == 0,
-                timeout=timedelta(seconds=timeout),
-                wait_for_workers=False,
-            )
-        except Exception as exc:
-            if self.rank == 0:
-                raise ConfigError(
-                    f"cannot listen on {self.host}:{self.port} for the rendezvous: {exc}",
-                    path="--rendezvous",
-                ) from None
-            raise PartyFailure(
-                f"could not reach the rendezvous at {self.host}:{self.port} hosted by "
-                f"{self.who(0)} within {timeout:.0f} s: {exc}",
-                rank=0,
-            ) from None
+    def _start_up(self) -> None:
+        """Connect, claim this rank and handshake, all before one deadline
+        (``runtime.startup_timeout_s``).
 
-    def _handshake(self) -> None:
-        assert self.store is not None
+        The work runs in a daemon thread: a torch store client whose peer accepts
+        TCP but never answers (a stopped rank 0, another service on the port)
+        blocks in native code past its own timeout. The thread is abandoned
+        then, and this rank fails naming rank 0 instead of hanging."""
+        timeout = self.rt.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        stores: list[dist.TCPStore] = []
+        failure: list[BaseException] = []
+        claimed = threading.Event()
+
+        def work() -> None:
+            try:
+                store = self._connect(deadline)
+                stores.append(store)
+                self._claim(store)
+                claimed.set()
+                self._handshake(store, deadline)
+            except BaseException as exc:  # re-raised in the calling thread
+                failure.append(exc)
+
+        worker = threading.Thread(target=work, name="securevfl-startup", daemon=True)
+        worker.start()
+        worker.join(max(deadline - time.monotonic(), 0.0) + STARTUP_GRACE_S)
+        if worker.is_alive():  # blocked in native code: leave the store alone
+            raise PartyFailure(
+                f"start-up did not finish within {timeout:g} s: the rendezvous at "
+                f"{self.host}:{self.port} hosted by {self.who(0)} accepts connections but does not "
+                "answer (a stopped rank 0, or another service on that port)",
+                rank=0,
+            )
+        self.store = stores[0] if stores else None
+        self._claimed = claimed.is_set()
+        if failure:
+            raise failure[0]
+
+    def _connect(self, deadline: float) -> dist.TCPStore:
+        """Rank 0 hosts the store; the others probe its address until it listens
+        (or the deadline passes), then connect."""
+        timeout = self.rt.startup_timeout_s
+        if self.rank == 0:
+            fd = listen_socket(self.host, self.port).detach()  # the store owns and closes it
+            try:
+                return dist.TCPStore(
+                    self.host,
+                    self.port,
+                    self.layout.world_size,
+                    is_master=True,
+                    timeout=timedelta(seconds=timeout),
+                    wait_for_workers=False,
+                    master_listen_fd=fd,
+                )
+            except RuntimeError as exc:
+                raise ConfigError(
+                    f"cannot host the rendezvous on {self.host}:{self.port}: {native_message(exc)}",
+                    path="--rendezvous",
+                ) from exc
+        reason = "no attempt"
+        while (left := deadline - time.monotonic()) > 0:
+            refused = probe(self.host, self.port, min(left, PROBE_S))
+            if refused is not None:
+                reason = refused
+            else:
+                try:
+                    store = dist.TCPStore(
+                        self.host,
+                        self.port,
+                        None,
+                        is_master=False,
+                        timeout=timedelta(seconds=max(left, 1.0)),
+                        wait_for_workers=False,
+                    )
+                except RuntimeError as exc:  # torch's DistError family
+                    reason = native_message(exc)
+                else:
+                    store.set_timeout(timedelta(seconds=timeout))  # later store ops, as before
+                    return store
+            time.sleep(max(min(RETRY_S, deadline - time.monotonic()), 0.0))
+        raise PartyFailure(
+            f"could not reach the rendezvous at {self.host}:{self.port} hosted by {self.who(0)} "
+            f"within {timeout:g} s (runtime.startup_timeout_s; last attempt: {reason}): start rank 0 "
+            "first, and check the address, the port and any firewall in between",
+            rank=0,
+        )
+
+    def _claim(self, store: dist.TCPStore) -> None:
+        """Claim this rank with an atomic compare-and-set, before publishing
+        anything under it. A rank already claimed is a ``ConfigError`` naming the
+        process holding it; this process then writes nothing to the store (its
+        error report stays local), so the run of the first claimant goes on."""
+        mine = Claim(pid=os.getpid(), host=socket.gethostname(), token=secrets.token_hex(8))
+        raw = mine.model_dump_json()
+        try:
+            held = store.compare_set(f"claim/{self.rank}", "", raw)
+        except RuntimeError as exc:
+            raise PartyFailure(
+                f"lost the rendezvous host {self.who(0)} during start-up: {native_message(exc)}", rank=0
+            ) from exc
+        if held == raw.encode():
+            return
+        try:
+            owner = Claim.model_validate_json(held)
+            by = f"pid {owner.pid} on host {owner.host}"
+        except ValidationError:
+            by = "an unidentified client"
+        raise ConfigError(
+            f"rank {self.rank} is already claimed by another process ({by}) at the rendezvous "
+            f"{self.host}:{self.port}: start each rank exactly once per run",
+            path="--rank",
+        )
+
+    def _handshake(self, store: dist.TCPStore, deadline: float) -> None:
+        """Exchange hellos; a store that fails meanwhile is rank 0 lost."""
+        try:
+            self._exchange_hellos(store, deadline)
+        except RuntimeError as exc:  # the store went away mid-handshake
+            raise PartyFailure(
+                f"lost the rendezvous host {self.who(0)} during start-up: {native_message(exc)}", rank=0
+            ) from exc
+
+    def _exchange_hellos(self, store: dist.TCPStore, deadline: float) -> None:
+        """Publish this rank's hello, wait for every rank's until the deadline,
+        and check that they all run this protocol in their expected roles."""
         me = Hello(
             rank=self.rank,
             world_size=self.layout.world_size,
@@ -176,23 +362,22 @@ class Session:
             host=socket.gethostname(),
             version=__version__,
         )
-        self.store.set(f"hb/{self.rank}", "0")
-        self.store.set(f"hello/{self.rank}", me.model_dump_json())
+        store.set(f"hb/{self.rank}", "0")
+        store.set(f"hello/{self.rank}", me.model_dump_json())
         keys = [f"hello/{r}" for r in range(self.layout.world_size)]
-        deadline = time.monotonic() + self.rt.startup_timeout_s
-        while not self.store.check(keys):
+        while not store.check(keys):
             if time.monotonic() > deadline:
-                missing = [r for r in range(self.layout.world_size) if not self.store.check([f"hello/{r}"])]
+                missing = [r for r in range(self.layout.world_size) if not store.check([f"hello/{r}"])]
                 raise PartyFailure(
                     "start-up timed out after "
-                    f"{self.rt.startup_timeout_s:.0f} s: "
+                    f"{self.rt.startup_timeout_s:g} s: "
                     + ", ".join(self.who(r) for r in missing)
                     + " never joined the rendezvous",
                     rank=missing[0],
                 )
             time.sleep(0.05)
         for r in range(self.layout.world_size):
-            raw = self.store.get(f"hello/{r}")
+            raw = store.get(f"hello/{r}")
             try:
                 h = Hello.model_validate_json(raw)
             except ValidationError:
@@ -264,7 +449,8 @@ class Session:
                     return
                 self._declare(
                     PartyFailure(
-                        f"lost the rendezvous host {self.who(0)} (it died or the network failed: {exc})",
+                        f"lost the rendezvous host {self.who(0)} (it died or the network failed: "
+                        f"{native_message(exc)})",
                         rank=0,
                     )
                 )
@@ -296,13 +482,17 @@ class Session:
             self._stop.set()
             return self._lost
         if peer < 0:
-            return PartyFailure(f"an MPC collective failed (a peer was lost): {exc}", rank=None)
-        return PartyFailure(f"lost connection to {self.who(peer)}: {exc}", rank=peer)
+            return PartyFailure(
+                f"an MPC collective failed (a peer was lost): {native_message(exc)}", rank=None
+            )
+        return PartyFailure(f"lost connection to {self.who(peer)}: {native_message(exc)}", rank=peer)
 
     # -- reporting ---------------------------------------------------------------------
     def report(self, exc: BaseException) -> None:
         """Publish this rank's error (for peers), write it to its error file and
-        stderr. Only the first report counts."""
+        stderr. Only the first report counts. A process that never claimed its
+        rank (a duplicate) keeps the report out of the store: the error is its
+        own, not the run's."""
         with self._report_lock:
             if self._reported:
                 return
@@ -314,7 +504,7 @@ class Session:
             print(
                 f"securevfl: rank {self.rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True
             )
-        if self.store is not None:
+        if self.store is not None and self._claimed:
             try:
                 self.store.set(f"err/{self.rank}", note.public().model_dump_json())
                 if self.rank == 0:
