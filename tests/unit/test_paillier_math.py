@@ -10,6 +10,7 @@ import pytest
 from phe import paillier as phe_paillier
 
 from securevfl.exchange.paillier import PaillierOptions, PaillierScheme, counting
+from securevfl.exchange.paillier.kernels import multiexp
 from securevfl.exchange.paillier.obfuscation import (
     TableShape,
     build_tables,
@@ -111,3 +112,20 @@ def test_counters_count_one_matmul(key, peer, scheme):
     with counting() as d:
         key.decrypt(out, (40, 2))
     assert d.decryptions == 6 and d.modexps == 12
+
+
+@pytest.mark.parametrize("k,j,top", [(1, 1, 5), (3, 2, 2**40), (13, 5, 2**20), (70, 3, 2**36)])
+def test_multiexp_matches_the_product_of_powers(k, j, top):
+    """Signed exponents, a last group shorter than the rest, zero columns."""
+    rng = np.random.default_rng(k)
+    mod = gmpy2.next_prime(gmpy2.mpz(2) ** 255) * gmpy2.next_prime(gmpy2.mpz(2) ** 254)
+    bases = [gmpy2.mpz(int(v)) | 1 for v in rng.integers(3, 2**62, size=k)]
+    e = rng.integers(-top, top + 1, size=(k, j))
+    e[0, 0] = 0
+    got = multiexp(bases, e, mod)
+    for jj in range(j):
+        want = gmpy2.mpz(1)
+        for kk in range(k):
+            want = want * gmpy2.powmod(bases[kk], int(e[kk, jj]), mod) % mod
+        assert got[jj] == want
+    assert multiexp(bases, np.zeros((k, 2), dtype=np.int64), mod) == [1, 1]
