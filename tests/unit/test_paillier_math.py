@@ -18,6 +18,7 @@ from securevfl.exchange.paillier.obfuscation import (
     shape_for,
     table_products,
 )
+from securevfl.exchange.paillier.profile import step_counts
 
 OPTS = PaillierOptions(precompute=False, threads=1)
 
@@ -129,3 +130,13 @@ def test_multiexp_matches_the_product_of_powers(k, j, top):
             want = want * gmpy2.powmod(bases[kk], int(e[kk, jj]), mod) % mod
         assert got[jj] == want
     assert multiexp(bases, np.zeros((k, 2), dtype=np.int64), mod) == [1, 1]
+
+
+def test_step_counts_match_the_protocol_shapes():
+    """One step, one passive party, B = 20, d = 3, o = 2, 16 slots per ciphertext:
+    Enc(h) 3 cols x 2 blocks; Enc(g) cols 2 x 2 plus rows 20 x 1; outputs z 2 x 2,
+    u 3 x 2, dW 3 rows x 1, each obfuscated once and decrypted once."""
+    counts, _ = step_counts(OPTS, 20, [3], 2)
+    assert counts.encryptions == 6 + 4 + 20
+    assert counts.decryptions == counts.obfuscations == 4 + 6 + 3
+    assert counts.modexps == 2 * counts.decryptions  # set-up is not part of a step

@@ -40,6 +40,14 @@ class PaillierPeer(HEPeer):
         )
         self._fresh = Fresh(self._make_obfuscators, params.precompute)
 
+    def prepare(self) -> None:
+        """Build the obfuscator tables now (otherwise at the first product)."""
+        self._sampler.tables()
+
+    def obfuscators(self, k: int) -> list[Any]:
+        """k fresh obfuscators, never handed out before (for timing and tests)."""
+        return self._fresh.take(k)
+
     def _make_obfuscators(self, k: int) -> list[Any]:
         count(obfuscations=k)
         return self._sampler.sample(k)

@@ -65,6 +65,11 @@ class PaillierKey(HEKey):
     def public(self) -> bytes:
         return dump_public(self.n)
 
+    def prepare(self) -> None:
+        """Build the obfuscator tables now (otherwise at the first encryption)."""
+        self._sp.tables()
+        self._sq.tables()
+
     def _make_obfuscators(self, k: int) -> list[Any]:
         """k fresh n-th residues mod n^2, joined by CRT from (Z/p^2)^* and (Z/q^2)^* halves."""
         ap, aq = self._sp.sample(k), self._sq.sample(k)
