@@ -13,13 +13,14 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
             times the matmuls the protocol needs (3 per passive party per step),
             plus the dealer's |c| = B*o*8 to rank 0 per matmul
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
-  paillier  restated, protocol-scaled (he.py moves, per passive party, the encrypted matrices
-            h (B x h), z-mask (B x o), dL/dz in the two packings Paillier needs (2 B x o),
-            gW (B x h) and dW (h x o), plus two plaintext float64 matrices B x o and B x h);
-            each encrypted value costs 2|n|/8 bytes / L with L = floor((|n|-1)/S) slots of
-            the smallest overflow-free width S = F + v + s + ceil(log2 terms) + 3 = 127 bits
-            at the defaults (L = 16: 32 B/value at |n| = 2048). FATE's 0.26 MiB assumed 64-bit
-            slots that only add; a slot holding a sum of products cannot be that narrow.
+  paillier  restated, protocol-scaled: the values he.py must move per passive party, the
+            encrypted matrices h (B x h), z-mask (B x o), dL/dz (B x o, counted once although
+            Paillier needs it in two packings), gW (B x h) and dW (h x o), plus two plaintext
+            float64 matrices (B x o, B x h); each encrypted value at the best safe density,
+            2|n|/8 bytes / L with L = floor((|n|-1)/S) slots of the smallest overflow-free
+            width S = F + v + s + ceil(log2 terms) + 3 = 127 bits at the defaults (L = 16:
+            32 B/value at |n| = 2048). FATE's 0.26 MiB assumed 64-bit slots that only add; a
+            slot holding a sum of products of 56- and 60-bit integers cannot be that narrow.
 
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick]
 """
@@ -85,7 +86,7 @@ def floor_bytes(backend: str, batch: int, parties: int, h: int = 64, o: int = 64
         return 2 * parties * 0.9e6 * per_dir / 16384
     if backend == "paillier":
         ct_per_value = 512 / 16  # |n| = 2048, 16 slots of 127 bits (module docstring)
-        encrypted = 2 * batch * h + 3 * batch * o + h * o
+        encrypted = 2 * batch * h + 2 * batch * o + h * o  # dL/dz once
         return parties * (encrypted * ct_per_value + (batch * o + batch * h) * 8)
     raise ValueError(backend)
 

@@ -72,6 +72,29 @@ Keys and randomness
     powmod releases the GIL, so ``threads`` workers split every batch of
     decryption exponentiations; with ``precompute`` a daemon thread also makes
     the next obfuscators while the party waits on the network.
+
+Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 passive)
+    Per passive party and step the protocol moves the encrypted matrices h'_i
+    (B x h), h'_i W^A + eps (B x o), dL/dz (B x o; Paillier needs it in both
+    packings, ``cols`` for g W^P^T and ``rows`` for h'^T g), g W^P^T + mu (B x h)
+    and h'^T g - R (h x o), and two masked float64 matrices (B x o, B x h).
+    Bytes floor: with dL/dz counted once, 2Bh + 2Bo + ho = 69,632 values per party
+    at the best safe density, 2|n|/8 / L = 512 / 16 = 32 bytes per value (L slots
+    of S = 127 bits: a slot must hold a sum of 64 products of a 56-bit encrypted
+    integer and a 60-bit scalar plus a mask), plus 256 KiB of floats: 2.375 MiB
+    per party, 4.75 MiB per step; the second packing of dL/dz adds 0.5 MiB per
+    party, so the blobs as sent are 5.75 MiB plus headers (about 1.2x the floor).
+    Operation floor: per step 4,096 encryptions (h'_i 1,024 per party, dL/dz 2,048
+    once), 4,608 decryptions and as many evaluator obfuscators (one per output
+    ciphertext: 1,024 + 1,024 + 256 per party), and 393,216 ciphertext x scalar
+    products (B h o / L in each of the three products per party; each is a
+    multiplication of ~36-bit exponent in a multi-exponentiation, ~20 us amortized
+    with shared tables). :mod:`.profile` counts them with :mod:`.counters`,
+    times each primitive, and ``benchmarks/exchange.py`` prints count x unit cost
+    beside the measured step. Decryption (two 1024-bit exponentiations mod p^2 and
+    q^2 per ciphertext, ~2.5 ms) has no fixed-base shortcut, so 4,608 of them are
+    ~11 s of one core per step whatever else is done: the floor is set by the
+    number of output ciphertexts, i.e. by the slot width.
 """
 
 from __future__ import annotations
