@@ -87,9 +87,9 @@ Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 pa
     Operation floor: per step 4,096 encryptions (h'_i 1,024 per party, dL/dz 2,048
     once), 4,608 decryptions and as many evaluator obfuscators (one per output
     ciphertext: 1,024 + 1,024 + 256 per party), and 393,216 ciphertext x scalar
-    products (B h o / L in each of the three products per party; each is a
-    multiplication of ~36-bit exponent in a multi-exponentiation, ~20 us amortized
-    with shared tables). :mod:`.profile` counts them with :mod:`.counters`,
+    products (B h o / L in each of the three products per party: one exponent of
+    ~43 bits for a weight share of ~2^23, ~22 bits for h'_i, inside a shared
+    multi-exponentiation). :mod:`.profile` counts them with :mod:`.counters`,
     times each primitive, and ``benchmarks/exchange.py`` prints count x unit cost
     beside the measured step. Decryption (two 1024-bit exponentiations mod p^2 and
     q^2 per ciphertext, ~2.5 ms) has no fixed-base shortcut, so 4,608 of them are

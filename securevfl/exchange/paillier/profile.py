@@ -26,6 +26,10 @@ from securevfl.exchange.paillier.options import PaillierOptions
 
 #: the primitives whose unit costs make the floor (each includes its own modular multiplications)
 FLOOR_OPS = ("encryptions", "decryptions", "obfuscations", "ct_scalar")
+#: log2 of the weight shares' magnitude in the first steps of the reference workload: P's share
+#: moves by lr v with v the momentum sum of masks uniform in +-2^24, so with lr 0.05 and momentum
+#: 0.9 its size is about 0.05 x 2^24 / sqrt(3) x 10 x sqrt(t) = 2^22.2 sqrt(t) after t steps
+SHARE_BITS = 23
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,11 @@ def _weights(rng: np.random.Generator, d: int, o: int, share_bits: int) -> np.nd
 
 
 def step_counts(
-    options: PaillierOptions, batch: int, dims: list[int], out: int, *, share_bits: int = 16
+    options: PaillierOptions, batch: int, dims: list[int], out: int, *, share_bits: int = SHARE_BITS
 ) -> tuple[OpCounts, float]:
     """Operation counts of one step (all parties together) and the replay's seconds.
     ``share_bits``: magnitude of the weight shares used as scalars (they set the
-    exponent lengths; ~2^16 in the first steps of the reference workload)."""
+    exponent lengths; see SHARE_BITS)."""
     sch = PaillierScheme(options)
     rng = np.random.default_rng(0)
     ka = sch.new_key()
@@ -79,7 +83,7 @@ def step_counts(
     return c, time.perf_counter() - t0
 
 
-def unit_costs(options: PaillierOptions, *, reps: int = 32, share_bits: int = 16) -> dict[str, float]:
+def unit_costs(options: PaillierOptions, *, reps: int = 32, share_bits: int = SHARE_BITS) -> dict[str, float]:
     """Seconds per primitive, single thread: encryption (with its obfuscator),
     decryption, evaluator obfuscator, and ciphertext x scalar product (with its
     addition) in a 64 x 64 multi-exponentiation with scalars of share_bits + fw bits."""
