@@ -95,6 +95,18 @@ Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 pa
     q^2 per ciphertext, ~2.5 ms) has no fixed-base shortcut, so 4,608 of them are
     ~11 s of one core per step whatever else is done: the floor is set by the
     number of output ciphertexts, i.e. by the slot width.
+
+Weight shares (not bounded yet)
+    Today (he.py) each side starts from a Gaussian half N(0, 1/(6d)) (``private``)
+    and P_i's share then moves by -lr v, v the momentum sum of its masks R (uniform
+    in +-2^mask_bits), so the shares grow like lr 2^mask_bits / sqrt(3) / (1 -
+    momentum) sqrt(t) = 2^22.2 sqrt(t) at lr 0.05, momentum 0.9: 2^23 after 3 steps,
+    2^27 after 1,000, and the scalar exponents (share bits + 20) with them. Re-drawing
+    P_i's share every step uniformly in [-2^k, 2^k) (A's share: W_i minus it) would
+    hide W_i from A within statistical distance |W_i - W'_i| / 2^(k+1) per weight
+    (k = 20, |W| <= 2: 2^-19, the masks' standard), cap the exponents at k + 20 = 40
+    bits and allow scalar_bits = 32 (S 127 -> 119 bits, L 16 -> 17 slots). It changes
+    he.py's protocol, which ``ckks`` shares, so it is left for later.
 """
 
 from __future__ import annotations
