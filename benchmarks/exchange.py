@@ -13,7 +13,14 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
             times the matmuls the protocol needs (3 per passive party per step),
             plus the dealer's |c| = B*o*8 to rank 0 per matmul
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
-  paillier  FATE-style packing: 0.26 MiB per direction, scaled by B*h/16384
+  paillier  restated, protocol-scaled: the values he.py must move per passive party, the
+            encrypted matrices h (B x h), z-mask (B x o), dL/dz (B x o, counted once although
+            Paillier needs it in two packings), gW (B x h) and dW (h x o), plus two plaintext
+            float64 matrices (B x o, B x h); each encrypted value at the best safe density,
+            2|n|/8 bytes / L with L = floor((|n|-1)/S) slots of the smallest overflow-free
+            width S = F + v + s + ceil(log2 terms) + 3 = 127 bits at the defaults (L = 16:
+            32 B/value at |n| = 2048). FATE's 0.26 MiB assumed 64-bit slots that only add; a
+            slot holding a sum of products of 56- and 60-bit integers cannot be that narrow.
 
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick]
 """
@@ -78,7 +85,9 @@ def floor_bytes(backend: str, batch: int, parties: int, h: int = 64, o: int = 64
     if backend == "ckks":
         return 2 * parties * 0.9e6 * per_dir / 16384
     if backend == "paillier":
-        return 2 * parties * 0.26 * 2**20 * per_dir / 16384
+        ct_per_value = 512 / 16  # |n| = 2048, 16 slots of 127 bits (module docstring)
+        encrypted = 2 * batch * h + 2 * batch * o + h * o  # dL/dz once
+        return parties * (encrypted * ct_per_value + (batch * o + batch * h) * 8)
     raise ValueError(backend)
 
 
@@ -91,6 +100,24 @@ def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
         res["_wall"] = time.perf_counter() - t0
         return res
+
+
+def paillier_ops(batch: int, parties: int, params: dict[str, Any] | None, dim: int = 64) -> str:
+    """Operation counts of one step, unit costs measured now, and their product (the floor)."""
+    from securevfl.exchange.paillier import PaillierOptions
+    from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step
+
+    prof = profile_step(PaillierOptions(**(params or {})), batch, [dim] * parties, dim)
+    c = prof.counts.as_dict()
+    cells = ", ".join(f"{op} {c[op]} x {prof.unit_s[op] * 1e6:.0f} us" for op in FLOOR_OPS)
+    rest = ", ".join(f"{k} {v}" for k, v in c.items() if k not in FLOOR_OPS)
+    return (
+        f"    paillier ops/step: {cells}; {rest}\n"
+        f"    floor (one core) {prof.floor_s():.2f} s/step; in-process replay {prof.replay_s:.2f} s"
+    )
+
+
+PROFILERS = {"paillier": paillier_ops}
 
 
 def step_time(res: dict[str, Any]) -> float:
@@ -111,6 +138,7 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=4, help="training steps per configuration")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
+    ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
     args = ap.parse_args()
     from securevfl.exchange import EXCHANGES
     from securevfl.report.compare import human_bytes
@@ -158,6 +186,9 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
+            if backend in PROFILERS and not args.no_op_counts and (batch, k) == configs[0]:
+                r["ops"] = PROFILERS[backend](batch, k, extra.get(backend))
+                print(r["ops"], file=sys.stderr, flush=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     machine = f"{platform.processor() or platform.machine()}, {platform.python_version()}"
     print(f"\nexchange benchmark, {stamp}, {machine}; digits, MLP bottoms to 64-d, interactive k x 64 -> 64")
@@ -169,6 +200,9 @@ def main() -> int:
             f"{r['ratio_to_plain']:.1f} | {human_bytes(r['bytes_per_step'])} | "
             f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} |"
         )
+    for r in rows:
+        if "ops" in r:
+            print(f"\n{r['backend']}, measured {r['s_per_step']:.2f} s/step:\n{r['ops']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

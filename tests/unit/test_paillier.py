@@ -17,18 +17,18 @@ from securevfl.config import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.paillier import (
-    _BLOB_HEAD,
-    _SEC_HEAD,
-    _SEC_LEN,
+    BLOB_HEAD,
     COLS,
     ROWS,
+    SEC_HEAD,
+    SEC_LEN,
     PaillierKey,
     PaillierOptions,
     PaillierScheme,
-    _dump_public,
-    _load,
-    _pack,
-    _unpack,
+    dump_public,
+    load_blob,
+    pack,
+    unpack,
 )
 
 OPTS = PaillierOptions(precompute=False, threads=1)
@@ -56,13 +56,13 @@ def rng(seed: int = 0) -> np.random.Generator:
 
 def sections(blob: bytes) -> list[tuple[tuple[int, ...], int]]:
     """(header fields, number of ciphertext bytes) of every section of a blob."""
-    _, _, nsec = _BLOB_HEAD.unpack_from(blob, 0)
-    pos, out = _BLOB_HEAD.size, []
+    _, _, nsec = BLOB_HEAD.unpack_from(blob, 0)
+    pos, out = BLOB_HEAD.size, []
     for _ in range(nsec):
-        (length,) = _SEC_LEN.unpack_from(blob, pos)
-        head = _SEC_HEAD.unpack_from(blob, pos + _SEC_LEN.size)
-        out.append((head, length - _SEC_HEAD.size))
-        pos += _SEC_LEN.size + length
+        (length,) = SEC_LEN.unpack_from(blob, pos)
+        head = SEC_HEAD.unpack_from(blob, pos + SEC_LEN.size)
+        out.append((head, length - SEC_HEAD.size))
+        pos += SEC_LEN.size + length
     assert pos == len(blob)
     return out
 
@@ -86,9 +86,9 @@ def test_decryption_agrees_with_phe(key):
     pub = phe_paillier.PaillierPublicKey(int(key.n))
     priv = phe_paillier.PaillierPrivateKey(pub, int(key._p), int(key._q))
     ms = [0, 1, 12345, int(key.n) - 1, int(key.n) // 3]
-    cts = key._encrypt_ints(ms)
+    cts = key.encrypt_ints(ms)
     assert [priv.raw_decrypt(int(c)) for c in cts] == ms
-    assert [int(m) for m in key._decrypt_ints(cts)] == ms
+    assert [int(m) for m in key.decrypt_ints(cts)] == ms
     assert pub.raw_encrypt(7, r_value=1) == 1 + 7 * int(key.n)
 
 
@@ -98,7 +98,7 @@ def test_packing_round_trip_with_negative_totals():
     y = rng().integers(-(2**63), 2**63 - 1, size=(3, slots), dtype=np.int64)
     y[0] = -1  # a negative packed total, wrapped mod n
     y[1, -1] = -(2**63)
-    got = _unpack([p % n for p in _pack(y, s)], n, slots, s)
+    got = unpack([p % n for p in pack(y, s)], n, slots, s)
     np.testing.assert_array_equal(got, y.astype(np.float64))
 
 
@@ -131,8 +131,8 @@ def test_padding_slots_are_masked_too(key, peer, scheme):
     sender that put values there would read nothing but noise."""
     x = np.ones((19, 2))
     out = peer.matmul(key.encrypt(x), x.shape, np.ones((2, 1)), np.zeros((19, 1)))
-    (sec,) = _load(out, key.n, key.n2, "test")
-    slots = _unpack(key._decrypt_ints(sec.cts), key.n, sec.slots, sec.slot_bits)
+    (sec,) = load_blob(out, key.n, key.n2, "test")
+    slots = unpack(key.decrypt_ints(sec.cts), key.n, sec.slots, sec.slot_bits)
     np.testing.assert_allclose(np.ldexp(slots[0], -sec.scale), 2.0)  # rows 0..15
     assert np.all(np.abs(slots[1, 3:]) > 2.0**sec.scale)  # rows 16..18 are real, the rest masks
 
@@ -219,7 +219,7 @@ def test_public_part_holds_no_secret_and_cannot_decrypt(key, scheme):
         lambda b: b[:-1],
         lambda b: b + b"\0",
         lambda b: b"XXXX" + b[4:],
-        lambda b: b[: _BLOB_HEAD.size] + struct.pack(">I", 10**6) + b[_BLOB_HEAD.size + 4 :],
+        lambda b: b[: BLOB_HEAD.size] + struct.pack(">I", 10**6) + b[BLOB_HEAD.size + 4 :],
         lambda b: b[:-512] + b"\xff" * 512,  # a ciphertext >= n^2
     ],
     ids=["empty", "random", "truncated", "trailing", "magic", "length", "range"],
@@ -258,7 +258,7 @@ def test_public_key_with_extra_bytes_is_refused(scheme, key):
 def test_small_public_key_is_refused(scheme):
     pub, _ = phe_paillier.generate_paillier_keypair(n_length=1024)
     with pytest.raises(ProtocolError, match="below key_bits=2048"):
-        scheme.peer(_dump_public(gmpy2.mpz(pub.n)), sender="A")
+        scheme.peer(dump_public(gmpy2.mpz(pub.n)), sender="A")
 
 
 def paillier_doc(**params):
@@ -313,8 +313,8 @@ def test_encrypt_writes_only_the_layouts_the_peer_operations_need(key):
     """h'_i is only ever multiplied (``cols``); dL/dz is multiplied and
     transposed-multiplied (both layouts). A second layout doubles the bytes."""
     x = np.ones((40, 3))
-    one = _load(key.encrypt(x, ops=frozenset({"matmul"})), key.n, key.n2, "test")
-    both = _load(key.encrypt(x), key.n, key.n2, "test")
+    one = load_blob(key.encrypt(x, ops=frozenset({"matmul"})), key.n, key.n2, "test")
+    both = load_blob(key.encrypt(x), key.n, key.n2, "test")
     assert [s.layout for s in one] == [COLS]
     assert sorted(s.layout for s in both) == [COLS, ROWS]
     with pytest.raises(ValueError, match="known"):

@@ -1,0 +1,126 @@
+"""The evaluator's side of ``paillier``: homomorphic products under the peer's key.
+
+Holds the other party's public n only (no decryption is possible here). For
+``matmul``/``tmatmul`` of :mod:`securevfl.exchange.he` it parses the peer's blob,
+runs the multi-exponentiation kernels, adds the packed mask and multiplies every
+output by a fresh obfuscator, statistically uniform on the n-th residues, so that
+the key owner learns the masked plaintext and nothing about the plaintext
+operands (:mod:`.obfuscation` states the bound and why short exponents are not used).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from securevfl.errors import ProtocolError
+from securevfl.exchange.he import HEPeer
+from securevfl.exchange.paillier.counters import count
+from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, block_count, encode, pack
+from securevfl.exchange.paillier.kernels import multiexp, powmods
+from securevfl.exchange.paillier.obfuscation import FixedBaseSampler, Fresh, randoms
+from securevfl.exchange.paillier.options import OBFUSCATION_SIGMA, Params
+from securevfl.exchange.paillier.wire import Section, ciphertext_bytes, dump_blob, load_blob
+
+
+class PaillierPeer(HEPeer):
+    """The other party's public key: homomorphic products, masks, re-randomization."""
+
+    def __init__(self, params: Params, n: Any, sender: str):
+        self.prm = params
+        self.n = n
+        self.n2 = n * n
+        self.sender = sender
+        self.ct_bytes = ciphertext_bytes(self.n2)
+        n2 = self.n2
+        self._sampler = FixedBaseSampler(
+            lambda t: powmods(randoms(n, t), n, n2, params.threads), n2, n.bit_length(), OBFUSCATION_SIGMA
+        )
+        self._fresh = Fresh(self._make_obfuscators, params.precompute)
+
+    def prepare(self) -> None:
+        """Build the obfuscator tables now (otherwise at the first product)."""
+        self._sampler.tables()
+
+    def obfuscators(self, k: int) -> list[Any]:
+        """k fresh obfuscators, never handed out before (for timing and tests)."""
+        return self._fresh.take(k)
+
+    def _make_obfuscators(self, k: int) -> list[Any]:
+        count(obfuscations=k)
+        return self._sampler.sample(k)
+
+    def _section(self, blob: bytes, layout: int, shape: tuple[int, int], terms: int) -> Section:
+        who = f"ciphertexts from {self.sender}"
+        for sec in load_blob(blob, self.n, self.n2, who):
+            if sec.layout != layout:
+                continue
+            if (sec.rows, sec.cols) != tuple(shape):
+                raise ProtocolError(f"{who}: a {sec.rows}x{sec.cols} matrix, expected {shape[0]}x{shape[1]}")
+            if sec.scale != self.prm.fx:
+                raise ProtocolError(f"{who}: fixed-point scale 2^-{sec.scale}, expected 2^-{self.prm.fx}")
+            if sec.slot_bits < self.prm.slot_need(terms):
+                raise ProtocolError(
+                    f"{who}: {sec.slot_bits}-bit slots could overflow in sums of {terms} products "
+                    f"(need {self.prm.slot_need(terms)})"
+                )
+            return sec
+        name = "cols" if layout == COLS else "rows"
+        raise ProtocolError(f"{who}: the blob has no '{name}' layout")
+
+    def _finish(self, outs: list[Any], mask: np.ndarray, sec: Section, rows: int, cols: int) -> bytes:
+        """Add the packed mask and a fresh obfuscator to every output ciphertext."""
+        prm = self.prm
+        mask = np.asarray(mask, dtype=np.float64)
+        if not np.all(np.isfinite(mask)) or float(np.max(np.abs(mask))) > 2.0**prm.m:
+            raise ValueError(f"paillier: masks must be finite and within [-2^{prm.m}, 2^{prm.m}]")
+        mk = np.rint(np.ldexp(mask, prm.grid)).astype(np.int64)  # the mask grid: exact for mask()
+        shift = prm.F - prm.grid
+        slots = arrange(mk, sec.layout, sec.slots)
+        pad = ~arrange(np.ones(mk.shape, dtype=bool), sec.layout, sec.slots)
+        if pad.any():  # padding slots hold zeros from an honest sender; mask them too
+            slots[pad] = np.frombuffer(os.urandom(8 * int(pad.sum())), dtype="<i8") >> 11
+        packed = pack(slots, sec.slot_bits)
+        n, n2 = self.n, self.n2
+        obf = self._fresh.take(len(outs))
+        count(ct_add=len(outs), mulmods=2 * len(outs))
+        res = [
+            c * (1 + ((mv << shift) % n) * n) % n2 * r % n2
+            for c, mv, r in zip(outs, packed, obf, strict=True)
+        ]
+        out = Section(sec.layout, prm.F, sec.slot_bits, sec.slots, rows, cols, res)
+        return dump_blob([out], self.ct_bytes)
+
+    def _scalars(self, w: np.ndarray) -> np.ndarray:
+        return encode(w, self.prm.fw, self.prm.sb, "a plaintext operand", "scalar_bits")
+
+    def _products(self, cts: list[Any], e: np.ndarray, nb: int) -> list[Any]:
+        """Enc(X) @ e for X packed in ``nb`` blocks per column: outputs in the same layout."""
+        outs: list[Any] = [None] * (e.shape[1] * nb)
+        try:
+            for t in range(nb):
+                for j, ct in enumerate(multiexp(cts[t::nb], e, self.n2)):
+                    outs[j * nb + t] = ct
+        except ZeroDivisionError:
+            raise ProtocolError(f"ciphertexts from {self.sender}: a ciphertext is not invertible") from None
+        return outs
+
+    def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
+        r, c = (int(v) for v in shape)
+        w = np.asarray(w, dtype=np.float64)
+        if w.ndim != 2 or w.shape[0] != c or np.shape(mask) != (r, w.shape[1]):
+            raise ValueError(f"paillier matmul: shapes {shape} @ {w.shape} + {np.shape(mask)}")
+        sec = self._section(blob, COLS, (r, c), terms=c)
+        outs = self._products(sec.cts, self._scalars(w), block_count(r, sec.slots))
+        return self._finish(outs, mask, sec, r, w.shape[1])
+
+    def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
+        r, m = (int(v) for v in shape)
+        p = np.asarray(p, dtype=np.float64)
+        if p.ndim != 2 or p.shape[0] != r or np.shape(mask) != (p.shape[1], m):
+            raise ValueError(f"paillier tmatmul: shapes {p.shape}^T @ {shape} + {np.shape(mask)}")
+        sec = self._section(blob, ROWS, (r, m), terms=r)  # p^T @ Y: Y^T's matmul by p
+        outs = self._products(sec.cts, self._scalars(p), block_count(m, sec.slots))
+        return self._finish(outs, mask, sec, p.shape[1], m)

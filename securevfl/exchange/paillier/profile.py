@@ -1,0 +1,123 @@
+"""Count and cost one training step of the ``paillier`` exchange, in one process.
+
+anchors-crypto-performance §7: next to a backend's measured step, print the count
+of its primitive operations and their unit costs measured on the same machine;
+the product is the protocol's floor there, and measured / floor shows how much
+is overhead rather than cryptography. :func:`step_counts` replays the scheme
+calls of one step of :mod:`securevfl.exchange.he` (every passive party: P_i
+encrypts h'_i, A multiplies, P_i decrypts; A encrypts dL/dz once, P_i multiplies
+twice, A decrypts twice) under :func:`~.counters.counting`; :func:`unit_costs`
+times each primitive on its own. Both use fresh keys and random data of the
+step's shapes; no party data is involved.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from securevfl.exchange.he import MATMUL
+from securevfl.exchange.paillier.backend import PaillierScheme
+from securevfl.exchange.paillier.counters import OpCounts, counting
+from securevfl.exchange.paillier.kernels import multiexp
+from securevfl.exchange.paillier.options import PaillierOptions
+
+#: the primitives whose unit costs make the floor (each includes its own modular multiplications)
+FLOOR_OPS = ("encryptions", "decryptions", "obfuscations", "ct_scalar")
+#: log2 of the weight shares' magnitude in the first steps of the reference workload: P's share
+#: moves by lr v with v the momentum sum of masks uniform in +-2^24, so with lr 0.05 and momentum
+#: 0.9 its size is about 0.05 x 2^24 / sqrt(3) x 10 x sqrt(t) = 2^22.2 sqrt(t) after t steps
+SHARE_BITS = 23
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    counts: OpCounts
+    unit_s: dict[str, float]
+    replay_s: float
+
+    def floor_s(self) -> float:
+        """sum over FLOOR_OPS of count x unit cost: one core's cryptographic work per step."""
+        c = self.counts.as_dict()
+        return sum(c[op] * self.unit_s[op] for op in FLOOR_OPS)
+
+
+def _weights(rng: np.random.Generator, d: int, o: int, share_bits: int) -> np.ndarray:
+    return rng.uniform(-(2.0**share_bits), 2.0**share_bits, size=(d, o))
+
+
+def step_counts(
+    options: PaillierOptions, batch: int, dims: list[int], out: int, *, share_bits: int = SHARE_BITS
+) -> tuple[OpCounts, float]:
+    """Operation counts of one step (all parties together) and the replay's seconds.
+    ``share_bits``: magnitude of the weight shares used as scalars (they set the
+    exponent lengths; see SHARE_BITS)."""
+    sch = PaillierScheme(options)
+    rng = np.random.default_rng(0)
+    ka = sch.new_key()
+    keys = [sch.new_key() for _ in dims]
+    at_a = [sch.peer(k.public(), sender=f"P{i + 1}") for i, k in enumerate(keys)]
+    at_p = [sch.peer(ka.public(), sender="A") for _ in dims]
+    for party in [ka, *keys, *at_a, *at_p]:
+        party.prepare()  # set-up is once per run, not per step
+    g = rng.normal(0.0, 1e-3, size=(batch, out))
+    t0 = time.perf_counter()
+    with counting() as c:
+        for i, d in enumerate(dims):
+            h = rng.normal(0.0, 0.5, size=(batch, d))
+            blob = keys[i].encrypt(h, ops=frozenset({MATMUL}))
+            z = at_a[i].matmul(
+                blob, (batch, d), _weights(rng, d, out, share_bits), sch.mask(rng, (batch, out))
+            )
+            keys[i].decrypt(z, (batch, out))
+        blob_g = ka.encrypt(g)
+        for i, d in enumerate(dims):
+            h = rng.normal(0.0, 0.5, size=(batch, d))
+            wp = _weights(rng, d, out, share_bits)
+            u = at_p[i].matmul(blob_g, (batch, out), wp.T, sch.mask(rng, (batch, d)))
+            dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(rng, (d, out)))
+            ka.decrypt(u, (batch, d))
+            ka.decrypt(dw, (d, out))
+    return c, time.perf_counter() - t0
+
+
+def unit_costs(options: PaillierOptions, *, reps: int = 32, share_bits: int = SHARE_BITS) -> dict[str, float]:
+    """Seconds per primitive, single thread: encryption (with its obfuscator),
+    decryption, evaluator obfuscator, and ciphertext x scalar product (with its
+    addition) in a 64 x 64 multi-exponentiation with scalars of share_bits + fw bits."""
+    one = options.model_copy(update={"threads": 1, "precompute": False})
+    sch = PaillierScheme(one)
+    key = sch.new_key()
+    peer = sch.peer(key.public(), sender="profile")
+    key.prepare(), peer.prepare()
+    ms = [int(v) for v in np.random.default_rng(1).integers(0, 2**62, size=reps)]
+
+    def timed(f: object) -> float:
+        t0 = time.perf_counter()
+        f()  # type: ignore[operator]
+        return time.perf_counter() - t0
+
+    cts = key.encrypt_ints(ms)
+    out = {
+        "encryptions": timed(lambda: key.encrypt_ints(ms)) / reps,
+        "decryptions": timed(lambda: key.decrypt_ints(cts)) / reps,
+        "obfuscations": timed(lambda: peer.obfuscators(reps)) / reps,
+    }
+    k = 64
+    bases = key.encrypt_ints(list(range(1, k + 1)))
+    e = np.random.default_rng(2).integers(
+        -(2 ** (share_bits + one.scalar_precision_bits)),
+        2 ** (share_bits + one.scalar_precision_bits),
+        (k, k),
+    )
+    with counting() as c:
+        t = timed(lambda: multiexp(bases, e, key.n2))
+    out["ct_scalar"] = t / max(1, c.ct_scalar)
+    return out
+
+
+def profile_step(options: PaillierOptions, batch: int, dims: list[int], out: int) -> StepProfile:
+    counts, replay = step_counts(options, batch, dims, out)
+    return StepProfile(counts, unit_costs(options), replay)

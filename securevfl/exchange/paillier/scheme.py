@@ -1,0 +1,136 @@
+"""Paillier keys held by their owner: key generation, encryption and decryption.
+
+Textbook Paillier with g = n + 1 (Paillier 1999): Enc(m) = (1 + m n) s mod n^2 with
+s a fresh uniform n-th residue, Dec(c) = L(c^lambda mod n^2) mu mod n, computed by
+CRT over p^2 and q^2. Keys come from phe's generator (``phe`` stays the reference
+implementation: tests encrypt here and decrypt with phe and vice versa). The
+owner draws s by CRT from fixed-base tables (:mod:`.obfuscation`): its halves are
+statistically uniform on the order-(p-1) subgroup of (Z/p^2)^* and the order-(q-1)
+subgroup of (Z/q^2)^*, which is the distribution of r^n for uniform r.
+
+Threat model: the key pair never leaves its owner; :meth:`PaillierKey.public`
+returns n only. Encryption hides plaintexts from the peer under the decisional
+composite residuosity assumption (|n| >= 2048 bits: about 112-bit security).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gmpy2
+import numpy as np
+from phe import paillier as phe_paillier
+
+from securevfl.errors import ProtocolError
+from securevfl.exchange.he import BOTH_OPS, MATMUL, TMATMUL, HEKey
+from securevfl.exchange.paillier.counters import count
+from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, encode, pack, unarrange, unpack
+from securevfl.exchange.paillier.kernels import powmods
+from securevfl.exchange.paillier.obfuscation import FixedBaseSampler, Fresh, randoms
+from securevfl.exchange.paillier.options import OBFUSCATION_SIGMA, Params
+from securevfl.exchange.paillier.wire import Section, ciphertext_bytes, dump_blob, dump_public, load_blob
+
+#: which packing each peer operation needs
+LAYOUT_OF = {MATMUL: COLS, TMATMUL: ROWS}
+
+
+def _half_sampler(p: Any, p2: Any) -> FixedBaseSampler:
+    """Statistically uniform elements of the order-(p-1) subgroup of (Z/p^2)^*; its
+    bases r^p mod p^2 (r uniform) are exactly uniform on it."""
+    bits = p.bit_length()
+    return FixedBaseSampler(lambda t: powmods(randoms(p2, t), p, p2, 1), p2, bits, OBFUSCATION_SIGMA)
+
+
+class PaillierKey(HEKey):
+    """A Paillier key pair (secret p, q) held by its owner; encrypts and decrypts by CRT."""
+
+    def __init__(self, params: Params, key_bits: int):
+        pub, priv = phe_paillier.generate_paillier_keypair(n_length=key_bits)
+        self.prm = params
+        self.n = gmpy2.mpz(pub.n)
+        self.n2 = self.n * self.n
+        p, q = gmpy2.mpz(priv.p), gmpy2.mpz(priv.q)
+        self._p, self._q = p, q
+        self._p2, self._q2 = p * p, q * q
+        self._q2inv = gmpy2.invert(self._q2, self._p2)
+        self._qinv = gmpy2.invert(q, p)
+        g = self.n + 1
+        self._hp = gmpy2.invert((gmpy2.powmod(g, p - 1, self._p2) - 1) // p, p)
+        self._hq = gmpy2.invert((gmpy2.powmod(g, q - 1, self._q2) - 1) // q, q)
+        self.ct_bytes = ciphertext_bytes(self.n2)
+        self._sp = _half_sampler(p, self._p2)
+        self._sq = _half_sampler(q, self._q2)
+        self._fresh = Fresh(self._make_obfuscators, params.precompute)
+
+    def public(self) -> bytes:
+        return dump_public(self.n)
+
+    def prepare(self) -> None:
+        """Build the obfuscator tables now (otherwise at the first encryption)."""
+        self._sp.tables()
+        self._sq.tables()
+
+    def _make_obfuscators(self, k: int) -> list[Any]:
+        """k fresh n-th residues mod n^2, joined by CRT from (Z/p^2)^* and (Z/q^2)^* halves."""
+        ap, aq = self._sp.sample(k), self._sq.sample(k)
+        p2, q2, q2inv = self._p2, self._q2, self._q2inv
+        count(mulmods=2 * k)
+        return [b + q2 * ((a - b) * q2inv % p2) for a, b in zip(ap, aq, strict=True)]
+
+    def encrypt_ints(self, ms: list[int]) -> list[Any]:
+        """Raw Paillier encryption of integers (mod n) with fresh obfuscators."""
+        n, n2 = self.n, self.n2
+        obf = self._fresh.take(len(ms))
+        count(encryptions=len(ms), mulmods=len(ms))
+        return [(1 + (m % n) * n) * r % n2 for m, r in zip(ms, obf, strict=True)]
+
+    def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
+        prm = self.prm
+        unknown = set(ops) - set(LAYOUT_OF)
+        if not ops or unknown:
+            raise ValueError(f"paillier: encrypt for operations {sorted(ops)}; known: {sorted(LAYOUT_OF)}")
+        layouts = sorted(LAYOUT_OF[op] for op in ops)
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or 0 in x.shape:
+            raise ValueError(f"paillier: encrypt takes a non-empty matrix, got shape {x.shape}")
+        xi = encode(x, prm.fx, prm.v, "a value to encrypt", "value_bits")
+        rows, cols = x.shape
+        nbits = self.n.bit_length()
+        secs = []
+        for lay in layouts:
+            s = prm.slot_for(cols if lay == COLS else rows, nbits)
+            slots = (nbits - 1) // s
+            packed = pack(arrange(xi, lay, slots), s)
+            secs.append(Section(lay, prm.fx, s, slots, rows, cols, self.encrypt_ints(packed)))
+        return dump_blob(secs, self.ct_bytes)
+
+    def decrypt_ints(self, cts: list[Any]) -> list[Any]:
+        """Raw Paillier decryption (CRT) to integers in [0, n)."""
+        p, q, p2, q2 = self._p, self._q, self._p2, self._q2
+        t = self.prm.threads
+        count(decryptions=len(cts))
+        ap = powmods([c % p2 for c in cts], p - 1, p2, t)
+        aq = powmods([c % q2 for c in cts], q - 1, q2, t)
+        out = []
+        for a, b in zip(ap, aq, strict=True):
+            mp = (a - 1) // p * self._hp % p
+            mq = (b - 1) // q * self._hq % q
+            out.append(mq + q * ((mp - mq) * self._qinv % p))
+        return out
+
+    def decrypt(self, blob: bytes, shape: tuple[int, int]) -> np.ndarray:
+        secs = load_blob(blob, self.n, self.n2, "blob to decrypt")
+        sec = secs[0]
+        rows, cols = (int(v) for v in shape)
+        if (sec.rows, sec.cols) != (rows, cols):
+            raise ProtocolError(
+                f"blob to decrypt: holds a {sec.rows}x{sec.cols} matrix, expected {rows}x{cols}"
+            )
+        if sec.scale not in (self.prm.fx, self.prm.F):
+            raise ProtocolError(f"blob to decrypt: unexpected fixed-point scale 2^-{sec.scale}")
+        vals = unpack(self.decrypt_ints(sec.cts), self.n, sec.slots, sec.slot_bits)
+        return np.ldexp(unarrange(vals, sec.layout, rows, cols, sec.slots), -sec.scale)
+
+    def sections(self, blob: bytes) -> list[Section]:
+        """The parsed sections of a blob under this key (validated as for decryption)."""
+        return load_blob(blob, self.n, self.n2, "blob")
