@@ -186,13 +186,17 @@ class HEActive(ActiveExchange):
         ch = self.ctx.channel
         rng = _rng()
         z = np.zeros((batch_size, self.o))
+        # Each pair runs the same messages in the same order; the pairs overlap: P_i
+        # decrypts its reply while A evaluates the next party's product.
+        eps = []
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
             blob = ch.recv_bytes(r, HE_ENC_H)
-            eps = self.scheme.mask(rng, (batch_size, self.o))
-            ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps))
+            eps.append(self.scheme.mask(rng, (batch_size, self.o)))
+            ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps[i]))
+        for i, r in enumerate(self.peers_rank):
             s = ch.recv(r, HE_ZSHARE, shape=(batch_size, self.o), dtype=torch.float64).numpy()
-            z += s - eps
+            z += s - eps[i]
         return torch.from_numpy(z).float().to(self.ctx.device)
 
     def backward(self, grad_z: torch.Tensor) -> None:
@@ -200,9 +204,10 @@ class HEActive(ActiveExchange):
         g = grad_z.detach().double().cpu().numpy()
         blob_g = self.key.encrypt(g)
         b = g.shape[0]
+        for r in self.peers_rank:  # every P_i starts its products at once (they run in parallel)
+            ch.send_bytes(r, HE_ENC_G, blob_g)
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
-            ch.send_bytes(r, HE_ENC_G, blob_g)
             u = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GH), (b, d))
             dw = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GW), (d, self.o))
             ch.send(r, HE_GH_MASKED, torch.from_numpy(u + g @ self.w[i].w.T))
