@@ -146,6 +146,7 @@ class Kernels:
                 self._plans.clear()
             self._plans[key] = plan(lmap, slots, ring.costs)
         step, n1 = self._plans[key]
+        encoded: dict[bytes, Any] = {}  # a diagonal shared by several groups is encoded once
         d = lmap.delta // step
         d1, d2 = d % n1, d // n1
         baby: dict[tuple[int, int], Any] = {}
@@ -172,7 +173,10 @@ class Kernels:
                         continue
                     if np.iscomplexobj(dg) and not dg.imag.any():
                         dg = dg.real
-                    pt = ring.encode(dg, ring.in_level, ring.q1)
+                    tag = dg.tobytes() + bytes([dg.dtype.kind == "c"])
+                    if tag not in encoded:
+                        encoded[tag] = ring.encode(dg, ring.in_level, ring.q1)
+                    pt = encoded[tag]
                     if pt.is_zero():  # every entry rounds to 0 at scale q1; SEAL refuses the product
                         continue
                     prod = sa.Ciphertext()
