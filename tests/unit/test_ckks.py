@@ -161,6 +161,26 @@ def test_products_match_numpy(scheme, key, peer, r, d, o):
     assert np.abs(gw + big_r - h.T @ g).max() < TOL
 
 
+def test_prepared_products_match_and_encode_nothing_more(scheme, key, peer):
+    """prepare() encodes the diagonals ahead; the products then only encode their
+    masks, and give the same results as unprepared ones."""
+    rng = _rng(9)
+    r, d, o = 64, 16, 8
+    h, w, g = rng.normal(size=(r, d)), rng.normal(size=(o, d)), rng.normal(size=(r, o))
+    blob_g = key.encrypt(g)
+    mu, big_r = scheme.mask(rng, (r, d)), scheme.mask(rng, (d, o))
+    peer.prepare((r, o), w=w, p=h)
+    peer.ops.reset()
+    gh = key.decrypt(peer.matmul(blob_g, (r, o), w, mu), (r, d))
+    gw = key.decrypt(peer.tmatmul(h, blob_g, (r, o), -big_r), (d, o))
+    assert peer.ops.encode == 2  # one mask plaintext per result ciphertext
+    assert np.abs(gh - mu - g @ w).max() < TOL
+    assert np.abs(gw + big_r - h.T @ g).max() < TOL
+    peer.ops.reset()
+    peer.matmul(blob_g, (r, o), w, mu)  # a prepared product is used once
+    assert peer.ops.encode > 2
+
+
 @pytest.mark.parametrize("value", [0.0, 1e-15])
 def test_zero_weights_give_the_mask(scheme, key, peer, value):
     """A zero share (weight_init: seeded starts P_i at 0), or one so small that its

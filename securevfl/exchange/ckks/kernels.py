@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,16 @@ def plan(lmap: LinearMap, slots: int, cost: tuple[float, float, float]) -> tuple
     return step, best[1]
 
 
+@dataclass
+class Encoded:
+    """A map's BSGS plan (common step, baby-step count) and its encoded diagonals
+    per group: (direct, conjugate part), None where there is none."""
+
+    step: int
+    n1: int
+    pts: list[tuple[Any | None, Any | None]]
+
+
 class Kernels:
     """Counted SEAL evaluation with one peer's public keys."""
 
@@ -137,16 +148,44 @@ class Kernels:
             self.add_inplace(acc, p)
         return acc
 
-    def apply(self, cts: list[Any], lmap: LinearMap) -> list[Any | None]:
-        """The map's outputs (None where no diagonal reaches an output), folded."""
-        ring, ev, slots = self.ring, self.ev, self.ring.slots
+    def encode_map(self, lmap: LinearMap) -> Encoded:
+        """The BSGS plan and every plaintext diagonal of ``lmap``, rolled by its giant
+        step and encoded at scale q1 (a diagonal shared by several groups once).
+        Needs no ciphertext, so a party can run it while it waits for the input."""
+        ring, slots = self.ring, self.ring.slots
         key = (lmap.t.tobytes(), lmap.s.tobytes(), lmap.delta.tobytes(), lmap.conj)
         if key not in self._plans:
             if len(self._plans) > 64:
                 self._plans.clear()
             self._plans[key] = plan(lmap, slots, ring.costs)
         step, n1 = self._plans[key]
-        encoded: dict[bytes, Any] = {}  # a diagonal shared by several groups is encoded once
+        shifts = (lmap.delta // step // n1) * n1 * step
+        encoded: dict[bytes, Any] = {}
+        pts: list[tuple[Any | None, Any | None]] = []
+        for gi in range(len(lmap.t)):
+            pair: list[Any | None] = [None, None]
+            for j, dg in enumerate(lmap.diag(gi)):
+                if dg is None:
+                    continue
+                dg = np.roll(dg if j == 0 else np.conj(dg), int(shifts[gi]))
+                if not dg.any():
+                    continue
+                if np.iscomplexobj(dg) and not dg.imag.any():
+                    dg = dg.real
+                tag = dg.tobytes() + bytes([dg.dtype.kind == "c"])
+                if tag not in encoded:
+                    encoded[tag] = ring.encode(dg, ring.in_level, ring.q1)
+                if not encoded[tag].is_zero():  # all entries round to 0 at q1: SEAL refuses the product
+                    pair[j] = encoded[tag]
+            pts.append((pair[0], pair[1]))
+        return Encoded(step, n1, pts)
+
+    def apply(self, cts: list[Any], lmap: LinearMap, encoded: Encoded | None = None) -> list[Any | None]:
+        """The map's outputs (None where no diagonal reaches an output), folded;
+        ``encoded``: the map's :meth:`encode_map`, if the caller prepared it."""
+        ev = self.ev
+        enc = self.encode_map(lmap) if encoded is None else encoded
+        step, n1 = enc.step, enc.n1
         d = lmap.delta // step
         d1, d2 = d % n1, d // n1
         baby: dict[tuple[int, int], Any] = {}
@@ -165,19 +204,8 @@ class Kernels:
             acc: list[Any | None] = [None, None]
             for gi in order[lo:hi]:
                 src = baby[(int(lmap.t[gi]), int(d1[gi]))]
-                for j, dg in enumerate(lmap.diag(int(gi))):
-                    if dg is None:
-                        continue
-                    dg = np.roll(dg if j == 0 else np.conj(dg), shift)
-                    if not dg.any():
-                        continue
-                    if np.iscomplexobj(dg) and not dg.imag.any():
-                        dg = dg.real
-                    tag = dg.tobytes() + bytes([dg.dtype.kind == "c"])
-                    if tag not in encoded:
-                        encoded[tag] = ring.encode(dg, ring.in_level, ring.q1)
-                    pt = encoded[tag]
-                    if pt.is_zero():  # every entry rounds to 0 at scale q1; SEAL refuses the product
+                for j, pt in enumerate(enc.pts[int(gi)]):
+                    if pt is None:
                         continue
                     prod = sa.Ciphertext()
                     ev.multiply_plain(src, pt, prod)

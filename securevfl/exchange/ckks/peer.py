@@ -30,8 +30,8 @@ import numpy as np
 from securevfl.errors import ProtocolError
 from securevfl.exchange.ckks._tenseal import sa, ts
 from securevfl.exchange.ckks.counters import OpCounter
-from securevfl.exchange.ckks.kernels import Kernels, Ring
-from securevfl.exchange.ckks.packing import Layout, matmul_map, standard_layout, tmatmul_map
+from securevfl.exchange.ckks.kernels import Encoded, Kernels, Ring
+from securevfl.exchange.ckks.packing import Layout, LinearMap, matmul_map, standard_layout, tmatmul_map
 from securevfl.exchange.ckks.params import CkksOptions
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, unframe, unpack_public
 from securevfl.exchange.he import HEPeer
@@ -76,6 +76,7 @@ class CkksPeer(HEPeer):
         self.scale = 2.0**opts.global_scale_bits
         self.kernels = Kernels(self.ring, gk, self.scale)
         self._encryptor = sa.Encryptor(sc, ctx.public_key().data)
+        self._prepared: dict[tuple[Any, ...], tuple[LinearMap, Encoded]] = {}
 
     # -- helpers
     def _input(self, blob: bytes, shape: tuple[int, int]) -> tuple[Layout, list[Any]]:
@@ -124,21 +125,45 @@ class CkksPeer(HEPeer):
             raise ValueError(f"ckks {name}: expected a finite {shape} matrix, got {a.shape}")
         return a
 
+    def _map(self, op: str, shape: tuple[int, int], operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
+        """The linear map of a product, and its encoded diagonals when :meth:`prepare`
+        made them for exactly this operand (taken: each is used once)."""
+        hit = self._prepared.pop((op, tuple(shape), operand.shape, operand.tobytes()), None)
+        return hit if hit is not None else (self._build(op, shape, operand), None)
+
+    def _build(self, op: str, shape: tuple[int, int], x: np.ndarray) -> LinearMap:
+        lin = standard_layout(shape[0], shape[1], self.ring.slots)
+        return matmul_map(lin, x, self.ring.slots) if op == "matmul" else tmatmul_map(x, lin, self.ring.slots)
+
+    def prepare(
+        self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
+    ) -> None:
+        """Encode the diagonals of the coming ``matmul(., shape, w, .)`` and
+        ``tmatmul(p, ., shape, .)`` now, while this party waits (they need no
+        ciphertext). Only this party's own operands are touched; nothing is sent."""
+        self._prepared.clear()
+        for op, x in (("matmul", w), ("tmatmul", p)):
+            if x is None:
+                continue
+            x = np.asarray(x, dtype=np.float64)
+            lmap = self._build(op, shape, x)
+            self._prepared[(op, tuple(shape), x.shape, x.tobytes())] = (lmap, self.kernels.encode_map(lmap))
+
     # -- the two operations
     def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
         r, c = shape
-        lin, cts = self._input(blob, shape)
+        _, cts = self._input(blob, shape)
         m = np.asarray(w).shape[1] if np.ndim(w) == 2 else -1
         w = self._checked("matmul weight", w, (c, m))
         mask = self._checked("matmul mask", mask, (r, m))
-        lmap = matmul_map(lin, w, self.ring.slots)
-        return self._finish(self.kernels.apply(cts, lmap), lmap.out, mask)
+        lmap, enc = self._map("matmul", shape, w)
+        return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
 
     def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
         r, m = shape
-        lin, cts = self._input(blob, shape)
+        _, cts = self._input(blob, shape)
         a = np.asarray(p).shape[1] if np.ndim(p) == 2 else -1
         p = self._checked("tmatmul left factor", p, (r, a))
         mask = self._checked("tmatmul mask", mask, (a, m))
-        lmap = tmatmul_map(p, lin, self.ring.slots)
-        return self._finish(self.kernels.apply(cts, lmap), lmap.out, mask)
+        lmap, enc = self._map("tmatmul", shape, p)
+        return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
