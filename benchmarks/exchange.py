@@ -102,7 +102,7 @@ def ckks_ops(params: dict[str, Any], batch: int, dims: list[int], out: int) -> d
     from securevfl.exchange.ckks import CkksOptions
     from securevfl.exchange.ckks.floor import report
 
-    opts = CkksOptions.model_validate({k: v for k, v in params.items() if k != "weight_init"})
+    opts = CkksOptions.model_validate(params)
     return report(opts, batch, dims, out)
 
 

@@ -196,7 +196,7 @@ class HEActive(ActiveExchange):
         z = np.zeros((batch_size, self.o))
         # Each pair runs the same messages in the same order; the pairs overlap: P_i
         # decrypts its reply while A evaluates the next party's product.
-        eps = []
+        eps: list[np.ndarray] = []
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
             blob = ch.recv_bytes(r, HE_ENC_H)
