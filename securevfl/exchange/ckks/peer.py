@@ -146,6 +146,8 @@ class CkksPeer(HEPeer):
             if x is None:
                 continue
             x = np.asarray(x, dtype=np.float64)
+            if x.ndim != 2 or not np.isfinite(x).all():
+                continue  # left to the product's own checks
             lmap = self._build(op, shape, x)
             self._prepared[(op, tuple(shape), x.shape, x.tobytes())] = (lmap, self.kernels.encode_map(lmap))
 
