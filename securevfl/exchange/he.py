@@ -97,6 +97,14 @@ class HEPeer(ABC):
     def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
         """p plain (r x a), Enc(Y) with Y of ``shape`` (r x m) -> Enc(p^T @ Y + mask)."""
 
+    def prepare(
+        self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
+    ) -> None:
+        """Optional: precompute, while waiting, what the coming ``matmul(., shape, w, .)``
+        and ``tmatmul(p, ., shape, .)`` need from these plaintext operands (a scheme's
+        encodings); local work only. The default does nothing."""
+        return None
+
 
 class HEScheme(ABC):
     """A homomorphic scheme with its (validated) options."""
@@ -186,13 +194,17 @@ class HEActive(ActiveExchange):
         ch = self.ctx.channel
         rng = _rng()
         z = np.zeros((batch_size, self.o))
+        # Each pair runs the same messages in the same order; the pairs overlap: P_i
+        # decrypts its reply while A evaluates the next party's product.
+        eps: list[np.ndarray] = []
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
             blob = ch.recv_bytes(r, HE_ENC_H)
-            eps = self.scheme.mask(rng, (batch_size, self.o))
-            ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps))
+            eps.append(self.scheme.mask(rng, (batch_size, self.o)))
+            ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps[i]))
+        for i, r in enumerate(self.peers_rank):
             s = ch.recv(r, HE_ZSHARE, shape=(batch_size, self.o), dtype=torch.float64).numpy()
-            z += s - eps
+            z += s - eps[i]
         return torch.from_numpy(z).float().to(self.ctx.device)
 
     def backward(self, grad_z: torch.Tensor) -> None:
@@ -200,9 +212,10 @@ class HEActive(ActiveExchange):
         g = grad_z.detach().double().cpu().numpy()
         blob_g = self.key.encrypt(g)
         b = g.shape[0]
+        for r in self.peers_rank:  # every P_i starts its products at once (they run in parallel)
+            ch.send_bytes(r, HE_ENC_G, blob_g)
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
-            ch.send_bytes(r, HE_ENC_G, blob_g)
             u = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GH), (b, d))
             dw = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GW), (d, self.o))
             ch.send(r, HE_GH_MASKED, torch.from_numpy(u + g @ self.w[i].w.T))
@@ -235,6 +248,8 @@ class HEPassive(PassiveExchange):
         x = h.detach().double().cpu().numpy()
         self._h = x
         ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt(x, ops=frozenset({MATMUL})))  # A only multiplies
+        if train:  # while A evaluates: this step's backward products use h and the current share
+            self.peer.prepare((x.shape[0], self.o), w=self.w.w.T, p=x)
         v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
         ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + x @ self.w.w))
 

@@ -25,13 +25,16 @@ from tests.conftest import load_yaml, small_digits
 ts = pytest.importorskip("tenseal")
 
 from securevfl.exchange.ckks import (  # noqa: E402  (after the optional-dependency skip)
-    _HEADER,
-    _PUB_HEADER,
+    HEADER,
+    PUB_HEADER,
     CkksOptions,
     CkksScheme,
-    _Layout,
-    _standard,
-    _unframe,
+    Layout,
+    matmul_map,
+    simulate,
+    standard_layout,
+    tmatmul_map,
+    unframe,
 )
 
 TOL = 1e-7
@@ -65,12 +68,12 @@ def _rng(seed: int = 0) -> np.random.Generator:
 @pytest.mark.parametrize(
     "layout",
     [
-        _standard(256, 64, SLOTS),  # 2 ciphertexts, 16 blocks of 256
-        _standard(64, 64, SLOTS),  # spread: 32 blocks of 128
-        _standard(5, 3, SLOTS),
-        _standard(4096, 3, SLOTS),
-        _Layout(64, 64, 16, 256, 64),  # tmatmul output: a-vectors in 64-slot chunks
-        _Layout(300, 7, 512, 8, 8),  # rows cut into row chunks
+        standard_layout(256, 64, SLOTS),  # 2 ciphertexts, 16 blocks of 256
+        standard_layout(64, 64, SLOTS),  # spread: 32 blocks of 128
+        standard_layout(5, 3, SLOTS),
+        standard_layout(4096, 3, SLOTS),
+        Layout(64, 64, 16, 256, 64),  # tmatmul output: a-vectors in 64-slot chunks
+        Layout(300, 7, 512, 8, 8),  # rows cut into row chunks
     ],
 )
 def test_layout_packs_every_entry_once(layout):
@@ -86,9 +89,36 @@ def test_layout_packs_every_entry_once(layout):
 
 def test_batch_is_packed_along_slots():
     """The rule: never one ciphertext per sample. B=256, 64 columns -> 2 ciphertexts."""
-    assert _standard(256, 64, SLOTS).n_ct == 2
-    assert _standard(64, 64, SLOTS).n_ct == 1
-    assert _standard(4096, 2, SLOTS).n_ct == 1
+    assert standard_layout(256, 64, SLOTS).n_ct == 2
+    assert standard_layout(64, 64, SLOTS).n_ct == 1
+    assert standard_layout(4096, 2, SLOTS).n_ct == 1
+
+
+# -- diagonal maps (pure numpy: the kernels' reference) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("r", "d", "o"),
+    [(256, 64, 64), (64, 64, 64), (5, 3, 1), (100, 33, 7), (4, 70, 80), (256, 64, 10)],
+)
+def test_diagonal_maps_match_numpy(r, d, o):
+    """simulate(map) on the packed slots, unpacked, equals numpy's product."""
+    rng = _rng(7)
+    x, w, p = rng.normal(size=(r, d)), rng.normal(size=(d, o)), rng.normal(size=(r, o))
+    lin = standard_layout(r, d, SLOTS)
+    mm = matmul_map(lin, w, SLOTS)
+    np.testing.assert_allclose(mm.out.unpack(simulate(mm, lin.pack(x, SLOTS))), x @ w, atol=1e-9)
+    tm = tmatmul_map(p, lin, SLOTS)
+    np.testing.assert_allclose(tm.out.unpack(simulate(tm, lin.pack(x, SLOTS))), p.T @ x, atol=1e-9)
+
+
+def test_reference_step_map_sizes():
+    """The reference step's maps (B=256, d=o=64): how many diagonals each needs."""
+    lin = standard_layout(256, 64, SLOTS)
+    mm = matmul_map(lin, np.ones((64, 64)), SLOTS)
+    tm = tmatmul_map(np.ones((256, 64)), lin, SLOTS)
+    assert (mm.n_out, len(mm.t)) == (2, 64)  # 2 x 2 ciphertexts x 16 block shifts (a and b each)
+    assert (tm.n_out, len(tm.t)) == (1, 2 * 191)
 
 
 # -- encrypted products ------------------------------------------------------------------------
@@ -131,6 +161,26 @@ def test_products_match_numpy(scheme, key, peer, r, d, o):
     assert np.abs(gw + big_r - h.T @ g).max() < TOL
 
 
+def test_prepared_products_match_and_encode_nothing_more(scheme, key, peer):
+    """prepare() encodes the diagonals ahead; the products then only encode their
+    masks, and give the same results as unprepared ones."""
+    rng = _rng(9)
+    r, d, o = 64, 16, 8
+    h, w, g = rng.normal(size=(r, d)), rng.normal(size=(o, d)), rng.normal(size=(r, o))
+    blob_g = key.encrypt(g)
+    mu, big_r = scheme.mask(rng, (r, d)), scheme.mask(rng, (d, o))
+    peer.prepare((r, o), w=w, p=h)
+    peer.ops.reset()
+    gh = key.decrypt(peer.matmul(blob_g, (r, o), w, mu), (r, d))
+    gw = key.decrypt(peer.tmatmul(h, blob_g, (r, o), -big_r), (d, o))
+    assert peer.ops.encode == 2  # one mask plaintext per result ciphertext
+    assert np.abs(gh - mu - g @ w).max() < TOL
+    assert np.abs(gw + big_r - h.T @ g).max() < TOL
+    peer.ops.reset()
+    peer.matmul(blob_g, (r, o), w, mu)  # a prepared product is used once
+    assert peer.ops.encode > 2
+
+
 @pytest.mark.parametrize("value", [0.0, 1e-15])
 def test_zero_weights_give_the_mask(scheme, key, peer, value):
     """A zero share (weight_init: seeded starts P_i at 0), or one so small that its
@@ -158,11 +208,9 @@ def test_every_result_slot_is_masked(key, peer):
     decode is a mask, none is exactly zero and none exceeds mask_bound."""
     r, d, o = 5, 3, 3  # one ciphertext, mostly padding, odd column count
     blob = peer.matmul(key.encrypt(np.ones((r, d))), (r, d), np.zeros((d, o)), np.zeros((r, o)))
-    _, cts = _unframe(blob, key.seal, "test")
-    pt = ts.sealapi.Plaintext()
+    _, cts = unframe(blob, key.io, "test")
     for c in cts:
-        key._decryptor.decrypt(c, pt)
-        v = np.asarray(key.seal.encoder.decode_complex(pt))
+        v = key.decrypt_slots(c)
         parts = np.concatenate([v.real, v.imag])
         data = np.abs(parts) < 1e-6  # the zero data positions (caller mask 0)
         assert data.sum() == r * o
@@ -174,8 +222,8 @@ def test_every_result_slot_is_masked(key, peer):
 
 
 def _split_public(pub: bytes) -> tuple[bytes, bytes]:
-    _, _, n_ctx, _ = _PUB_HEADER.unpack_from(pub, 0)
-    return pub[_PUB_HEADER.size : _PUB_HEADER.size + n_ctx], pub[_PUB_HEADER.size + n_ctx :]
+    _, _, n_ctx, _ = PUB_HEADER.unpack_from(pub, 0)
+    return pub[PUB_HEADER.size : PUB_HEADER.size + n_ctx], pub[PUB_HEADER.size + n_ctx :]
 
 
 def test_public_part_has_no_secret_key(key):
@@ -190,14 +238,14 @@ def test_public_part_has_no_secret_key(key):
     with pytest.raises(ValueError):
         vec.decrypt()
     # and the owner's serialized secret key does not appear in it
-    sk = key.seal.dump(key.ctx.secret_key().data)
+    sk = key.io.dump(key.ctx.secret_key().data)
     assert len(sk) > 1024 and sk[64:1024] not in pub
 
 
 def test_peer_refuses_a_context_with_a_secret_key(scheme, key):
     ctx_bytes = key.ctx.serialize(save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
     _, gk = _split_public(key.public())
-    bad = _PUB_HEADER.pack(b"SVCP", 1, len(ctx_bytes), len(gk)) + ctx_bytes + gk
+    bad = PUB_HEADER.pack(b"SVCP", 1, len(ctx_bytes), len(gk)) + ctx_bytes + gk
     with pytest.raises(ProtocolError, match=r"rank 1 \(left\).*secret key"):
         scheme.peer(bad, sender=SENDER)
 
@@ -209,7 +257,7 @@ def test_peer_refuses_a_context_with_a_secret_key(scheme, key):
         lambda pub: b"not a context at all, just some bytes",
         lambda pub: pub[:-1],  # length mismatch
         lambda pub: b"XXXX" + pub[4:],
-        lambda pub: pub[: _PUB_HEADER.size + 10] + bytes(64) + pub[_PUB_HEADER.size + 74 :],
+        lambda pub: pub[: PUB_HEADER.size + 10] + bytes(64) + pub[PUB_HEADER.size + 74 :],
         lambda pub: pub[: len(pub) // 2] + bytes(4096) + pub[len(pub) // 2 + 4096 :],  # in the Galois keys
     ],
     ids=["empty", "garbage", "truncated", "bad-magic", "bad-context", "bad-galois-keys"],
@@ -230,16 +278,16 @@ def test_peer_refuses_other_parameters(key):
 
 def _mangled(blob: bytes) -> dict[str, bytes]:
     mid = len(blob) // 2
-    hdr = list(_HEADER.unpack_from(blob, 0))
-    wrong_rows = _HEADER.pack(*hdr[:2], hdr[2] + 1, *hdr[3:]) + blob[_HEADER.size :]
+    hdr = list(HEADER.unpack_from(blob, 0))
+    wrong_rows = HEADER.pack(*hdr[:2], hdr[2] + 1, *hdr[3:]) + blob[HEADER.size :]
     return {
         "empty": b"",
         "garbage": b"\x00" * 200,
         "bad-magic": b"XXXX" + blob[4:],
         "truncated": blob[:-10],
         "trailing": blob + b"\x00",
-        "bad-count": _HEADER.pack(*hdr[:-1], hdr[-1] + 1) + blob[_HEADER.size :],
-        "bad-length": blob[: _HEADER.size] + struct.pack("<I", 1 << 30) + blob[_HEADER.size + 4 :],
+        "bad-count": HEADER.pack(*hdr[:-1], hdr[-1] + 1) + blob[HEADER.size :],
+        "bad-length": blob[: HEADER.size] + struct.pack("<I", 1 << 30) + blob[HEADER.size + 4 :],
         "corrupt-ciphertext": blob[:mid] + bytes(512) + blob[mid + 512 :],
         "wrong-shape": wrong_rows,
     }

@@ -1,0 +1,280 @@
+"""Slot layouts and the diagonal form of the two products: pure numpy, no keys.
+
+Packing is across the batch, never one ciphertext per sample
+(specs/anchors-crypto-performance.md §6 item 4). A real matrix X (r x c)
+becomes complex columns Z_l = X[:, 2l] + i X[:, 2l+1] (both halves of a CKKS
+slot carry data); each complex column is a block of ``bp`` slots (bp a power of
+two >= r, spread so the columns fill the ciphertexts evenly). At N=8192 (4096
+complex slots) a 256 x 64 batch is 2 ciphertexts, 64 x 64 is one.
+
+A product is a :class:`LinearMap`: groups (t, s, delta), each adding
+``diag_a * rot(in_t, delta)`` (and, for real-linear maps on complex slots,
+``conj(conj(diag_b) * rot(in_t, delta))``) to output ciphertext s, where
+``rot(v, k)[j] = v[j + k]`` (SEAL's left rotation). This is the diagonal method
+(Halevi-Shoup) on blocks, as PackVFL (arXiv 2405.00482) applies it to split
+NNs; :mod:`securevfl.exchange.ckks.kernels` evaluates it with baby-step
+giant-step rotations.
+
+* :func:`matmul_map` (Enc(X) W): the block index changes, the row offset does
+  not, so the map is a sum of plaintext diagonals times rotations by multiples
+  of ``bp``; a real-linear map on complex slots is ``sum a rot(Z) + conj(sum
+  conj(b) rot(Z))`` (one conjugation per output ciphertext).
+* :func:`tmatmul_map` (p^T Enc(Y)): sums over the rows inside a block. The
+  output keeps the input's block stride and puts the a-vector of column group t
+  in chunk t of every block, so a term (i, alpha) is a rotation by i - alpha -
+  t*A, the same in all blocks; spare chunks take row slices that share their
+  diagonals and are folded at the end (``fold``: rotate-and-add steps).
+
+Threat model: none here (layouts are public: both parties know the shapes from
+the protocol file). :func:`simulate` evaluates a map on cleartext slots and is
+the reference the unit tests hold the maps and the kernels to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the complex entry X[i, 2l] + i X[i, 2l+1] lives. Rows are cut in row
+    chunks of ``chunk`` (c = i // chunk); complex columns in groups of ``nb``
+    (block p = l % nb, group v = l // nb); unit u = c * groups + v goes to
+    ciphertext u // (bp // chunk), slot p*bp + (u % (bp // chunk))*chunk + i % chunk.
+    With chunk = bp >= rows this is one column per block, groups in ciphertexts."""
+
+    rows: int
+    cols: int
+    nb: int
+    bp: int
+    chunk: int
+
+    @property
+    def ncc(self) -> int:
+        """Complex columns (the last one is half empty when cols is odd)."""
+        return (self.cols + 1) // 2
+
+    @property
+    def per_block(self) -> int:
+        return self.bp // self.chunk
+
+    @property
+    def groups(self) -> int:
+        return -(-self.ncc // self.nb)
+
+    @property
+    def row_chunks(self) -> int:
+        return -(-self.rows // self.chunk)
+
+    @property
+    def n_ct(self) -> int:
+        return -(-(self.row_chunks * self.groups) // self.per_block)
+
+    def valid(self, slots: int) -> bool:
+        """Whether a header read off the wire describes a layout of ``slots`` slots."""
+        return (
+            1 <= self.rows <= 1 << 24
+            and 1 <= self.cols <= 1 << 24
+            and _is_pow2(self.nb)
+            and _is_pow2(self.bp)
+            and _is_pow2(self.chunk)
+            and self.nb * self.bp == slots
+            and self.chunk <= self.bp
+            and self.n_ct <= 1 << 16
+        )
+
+    def bases(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row chunk, complex column) -> ciphertext index and slot of its first row."""
+        lc = np.arange(self.ncc)[None, :]
+        u = np.arange(self.row_chunks)[:, None] * self.groups + lc // self.nb
+        return u // self.per_block, (lc % self.nb) * self.bp + (u % self.per_block) * self.chunk
+
+    def index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, ncc) arrays: ciphertext and slot of every complex entry."""
+        ct, base = self.bases()
+        i = np.arange(self.rows)
+        return ct[i // self.chunk], base[i // self.chunk] + (i % self.chunk)[:, None]
+
+    def pack(self, x: np.ndarray, slots: int) -> np.ndarray:
+        """(rows, cols) reals -> (n_ct, slots) complex slot vectors."""
+        z = np.zeros((self.rows, 2 * self.ncc))
+        z[:, : self.cols] = x
+        out = np.zeros((self.n_ct, slots), dtype=np.complex128)
+        out[self.index()] = z[:, 0::2] + 1j * z[:, 1::2]
+        return out
+
+    def unpack(self, arr: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`pack` on the data positions."""
+        z = arr[self.index()]
+        x = np.empty((self.rows, 2 * self.ncc))
+        x[:, 0::2], x[:, 1::2] = z.real, z.imag
+        return x[:, : self.cols]
+
+    def used(self, slots: int) -> np.ndarray:
+        """Boolean (n_ct, slots, 2): which real coordinates hold data."""
+        m = np.zeros((self.n_ct, slots, 2), dtype=bool)
+        ct, slot = self.index()
+        m[ct, slot, 0] = True
+        odd = np.arange(self.ncc) < self.cols // 2
+        m[ct[:, odd], slot[:, odd], 1] = True
+        return m
+
+
+def standard_layout(rows: int, cols: int, slots: int) -> Layout:
+    """Blocks of the smallest power of two >= rows, spread so the columns fill
+    each ciphertext evenly (fewer distinct rotations)."""
+    if not 1 <= rows <= slots or cols < 1:
+        raise ValueError(f"ckks: a {rows}x{cols} matrix does not fit blocks of {slots} slots")
+    ncc = (cols + 1) // 2
+    cap = slots // pow2(rows)
+    n_ct = -(-ncc // cap)
+    nb = pow2(-(-ncc // n_ct))
+    bp = slots // nb
+    return Layout(rows, cols, nb, bp, bp)
+
+
+@dataclass
+class LinearMap:
+    """out_s = sum over groups g with s_g = s of diag_a(g) * rot(in_t, delta_g)
+    (+ conj(sum conj(diag_b(g)) * rot(in_t, delta_g)) when ``conj``), then for
+    every k in ``fold``: out_0 += rot(out_0, k). ``diag(g)`` returns the slot
+    vectors (a, b or None) of group g."""
+
+    t: np.ndarray
+    s: np.ndarray
+    delta: np.ndarray  # mod slots
+    diag: Callable[[int], tuple[np.ndarray, np.ndarray | None]]
+    conj: bool
+    out: Layout
+    fold: list[int] = field(default_factory=list)
+
+    @property
+    def n_out(self) -> int:
+        return self.out.n_ct
+
+
+def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
+    """Enc(X) -> Enc(X w) for X laid out as ``lin`` (w real, cols x m)."""
+    r, c = lin.rows, lin.cols
+    m = w.shape[1]
+    lout = standard_layout(r, m, slots)
+    wp = np.zeros((2 * lin.ncc, 2 * lout.ncc))
+    wp[:c, :m] = w
+    u, v, u2, v2 = wp[0::2, 0::2], wp[1::2, 0::2], wp[0::2, 1::2], wp[1::2, 1::2]
+    # (x + i y) -> a (x + i y) + b (x - i y): the complex form of a real 2x2 block
+    coef_a = (u + v2 + 1j * (u2 - v)) / 2
+    coef_b = (u - v2 + 1j * (u2 + v)) / 2
+    t_in, b_in = (x[0] for x in lin.bases())
+    s_out, b_out = (x[0] for x in lout.bases())
+    k_idx, l_idx = np.meshgrid(np.arange(lin.ncc), np.arange(lout.ncc), indexing="ij")
+    k_idx, l_idx = k_idx.ravel(), l_idx.ravel()
+    delta = (b_in[k_idx] - b_out[l_idx]) % slots
+    key = (t_in[k_idx] * lout.n_ct + s_out[l_idx]) * slots + delta
+    uniq, inv = np.unique(key, return_inverse=True)
+    members = [np.flatnonzero(inv == gi) for gi in range(len(uniq))]
+    rows = np.arange(r)
+
+    def diag(gi: int) -> tuple[np.ndarray, np.ndarray]:
+        ks, ls = k_idx[members[gi]], l_idx[members[gi]]
+        pos = (b_out[ls][:, None] + rows[None, :]).ravel()
+        da = np.zeros(slots, dtype=np.complex128)
+        db = np.zeros(slots, dtype=np.complex128)
+        da[pos] = np.repeat(coef_a[ks, ls], r)
+        db[pos] = np.repeat(coef_b[ks, ls], r)
+        return da, db
+
+    return LinearMap(
+        t=uniq // slots // lout.n_ct,
+        s=uniq // slots % lout.n_ct,
+        delta=uniq % slots,
+        diag=diag,
+        conj=True,
+        out=lout,
+    )
+
+
+def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
+    """Enc(Y) -> Enc(p^T Y) for Y laid out as ``lin`` (p real, rows x a)."""
+    r, m = lin.rows, lin.cols
+    a = p.shape[1]
+    big_a, t2 = pow2(a), pow2(lin.n_ct)
+    n_part, stride, length = 1, 0, r
+    # Keep the input's block stride and put the a-vector of column group t in
+    # chunk t (or, when a > bp, row chunk c of it in ciphertext c*T + t): the
+    # shift of the term (i, alpha) is then i - alpha - t*A, the same in every block.
+    lout = Layout(a, m, lin.nb, lin.bp, min(big_a, lin.bp))
+    if t2 * big_a <= lin.bp:
+        # spare chunks: split the rows into n_part slices summed into chunks
+        # t + h*t2 and folded at the end; the slices share their diagonals
+        stride = t2 * big_a
+        n_part = pow2(-(-r // stride))
+        length = stride if n_part > 1 else r
+    t_in, b_in = lin.bases()
+    s_out, b_out = lout.bases()  # (row chunks, ncc)
+    ch = lout.chunk
+    # (row chunk, column) pairs with the same (t, s, base offset) share every diagonal
+    rc, lc = np.meshgrid(np.arange(lout.row_chunks), np.arange(lin.ncc), indexing="ij")
+    rc, lc = rc.ravel(), lc.ravel()
+    cls_key = np.stack([t_in[0, lc], s_out[rc, lc], (b_in[0, lc] - b_out[rc, lc]) % slots, rc], axis=1)
+    cls, cls_inv = np.unique(cls_key, axis=0, return_inverse=True)
+    cls_inv = cls_inv.ravel()
+    offs = np.arange(-(ch - 1), length)  # e = i - alpha' within a slice (alpha' < chunk)
+    members = [np.flatnonzero(cls_inv == ci) for ci in range(len(cls))]
+
+    def diag(gi: int) -> tuple[np.ndarray, None]:
+        ci, k = divmod(gi, len(offs))
+        e, c = int(offs[k]), int(cls[ci, 3])
+        base = b_out[rc[members[ci]], lc[members[ci]]]
+        rows_c = min(ch, a - c * ch)
+        dg = np.zeros(slots)
+        for h in range(n_part):
+            top = min(rows_c, length - e, r - h * length - e)
+            al = np.arange(max(0, -e), top)
+            if len(al) == 0:
+                continue
+            vals = p[h * length + al + e, c * ch + al]
+            dg[(base[:, None] + h * stride + al[None, :]).ravel()] = np.tile(vals, len(base))
+        return dg, None
+
+    fold = []
+    h = n_part // 2
+    while h >= 1:  # chunk t += chunk t + h*t2; garbage lands only in spare chunks
+        fold.append(h * stride)
+        h //= 2
+    return LinearMap(
+        t=np.repeat(cls[:, 0], len(offs)),
+        s=np.repeat(cls[:, 1], len(offs)),
+        delta=(np.repeat(cls[:, 2], len(offs)) + np.tile(offs, len(cls))) % slots,
+        diag=diag,
+        conj=False,
+        out=lout,
+        fold=fold if n_part > 1 else [],
+    )
+
+
+def simulate(lmap: LinearMap, packed: np.ndarray) -> np.ndarray:
+    """Evaluate ``lmap`` on cleartext slot vectors (n_in, slots) with numpy:
+    the reference for the kernels (rot(v, k) = np.roll(v, -k))."""
+    slots = packed.shape[1]
+    out = np.zeros((lmap.n_out, slots), dtype=np.complex128)
+    for g in range(len(lmap.t)):
+        src = np.roll(packed[int(lmap.t[g])], -int(lmap.delta[g]))
+        da, db = lmap.diag(g)
+        out[int(lmap.s[g])] += da * src
+        if db is not None:
+            out[int(lmap.s[g])] += db * np.conj(src)
+    for k in lmap.fold:
+        out[0] += np.roll(out[0], -k)
+    return out

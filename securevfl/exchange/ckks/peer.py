@@ -1,0 +1,171 @@
+"""The evaluating party's side of ``ckks``: the other party's public part, and
+the two products Enc(X) W + mask and p^T Enc(Y) + mask on its ciphertexts.
+
+Threat model (SECURITY.md, ``ckks``; semi-honest A and P_i). Circuit privacy and
+masks: every result is re-randomized by adding a fresh public-key encryption
+of the mask, which replaces the result's second component with an RLWE sample
+the key owner cannot relate to the evaluator's plaintexts. Masks are uniform
+in [-mask_bound, mask_bound] on the real and the imaginary part of every slot
+of every result ciphertext (padding and spare chunks included; the caller's
+mask fills the data positions, fresh ones the rest). The key owner decrypts
+v + e + eps where e is the CKKS error (it depends on the evaluator's operands);
+eps is uniform on a cube of side 2 M in all N real coordinates, so the
+decryption, a function of v + e + eps, is within statistical distance
+(||v - v'||_1 + ||e - e'||_1) / (2 M) of the one for v', e'. Per entry:
+|v| / (2 M) = 2^-23 |v| at the default M = 2^22; e ~ 1e-9 adds nothing
+visible. M is bounded by exact decryption on the output primes (checked at
+load, :func:`securevfl.exchange.ckks.params.check`) and by float64 decoding,
+whose error ~M 2^-50 should stay below float32's resolution of the values
+trained. A public part that carries a secret key, or other parameters than the
+protocol's, is refused.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import numpy as np
+
+from securevfl.errors import ProtocolError
+from securevfl.exchange.ckks._tenseal import sa, ts
+from securevfl.exchange.ckks.counters import OpCounter
+from securevfl.exchange.ckks.kernels import Encoded, Kernels, Ring
+from securevfl.exchange.ckks.packing import Layout, LinearMap, matmul_map, standard_layout, tmatmul_map
+from securevfl.exchange.ckks.params import CkksOptions
+from securevfl.exchange.ckks.wire import SealIO, check_level, frame, unframe, unpack_public
+from securevfl.exchange.he import HEPeer
+
+
+class CkksPeer(HEPeer):
+    """The other party's public key, Galois keys and the products under them."""
+
+    def __init__(self, opts: CkksOptions, public: bytes, sender: str):
+        self.opts, self.sender = opts, sender
+        self.ops = OpCounter()
+        try:
+            ctx_bytes, gk_bytes = unpack_public(bytes(public))
+        except ValueError as exc:
+            raise ProtocolError(f"{sender}: malformed CKKS public context ({exc})") from None
+        try:
+            ctx = ts.context_from(ctx_bytes, n_threads=1)
+        except Exception as exc:  # TenSEAL raises std exceptions on malformed input
+            raise ProtocolError(f"{sender}: malformed CKKS public context ({exc})") from None
+        if ctx.has_secret_key() or ctx.is_private():
+            raise ProtocolError(f"{sender}: its CKKS public context carries a secret key; refused")
+        if not ctx.has_public_key():
+            raise ProtocolError(f"{sender}: CKKS public context without a public key")
+        sc = ctx.seal_context().data
+        parms = sc.key_context_data().parms()
+        bits = [m.bit_count() for m in parms.coeff_modulus()]
+        if parms.poly_modulus_degree() != opts.poly_modulus_degree or bits != list(opts.coeff_mod_bit_sizes):
+            raise ProtocolError(
+                f"{sender}: CKKS context with N={parms.poly_modulus_degree()}, primes {bits}; "
+                f"the protocol says N={opts.poly_modulus_degree}, {list(opts.coeff_mod_bit_sizes)}"
+            )
+        self._ctx = ctx  # keeps the SEAL objects alive
+        self.io = SealIO(sc, self.ops)
+        self.ring = Ring(sc, self.ops)
+        try:
+            gk = self.io.load(gk_bytes, sa.GaloisKeys())
+            missing = [e for e in sc.key_context_data().galois_tool().get_elts_all() if not gk.has_key(e)]
+        except Exception as exc:  # SEAL raises std exceptions on malformed keys
+            raise ProtocolError(f"{sender}: malformed CKKS Galois keys ({exc})") from None
+        if missing:
+            raise ProtocolError(f"{sender}: CKKS Galois keys miss {len(missing)} power-of-two rotations")
+        self.scale = 2.0**opts.global_scale_bits
+        self.kernels = Kernels(self.ring, gk, self.scale)
+        self._encryptor = sa.Encryptor(sc, ctx.public_key().data)
+        self._prepared: dict[tuple[Any, ...], tuple[LinearMap, Encoded]] = {}
+
+    # -- helpers
+    def _input(self, blob: bytes, shape: tuple[int, int]) -> tuple[Layout, list[Any]]:
+        what = f"{self.sender}: ckks ciphertext"
+        try:
+            layout, cts = unframe(blob, self.io, what)
+            if layout != standard_layout(shape[0], shape[1], self.ring.slots):
+                raise ValueError(f"{what}: layout {layout} does not match a {shape[0]}x{shape[1]} matrix")
+            check_level(cts, [self.ring.in_level], self.scale, what)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        return layout, cts
+
+    def _finish(self, outs: list[Any], layout: Layout, mask: np.ndarray) -> bytes:
+        """Add a fresh public-key encryption of the mask to every result (re-randomizes
+        it); data positions get the caller's mask, all others fresh uniform masks."""
+        ring, m = self.ring, self.opts.mask_bound
+        rng = np.random.default_rng(secrets.randbits(128))
+        fresh = rng.uniform(-m, m, size=(layout.n_ct, ring.slots, 2))
+        data = layout.pack(mask, ring.slots)
+        used = layout.used(ring.slots)
+        vals = np.where(used, np.stack([data.real, data.imag], axis=-1), fresh)
+        blobs = []
+        for j in range(layout.n_ct):
+            pt = ring.encode(vals[j, :, 0] + 1j * vals[j, :, 1], ring.out_level, self.scale)
+            enc = self.encrypt_plaintext(pt)
+            if outs[j] is None:
+                out = enc
+            else:
+                out = outs[j]
+                self.kernels.add_inplace(out, enc)
+            blobs.append(self.io.dump(out))
+        return frame(layout, blobs)
+
+    def encrypt_plaintext(self, pt: Any) -> Any:
+        """A fresh public-key encryption (the re-randomizing mask of a result)."""
+        enc = sa.Ciphertext()
+        self._encryptor.encrypt(pt, enc)
+        self.ops.encrypt_public += 1
+        return enc
+
+    @staticmethod
+    def _checked(name: str, a: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        a = np.asarray(a, dtype=np.float64)
+        if a.shape != shape or not np.isfinite(a).all():
+            raise ValueError(f"ckks {name}: expected a finite {shape} matrix, got {a.shape}")
+        return a
+
+    def _map(self, op: str, shape: tuple[int, int], operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
+        """The linear map of a product, and its encoded diagonals when :meth:`prepare`
+        made them for exactly this operand (taken: each is used once)."""
+        hit = self._prepared.pop((op, tuple(shape), operand.shape, operand.tobytes()), None)
+        return hit if hit is not None else (self._build(op, shape, operand), None)
+
+    def _build(self, op: str, shape: tuple[int, int], x: np.ndarray) -> LinearMap:
+        lin = standard_layout(shape[0], shape[1], self.ring.slots)
+        return matmul_map(lin, x, self.ring.slots) if op == "matmul" else tmatmul_map(x, lin, self.ring.slots)
+
+    def prepare(
+        self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
+    ) -> None:
+        """Encode the diagonals of the coming ``matmul(., shape, w, .)`` and
+        ``tmatmul(p, ., shape, .)`` now, while this party waits (they need no
+        ciphertext). Only this party's own operands are touched; nothing is sent."""
+        self._prepared.clear()
+        for op, x in (("matmul", w), ("tmatmul", p)):
+            if x is None:
+                continue
+            x = np.asarray(x, dtype=np.float64)
+            if x.ndim != 2 or not np.isfinite(x).all():
+                continue  # left to the product's own checks
+            lmap = self._build(op, shape, x)
+            self._prepared[(op, tuple(shape), x.shape, x.tobytes())] = (lmap, self.kernels.encode_map(lmap))
+
+    # -- the two operations
+    def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
+        r, c = shape
+        _, cts = self._input(blob, shape)
+        m = np.asarray(w).shape[1] if np.ndim(w) == 2 else -1
+        w = self._checked("matmul weight", w, (c, m))
+        mask = self._checked("matmul mask", mask, (r, m))
+        lmap, enc = self._map("matmul", shape, w)
+        return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
+
+    def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
+        r, m = shape
+        _, cts = self._input(blob, shape)
+        a = np.asarray(p).shape[1] if np.ndim(p) == 2 else -1
+        p = self._checked("tmatmul left factor", p, (r, a))
+        mask = self._checked("tmatmul mask", mask, (a, m))
+        lmap, enc = self._map("tmatmul", shape, p)
+        return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
