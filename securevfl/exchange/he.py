@@ -97,7 +97,7 @@ class HEPeer(ABC):
     def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
         """p plain (r x a), Enc(Y) with Y of ``shape`` (r x m) -> Enc(p^T @ Y + mask)."""
 
-    def prepare(
+    def prepare_operands(
         self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
     ) -> None:
         """Optional: precompute, while waiting, what the coming ``matmul(., shape, w, .)``
@@ -249,7 +249,7 @@ class HEPassive(PassiveExchange):
         self._h = x
         ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt(x, ops=frozenset({MATMUL})))  # A only multiplies
         if train:  # while A evaluates: this step's backward products use h and the current share
-            self.peer.prepare((x.shape[0], self.o), w=self.w.w.T, p=x)
+            self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
         v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
         ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + x @ self.w.w))
 

@@ -162,14 +162,14 @@ def test_products_match_numpy(scheme, key, peer, r, d, o):
 
 
 def test_prepared_products_match_and_encode_nothing_more(scheme, key, peer):
-    """prepare() encodes the diagonals ahead; the products then only encode their
+    """prepare_operands() encodes the diagonals ahead; the products then only encode their
     masks, and give the same results as unprepared ones."""
     rng = _rng(9)
     r, d, o = 64, 16, 8
     h, w, g = rng.normal(size=(r, d)), rng.normal(size=(o, d)), rng.normal(size=(r, o))
     blob_g = key.encrypt(g)
     mu, big_r = scheme.mask(rng, (r, d)), scheme.mask(rng, (d, o))
-    peer.prepare((r, o), w=w, p=h)
+    peer.prepare_operands((r, o), w=w, p=h)
     peer.ops.reset()
     gh = key.decrypt(peer.matmul(blob_g, (r, o), w, mu), (r, d))
     gw = key.decrypt(peer.tmatmul(h, blob_g, (r, o), -big_r), (d, o))

@@ -126,7 +126,7 @@ class CkksPeer(HEPeer):
         return a
 
     def _map(self, op: str, shape: tuple[int, int], operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
-        """The linear map of a product, and its encoded diagonals when :meth:`prepare`
+        """The linear map of a product, and its encoded diagonals when :meth:`prepare_operands`
         made them for exactly this operand (taken: each is used once)."""
         hit = self._prepared.pop((op, tuple(shape), operand.shape, operand.tobytes()), None)
         return hit if hit is not None else (self._build(op, shape, operand), None)
@@ -135,7 +135,7 @@ class CkksPeer(HEPeer):
         lin = standard_layout(shape[0], shape[1], self.ring.slots)
         return matmul_map(lin, x, self.ring.slots) if op == "matmul" else tmatmul_map(x, lin, self.ring.slots)
 
-    def prepare(
+    def prepare_operands(
         self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
     ) -> None:
         """Encode the diagonals of the coming ``matmul(., shape, w, .)`` and
