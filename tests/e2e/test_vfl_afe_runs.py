@@ -89,7 +89,7 @@ def test_identity_configuration_matches_unprotected(tmp_path: Path):
     """eps = inf, no clipping, adjustments off: z and the loss equal the undefended run's."""
     plain = small_digits(epochs=1, batch_size=32, max_steps=STEPS)
     plain["runtime"] = {"trace_steps": STEPS}
-    ident = _doc("plain", {"variant": "vanilla", "epsilon": float("inf"), "clip": None})
+    ident = _doc("plain", {"variant": "vanilla", "epsilon": None, "clip": None})  # null: no noise
     ident["runtime"] = {"trace_steps": STEPS}
     run_doc(plain, tmp_path / "a")
     result = run_doc(ident, tmp_path / "b")
