@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import private_set_intersection.python as psi
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.errors import DataError, ProtocolError
@@ -37,12 +38,6 @@ class PsiHello(BaseModel):
     client_size: int
 
 
-def _psi():
-    import private_set_intersection.python as psi
-
-    return psi
-
-
 def _parse(cls, raw: bytes, who: str, what: str):
     msg = cls()
     try:
@@ -54,7 +49,6 @@ def _parse(cls, raw: bytes, who: str, what: str):
 
 def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray:
     """Run PSI with every passive party; return A's row indices in agreed order."""
-    psi = _psi()
     keep = np.ones(len(ids), dtype=bool)
     for role in layout.passive:
         who = f"rank {role.rank} ({role.label})"
@@ -90,7 +84,6 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
 
 def align_passive(channel: Channel, layout: Layout, rank: int, ids: list[str]) -> np.ndarray:
     """Serve PSI for the active party; return this party's rows in agreed order."""
-    psi = _psi()
     active = layout.active.rank
     who = f"rank {active} ({layout.active.label})"
     hello = channel.recv_json(active, PsiHello, PSI_HELLO)
