@@ -57,8 +57,8 @@ def build(task: str, row: str, eps: float, seed: int, epochs: int) -> dict[str, 
 
 
 def run_one(doc: dict[str, Any], out: Path) -> dict[str, Any]:
-    from securevfl.config import load_protocol_dict
-    from securevfl.runtime.launcher import launch
+    from securevfl.app.launcher import launch
+    from securevfl.app.loader import load_protocol_dict
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -48,8 +48,8 @@ def protocol(defense: dict[str, Any] | None, seed: int, epochs: int) -> dict[str
 
 
 def run_one(doc: dict[str, Any]) -> dict[str, Any]:
-    from securevfl.config import load_protocol_dict
-    from securevfl.runtime.launcher import launch
+    from securevfl.app.launcher import launch
+    from securevfl.app.loader import load_protocol_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         return launch(load_protocol_dict(doc), Path(tmp), progress=False)

@@ -92,8 +92,8 @@ def floor_bytes(backend: str, batch: int, parties: int, h: int = 64, o: int = 64
 
 
 def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
-    from securevfl.config import load_protocol_dict
-    from securevfl.runtime.launcher import launch
+    from securevfl.app.launcher import launch
+    from securevfl.app.loader import load_protocol_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from securevfl.config import load_protocol_dict
-from securevfl.runtime.launcher import launch
+from securevfl.app.launcher import launch
+from securevfl.app.loader import load_protocol_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,6 +35,9 @@ def install_crypten_shim() -> None:
 def import_crypten() -> Any:
     """Import and return the ``crypten`` module with the shim in place."""
     install_crypten_shim()
+    # Local on purpose: the shim must be in sys.modules before CrypTen's module code
+    # runs, and importing CrypTen (heavy, with module-level set-up of its own) is paid
+    # only by processes that use the mpc backend or its collectives.
     import crypten
 
     return crypten

@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import sys
 import textwrap
 import warnings
 from pathlib import Path
 
+import yaml
+
+from securevfl.app.launcher import launch
+from securevfl.app.loader import load_protocol
+from securevfl.app.outdir import OutputFolder, check_available
+from securevfl.app.rank import run_rank
+from securevfl.app.ranks import layout_of
+from securevfl.attacks import ATTACKS
+from securevfl.data.criteo import active_feature_columns, split_criteo
+from securevfl.data.datasets import DATASETS
+from securevfl.data.partition import is_builtin, materialize
+from securevfl.defenses import DEFENSES
 from securevfl.errors import PartyFailure, SecureVFLError, show_warning
-from securevfl.report.outdir import OutputFolder, check_available
+from securevfl.exchange import EXCHANGES
+from securevfl.report.compare import print_table, write_comparison
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -87,10 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from securevfl.config import load_protocol
-    from securevfl.report.compare import print_table
-    from securevfl.runtime.launcher import launch
-
     proto = load_protocol(args.file, args.overrides)
     out = Path(args.out or f"runs/{proto.name}")
     result = launch(
@@ -106,15 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_party(args: argparse.Namespace) -> int:
-    import multiprocessing as mp
-
-    from securevfl.config import load_protocol
-    from securevfl.data.partition import is_builtin, materialize
-    from securevfl.runtime.layout import Layout
-    from securevfl.runtime.rank import run_rank
-
     proto = load_protocol(args.file, args.overrides)
-    role = Layout.from_protocol(proto).role(args.rank)
+    role = layout_of(proto).role(args.rank)
     out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
@@ -142,10 +145,6 @@ def cmd_party(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from securevfl.config import load_protocol
-    from securevfl.report.compare import print_table, write_comparison
-    from securevfl.runtime.launcher import launch
-
     files = []
     for f in map(Path, args.files):  # a folder stands for its protocol files
         files += sorted(f.glob("*.yaml")) if f.is_dir() else [f]
@@ -179,12 +178,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from securevfl.config import load_protocol
-    from securevfl.runtime.layout import Layout
-
     for f in args.files:
         proto = load_protocol(f, args.overrides)
-        lay = Layout.from_protocol(proto)
+        lay = layout_of(proto)
         print(
             f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
             f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)})"
@@ -193,11 +189,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from securevfl.attacks import ATTACKS
-    from securevfl.data.datasets import DATASETS
-    from securevfl.defenses import DEFENSES
-    from securevfl.exchange import EXCHANGES
-
     for title, reg in (
         ("exchange backends", EXCHANGES),
         ("defenses", DEFENSES),
@@ -210,10 +201,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_criteo(args: argparse.Namespace) -> int:
-    import yaml
-
-    from securevfl.data.criteo import active_feature_columns, split_criteo
-
     paths = split_criteo(args.file, args.out, top_k=args.top_k, max_rows=args.max_rows)
     doc = {
         "name": "criteo",

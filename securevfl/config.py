@@ -6,18 +6,17 @@ field (``parties.passive[1].model.out``). The validated
 :class:`Protocol` object is passed down explicitly; there is no global config.
 Component-specific options (a backend's or a defense's parameters) are validated
 by that component's own options model, again with the full path.
+
+This module is the schema alone; reading a file, applying overrides and the
+cross-checks against the registries live in :mod:`securevfl.app.loader`.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-import math
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from securevfl.errors import ConfigError
@@ -264,7 +263,7 @@ class Protocol(Strict):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-# -- loading -------------------------------------------------------------------
+# -- errors with YAML paths -----------------------------------------------------
 
 
 def format_loc(loc: tuple[Any, ...]) -> str:
@@ -308,126 +307,3 @@ def validation_error(exc: ValidationError, *, prefix: str = "", source: str | No
     first_path, first_msg = lines[0]
     more = "".join(f"; also at '{p}': {m}" for p, m in lines[1:5])
     return ConfigError(first_msg + more, path=first_path, source=source)
-
-
-def parse_override(expr: str) -> tuple[list[str | int], Any]:
-    """``a.b[0].c=value`` -> (['a', 'b', 0, 'c'], parsed value). Values are YAML."""
-    if "=" not in expr:
-        raise ConfigError(f"override '{expr}' must look like key.path=value", path="--set")
-    key, raw = expr.split("=", 1)
-    path: list[str | int] = []
-    for token in key.replace("[", ".").replace("]", "").split("."):
-        if not token:
-            continue
-        path.append(int(token) if token.isdigit() else token)
-    if not path:
-        raise ConfigError(f"override '{expr}' has an empty key", path="--set")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override value is not valid YAML: {exc}", path=key) from None
-    return path, value
-
-
-def apply_override(doc: dict[str, Any], path: list[str | int], value: Any) -> None:
-    node: Any = doc
-    shown = ""
-    for i, part in enumerate(path):
-        last = i == len(path) - 1
-        shown += f"[{part}]" if isinstance(part, int) else ("." if shown else "") + part
-        if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                raise ConfigError("no such list element to override", path=shown)
-            if last:
-                node[part] = value
-            else:
-                node = node[part]
-        else:
-            if not isinstance(node, dict):
-                raise ConfigError("cannot set a key inside a non-mapping", path=shown)
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-INT64_MAX = (1 << 63) - 1
-
-
-def check_numbers(node: Any, loc: tuple[Any, ...] = (), *, source: str | None = None) -> None:
-    """Refuse, anywhere in a protocol document (component ``params`` included),
-    a float that is NaN, infinite or beyond float32's range (training runs in
-    float32, so such a value becomes inf or NaN on the first step and is then
-    blamed on a peer), and an integer beyond int64."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            check_numbers(v, (*loc, k), source=source)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            check_numbers(v, (*loc, i), source=source)
-    elif isinstance(node, float) and not (math.isfinite(node) and abs(node) <= FLOAT32_MAX):
-        what = "not a finite number" if not math.isfinite(node) else "beyond float32's range (3.4e38)"
-        if node == math.inf:
-            what += "; a privacy budget without noise is written null"
-        raise ConfigError(f"{what} (got {node!r})", path=format_loc(loc), source=source)
-    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT64_MAX:
-        raise ConfigError(f"integer beyond int64's range (got {node})", path=format_loc(loc), source=source)
-
-
-def load_protocol_dict(
-    doc: Any, *, source: str | None = None, overrides: list[str] | None = None
-) -> Protocol:
-    """Validate a protocol given as a parsed mapping (plus ``--set`` overrides)."""
-    if not isinstance(doc, dict):
-        raise ConfigError("a protocol file must be a YAML mapping", source=source)
-    doc = copy.deepcopy(doc)
-    for expr in overrides or []:
-        path, value = parse_override(expr)
-        apply_override(doc, path, value)
-    check_numbers(doc, source=source)
-    try:
-        proto = Protocol.model_validate(doc)
-    except ValidationError as exc:
-        raise validation_error(exc, source=source) from None
-    # component-level checks (registries, capabilities, column layout)
-    from securevfl.validation import check_protocol
-
-    check_protocol(proto, source=source)
-    return proto
-
-
-def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Protocol:
-    """Read, validate and cross-check one protocol file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"protocol file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("not a text file (protocol files are UTF-8 YAML)", source=str(p)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
-    if "\x00" in text:
-        raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from None
-    except RecursionError:
-        raise ConfigError("not valid YAML: nested too deeply", source=str(p)) from None
-    proto = load_protocol_dict(doc, source=str(p), overrides=overrides)
-    return _resolve_paths(proto, p.parent)
-
-
-def _resolve_paths(proto: Protocol, base: Path) -> Protocol:
-    """Make CSV source paths absolute relative to the protocol file's folder."""
-    parties = [proto.parties.active, *proto.parties.passive]
-    if not any(p.source for p in parties):
-        return proto
-    doc = proto.model_dump(mode="json")
-    for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
-        src = entry.get("source")
-        if src and not Path(src["path"]).is_absolute():
-            src["path"] = str((base / src["path"]).resolve())
-    return Protocol.model_validate(doc)

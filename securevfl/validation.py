@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from securevfl.attacks import ATTACKS
 from securevfl.config import Protocol, validation_error
+from securevfl.data.datasets import DATASETS, feature_columns
+from securevfl.data.partition import party_layouts, resolve_partition
+from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
+from securevfl.exchange import EXCHANGES
 
 
 def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
-    from securevfl.attacks import ATTACKS
-    from securevfl.data.datasets import DATASETS, feature_columns
-    from securevfl.data.partition import party_layouts, resolve_partition
-    from securevfl.defenses import DEFENSES
-    from securevfl.exchange import EXCHANGES
+    """Cross-check a schema-valid protocol against the registries; raises a
+    :class:`~securevfl.errors.ConfigError` naming the offending YAML path."""
 
     def err(msg: str, path: str, cls: type[ConfigError] = ConfigError) -> ConfigError:
         return cls(msg, path=path, source=source)

@@ -35,8 +35,8 @@ def small_digits(**training: Any) -> dict[str, Any]:
 
 def run_doc(doc: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     """Validate a protocol mapping and run it with the real launcher."""
-    from securevfl.config import load_protocol_dict
-    from securevfl.runtime.launcher import launch
+    from securevfl.app.launcher import launch
+    from securevfl.app.loader import load_protocol_dict
 
     proto = load_protocol_dict(copy.deepcopy(doc))
     return launch(proto, out, progress=False, **kw)

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from securevfl.config import Protocol
+from securevfl.errors import ConfigError
 from securevfl.registry import Registry
-
-if TYPE_CHECKING:
-    from securevfl.config import Protocol
-    from securevfl.runtime.layout import Layout
+from securevfl.runtime.layout import Layout
 
 
 class AttackOptions(BaseModel):
@@ -72,8 +71,6 @@ class World:
 
     def passive(self, name: str | None) -> View:
         """A passive party's view by name (default: the first passive party)."""
-        from securevfl.errors import ConfigError
-
         names = [r.party for r in self.layout.passive]
         name = names[0] if name is None else name
         if name not in names:

@@ -50,9 +50,11 @@ from securevfl.attacks.code_reconstruction import class_codes as majority_codes
 from securevfl.attacks.server import received_test_embeddings, server_check, server_from_view
 from securevfl.attacks.targeted_pgd import hash_params, pick_rows, targeted_pgd, view_presign
 from securevfl.attacks.views import per_row, received_per_forward
+from securevfl.defenses.hashvfl import ConsistencyOptions
 from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
 from securevfl.privacy import hashing
 from securevfl.runtime.messages import EMBEDDING
+from securevfl.seeding import generator
 
 MAX_BITS = 16  # 2^16 codes of B per class: the enumeration's ceiling
 
@@ -207,9 +209,6 @@ class CodeDetection(Attack):
         return names, names.index(world.passive(self.params.party).party)
 
     def _defense_codes(self, world: World) -> torch.Tensor | None:
-        from securevfl.defenses.hashvfl import ConsistencyOptions
-        from securevfl.seeding import generator
-
         spec = next((d for d in world.proto.parties.active.defenses if d.name == "hashvfl_consistency"), None)
         if spec is None:
             return None

@@ -31,6 +31,7 @@ from pydantic import Field
 from securevfl.attacks import metrics
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row, received_per_forward
+from securevfl.models import build_bottom
 from securevfl.runtime.messages import EMBEDDING
 
 
@@ -113,8 +114,6 @@ class CodeReconstruction(Attack):
 
     def knowledge(self, world: World) -> dict[str, Any]:
         """White-box victim bottom model and defense modules (spec 004 §5.2)."""
-        from securevfl.models import build_bottom
-
         idx, victim = world.locate(self.params.target)
         vv = world.views[victim].own
         spec = world.proto.parties.passive[idx]

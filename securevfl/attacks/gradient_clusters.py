@@ -41,6 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from pydantic import Field
+from sklearn.cluster import KMeans
 
 from securevfl.attacks import metrics
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
@@ -114,8 +115,6 @@ def gradient_points(
 def kmeans(x: np.ndarray, k: int, *, seed: int, n_init: int) -> np.ndarray:
     """Cluster ids of k-means (Lloyd, k-means++ seeding, ``n_init`` restarts, the
     lowest inertia kept; scikit-learn), seeded."""
-    from sklearn.cluster import KMeans
-
     if len(x) < k:
         raise ProtocolError(f"{len(x)} gradient points cannot form {k} clusters")
     km = KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed)

@@ -48,7 +48,9 @@ from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_classifier
 from securevfl.attacks.mixmatch import fit_mixmatch
 from securevfl.attacks.views import steps_per_row
+from securevfl.defenses.base import build_stack
 from securevfl.errors import ProtocolError
+from securevfl.models import build_bottom
 
 
 class _PassiveOptions(AttackOptions):
@@ -241,9 +243,6 @@ def own_embedding(view: View, proto: Any, *, sent: bool):
     """The party's own frozen bottom model (and, with ``sent``, its embedding
     defenses in evaluation mode) rebuilt from the protocol's architecture and the
     weights in its own view: ``x -> h`` or ``x -> h'``, without gradients."""
-    from securevfl.defenses.base import build_stack
-    from securevfl.models import build_bottom
-
     spec = next(s for s in proto.parties.passive if s.name == view.party)
     bottom = build_bottom(spec.model, view.own["x_train"].shape[1], seed=0, party=view.party)
     bottom.load_state_dict(view.own["bottom"])

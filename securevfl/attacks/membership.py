@@ -27,10 +27,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from sklearn.ensemble import GradientBoostingClassifier
 
 from securevfl.attacks import metrics
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row
+from securevfl.models import build_bias, build_top, make_optimizer
 
 
 class MembershipOptions(AttackOptions):
@@ -81,8 +83,6 @@ class MembershipInference(Attack):
         return {"top": proto.top, "training": proto.training}
 
     def _target(self, view: View):
-        from securevfl.models import build_top
-
         own = view.own
         classes = int(own["classes"])
         d = own["bias"].shape[0]
@@ -123,8 +123,6 @@ class MembershipInference(Attack):
             cut = _LossThreshold().fit(x_shadow, y_shadow)
             predict, score = cut.predict, cut.score
         else:
-            from sklearn.ensemble import GradientBoostingClassifier
-
             clf = GradientBoostingClassifier(random_state=self.params.seed).fit(x_shadow, y_shadow)
             predict, score = clf.predict, (lambda q: clf.predict_proba(q)[:, 1])
 
@@ -150,8 +148,6 @@ class MembershipInference(Attack):
     def _shadow(self, view: View, classes: int, z: torch.Tensor, y: torch.Tensor, epochs: int, seed: int):
         """A fresh copy of A's top-model architecture (plus bias) trained on z of
         one shadow chunk with A's own recipe."""
-        from securevfl.models import build_bias, build_top, make_optimizer
-
         tr = view.prior["training"]
         top = build_top(view.prior["top"], z.shape[1], classes, seed=self.params.seed + 1 + seed)
         bias = build_bias(z.shape[1])

@@ -11,6 +11,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from sklearn.metrics import adjusted_mutual_info_score
+
+from securevfl.privacy.dcor import v_dcor2
 
 
 def mse(pred: np.ndarray, true: np.ndarray) -> float:
@@ -189,10 +194,6 @@ def dcor_pixels(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
     (no gradient is needed), so dCor(x, x) = 1. An image with constant pixels has
     distance variance 0; its dCor is 0 (Székely's convention). Returns one value
     per image in [0, 1] (1 = an affine copy; 0 = independent)."""
-    import torch
-
-    from securevfl.privacy.dcor import v_dcor2
-
     x = np.asarray(pred, dtype=np.float64)
     y = np.asarray(true, dtype=np.float64)
     if x.shape != y.shape or x.ndim < 2:
@@ -243,8 +244,6 @@ def adjusted_mutual_info(labels: np.ndarray, clusters: np.ndarray) -> float:
     normalisation, as scikit-learn's default) between true labels and cluster
     ids: 1 for a relabelling of the truth, about 0 (can be slightly negative) for
     clusters independent of the labels."""
-    from sklearn.metrics import adjusted_mutual_info_score
-
     y, c = np.asarray(labels), np.asarray(clusters)
     if y.shape != c.shape or y.ndim != 1:
         raise ValueError(f"need two 1-d label arrays of one length, got {y.shape} and {c.shape}")
@@ -255,8 +254,6 @@ def matched_accuracy(labels: np.ndarray, clusters: np.ndarray) -> float:
     """Accuracy of clusters read as labels under the best one-to-one cluster ->
     label matching (Hungarian assignment on the contingency table). Clusters
     left unmatched (more clusters than labels) count as wrong."""
-    from scipy.optimize import linear_sum_assignment
-
     y, c = np.asarray(labels), np.asarray(clusters)
     if y.shape != c.shape or y.ndim != 1:
         raise ValueError(f"need two 1-d label arrays of one length, got {y.shape} and {c.shape}")

@@ -14,13 +14,16 @@ per passive party and test row (what the server actually classified).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
 
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.errors import ProtocolError
+from securevfl.models import build_top
 from securevfl.runtime.messages import EMBEDDING
+from securevfl.schedule import eval_batches
 
 
 class ServerModel(torch.nn.Module):
@@ -68,8 +71,6 @@ def server_from_view(proto: Any, layout: Any, active_own: dict[str, Any]) -> Ser
     model, bias, the blocks W_i in passive-party order and its own part of z).
     Raises ProtocolError when the view lacks the blocks (a backend that shares or
     encrypts them, or a run without recorded views)."""
-    from securevfl.models import build_top
-
     inter = active_own.get("interactive") or {}
     names = [r.party for r in layout.passive]
     missing = [n for n in names if f"interactive.{n}" not in inter]
@@ -107,10 +108,6 @@ def server_check(world: Any, server: ServerModel) -> dict[str, Any]:
     """Accuracy of the rebuilt server on the codes A received in its final
     evaluation (in A's evaluation batches), and whether it equals the run's own
     test accuracy exactly."""
-    import json
-
-    from securevfl.parties.common import eval_batches
-
     a = world.active
     hs = received_test_embeddings(a.own, a.received, len(world.layout.passive))
     with torch.no_grad():

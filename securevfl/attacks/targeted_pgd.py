@@ -43,6 +43,7 @@ from pydantic import Field
 
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.server import ServerModel, server_check, server_from_view
+from securevfl.defenses.hashvfl import HashOptions
 from securevfl.errors import ProtocolError
 from securevfl.privacy import hashing
 
@@ -136,8 +137,6 @@ class TargetedPGDOptions(AttackOptions):
 
 def hash_params(proto: Any, index: int) -> dict[str, Any] | None:
     """The passive party's ``hashvfl`` options (validated), or None without hashing."""
-    from securevfl.defenses.hashvfl import HashOptions
-
     spec = next((d for d in proto.parties.passive[index].defenses if d.name == "hashvfl"), None)
     return None if spec is None else HashOptions.model_validate(spec.params).model_dump()
 

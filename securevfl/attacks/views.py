@@ -1,6 +1,6 @@
 """Row identity: map what a party received to the records it belongs to.
 
-Every party derives the same batch schedule (securevfl.parties.common): training
+Every party derives the same batch schedule (securevfl.schedule): training
 step t's batch is a list of positions into the training rows, and evaluation walks
 the test rows in order. A party's own view logs that schedule as ``forwards``
 (phase, round, rows), one entry per exchange forward, so the n-th tensor it got
@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from securevfl.errors import ProtocolError
+from securevfl.errors import ConfigError, ProtocolError
+from securevfl.exchange import EXCHANGES
+from securevfl.runtime.messages import EMBEDDING
 
 
 @dataclass
@@ -102,9 +104,6 @@ def active_source(proto: Any, requested: str) -> str:
     """What A can decode of a victim: ``embedding`` (its h'_i, only under a backend
     with ``active_sees_embeddings``) or ``z``; ``auto`` picks the former where it
     exists. Asking for an embedding the backend never shows A is a ConfigError."""
-    from securevfl.errors import ConfigError
-    from securevfl.exchange import EXCHANGES
-
     caps = EXCHANGES.get(proto.exchange.backend).capabilities
     if requested == "auto":
         return "embedding" if "active_sees_embeddings" in caps else "z"
@@ -120,8 +119,6 @@ def active_tensors(view: Any, prior: dict[str, Any]) -> tuple[list[torch.Tensor]
     """A's tensor per exchange forward, for ``prior["source"]`` from
     :func:`active_source`: the received embeddings of the victim (``prior``'s
     ``victim``, ``victim_index`` of ``n_peers``), or the z A recorded. Also says which."""
-    from securevfl.runtime.messages import EMBEDDING
-
     if prior["source"] == "embedding":
         tensors = received_per_forward(
             view.received.get(EMBEDDING.name, []),

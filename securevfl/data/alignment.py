@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import private_set_intersection.python as psi
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.errors import DataError, ProtocolError
@@ -36,12 +37,6 @@ MAX_IDS = 50_000_000
 class PsiHello(BaseModel):
     model_config = ConfigDict(extra="forbid")
     client_size: int
-
-
-def _psi():
-    import private_set_intersection.python as psi
-
-    return psi
 
 
 def _parse(cls, raw: bytes, who: str, what: str):
@@ -62,7 +57,6 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
     party. Reusing the request is safe in this model: every server sees the
     same pseudorandom blinded elements and the set size, which is what each saw
     from its own request before; A's key never leaves A (SECURITY.md §3)."""
-    psi = _psi()
     client = psi.client.CreateWithNewKey(True)
     request = client.CreateRequest(ids).SerializeToString()
     for role in layout.passive:
@@ -100,7 +94,6 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
 
 def align_passive(channel: Channel, layout: Layout, rank: int, ids: list[str]) -> np.ndarray:
     """Serve PSI for the active party; return this party's rows in agreed order."""
-    psi = _psi()
     active = layout.active.rank
     who = f"rank {active} ({layout.active.label})"
     hello = channel.recv_json(active, PsiHello, PSI_HELLO)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from sklearn.datasets import load_breast_cancer, load_digits, make_classification
 
 from securevfl.config import DatasetSpec, SyntheticParams
 from securevfl.registry import Registry
@@ -39,8 +40,6 @@ def _ids(n: int) -> list[str]:
 def digits(spec: DatasetSpec, seed: int) -> Table:
     """scikit-learn's 8x8 digits, pixels scaled to [0, 1]; columns ``px_R_C``.
     Split left/right with ``glob: "px_?_[0-3]"`` and ``"px_?_[4-7]"``."""
-    from sklearn.datasets import load_digits
-
     d = load_digits()
     cols = [f"px_{r}_{c}" for r in range(8) for c in range(8)]
     x = pd.DataFrame((d.data / 16.0).astype(np.float32), columns=cols)
@@ -50,8 +49,6 @@ def digits(spec: DatasetSpec, seed: int) -> Table:
 @DATASETS.register("breast_cancer")
 def breast_cancer(spec: DatasetSpec, seed: int) -> Table:
     """scikit-learn's Wisconsin breast cancer set: 569 rows, 30 features, binary."""
-    from sklearn.datasets import load_breast_cancer
-
     d = load_breast_cancer()
     cols = [str(c).replace(" ", "_") for c in d.feature_names]
     x = pd.DataFrame(d.data.astype(np.float64), columns=cols)
@@ -65,8 +62,6 @@ def synthetic(spec: DatasetSpec, seed: int) -> Table:
     label_noise}``; columns ``f0..``. ``label_noise`` is the share of rows whose
     label is drawn at random (scikit-learn's ``flip_y``): a model that fits those
     rows has memorised them, the set-up membership inference needs."""
-    from sklearn.datasets import make_classification
-
     p = spec.synthetic or SyntheticParams()
     informative = p.informative or max(2, min(p.features, p.features // 2))
     x, y = make_classification(
@@ -92,7 +87,5 @@ def feature_columns(name: str, spec: DatasetSpec) -> list[str] | None:
         p = spec.synthetic or SyntheticParams()
         return [f"f{i}" for i in range(p.features)]
     if name == "breast_cancer":
-        from sklearn.datasets import load_breast_cancer
-
         return [str(c).replace(" ", "_") for c in load_breast_cancer().feature_names]
     return None

@@ -9,12 +9,17 @@ this is what lets tests prove that no rank ever loads another party's columns.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from securevfl.config import ColumnSelect, CsvSource, PartySpec, Protocol
+from securevfl.data.datasets import DATASETS
+from securevfl.data.splits import contiguous_blocks
 from securevfl.errors import ConfigError
 
 ID_COLUMN = "id"
@@ -49,8 +54,6 @@ def select_columns(all_cols: list[str], sel: ColumnSelect, *, path: str) -> list
     elif sel.glob is not None:
         cols = [c for c in all_cols if fnmatch.fnmatchcase(c, sel.glob)]
     elif sel.block is not None:
-        from securevfl.data.splits import contiguous_blocks
-
         try:
             start, stop = contiguous_blocks(len(all_cols), sel.block.ratios)[sel.block.part]
         except ConfigError as exc:
@@ -95,8 +98,6 @@ def is_builtin(proto: Protocol) -> bool:
 
 def dataset_key(proto: Protocol) -> str:
     """Folder name for materialized files: changes when data or split change."""
-    import hashlib
-
     blob = json.dumps(
         {
             "dataset": proto.dataset.model_dump(mode="json"),
@@ -121,8 +122,6 @@ def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
     path = Path(data_dir) / dataset_key(proto) / f"{party}.csv"
     own: list[str] | None = None
     if lay.is_active:  # the active party's file: ID, its own columns (if any), label
-        import pandas as pd
-
         header = list(pd.read_csv(path, nrows=0).columns) if path.is_file() else []
         own = [c for c in header if c not in (ID_COLUMN, LABEL_COLUMN)]
     return CsvSource(
@@ -136,8 +135,6 @@ def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
 def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Path:
     """Write one CSV per party for a built-in dataset (or only party ``only``).
     Idempotent: existing files are kept. Returns the dataset folder."""
-    from securevfl.data.datasets import DATASETS
-
     folder = Path(data_dir) / dataset_key(proto)
     targets = [lay for lay in party_layouts(proto) if only in (None, lay.name)]
     if all((folder / f"{lay.name}.csv").is_file() for lay in targets):

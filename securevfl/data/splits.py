@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.model_selection import train_test_split
 
 from securevfl.errors import ConfigError, DataError
 
@@ -227,8 +228,6 @@ class SplitData:
 def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) row indices of a stratified split (scikit-learn's
     ``train_test_split(stratify=y)``, as the official code's 70/30 split)."""
-    from sklearn.model_selection import train_test_split
-
     if not 0 < test_fraction < 1:
         raise ConfigError(f"test_fraction must be in (0, 1), got {test_fraction}")
     idx = np.arange(len(y))

@@ -47,10 +47,13 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from securevfl._compat import import_crypten
 from securevfl.config import Protocol
+from securevfl.errors import ProtocolError
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.registry import Registry
 from securevfl.runtime.layout import Layout
+from securevfl.seeding import derive_seed
 
 
 class DefenseOptions(BaseModel):
@@ -93,12 +96,8 @@ class CollectiveContext:
 
     def crypten(self) -> Any:
         """The running CrypTen module (backends with capability ``mpc`` only)."""
-        from securevfl.errors import ProtocolError
-
         if "mpc" not in self.capabilities:
             raise ProtocolError("a collective step asked for CrypTen under a backend without 'mpc'")
-        from securevfl._compat import import_crypten
-
         return import_crypten()
 
 
@@ -108,8 +107,6 @@ def private_noise_seed(proto: Protocol, party: str) -> int:
     pinned = proto.privacy.noise_seed
     if pinned is None:
         return secrets.randbits(63)
-    from securevfl.seeding import derive_seed
-
     return derive_seed(pinned, "noise", party)
 
 

@@ -46,6 +46,8 @@ import torch
 from pydantic import Field, field_validator
 
 from securevfl.config import Protocol
+from securevfl.data.datasets import feature_columns
+from securevfl.data.partition import resolve_partition
 from securevfl.defenses.base import DEFENSES, CollectiveContext, Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, DataError, ProtocolError, UnsupportedCombination
 from securevfl.privacy.accountant import EpsDeltaRelease, LaplaceRelease, Mechanism, Plan, Release
@@ -67,6 +69,7 @@ from securevfl.privacy.feature_selection import (
     pca_leverage_selector,
     select_features,
 )
+from securevfl.privacy.secure_sum import secure_merged_sensitivity
 from securevfl.seeding import derive_seed
 
 
@@ -233,8 +236,6 @@ class Crdp(Defense):
         without crdp (the active party among them) share nothing and so add zero.
         Only ``l``, the mean MCD and ``Delta_CS_p`` at ``s = 1`` are opened, to every
         MPC party; each crdp party then scales by its own ``s``."""
-        from securevfl.privacy.secure_sum import secure_merged_sensitivity
-
         parties = _crdp_parties(comm.proto)
         sources = [comm.layout.passive[i].rank for i, _, _ in parties]
         w0 = parties[0][2].w0  # the same at every crdp party (checked at load)
@@ -507,9 +508,6 @@ def _crdp_parties(proto: Protocol) -> list[tuple[int, str, CrdpOptions]]:
 
 def _party_width(ctx: DefenseContext) -> int | None:
     """The party's column count from the protocol alone (None when only its file knows)."""
-    from securevfl.data.datasets import feature_columns
-    from securevfl.data.partition import resolve_partition
-
     proto = ctx.proto
     spec = next((s for s in proto.parties.passive if s.name == ctx.party), None)
     if spec is None:

@@ -9,10 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
 
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
-from securevfl.parties.common import Party, Prepared, eval_batches, rounds_of, schedule
+from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
+from securevfl.schedule import eval_batches, rounds_of, schedule
 
 
 class ActiveParty(Party):
@@ -150,8 +152,6 @@ class ActiveParty(Party):
         acc = float((p.argmax(1) == self.y_test).float().mean())
         auc = None
         if self.classes == 2 and len(torch.unique(self.y_test)) == 2:
-            from sklearn.metrics import roc_auc_score
-
             auc = float(roc_auc_score(self.y_test.numpy(), p[:, 1].numpy()))
         return {"test_accuracy": acc, "test_auc": auc}
 

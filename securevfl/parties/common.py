@@ -1,17 +1,15 @@
 """What every party does before training: load its own file, align by PSI, split,
-standardize; and the shared batch schedule."""
+standardize; build its defense stack and plan its steps under the privacy budget."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from securevfl.config import PartySpec, Protocol, TrainingSpec
+from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
 from securevfl.data.party_data import (
@@ -21,12 +19,15 @@ from securevfl.data.party_data import (
     split_indices,
     standardize,
 )
+from securevfl.defenses.base import CollectiveContext, build_stack, run_collectives
+from securevfl.defenses.budget import allowed_steps
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.privacy.accountant import account
 from securevfl.privacy.budget import plan_for
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.session import Session
+from securevfl.schedule import planned_steps
 from securevfl.seeding import generator
 
 
@@ -77,9 +78,6 @@ class Party:
         *,
         progress: bool,
     ):
-        from securevfl.defenses.base import build_stack
-        from securevfl.privacy.budget import allowed_steps, planned_steps
-
         self.s = session
         self.proto = session.proto
         self.ctx = ctx
@@ -97,8 +95,6 @@ class Party:
     def _collective(self, n_train: int) -> None:
         """Every party rank enters the defenses' collective set-up steps here, once
         the exchange is up and before the first training step (DESIGN §5 seam)."""
-        from securevfl.defenses.base import CollectiveContext, run_collectives
-
         self.ctx.channel.phase = "setup"
         comm = CollectiveContext(
             self.proto,
@@ -129,43 +125,3 @@ class Party:
     def _spec(self) -> PartySpec:
         role = self.s.role
         return self.proto.parties.active if role.kind == "active" else self.proto.parties.passive[role.index]
-
-
-def train_batches(n_train: int, batch_size: int, seed: int, epoch: int) -> Iterator[np.ndarray]:
-    """The agreed batch order of one epoch (positions into the training rows)."""
-    perm = torch.randperm(n_train, generator=generator(seed, "epoch", epoch)).numpy()
-    for start in range(0, n_train, batch_size):
-        yield perm[start : start + batch_size]
-
-
-def schedule(
-    n_train: int, tr: TrainingSpec, steps: int | None = None
-) -> Iterator[tuple[int, list[np.ndarray], bool]]:
-    """(epoch, its batches, whether it is the last epoch), truncated at
-    ``steps`` (default ``training.max_steps``); every rank derives the same schedule."""
-    left = tr.max_steps if steps is None else steps
-    for epoch in range(tr.epochs):
-        batches = list(train_batches(n_train, tr.batch_size, tr.seed, epoch))
-        if left is not None:
-            batches = batches[:left]
-            left -= len(batches)
-        last = epoch == tr.epochs - 1 or left == 0
-        yield epoch, batches, last
-        if last:
-            return
-
-
-def rounds_of(batches: list[np.ndarray], local_steps: int) -> list[list[np.ndarray]]:
-    """An epoch's batches grouped into communication rounds of ``local_steps``
-    consecutive batches (FedBCD, spec 003 §2.2 Eq. 14); the last round of an epoch
-    may be shorter, so a run has ``sum over epochs of ceil(T_e / R)`` rounds."""
-    return [batches[i : i + local_steps] for i in range(0, len(batches), local_steps)]
-
-
-def eval_batches(n: int, batch_size: int) -> Iterator[np.ndarray]:
-    for start in range(0, n, batch_size):
-        yield np.arange(start, min(n, start + batch_size))
-
-
-def steps_per_epoch(n_train: int, batch_size: int) -> int:
-    return (n_train + batch_size - 1) // batch_size

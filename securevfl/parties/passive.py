@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from securevfl.models import build_bottom, make_optimizer
-from securevfl.parties.common import Party, Prepared, eval_batches, rounds_of, schedule
+from securevfl.parties.common import Party, Prepared
+from securevfl.schedule import eval_batches, rounds_of, schedule
 
 
 class PassiveParty(Party):

@@ -7,6 +7,9 @@ import sys
 import time
 from typing import Any
 
+from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
 
 class Progress:
     def __init__(self, label: str, total_steps: int, *, enabled: bool):
@@ -17,15 +20,6 @@ class Progress:
         self._task: Any = None
         self._t0 = time.perf_counter()
         if self.tty:
-            from rich.progress import (
-                BarColumn,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import (
-                Progress as RichProgress,
-            )
-
             self._bar = RichProgress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),

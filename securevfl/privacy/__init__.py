@@ -3,5 +3,6 @@
 Mechanisms declare what they release as :class:`~securevfl.privacy.accountant.Release`
 objects; :mod:`securevfl.privacy.accountant` composes them per party on
 ``dp_accounting``'s privacy-loss distributions, and :mod:`securevfl.privacy.budget`
-turns a protocol's budget into the number of training steps every rank runs.
+turns a budget into the number of training steps every rank runs, given every
+party's mechanisms (built from the defense stacks by :mod:`securevfl.defenses.budget`).
 """

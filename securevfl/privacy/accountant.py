@@ -29,6 +29,8 @@ from typing import Any
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from securevfl.privacy.gaussian import gaussian_epsilon
+
 #: PLD discretization; 1e-4 reproduces spec 000 appendix A to 3 decimals.
 VALUE_DISCRETIZATION = 1e-4
 
@@ -216,8 +218,6 @@ def epsilon(releases: list[Release], delta: float) -> float:
     releases = merge_gaussians(releases)
     if len(releases) == 1 and isinstance(releases[0], GaussianRelease):
         # Gaussian-only: exact in closed form (a PLD's support grows as 1/z^2 for small z)
-        from securevfl.privacy.gaussian import gaussian_epsilon
-
         return gaussian_epsilon(releases[0].noise_multiplier, delta)
     p = compose(releases)
     return 0.0 if p is None else float(p.get_epsilon_for_delta(delta))

@@ -1,25 +1,34 @@
-"""A protocol's privacy budget as a number of training steps.
+"""A privacy budget as a number of training steps.
 
 Every rank derives the same plan from the protocol and the aligned training-row
 count, so all of them stop at the same step without exchanging anything: the
 run is truncated at the largest step count whose composed epsilon stays within
 ``privacy.budget.epsilon`` for every party (DESIGN §7).
+
+The math here is pure: the caller supplies every party's mechanisms for a plan
+(:data:`MechanismsOf`; :mod:`securevfl.defenses.budget` builds them from the
+protocol's defense stacks), so the privacy package does not depend on the
+defenses that declare what they release.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from securevfl.config import Protocol, TrainingSpec
+from securevfl.config import PrivacySpec, TrainingSpec
 from securevfl.errors import ConfigError
 from securevfl.privacy.accountant import Mechanism, Plan, account
+from securevfl.schedule import planned_steps, rounds_of, schedule
+
+#: Every party's declared mechanisms over a plan, keyed by party name.
+MechanismsOf = Callable[[Plan], dict[str, list[Mechanism]]]
 
 
 def plan_for(steps: int, n_train: int, tr: TrainingSpec) -> Plan:
     """The release counts of the first ``steps`` training steps of the schedule
-    the parties run (the same :func:`~securevfl.parties.common.schedule`)."""
-    from securevfl.parties.common import rounds_of, schedule
-
+    the parties run (the same :func:`~securevfl.schedule.schedule`)."""
     counts = np.zeros(n_train, dtype=np.int64)
     evaluations = rounds = 0
     for epoch, batches, last in schedule(n_train, tr, steps):
@@ -31,54 +40,38 @@ def plan_for(steps: int, n_train: int, tr: TrainingSpec) -> Plan:
     return Plan(steps, n_train, tr.batch_size, int(counts.max(initial=0)), evaluations, rounds)
 
 
-def planned_steps(n_train: int, tr: TrainingSpec) -> int:
-    from securevfl.parties.common import steps_per_epoch
-
-    total = steps_per_epoch(n_train, tr.batch_size) * tr.epochs
-    return min(total, tr.max_steps) if tr.max_steps else total
-
-
-def all_mechanisms(proto: Protocol, plan: Plan) -> dict[str, list[Mechanism]]:
-    """Every party's declared mechanisms for ``plan`` (built from the protocol
-    alone, so any rank can compute any party's figure)."""
-    from securevfl.defenses.base import build_stack
-
-    out = {}
-    parties = [("active", proto.parties.active)] + [("passive", p) for p in proto.parties.passive]
-    for side, spec in parties:
-        out[spec.name] = build_stack(proto, spec.name, side, spec.defenses).mechanisms(plan)
-    return out
-
-
-def spent(proto: Protocol, plan: Plan) -> dict[str, object]:
-    return account(all_mechanisms(proto, plan), proto.privacy.delta)
-
-
-def _worst(proto: Protocol, steps: int, n_train: int) -> float:
-    parties = spent(proto, plan_for(steps, n_train, proto.training))
+def worst_epsilon(
+    mechanisms_of: MechanismsOf, steps: int, n_train: int, tr: TrainingSpec, delta: float
+) -> float:
+    """The largest composed epsilon of any party after ``steps`` training steps."""
+    parties = account(mechanisms_of(plan_for(steps, n_train, tr)), delta)
     return max((p["total"]["epsilon"] for p in parties.values()), default=0.0)
 
 
-def allowed_steps(proto: Protocol, n_train: int) -> int:
+def allowed_steps(mechanisms_of: MechanismsOf, n_train: int, tr: TrainingSpec, privacy: PrivacySpec) -> int:
     """How many steps to run: the schedule's length, or fewer where the budget
     would otherwise be exceeded. Raises when even the releases made before any
     training step (e.g. labels perturbed once) exceed it."""
-    total = planned_steps(n_train, proto.training)
-    budget = proto.privacy.budget
+    total = planned_steps(n_train, tr)
+    budget = privacy.budget
     if budget is None:
         return total
-    if _worst(proto, total, n_train) <= budget.epsilon:
+
+    def worst(steps: int) -> float:
+        return worst_epsilon(mechanisms_of, steps, n_train, tr, privacy.delta)
+
+    if worst(total) <= budget.epsilon:
         return total
-    if _worst(proto, 0, n_train) > budget.epsilon:
+    if worst(0) > budget.epsilon:
         raise ConfigError(
             f"the privacy budget epsilon={budget.epsilon} is spent before the first training step "
-            f"(one-off releases already cost {_worst(proto, 0, n_train):.4g} at delta={proto.privacy.delta})",
+            f"(one-off releases already cost {worst(0):.4g} at delta={privacy.delta})",
             path="privacy.budget.epsilon",
         )
     lo, hi = 0, total  # f(lo) within budget, f(hi) over it; epsilon grows with steps
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _worst(proto, mid, n_train) <= budget.epsilon:
+        if worst(mid) <= budget.epsilon:
             lo = mid
         else:
             hi = mid

@@ -27,6 +27,7 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
+from sklearn.linear_model import LogisticRegression
 
 from securevfl.privacy.correlated import (
     apply_bins,
@@ -64,7 +65,6 @@ def row_subsets(n: int, n_subsets: int, mode: str, rng: np.random.Generator) -> 
 def l1_logistic_selector(c: float = 0.1) -> Selector:
     """Spec 003's base selector: L1 logistic regression (liblinear, ``C``); a
     feature is important iff some class has a nonzero coefficient. Needs labels."""
-    from sklearn.linear_model import LogisticRegression
 
     def select(x: np.ndarray, y: np.ndarray | None) -> np.ndarray:
         if y is None:

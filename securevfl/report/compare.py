@@ -1,16 +1,26 @@
 """Comparison of several runs: one row per protocol (utility, privacy spent,
 what each attack still achieves, defense capability, time and bytes per step) as
 a terminal table, JSON, CSV and a markdown report with plots. Reads only result
-records (``result.json``) and the attack artefacts next to them."""
+records (``result.json``) and the attack artefacts next to them. Plots are drawn on
+matplotlib ``Figure`` objects directly, without pyplot, so no global backend is
+chosen for the process that imports this module."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.table import Table
+
+from securevfl.attacks.metrics import dcs
 
 BASE: list[tuple[str, str]] = [
     ("protocol", "protocol"),
@@ -96,8 +106,6 @@ def reference_for(result: dict[str, Any], results: list[dict[str, Any]]) -> dict
 
 def rows(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """One flat row per run and the attack keys (columns) found in any run."""
-    from securevfl.attacks.metrics import dcs
-
     attacks = sorted({k for r in results for k in (r.get("attacks") or {})})
     out = []
     for r in results:
@@ -124,11 +132,6 @@ def columns(attacks: list[str]) -> list[tuple[str, str]]:
 
 
 def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None:
-    import sys
-
-    from rich.console import Console
-    from rich.table import Table
-
     table, attacks = rows(results)
     cols = columns(attacks)
     t = Table(title=title)
@@ -157,12 +160,8 @@ def plot_privacy_utility(results: list[dict[str, Any]], path: Path) -> Path | No
     table, attacks = rows(results)
     if not attacks:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(attacks), figsize=(4.6 * len(attacks), 4.2), squeeze=False)
+    fig = Figure(figsize=(4.6 * len(attacks), 4.2))
+    axes = fig.subplots(1, len(attacks), squeeze=False)
     for ax, a in zip(axes[0], attacks, strict=True):
         for r, row in zip(results, table, strict=True):
             ap, mp = row.get(f"attack:{a}"), utility(r)
@@ -180,7 +179,6 @@ def plot_privacy_utility(results: list[dict[str, Any]], path: Path) -> Path | No
     fig.suptitle("privacy-utility: o = no defense, ^ = defended")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-    plt.close(fig)
     return path
 
 
@@ -201,17 +199,12 @@ def plot_digit_grid(grids: list[tuple[str, Path]], path: Path, n: int = 10) -> P
     protocol: what the active party reconstructed from what it received."""
     if not grids:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     data = [(name, np.load(p)) for name, p in grids]
     orig = data[0][1]["original"][:n]
     n = len(orig)
     vmin, vmax = float(orig.min()), float(orig.max())
-    fig, axes = plt.subplots(len(data) + 1, n, figsize=(0.9 * n, 1.25 * (len(data) + 1)), squeeze=False)
+    fig = Figure(figsize=(0.9 * n, 1.25 * (len(data) + 1)))
+    axes = fig.subplots(len(data) + 1, n, squeeze=False)
     for j in range(n):
         axes[0][j].imshow(orig[j], cmap="gray_r", vmin=vmin, vmax=vmax)
     axes[0][0].set_ylabel("original", rotation=0, ha="right", va="center", fontsize=8)
@@ -227,7 +220,6 @@ def plot_digit_grid(grids: list[tuple[str, Path]], path: Path, n: int = 10) -> P
     fig.suptitle("feature reconstruction by the active party: true vs reconstructed (test rows)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 

@@ -1,1 +1,4 @@
-"""Processes and wire: launcher, session (rendezvous, watchdog), channel, ledger."""
+"""The wire: session (rendezvous, watchdog), channel, ledger, message tags and the
+rank layout. Nothing here knows the exchange backends, parties, defenses, attacks or
+reports built on top of it (tests/unit/test_import_graph.py holds it to that); the
+orchestration of a run lives in :mod:`securevfl.app`."""

@@ -83,7 +83,7 @@ def _training_codes(doc: dict[str, Any], out: Path, party: str, keep: list[int])
     """Recompute a party's quantile codes of its kept columns on the training rows
     from its materialized file, the way every rank derives them: the sorted ID
     intersection, the shared split, training-row z-scoring."""
-    from securevfl.config import load_protocol_dict
+    from securevfl.app.loader import load_protocol_dict
     from securevfl.data.partition import dataset_standardize, party_source
     from securevfl.data.party_data import load_party_data, split_indices, standardize
     from securevfl.privacy.correlated import quantile_codes

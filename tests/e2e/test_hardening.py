@@ -22,7 +22,7 @@ import yaml
 from conftest import ROOT, cli, small_digits, write_yaml
 from test_psi import csv_protocol, make_ids
 
-from securevfl.runtime.launcher import free_port
+from securevfl.app.launcher import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from securevfl.config import load_protocol, load_protocol_dict
+from securevfl.app.loader import load_protocol, load_protocol_dict
 from securevfl.errors import UnsupportedCombination
 from tests.conftest import PROTOCOLS, cli, load_yaml, run_doc, small_digits, write_yaml
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from securevfl.config import Protocol, load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
+from securevfl.config import Protocol
 from tests.conftest import ReferenceSplit, run_doc, small_digits, split_state, training_rows
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,7 +51,7 @@ def fedbcd_reference(
     instead: the negative control).
     Returns the final parameters and each party's round-start outputs."""
     from securevfl.models import interactive_optimizer, make_optimizer
-    from securevfl.parties.common import rounds_of, schedule
+    from securevfl.schedule import rounds_of, schedule
 
     tr = proto.training
     xs, y, classes = training_rows(proto, data_dir)
@@ -163,7 +164,7 @@ def test_crdp_noise_only_on_the_sent_copies_in_local_steps(tmp_path: Path):
     doc["runtime"] = {"dump_views": True}
     result = run_doc(doc, tmp_path)
     proto = load_protocol_dict(copy.deepcopy(doc))
-    from securevfl.attacks.harness import load_world
+    from securevfl.app.harness import load_world
 
     world = load_world(proto, tmp_path)  # the saved views, loaded weights-only
     sent = [[t for _, t in world.views[p].own["embeddings"]] for p in ("left", "right")]

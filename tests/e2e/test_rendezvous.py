@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from securevfl.runtime.launcher import free_port
+from securevfl.app.launcher import free_port
 from tests.conftest import ROOT, write_yaml
 
 pytestmark = pytest.mark.timeout(300)

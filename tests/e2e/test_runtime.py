@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from securevfl.runtime.launcher import free_port
+from securevfl.app.launcher import free_port
 from tests.conftest import ROOT, cli, small_digits, write_yaml
 
 pytestmark = pytest.mark.timeout(300)
@@ -176,8 +176,8 @@ def test_launch_from_a_script_without_a_main_guard_says_so(tmp_path: Path):
     The ranks refuse, and the launcher's error points at the cause."""
     script = tmp_path / "unguarded.py"
     script.write_text(
-        "from securevfl.config import load_protocol\n"
-        "from securevfl.runtime.launcher import launch\n"
+        "from securevfl.app.loader import load_protocol\n"
+        "from securevfl.app.launcher import launch\n"
         f"launch(load_protocol({str(ROOT / 'protocols' / 'plain.yaml')!r}), {str(tmp_path / 'out')!r}, "
         "progress=False)\n"
     )

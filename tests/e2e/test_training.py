@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from securevfl.config import load_protocol, load_protocol_dict
+from securevfl.app.loader import load_protocol, load_protocol_dict
 from securevfl.data.partition import ID_COLUMN, LABEL_COLUMN, dataset_key
 from tests.conftest import PROTOCOLS, ReferenceSplit, run_doc, small_digits, split_state, training_rows
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory: pytest.TempPathFactory):
     """protocols/plain.yaml as shipped, with every rank auditing the files it opens."""
-    from securevfl.runtime.launcher import launch
+    from securevfl.app.launcher import launch
 
     out = tmp_path_factory.mktemp("plain")
     mp = pytest.MonkeyPatch()
@@ -115,7 +115,7 @@ def test_ledger_bytes_per_step_equal_embeddings_and_gradients(plain_run):
 
 
 def test_breast_cancer_three_passive_parties_auc(tmp_path: Path):
-    from securevfl.runtime.launcher import launch
+    from securevfl.app.launcher import launch
 
     result = launch(load_protocol(PROTOCOLS / "breast_cancer.yaml"), tmp_path, progress=False)
     assert result["n_passive"] == 3 and len(set(result["party_pids"].values())) == 4
@@ -128,7 +128,7 @@ def test_breast_cancer_three_passive_parties_auc(tmp_path: Path):
 def _central_epoch(proto, data_dir: Path) -> dict[str, torch.Tensor]:
     """The same architecture in one process: same seeds, same batches, same init."""
     from securevfl.models import interactive_optimizer, make_optimizer
-    from securevfl.parties.common import train_batches
+    from securevfl.schedule import train_batches
 
     tr = proto.training
     x_train, y_train, classes = training_rows(proto, data_dir)

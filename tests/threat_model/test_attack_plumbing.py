@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.launcher import launch
+from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError
-from securevfl.runtime.launcher import launch
 from tests.conftest import run_doc, small_digits
 
 

@@ -21,7 +21,7 @@ from securevfl.attacks.label_inference import (
 from securevfl.attacks.membership import attack_features
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.errors import ProtocolError
-from securevfl.parties.common import train_batches
+from securevfl.schedule import train_batches
 
 
 @pytest.fixture(autouse=True)
@@ -208,8 +208,8 @@ def test_invert_recovers_the_input_of_an_invertible_map():
 
 
 def test_result_keys_label_or_name_and_index_for_repeats():
-    from securevfl.attacks.harness import attack_keys
-    from securevfl.config import load_protocol_dict
+    from securevfl.app.harness import attack_keys
+    from securevfl.app.loader import load_protocol_dict
     from tests.conftest import small_digits
 
     doc = small_digits()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
 from tests.conftest import load_yaml, small_digits

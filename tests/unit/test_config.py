@@ -11,7 +11,8 @@ import pytest
 import yaml
 from conftest import load_yaml
 
-from securevfl.config import Protocol, load_protocol, load_protocol_dict
+from securevfl.app.loader import load_protocol, load_protocol_dict
+from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 
 

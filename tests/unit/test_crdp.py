@@ -16,12 +16,13 @@ import pytest
 import torch
 from sklearn.datasets import load_breast_cancer
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack
+from securevfl.defenses.budget import spent
 from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
 from securevfl.privacy.accountant import Plan
-from securevfl.privacy.budget import plan_for, spent
+from securevfl.privacy.budget import plan_for
 from securevfl.privacy.correlated import (
     correlation_matrix,
     distributed_cs,
@@ -277,7 +278,7 @@ def test_mechanisms_do_not_depend_on_the_data(bc):
 
 
 def test_budget_stops_a_fixed_run():
-    from securevfl.privacy.budget import allowed_steps
+    from securevfl.defenses.budget import allowed_steps
 
     doc = _doc(variant="fixed", eps3=1.0)
     doc["privacy"] = {"budget": {"epsilon": 6.0}}
@@ -485,8 +486,8 @@ def test_own_scope_reports_its_own_delta(bc):
 def test_run_collectives_enters_each_needed_step_with_this_ranks_instances():
     """The lifecycle seam: every rank calls the hook of each defense that needs it,
     with its own instances (empty where the party does not run the defense)."""
+    from securevfl.app.ranks import layout_of
     from securevfl.defenses.base import CollectiveContext, Defense, run_collectives
-    from securevfl.runtime.layout import Layout
 
     calls: list[tuple[str, int]] = []
 
@@ -507,7 +508,7 @@ def test_run_collectives_enters_each_needed_step_with_this_ranks_instances():
         doc = _doc()
         doc["parties"]["passive"][1]["defenses"] = [{"name": "collective_probe"}]
         proto = load_protocol_dict(doc)
-        lay = Layout.from_protocol(proto)
+        lay = layout_of(proto)
         for rank, party, side, specs in [
             (0, "active", "active", []),
             (1, "p1", "passive", proto.parties.passive[0].defenses),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.data.partition import LABEL_COLUMN, dataset_key, materialize, party_source
 
 

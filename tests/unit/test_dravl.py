@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import DefenseContext, build_stack
 from securevfl.defenses.dravl import (

@@ -15,7 +15,7 @@ from securevfl.attacks.gradient_clusters import (
     gradient_points,
     last_pass,
 )
-from securevfl.parties.common import train_batches
+from securevfl.schedule import train_batches
 
 C, D, N = 4, 4, 240
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from securevfl.app.loader import load_protocol_dict
 from securevfl.attacks.code_detection import all_codes, flag_rates, hamming_pm1, table_vi, to_pred_distance
 from securevfl.attacks.server import ServerModel
 from securevfl.attacks.targeted_pgd import bn_eval, pick_rows, presign_values, targeted_pgd
-from securevfl.config import load_protocol_dict
 from securevfl.errors import UnsupportedCombination
 from securevfl.models import Top
 from securevfl.privacy import hashing

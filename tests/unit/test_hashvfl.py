@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from securevfl.config import TopSpec, load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
+from securevfl.config import TopSpec
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack
 from securevfl.errors import ConfigError, ProtocolError

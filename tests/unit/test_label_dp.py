@@ -123,7 +123,7 @@ def test_same_seed_same_noise() -> None:
 
 
 def _proto(eps: float | None, budget: float | None = None):
-    from securevfl.config import load_protocol_dict
+    from securevfl.app.loader import load_protocol_dict
     from tests.conftest import small_digits
 
     doc = small_digits()
@@ -134,7 +134,8 @@ def _proto(eps: float | None, budget: float | None = None):
 
 
 def test_accountant_reports_the_label_epsilon_once() -> None:
-    from securevfl.privacy.budget import plan_for, spent
+    from securevfl.defenses.budget import spent
+    from securevfl.privacy.budget import plan_for
 
     proto = _proto(0.7)
     for steps in (0, 5, 40):
@@ -148,8 +149,8 @@ def test_accountant_reports_the_label_epsilon_once() -> None:
 
 
 def test_budget_below_the_label_release_is_refused_before_training() -> None:
+    from securevfl.defenses.budget import allowed_steps
     from securevfl.errors import ConfigError
-    from securevfl.privacy.budget import allowed_steps
 
     assert allowed_steps(_proto(0.5, budget=1.0), 1437) == 24  # 2 epochs of 12 steps: all allowed
     with pytest.raises(ConfigError, match=r"spent before the first training step") as exc:
@@ -166,7 +167,7 @@ def test_options_refuse_negative_epsilon() -> None:
 
 
 def test_label_dp_at_a_passive_party_is_refused_at_load() -> None:
-    from securevfl.config import load_protocol_dict
+    from securevfl.app.loader import load_protocol_dict
     from securevfl.errors import UnsupportedCombination
     from securevfl.validation import check_protocol
     from tests.conftest import small_digits

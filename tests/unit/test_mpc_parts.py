@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.crypten_runtime import decode_obj, encode_obj
 from tests.conftest import small_digits
@@ -64,17 +64,17 @@ def test_tfp_refused_without_insecure_flag():
 
 
 def test_tfp_allowed_with_flag_warns_and_has_no_dealer():
-    from securevfl.runtime.layout import Layout
+    from securevfl.app.ranks import layout_of
 
     with pytest.warns(UserWarning, match="TFP"):
         proto = load_protocol_dict(_mpc(provider="TFP", insecure=True))
-    assert [r.kind for r in Layout.from_protocol(proto).roles] == ["active", "passive", "passive"]
+    assert [r.kind for r in layout_of(proto).roles] == ["active", "passive", "passive"]
 
 
 def test_ttp_default_adds_a_dealer_rank():
-    from securevfl.runtime.layout import Layout
+    from securevfl.app.ranks import layout_of
 
-    lay = Layout.from_protocol(load_protocol_dict(_mpc()))
+    lay = layout_of(load_protocol_dict(_mpc()))
     assert [r.kind for r in lay.roles] == ["active", "passive", "passive", "helper"]
     assert lay.roles[-1].party == "dealer" and lay.world_size == 4
 

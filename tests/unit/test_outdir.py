@@ -1,4 +1,4 @@
-"""The output folder never loses an earlier result (securevfl.report.outdir)."""
+"""The output folder never loses an earlier result (securevfl.app.outdir)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from securevfl.app.outdir import FAILED_RUN, OutputFolder, check_available, is_own
 from securevfl.errors import ConfigError
-from securevfl.report.outdir import FAILED_RUN, OutputFolder, check_available, is_own
 
 
 def _earlier_run(out: Path) -> None:

@@ -13,7 +13,7 @@ from conftest import load_yaml
 from phe import paillier as phe_paillier
 from pydantic import ValidationError
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.paillier import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from securevfl.app.loader import load_protocol_dict
 from securevfl.attacks import ATTACKS, Attack
-from securevfl.config import load_protocol_dict
 from securevfl.defenses import DEFENSES, Defense, DefenseStack
 from securevfl.defenses.base import DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, UnsupportedCombination

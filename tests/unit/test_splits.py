@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.data import splits
 from securevfl.data.datasets import feature_columns
 from securevfl.data.partition import resolve_partition

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from securevfl.config import load_protocol_dict
+from securevfl.app.loader import load_protocol_dict
 from securevfl.defenses import DEFENSES
 from securevfl.defenses import _afe as afe
 from securevfl.defenses.base import DefenseContext

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from securevfl.app.ranks import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.report.result import RESULT_FILE, write_result
-from securevfl.runtime.layout import Layout
 
 #: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
 #: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
@@ -48,7 +48,7 @@ _VIEW_GLOBALS = [
 
 def load_world(proto: Protocol, out_dir: Path) -> World:
     """Every non-helper rank's saved view."""
-    layout = Layout.from_protocol(proto)
+    layout = layout_of(proto)
     views: dict[str, View] = {}
     for role in layout.roles:
         if role.kind == "helper":

@@ -11,14 +11,26 @@ import json
 import os
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from securevfl.app.ranks import layout_of
+from securevfl.attacks.base import View
 from securevfl.config import Protocol
-from securevfl.errors import SecureVFLError, show_warning
+from securevfl.defenses.base import sends_codes
+from securevfl.errors import ConfigError, SecureVFLError, show_warning
+from securevfl.exchange import EXCHANGES
+from securevfl.exchange.base import ExchangeContext
+from securevfl.parties.active import ActiveParty
+from securevfl.parties.common import prepare
+from securevfl.parties.passive import PassiveParty
+from securevfl.report.result import build_result, write_result
+from securevfl.runtime.channel import Channel
+from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.session import Session, exit_code_for
 
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
@@ -47,22 +59,11 @@ def run_rank(
     opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
-    from securevfl.attacks.base import View
-    from securevfl.defenses.base import sends_codes
-    from securevfl.exchange import EXCHANGES
-    from securevfl.exchange.base import ExchangeContext
-    from securevfl.parties.active import ActiveParty
-    from securevfl.parties.common import prepare
-    from securevfl.parties.passive import PassiveParty
-    from securevfl.report.result import build_result, write_result
-    from securevfl.runtime.channel import Channel
-    from securevfl.runtime.layout import Layout
-    from securevfl.runtime.ledger import Ledger
 
     out_dir = Path(out_dir)
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
-    layout = Layout.from_protocol(proto)
+    layout = layout_of(proto)
     session = Session(proto, layout, rank, rendezvous, out_dir)
     t_start = time.time()
     try:
@@ -73,8 +74,6 @@ def run_rank(
             channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
             device = torch.device(proto.training.device)
             if device.type == "cuda" and not torch.cuda.is_available():
-                from securevfl.errors import ConfigError
-
                 raise ConfigError(
                     "device 'cuda' requested but no CUDA device is available",
                     path="training.device",
@@ -143,8 +142,6 @@ def run_rank(
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:  # a bug: keep the traceback, still tell the peers
-        import traceback
-
         traceback.print_exc()
         session.report(exc)
         return 1

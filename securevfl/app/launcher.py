@@ -5,7 +5,7 @@ their own), starts the ranks, and watches them. When a rank fails, the others en
 themselves through their watchdogs; any still alive after a grace period are
 killed. The error raised names the lost rank and the root cause. After a
 successful run it runs the protocol's attacks on the ranks' saved views
-(securevfl.attacks.harness).
+(securevfl.app.harness).
 """
 
 from __future__ import annotations
@@ -15,15 +15,18 @@ import json
 import multiprocessing as mp
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from securevfl.attacks.harness import run_attacks
+from securevfl.app.harness import run_attacks
+from securevfl.app.outdir import OutputFolder
+from securevfl.app.rank import run_rank
+from securevfl.app.ranks import layout_of
 from securevfl.config import Protocol
 from securevfl.data.partition import is_builtin, materialize
 from securevfl.errors import ConfigError, DataError, Diverged, PartyFailure, ProtocolError, SecureVFLError
-from securevfl.report.outdir import OutputFolder
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.session import ErrorNote
 
@@ -48,11 +51,6 @@ RANK_PROCESS = "securevfl-rank"
 
 
 def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool) -> None:
-    import sys
-
-    from securevfl.config import Protocol
-    from securevfl.runtime.rank import run_rank
-
     proto = Protocol.model_validate_json(proto_json)
     sys.exit(run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress))
 
@@ -69,7 +67,7 @@ def launch(
 
     An ``out_dir`` that already holds results is refused unless ``overwrite``;
     then the new run is written aside and replaces securevfl's earlier files only
-    once it has finished (:class:`~securevfl.report.outdir.OutputFolder`)."""
+    once it has finished (:class:`~securevfl.app.outdir.OutputFolder`)."""
     if mp.current_process().name.startswith(RANK_PROCESS):
         # Under the 'spawn' start method each rank re-imports the caller's main
         # module; a script that calls launch() at top level would launch again.
@@ -102,7 +100,7 @@ def launch(
 def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> dict[str, Any]:
     if is_builtin(proto):
         materialize(proto, data_dir)
-    layout = Layout.from_protocol(proto)
+    layout = layout_of(proto)
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     blob = proto.model_dump_json()

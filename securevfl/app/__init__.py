@@ -1,0 +1,12 @@
+"""The top layer: everything that owns a run.
+
+* :mod:`~securevfl.app.loader`: a protocol file, checked against the schema and
+  the registries;
+* :mod:`~securevfl.app.ranks`: its rank layout, with the exchange backend's helpers;
+* :mod:`~securevfl.app.launcher`: every rank as a local OS process, then the attacks;
+* :mod:`~securevfl.app.rank`: one rank's life (the same under ``securevfl party``);
+* :mod:`~securevfl.app.harness`: the protocol's attacks on the ranks' saved views;
+* :mod:`~securevfl.app.outdir`: output folders that never lose an earlier result.
+
+Only :mod:`securevfl.cli` (and scripts, tests, benchmarks) import from here.
+"""

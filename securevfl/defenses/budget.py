@@ -1,0 +1,38 @@
+"""A protocol's privacy spending, from its parties' defense stacks.
+
+Every party's stack is built from the protocol alone, so any rank can compute any
+party's figure; the pure budget math (:mod:`securevfl.privacy.budget`) takes these
+mechanisms from here and turns a budget into the number of steps every rank runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from securevfl.config import Protocol
+from securevfl.defenses.base import build_stack
+from securevfl.privacy import budget
+from securevfl.privacy.accountant import Mechanism, Plan, account
+
+
+def all_mechanisms(proto: Protocol, plan: Plan) -> dict[str, list[Mechanism]]:
+    """Every party's declared mechanisms for ``plan``."""
+    out = {}
+    parties = [("active", proto.parties.active)] + [("passive", p) for p in proto.parties.passive]
+    for side, spec in parties:
+        out[spec.name] = build_stack(proto, spec.name, side, spec.defenses).mechanisms(plan)
+    return out
+
+
+def spent(proto: Protocol, plan: Plan) -> dict[str, Any]:
+    """Every party's ``(eps, delta)`` over ``plan``, per mechanism and composed."""
+    return account(all_mechanisms(proto, plan), proto.privacy.delta)
+
+
+def allowed_steps(proto: Protocol, n_train: int) -> int:
+    """How many training steps every rank runs under ``privacy.budget`` (see
+    :func:`securevfl.privacy.budget.allowed_steps`)."""
+    return budget.allowed_steps(
+        functools.partial(all_mechanisms, proto), n_train, proto.training, proto.privacy
+    )

@@ -1,0 +1,318 @@
+"""The package's import graph has no cycles and respects its layers.
+
+The graph is built from the source with :mod:`ast`, without importing anything:
+one node per module of ``securevfl/``, one edge per import of another securevfl
+module, wherever the import statement sits (function-local imports count: they
+are still dependencies, only hidden). Imports under ``if TYPE_CHECKING:`` are left
+out (they never run), relative imports are resolved, and ``from pkg import name``
+points at the submodule ``pkg.name`` when there is one, else at ``pkg``. The
+implicit import of a module's parent packages is not an edge (every submodule of
+a registration package would otherwise close a cycle through its ``__init__``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import securevfl
+
+PACKAGE = Path(securevfl.__file__).resolve().parent
+NAME = "securevfl"
+
+#: Layer rules: modules under the key may not import modules under any of the values.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    # the wire knows nothing of what runs over it
+    "securevfl.runtime": (
+        "securevfl.parties",
+        "securevfl.exchange",
+        "securevfl.defenses",
+        "securevfl.attacks",
+        "securevfl.report",
+        "securevfl.app",
+    ),
+    # pure privacy math: mechanisms come from the caller
+    "securevfl.privacy": (
+        "securevfl.parties",
+        "securevfl.defenses",
+        "securevfl.attacks",
+        "securevfl.report",
+        "securevfl.app",
+    ),
+    # the schema alone; the checked loader lives in securevfl.app.loader
+    "securevfl.config": ("securevfl.validation", "securevfl.exchange", "securevfl.defenses", "securevfl.app"),
+}
+
+#: The house from the top floor down: a module may import only from its own entry or
+#: from entries below it (the longest matching prefix places a module; README's Layout).
+LAYERS: tuple[str, ...] = (
+    "securevfl.__main__",
+    "securevfl.cli",
+    "securevfl.doctor",
+    "securevfl.app",
+    "securevfl.validation",
+    "securevfl.report",
+    "securevfl.attacks",
+    "securevfl.parties",
+    "securevfl.defenses",
+    "securevfl.exchange",
+    "securevfl.data",
+    "securevfl.privacy",
+    "securevfl.models",
+    "securevfl.runtime",
+    "securevfl.schedule",
+    "securevfl.config",
+    "securevfl.registry",
+    "securevfl.errors",
+    "securevfl.seeding",
+    "securevfl._compat",
+    "securevfl",
+)
+
+#: Only these may import the top layer.
+APP_IMPORTERS = ("securevfl.app", "securevfl.cli", "securevfl.__main__")
+
+#: Third-party packages that may be imported inside a function: optional, heavy
+#: crypto libraries whose import only the processes using them should pay for.
+LOCAL_IMPORT_OK = frozenset({"crypten", "phe", "tenseal"})
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+    local: bool  # the import statement sits inside a function
+
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
+
+
+def _under(module: str, prefix: str) -> bool:
+    """Whether ``module`` is ``prefix`` or inside it."""
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that can run, with whether it sits in a function."""
+
+    def walk(node: ast.AST, local: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for stmt in child.orelse:
+                    yield from walk_one(stmt, local)
+                continue
+            yield from walk_one(child, local)
+
+    def walk_one(node: ast.AST, local: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, local
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from walk(node, inner)
+
+    yield from walk(tree, False)
+
+
+def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    """The absolute module names an import statement refers to."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    else:
+        prefix = node.module or ""
+    return [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in known else prefix for a in node.names]
+
+
+def _owner(target: str, known: set[str]) -> str | None:
+    """The securevfl module ``target`` names (its nearest existing prefix), if any."""
+    if target != NAME and not target.startswith(NAME + "."):
+        return None
+    while target not in known and "." in target:
+        target = target.rpartition(".")[0]
+    return target if target in known else None
+
+
+def build_graph() -> tuple[dict[str, list[Edge]], list[tuple[str, int, str]]]:
+    """(edges by source module, third-party function-local imports as (module, line, name))."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, list[Edge]] = {m: [] for m in modules}
+    external_local: list[tuple[str, int, str]] = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node, local in _imports(tree):
+            for target in _targets(module, path, node, known):
+                owner = _owner(target, known)
+                if owner is None:
+                    if local:
+                        external_local.append((module, node.lineno, target))
+                elif owner != module:
+                    graph[module].append(Edge(module, owner, node.lineno, local))
+    return graph, external_local
+
+
+def strongly_connected(graph: dict[str, list[Edge]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            for e in edges:
+                w = e.target
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def one_cycle(graph: dict[str, list[Edge]], component: list[str]) -> list[Edge]:
+    """A shortest cycle through the component's first module (breadth-first)."""
+    members = set(component)
+    start = component[0]
+    came: dict[str, Edge] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for e in graph[v]:
+                if e.target not in members:
+                    continue
+                if e.target == start:
+                    path = [e]
+                    while path[0].source != start:
+                        path.insert(0, came[path[0].source])
+                    return path
+                if e.target not in came:
+                    came[e.target] = e
+                    nxt.append(e.target)
+        frontier = nxt
+    raise AssertionError(f"no cycle found through {start}")
+
+
+def _show(cycle: list[Edge]) -> str:
+    hops = [f"{e.source} -> {e.target} (line {e.line}{', in a function' if e.local else ''})" for e in cycle]
+    return "\n    ".join(hops)
+
+
+def test_the_builder_sees_imports_and_cycles() -> None:
+    """The graph helpers on a known shape: a cycle is found and shown."""
+    toy = {
+        "a": [Edge("a", "b", 1, False)],
+        "b": [Edge("b", "c", 2, True)],
+        "c": [Edge("c", "a", 3, False)],
+        "d": [Edge("d", "a", 4, False)],
+    }
+    assert strongly_connected(toy) == [["a", "b", "c"]]
+    assert [e.target for e in one_cycle(toy, ["a", "b", "c"])] == ["b", "c", "a"]
+    graph, _ = build_graph()
+    assert any(e.target == "securevfl.config" for e in graph["securevfl.models"])
+    # `from securevfl.privacy import budget` names the submodule, not the package
+    assert any(e.target == "securevfl.privacy.budget" for e in graph["securevfl.defenses.budget"])
+
+
+def test_no_import_cycles() -> None:
+    graph, _ = build_graph()
+    components = strongly_connected(graph)
+    report = [
+        f"{len(c)} modules import each other: {', '.join(c)}\n  e.g.\n    {_show(one_cycle(graph, c))}"
+        for c in components
+    ]
+    assert not components, "import cycles in securevfl:\n" + "\n".join(report)
+
+
+def test_layers() -> None:
+    graph, _ = build_graph()
+    bad = []
+    for module, edges in graph.items():
+        for layer, forbidden in FORBIDDEN.items():
+            if _under(module, layer):
+                bad += [
+                    f"{e.where()} imports {e.target}"
+                    for e in edges
+                    if any(_under(e.target, f) for f in forbidden)
+                ]
+        if not any(_under(module, m) for m in APP_IMPORTERS):
+            bad += [f"{e.where()} imports {e.target}" for e in edges if _under(e.target, "securevfl.app")]
+    assert not bad, "layer violations:\n" + "\n".join(bad)
+
+
+def _floor(module: str) -> int:
+    """The index in :data:`LAYERS` of the entry that places ``module``."""
+    matches = [i for i, prefix in enumerate(LAYERS) if _under(module, prefix)]
+    return max(matches, key=lambda i: len(LAYERS[i]))
+
+
+def test_imports_go_down_the_house() -> None:
+    graph, _ = build_graph()
+    up = [
+        f"{e.where()} imports {e.target}, which sits above it"
+        for edges in graph.values()
+        for e in edges
+        if _floor(e.target) < _floor(e.source)
+    ]
+    assert not up, "imports up the layers (see LAYERS):\n" + "\n".join(up)
+
+
+def test_imports_sit_at_the_top_of_their_module() -> None:
+    """Function-local imports hide dependencies (and cycles); only optional, heavy
+    crypto libraries may be imported where they are used."""
+    graph, external_local = build_graph()
+    local = [f"{e.where()} imports {e.target}" for edges in graph.values() for e in edges if e.local]
+    local += [
+        f"{m}:{line} imports {name}"
+        for m, line, name in external_local
+        if name.partition(".")[0] not in LOCAL_IMPORT_OK
+    ]
+    assert not local, "function-local imports:\n" + "\n".join(local)
