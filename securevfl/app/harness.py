@@ -90,6 +90,7 @@ def _jsonable(x: Any) -> Any:
 def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
     """Run every attack of ``proto`` on the views saved under ``out_dir`` and
     merge the results into ``out_dir/result.json``; returns the attacks' entries."""
+    t0 = time.perf_counter()
     world = load_world(proto, out_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))  # as the ranks do
@@ -100,6 +101,7 @@ def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
     path = Path(out_dir) / RESULT_FILE
     result = json.loads(path.read_text())
     result["attacks"] = {**result.get("attacks", {}), **results}
+    result["phase_s"] = {**result.get("phase_s", {}), "attacks": round(time.perf_counter() - t0, 4)}
     write_result(Path(out_dir), result)
     return results
 

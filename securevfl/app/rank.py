@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.session import Session, exit_code_for
+from securevfl.timing import PhaseClock, peak_rss_mib
 
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
 
@@ -52,6 +54,17 @@ def _install_open_audit() -> list[str]:
     return opened
 
 
+def _note(proto: Protocol) -> Callable[[str], None]:
+    """The active rank's progress lines before training starts (its bar exists
+    only once the models are built)."""
+    label = f"{proto.name} [{proto.exchange.backend}]"
+
+    def note(text: str) -> None:
+        print(f"[{label}] {text}", file=sys.stderr, flush=True)
+
+    return note
+
+
 def run_rank(
     proto: Protocol, rank: int, rendezvous: str, out_dir: Path, data_dir: Path, *, progress: bool
 ) -> int:
@@ -66,8 +79,12 @@ def run_rank(
     layout = layout_of(proto)
     session = Session(proto, layout, rank, rendezvous, out_dir)
     t_start = time.time()
+    clock = PhaseClock()
+    note = _note(proto) if progress and rank == 0 else None
     try:
+        t0 = time.perf_counter()
         with session:
+            clock.add("startup", time.perf_counter() - t0)
             backend = EXCHANGES.get(proto.exchange.backend)
             options = backend.options.model_validate(proto.exchange.params)
             ledger = Ledger(rank, record_views=proto.runtime.record_views)
@@ -99,11 +116,15 @@ def run_rank(
                 backend.helper(ctx).serve()
                 party = None
             else:
-                prep = prepare(proto, layout, role, channel, data_dir)
+                prep = prepare(proto, layout, role, channel, data_dir, clock, note)
                 cls = ActiveParty if role.kind == "active" else PassiveParty
-                party = cls(session, backend, ctx, prep, progress=progress and rank == 0)
+                with clock.phase("setup"):
+                    party = cls(session, backend, ctx, prep, progress=progress and rank == 0)
                 summary.update(party.run())
+                for phase, seconds in party.phase_s.items():
+                    clock.add(phase, seconds)
                 party.exchange.close()
+                t_write = time.perf_counter()
                 summary["loaded_columns"] = prep.data.columns
                 summary["has_labels"] = prep.data.y is not None
                 summary["n_aligned"] = len(prep.data.ids)
@@ -117,10 +138,13 @@ def run_rank(
                         {"received": view.received, "own": view.own}, ranks_dir / f"rank{rank}.view.pt"
                     )
                 summary["view_tags"] = sorted(view.received)
+                clock.add("write_out", time.perf_counter() - t_write)
             summary["ledger"] = ledger.summary()
             ledger.write_jsonl(ranks_dir / f"rank{rank}.ledger.jsonl")
             if opened is not None:
                 summary["opened_files"] = sorted(set(opened))
+            summary["phase_s"] = clock.rounded()
+            summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
             (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(summary, indent=1))
             parts = session.finish(summary)
             if parts is not None:

@@ -3,7 +3,6 @@ interactive layer, the bias and the top model (DESIGN §3)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,7 @@ from sklearn.metrics import roc_auc_score
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
-from securevfl.schedule import eval_batches, rounds_of, schedule
+from securevfl.schedule import eval_batches
 
 
 class ActiveParty(Party):
@@ -155,56 +154,36 @@ class ActiveParty(Party):
             auc = float(roc_auc_score(self.y_test.numpy(), p[:, 1].numpy()))
         return {"test_accuracy": acc, "test_auc": auc}
 
-    def run(self) -> dict[str, Any]:
-        tr = self.proto.training
-        ch = self.ctx.channel
-        history = []
-        step = 0
-        step_times: list[float] = []
-        metrics: dict[str, Any] = {"test_accuracy": None, "test_auc": None}
-        for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
-            losses = []
-            ch.phase = "train"
-            for rnd in rounds_of(batches, tr.local_steps):
-                ch.round = step
-                t0 = time.perf_counter()
-                if tr.local_steps == 1:
-                    losses.append(self.train_step(rnd[0]))
-                else:
-                    losses.extend(self.train_round(rnd))
-                step_times.extend([(time.perf_counter() - t0) / len(rnd)] * len(rnd))
-                step += len(rnd)
-                for _ in rnd:
-                    self.progress.step()
-            row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(np.mean(losses))}
-            if last or (epoch + 1) % tr.eval_every == 0:
-                ch.phase, ch.round = "eval", epoch
-                metrics = self.evaluate()
-                row.update(metrics)
-            history.append(row)
-            acc = row.get("test_accuracy")
-            self.progress.epoch(
-                epoch + 1,
-                tr.epochs,
-                f"loss {row['train_loss']:.4f}" + (f" test_acc {acc:.4f}" if acc is not None else ""),
-            )
+    def after_round(self, batches: int) -> None:
+        for _ in range(batches):
+            self.progress.step()
+
+    def after_epoch(self, row: dict[str, Any]) -> None:
+        loss, acc = row.get("train_loss"), row.get("test_accuracy")
+        info = (f"loss {loss:.4f}" if loss is not None else "") + (
+            f" test_acc {acc:.4f}" if acc is not None else ""
+        )
+        self.progress.epoch(row["epoch"], self.proto.training.epochs, info.strip())
+
+    def finish(self) -> None:
         self.progress.close()
-        self.steps = step
+
+    def run_summary(
+        self, history: list[dict[str, Any]], metrics: dict[str, Any], step_times: list[float]
+    ) -> dict[str, Any]:
         return {
-            **metrics,
+            "test_accuracy": metrics.get("test_accuracy"),
+            "test_auc": metrics.get("test_auc"),
             "history": history,
-            "train_steps": step,
             "time_per_step_s": float(np.mean(step_times)) if step_times else 0.0,
             "step_time_s": {
                 "first": step_times[0] if step_times else None,
                 "median": float(np.median(step_times)) if step_times else None,
                 "mean_after_first": float(np.mean(step_times[1:])) if len(step_times) > 1 else None,
             },
-            "n_train": self.n_train,
             "n_test": len(self.y_test),
             "n_aligned": len(self.prep.data.ids),
             "classes": self.classes,
-            **self.privacy_summary(step),
         }
 
     def own_view(self) -> dict[str, object]:

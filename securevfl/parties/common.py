@@ -1,8 +1,11 @@
 """What every party does before training: load its own file, align by PSI, split,
-standardize; build its defense stack and plan its steps under the privacy budget."""
+standardize; build its defense stack and plan its steps under the privacy budget;
+and the one training loop both sides run (:meth:`Party.run`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +30,9 @@ from securevfl.privacy.budget import plan_for
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.session import Session
-from securevfl.schedule import planned_steps
+from securevfl.schedule import planned_steps, rounds_of, schedule
 from securevfl.seeding import generator
+from securevfl.timing import PhaseClock
 
 
 @dataclass
@@ -42,14 +46,31 @@ class Prepared:
     x_test: np.ndarray
 
 
-def prepare(proto: Protocol, layout: Layout, role: Role, channel: Channel, data_dir: Path) -> Prepared:
-    source = party_source(proto, role.party, data_dir)
-    raw = load_party_data(source, role.party, is_active=role.kind == "active")
+def prepare(
+    proto: Protocol,
+    layout: Layout,
+    role: Role,
+    channel: Channel,
+    data_dir: Path,
+    clock: PhaseClock,
+    note: Callable[[str], None] | None = None,
+) -> Prepared:
+    """Load this party's own file, align it by PSI and split it; ``clock`` gets the
+    data and alignment phases, ``note`` (the active rank's progress) hears when
+    alignment starts and ends, since it can take minutes on large files."""
+    with clock.phase("data"):
+        source = party_source(proto, role.party, data_dir)
+        raw = load_party_data(source, role.party, is_active=role.kind == "active")
     channel.phase = "psi"
-    if role.kind == "active":
-        order = align_active(channel, layout, raw.ids)
-    else:
-        order = align_passive(channel, layout, role.rank, raw.ids)
+    with clock.phase("alignment"):
+        if note is not None:
+            note(f"entity alignment: {len(raw.ids)} IDs against {len(layout.passive)} passive parties (PSI)")
+        if role.kind == "active":
+            order = align_active(channel, layout, raw.ids)
+        else:
+            order = align_passive(channel, layout, role.rank, raw.ids)
+    if note is not None:
+        note(f"entity alignment: {len(order)} rows in common ({clock.seconds['alignment']:.1f} s)")
     channel.phase = "setup"  # what follows (e.g. key exchange) is set-up, not PSI
     data = raw.take(order)
     train_idx, test_idx = split_indices(
@@ -87,6 +108,7 @@ class Party:
         self.spec = self._spec()
         self.stack = build_stack(self.proto, self.spec.name, self.side, self.spec.defenses)
         n_train = len(prep.train_idx)
+        self.phase_s: dict[str, float] = {}  # training and evaluation seconds, set by run()
         self.planned_steps = planned_steps(n_train, self.proto.training)
         self.allowed_steps = allowed_steps(self.proto, n_train)
         self._setup(prep, progress=progress)
@@ -118,6 +140,84 @@ class Party:
             "planned_steps": self.planned_steps,
             "allowed_steps": self.allowed_steps,
         }
+
+    # -- the one training loop -------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train and evaluate on the shared schedule; both sides run this loop.
+
+        Every party derives the same epochs, batches and FedBCD rounds from the
+        protocol (``securevfl.schedule``), so their messages pair up without any
+        coordination; the side-specific work is :meth:`train_step`,
+        :meth:`train_round` and :meth:`evaluate`, and what a side reports is
+        :meth:`run_summary`."""
+        tr = self.proto.training
+        ch = self.ctx.channel
+        history: list[dict[str, Any]] = []
+        metrics: dict[str, Any] = {}
+        step_times: list[float] = []
+        step = 0
+        t_run, t_eval = time.perf_counter(), 0.0
+        for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
+            ch.phase = "train"
+            losses: list[float] = []
+            for rnd in rounds_of(batches, tr.local_steps):
+                ch.round = step
+                t0 = time.perf_counter()
+                if tr.local_steps == 1:
+                    loss = self.train_step(rnd[0])
+                    losses += [] if loss is None else [loss]
+                else:
+                    losses += self.train_round(rnd) or []
+                step_times += [(time.perf_counter() - t0) / len(rnd)] * len(rnd)
+                step += len(rnd)
+                self.after_round(len(rnd))
+            row: dict[str, Any] = {"epoch": epoch + 1}
+            if losses:
+                row["train_loss"] = float(np.mean(losses))
+            if last or (epoch + 1) % tr.eval_every == 0:
+                ch.phase, ch.round = "eval", epoch
+                t0 = time.perf_counter()
+                metrics = self.evaluate() or metrics
+                t_eval += time.perf_counter() - t0
+                row.update(metrics)
+            history.append(row)
+            self.after_epoch(row)
+        self.finish()
+        self.steps = step
+        self.phase_s = {"training": time.perf_counter() - t_run - t_eval, "evaluation": t_eval}
+        return {
+            "train_steps": step,
+            "n_train": self.n_train,
+            **self.run_summary(history, metrics, step_times),
+            **self.privacy_summary(step),
+        }
+
+    def train_step(self, idx: np.ndarray) -> float | None:
+        """One training step on the batch of rows ``idx``; A returns its loss."""
+        raise NotImplementedError
+
+    def train_round(self, batches: list[np.ndarray]) -> list[float] | None:
+        """One FedBCD round over ``batches`` (``training.local_steps`` > 1)."""
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, Any] | None:
+        """One pass over the test rows; A returns its metrics."""
+        raise NotImplementedError
+
+    def after_round(self, batches: int) -> None:
+        """Called after every round of ``batches`` training batches (progress)."""
+
+    def after_epoch(self, row: dict[str, Any]) -> None:
+        """Called with each epoch's history row (progress)."""
+
+    def finish(self) -> None:
+        """Called once the schedule is done."""
+
+    def run_summary(
+        self, history: list[dict[str, Any]], metrics: dict[str, Any], step_times: list[float]
+    ) -> dict[str, Any]:
+        """What this side adds to its rank summary."""
+        return {}
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         raise NotImplementedError

@@ -9,7 +9,7 @@ import torch
 
 from securevfl.models import build_bottom, make_optimizer
 from securevfl.parties.common import Party, Prepared
-from securevfl.schedule import eval_batches, rounds_of, schedule
+from securevfl.schedule import eval_batches
 
 
 class PassiveParty(Party):
@@ -94,29 +94,10 @@ class PassiveParty(Party):
             h = self.bottom(self.x_test[idx].to(self.device))
             self.exchange.forward(self.stack.embed(h, train=False), train=False)
 
-    def run(self) -> dict[str, Any]:
-        tr = self.proto.training
-        ch = self.ctx.channel
-        step = 0
-        for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
-            ch.phase = "train"
-            for rnd in rounds_of(batches, tr.local_steps):
-                ch.round = step
-                if tr.local_steps == 1:
-                    self.train_step(rnd[0])
-                else:
-                    self.train_round(rnd)
-                step += len(rnd)
-            if last or (epoch + 1) % tr.eval_every == 0:
-                ch.phase, ch.round = "eval", epoch
-                self.evaluate()
-        self.steps = step
-        return {
-            "train_steps": step,
-            "n_train": self.n_train,
-            "columns": len(self.columns),
-            **self.privacy_summary(step),
-        }
+    def run_summary(
+        self, history: list[dict[str, Any]], metrics: dict[str, Any], step_times: list[float]
+    ) -> dict[str, Any]:
+        return {"columns": len(self.columns)}
 
     def own_view(self) -> dict[str, object]:
         """What this party itself computed and sent (for wire audits), and, when

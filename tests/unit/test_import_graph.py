@@ -67,6 +67,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.registry",
     "securevfl.errors",
     "securevfl.seeding",
+    "securevfl.timing",
     "securevfl._compat",
     "securevfl",
 )

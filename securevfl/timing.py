@@ -1,0 +1,45 @@
+"""Wall time per phase of a rank's run, and the process's peak memory.
+
+A rank's run has phases a user waits through: start-up (rendezvous and
+handshake), data (reading its own file), alignment (PSI), setup (models, keys,
+collective defense steps), training, evaluation and write-out; the launcher adds
+the attacks. Each rank reports its own phases in its summary and ``result.json``
+gathers them per rank, so a slow run shows where its time went.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PhaseClock:
+    """Seconds spent per named phase; a phase entered twice accumulates."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in self.seconds.items()}
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (ru_maxrss is KiB on
+    Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
