@@ -250,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = show_warning
     if not args.debug:
         # torch's C++ logs append native stack traces; securevfl reports its errors
-        # itself. Read when torch loads (inherited by the ranks the launcher spawns).
+        # itself. torch reads this when it loads: this process has loaded it already
+        # (its own native logs stay on torch's default level), the ranks the local
+        # launcher spawns inherit it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         return COMMANDS[args.command](args)
