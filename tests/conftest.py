@@ -57,6 +57,22 @@ def cli(
     )
 
 
+def party_process(
+    proto: Path, rank: int, port: int, out: Path, *extra: str, host: str = "127.0.0.1", cwd: Path = ROOT
+) -> subprocess.Popen[str]:
+    """One rank as its own ``securevfl party`` process (multi-host mode on one machine)."""
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "securevfl.cli", "party", str(proto), "--rank", str(rank)),
+            *("--rendezvous", f"tcp://{host}:{port}", "--out", str(out), *extra),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
 def training_rows(proto, data_dir: Path) -> tuple[list[Any], Any, int]:
     """Each passive party's training features and the labels, as the launcher
     derives them on a built-in dataset in which every party holds every ID (so the

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, cli, small_digits, write_yaml
+from conftest import ROOT, cli, party_process, small_digits, write_yaml
 from test_psi import csv_protocol, make_ids
 
 from securevfl.app.launcher import free_port
@@ -28,16 +27,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _party(proto: Path, rank: int, port: int, out: Path, cwd: Path = ROOT) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "securevfl.cli", "party", str(proto), "--rank", str(rank)),
-            *("--rendezvous", f"tcp://127.0.0.1:{port}", "--out", str(out), "--quiet"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
+    return party_process(proto, rank, port, out, "--quiet", cwd=cwd)
 
 
 def _ids_of(path: Path) -> set[str]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from securevfl.app.launcher import free_port
-from tests.conftest import ROOT, write_yaml
+from tests.conftest import party_process, write_yaml
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,28 +63,7 @@ def _protocol(folder: Path) -> Path:
 def _party(
     proto: Path, rank: int, port: int, out: Path, *extra: str, host: str = "127.0.0.1"
 ) -> subprocess.Popen[str]:
-    """One rank as its own ``securevfl party`` process."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "securevfl.cli",
-            "party",
-            str(proto),
-            "--rank",
-            str(rank),
-            "--rendezvous",
-            f"tcp://{host}:{port}",
-            "--out",
-            str(out),
-            "--quiet",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    return party_process(proto, rank, port, out, "--quiet", *extra, host=host)
 
 
 def _finish(procs: list[subprocess.Popen[str]], timeout: float) -> list[str]:

@@ -16,32 +16,9 @@ import pytest
 import torch
 
 from securevfl.app.launcher import free_port
-from tests.conftest import ROOT, cli, small_digits, write_yaml
+from tests.conftest import ROOT, cli, party_process, small_digits, write_yaml
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _party(proto: Path, rank: int, port: int, out: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "securevfl.cli",
-            "party",
-            str(proto),
-            "--rank",
-            str(rank),
-            "--rendezvous",
-            f"tcp://127.0.0.1:{port}",
-            "--out",
-            str(out),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
 
 
 def test_party_commands_reproduce_run(tmp_path: Path):
@@ -50,7 +27,7 @@ def test_party_commands_reproduce_run(tmp_path: Path):
     ran = cli("run", str(proto), "--out", str(tmp_path / "run"), "--quiet")
     assert ran.returncode == 0, ran.stderr
     port = free_port()
-    procs = [_party(proto, r, port, tmp_path / f"host{r}", "--quiet") for r in range(3)]
+    procs = [party_process(proto, r, port, tmp_path / f"host{r}", "--quiet") for r in range(3)]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
     a = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -90,7 +67,7 @@ def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
     doc["runtime"] = {"peer_timeout_s": 10}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     port = free_port()
-    procs = [_party(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
+    procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
     try:
         _wait_for(procs[0], "epoch 2/400", timeout=120)  # training is under way
         os.kill(procs[victim].pid, signal.SIGKILL)
@@ -152,7 +129,7 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
     doc["runtime"] = {"peer_timeout_s": 10}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     port = free_port()
-    procs = [_party(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
+    procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
     try:
         _wait_for(procs[0], "epoch 2/400", timeout=120)
         os.kill(procs[2].pid, signal.SIGSTOP)
