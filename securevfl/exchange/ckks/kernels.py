@@ -88,23 +88,47 @@ def _naf_table(slots: int, step: int) -> np.ndarray:
     return np.array([naf_weight(signed(k * step, slots)) for k in range(slots // step)])
 
 
+def chain_cost(offsets: np.ndarray, naf: np.ndarray) -> int:
+    """Key switchings to reach every offset (units of the table's step, all of one
+    sign, 0 excluded) by a chain from 0: each rotation starts from the previous
+    one, so it costs the NAF weight of the gap, 1 for consecutive offsets."""
+    ks = np.unique(np.abs(offsets[offsets != 0]))
+    if len(ks) == 0:
+        return 0
+    return int(naf[np.diff(np.r_[0, ks]) % len(naf)].sum())
+
+
+def signed_units(b: np.ndarray, n: int) -> np.ndarray:
+    """Giant-step indices mod n as signed indices in (-n/2, n/2]."""
+    b = np.asarray(b) % n
+    return np.where(b > n // 2, b - n, b)
+
+
 def plan(lmap: LinearMap, slots: int, cost: tuple[float, float, float]) -> tuple[int, int]:
-    """Common step and baby-step count minimising the estimated rotation cost."""
+    """Common step and baby-step count (a power of two) minimising the estimated
+    key-switching cost of :meth:`Kernels.apply`: per input, a chain of baby
+    rotations at the top level; per output (and conjugate part), one rescale per
+    giant group and a Horner chain of giant rotations at the lower level."""
     c_top, c_low, c_rescale = cost
     step = math.gcd(slots, *np.unique(lmap.delta).tolist())
+    units = slots // step
     d = lmap.delta // step
     naf = _naf_table(slots, step)
     k = 2 if lmap.conj else 1
     best: tuple[float, int] | None = None
-    for n1 in range(1, min(int(d.max()) + 1, 128) + 1):
-        d1, d2 = d % n1, d // n1
-        baby = np.unique(lmap.t * slots + d1) % slots
-        giant = np.unique(lmap.s * slots + d2) % slots
-        cost_n1 = c_top * naf[baby].sum() + k * (
-            c_rescale * len(giant) + c_low * naf[(giant * n1) % (slots // step)].sum()
-        )
+    n1 = 1
+    while n1 <= min(units, 256):
+        d1, d2 = d % n1, signed_units(d // n1, units // n1)
+        baby = sum(chain_cost(d1[lmap.t == t], naf) for t in np.unique(lmap.t))
+        giant, groups = 0, 0
+        for s in np.unique(lmap.s):
+            b = np.unique(d2[lmap.s == s])
+            giant += chain_cost(b[b > 0] * n1, naf) + chain_cost(b[b < 0] * n1, naf)
+            groups += len(b)
+        cost_n1 = c_top * baby + k * (c_low * giant + c_rescale * groups)
         if best is None or cost_n1 < best[0]:
             best = (cost_n1, n1)
+        n1 *= 2
     assert best is not None
     return step, best[1]
 
@@ -180,27 +204,63 @@ class Kernels:
             pts.append((pair[0], pair[1]))
         return Encoded(step, n1, pts)
 
+    def chain(self, ct: Any, offsets: list[int], unit: int) -> dict[int, Any]:
+        """rot(ct, o * unit) for every offset o (all >= 0): each from the previous
+        one, so consecutive offsets cost one key switching each."""
+        out, cur, prev = {0: ct}, ct, 0
+        for o in sorted(set(offsets) - {0}):
+            cur = self.rot(cur, (o - prev) * unit)
+            out[o], prev = cur, o
+        return out
+
+    def horner(self, parts: dict[int, Any], unit: int) -> Any:
+        """sum over b of rot(parts[b], b * unit), by Horner's rule on each side of 0:
+        farthest first, rotating the running sum by the gap to the next index, so a
+        run of consecutive giant steps costs one key switching per step."""
+        total = parts.get(0)
+        for sign in (1, -1):
+            acc, prev = None, 0
+            for b in sorted((b for b in parts if b * sign > 0), key=abs, reverse=True):
+                if acc is None:
+                    acc = parts[b]
+                else:
+                    acc = self.rot(acc, (prev - b) * unit)
+                    self.add_inplace(acc, parts[b])
+                prev = b
+            if acc is not None:
+                acc = self.rot(acc, prev * unit)
+                if total is None:
+                    total = acc
+                else:
+                    self.add_inplace(total, acc)
+        return total
+
     def apply(self, cts: list[Any], lmap: LinearMap, encoded: Encoded | None = None) -> list[Any | None]:
         """The map's outputs (None where no diagonal reaches an output), folded;
-        ``encoded``: the map's :meth:`encode_map`, if the caller prepared it."""
+        ``encoded``: the map's :meth:`encode_map`, if the caller prepared it.
+
+        Baby-step giant-step: with d = delta / step = b n1 + a, the baby rotations
+        rot(in_t, a step) are a chain per input; the products of each (output, b)
+        group are summed and rescaled once, and the groups of an output are
+        combined by :meth:`horner` at the lower level (giant step n1 step)."""
         ev = self.ev
         enc = self.encode_map(lmap) if encoded is None else encoded
         step, n1 = enc.step, enc.n1
+        units = self.ring.slots // step
         d = lmap.delta // step
-        d1, d2 = d % n1, d // n1
+        d1, d2 = d % n1, signed_units(d // n1, units // n1)
         baby: dict[tuple[int, int], Any] = {}
-        for t, a in sorted({(int(t), int(a)) for t, a in zip(lmap.t, d1, strict=True)}):
-            baby[(t, a)] = self.rot(cts[t], a * step)
+        for t in np.unique(lmap.t).tolist():
+            for a, c in self.chain(cts[t], d1[lmap.t == t].tolist(), step).items():
+                baby[(t, a)] = c
         n_out = lmap.n_out
-        outs: list[list[Any]] = [[] for _ in range(n_out)]
-        conj_outs: list[list[Any]] = [[] for _ in range(n_out)]
+        giants: list[list[dict[int, Any]]] = [[{}, {}] for _ in range(n_out)]
         order = np.lexsort((d2, lmap.s))
         keys = np.stack([lmap.s[order], d2[order]], axis=1)
         starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
         ends = np.r_[starts[1:], len(order)]
         for lo, hi in zip(starts, ends, strict=True):
             s, b = int(keys[lo, 0]), int(keys[lo, 1])
-            shift = b * n1 * step
             acc: list[Any | None] = [None, None]
             for gi in order[lo:hi]:
                 src = baby[(int(lmap.t[gi]), int(d1[gi]))]
@@ -221,16 +281,18 @@ class Kernels:
                 self.ops.rescale += 1
                 if a.scale != self.scale:  # exact: diagonals are encoded at scale q1
                     raise RuntimeError(f"ckks: scale {a.scale} after rescale, expected {self.scale}")
-                (outs if j == 0 else conj_outs)[s].append(self.rot(a, shift))
+                giants[s][j][b] = a
         result: list[Any | None] = []
         for s in range(n_out):
-            parts = outs[s]
-            if conj_outs[s]:
-                c = self.sum(conj_outs[s])
-                ev.complex_conjugate_inplace(c, self.gk)
+            direct, conj = (self.horner(g, n1 * step) if g else None for g in giants[s])
+            if conj is not None:
+                ev.complex_conjugate_inplace(conj, self.gk)
                 self.ops.key_switch += 1
-                parts = [*parts, c]
-            result.append(self.sum(parts) if parts else None)
+                if direct is None:
+                    direct = conj
+                else:
+                    self.add_inplace(direct, conj)
+            result.append(direct)
         if result and result[0] is not None:
             for k in lmap.fold:
                 self.add_inplace(result[0], self.rot(result[0], k))
