@@ -172,11 +172,14 @@ class Kernels:
             self.add_inplace(acc, p)
         return acc
 
-    def encode_map(self, lmap: LinearMap) -> Encoded:
+    def encode_map(self, lmap: LinearMap, ring: Ring | None = None) -> Encoded:
         """The BSGS plan and every plaintext diagonal of ``lmap``, rolled by its giant
         step and encoded at scale q1 (a diagonal shared by several groups once).
-        Needs no ciphertext, so a party can run it while it waits for the input."""
-        ring, slots = self.ring, self.ring.slots
+        Needs no ciphertext, so a party can run it while it waits for the input;
+        ``ring``: another encoder of the same context (one per thread), counting
+        its encodings on its own counter."""
+        ring = self.ring if ring is None else ring
+        slots = ring.slots
         key = (lmap.t.tobytes(), lmap.s.tobytes(), lmap.delta.tobytes(), lmap.conj)
         if key not in self._plans:
             if len(self._plans) > 64:

@@ -34,6 +34,7 @@ from securevfl.exchange.ckks.kernels import Encoded, Kernels, Ring
 from securevfl.exchange.ckks.packing import Layout, LinearMap, matmul_map, standard_layout, tmatmul_map
 from securevfl.exchange.ckks.params import CkksOptions
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, unframe, unpack_public
+from securevfl.exchange.ckks.worker import Worker
 from securevfl.exchange.he import HEPeer
 
 
@@ -77,6 +78,13 @@ class CkksPeer(HEPeer):
         self.kernels = Kernels(self.ring, gk, self.scale)
         self._encryptor = sa.Encryptor(sc, ctx.public_key().data)
         self._prepared: dict[tuple[Any, ...], tuple[LinearMap, Encoded]] = {}
+        # prepare_operands() encodes on a worker thread with its own encoder; those
+        # encodings are counted in ``prep_ops``, not ``ops`` (they are off the critical path)
+        self.prep_ops = OpCounter()
+        self._prep_ring = Ring(sc, self.prep_ops)
+        self._prep: Worker | None = None
+        # the prepared tmatmul started by matmul() on the same input: (blob, key, map, worker)
+        self._ahead: tuple[bytes, tuple[Any, ...], LinearMap, Worker] | None = None
 
     # -- helpers
     def _input(self, blob: bytes, shape: tuple[int, int]) -> tuple[Layout, list[Any]]:
@@ -128,43 +136,96 @@ class CkksPeer(HEPeer):
     def _map(self, op: str, shape: tuple[int, int], operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
         """The linear map of a product, and its encoded diagonals when :meth:`prepare_operands`
         made them for exactly this operand (taken: each is used once)."""
-        hit = self._prepared.pop((op, tuple(shape), operand.shape, operand.tobytes()), None)
+        self._collect()
+        hit = self._prepared.pop(self._key(op, shape, operand), None)
         return hit if hit is not None else (self._build(op, shape, operand), None)
+
+    @staticmethod
+    def _key(op: str, shape: tuple[int, int], x: np.ndarray) -> tuple[Any, ...]:
+        return (op, tuple(shape), x.shape, x.tobytes())
 
     def _build(self, op: str, shape: tuple[int, int], x: np.ndarray) -> LinearMap:
         lin = standard_layout(shape[0], shape[1], self.ring.slots)
         return matmul_map(lin, x, self.ring.slots) if op == "matmul" else tmatmul_map(x, lin, self.ring.slots)
 
+    def _collect(self) -> None:
+        """Wait for a running preparation and take its encodings (re-raising its error)."""
+        if self._prep is not None:
+            prep, self._prep = self._prep, None
+            self._prepared.update(prep.result())
+
+    def _settle(self) -> None:
+        """Wait for every background computation (before a new step's work starts)."""
+        self._collect()
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            ahead[3].result()
+
     def prepare_operands(
         self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
     ) -> None:
-        """Encode the diagonals of the coming ``matmul(., shape, w, .)`` and
-        ``tmatmul(p, ., shape, .)`` now, while this party waits (they need no
-        ciphertext). Only this party's own operands are touched; nothing is sent."""
+        """Start encoding the diagonals of the coming ``matmul(., shape, w, .)`` and
+        ``tmatmul(p, ., shape, .)`` (they need no ciphertext) on a worker thread and
+        return at once: the caller goes on to wait for the other party's reply and
+        the encoding runs meanwhile (:mod:`~securevfl.exchange.ckks.worker`). The
+        products wait for the worker before they use its encodings. Only this
+        party's own operands are touched; nothing is sent."""
+        self._settle()
         self._prepared.clear()
+        jobs = []
         for op, x in (("matmul", w), ("tmatmul", p)):
             if x is None:
                 continue
-            x = np.asarray(x, dtype=np.float64)
+            x = np.array(x, dtype=np.float64)  # a copy: the caller may change its array meanwhile
             if x.ndim != 2 or not np.isfinite(x).all():
                 continue  # left to the product's own checks
+            jobs.append((op, x))
+        if jobs:
+            self._prep = Worker(self._encode_jobs, tuple(shape), jobs, name="ckks-prepare")
+
+    def _encode_jobs(
+        self, shape: tuple[int, int], jobs: list[tuple[str, np.ndarray]]
+    ) -> dict[tuple[Any, ...], tuple[LinearMap, Encoded]]:
+        out = {}
+        for op, x in jobs:
             lmap = self._build(op, shape, x)
-            self._prepared[(op, tuple(shape), x.shape, x.tobytes())] = (lmap, self.kernels.encode_map(lmap))
+            out[self._key(op, shape, x)] = (lmap, self.kernels.encode_map(lmap, self._prep_ring))
+        return out
 
     # -- the two operations
     def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
+        """Enc(X) w + mask. When a prepared ``tmatmul`` on an input of the same shape
+        waits (the backward pass: both products take Enc(dL/dz)), its evaluation
+        starts on a worker before this returns, so it runs while the caller sends
+        this result; :meth:`tmatmul` uses it only for the very same input blob and
+        left factor, and adds its own mask then. Nothing leaves this party early."""
+        self._settle()
         r, c = shape
         _, cts = self._input(blob, shape)
         m = np.asarray(w).shape[1] if np.ndim(w) == 2 else -1
         w = self._checked("matmul weight", w, (c, m))
         mask = self._checked("matmul mask", mask, (r, m))
         lmap, enc = self._map("matmul", shape, w)
-        return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
+        out = self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
+        ahead = next((k for k in self._prepared if k[0] == "tmatmul" and k[1] == tuple(shape)), None)
+        if ahead is not None:
+            lmap_t, enc_t = self._prepared.pop(ahead)
+            worker = Worker(self.kernels.apply, cts, lmap_t, enc_t, name="ckks-tmatmul")
+            self._ahead = (bytes(blob), ahead, lmap_t, worker)
+        return out
 
     def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
         r, m = shape
-        _, cts = self._input(blob, shape)
         a = np.asarray(p).shape[1] if np.ndim(p) == 2 else -1
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            outs = ahead[3].result()
+            if ahead[0] == blob:  # the input matmul() validated and started this product on
+                p = self._checked("tmatmul left factor", p, (r, a))
+                mask = self._checked("tmatmul mask", mask, (a, m))
+                if ahead[1] == self._key("tmatmul", shape, p):
+                    return self._finish(outs, ahead[2].out, mask)
+        _, cts = self._input(blob, shape)
         p = self._checked("tmatmul left factor", p, (r, a))
         mask = self._checked("tmatmul mask", mask, (a, m))
         lmap, enc = self._map("tmatmul", shape, p)
