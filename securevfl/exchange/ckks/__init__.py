@@ -12,7 +12,9 @@ Modules, one job each:
 * :mod:`~securevfl.exchange.ckks.params`: options, the 128-bit and mask checks, the context;
 * :mod:`~securevfl.exchange.ckks.packing`: slot layouts and the diagonal maps (pure numpy);
 * :mod:`~securevfl.exchange.ckks.wire`: blobs and the public part on the wire;
-* :mod:`~securevfl.exchange.ckks.kernels`: BSGS evaluation of the maps with SEAL;
+* :mod:`~securevfl.exchange.ckks.kernels`: BSGS evaluation of the maps with SEAL (chained baby
+  steps, Horner giant steps);
+* :mod:`~securevfl.exchange.ckks.worker`: one computation on a thread while the party waits;
 * :mod:`~securevfl.exchange.ckks.key` / :mod:`~securevfl.exchange.ckks.peer`: the key owner and the evaluator;
 * :mod:`~securevfl.exchange.ckks.counters`: primitive-operation counts for floors.
 """
@@ -26,6 +28,7 @@ from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.exchange.ckks.counters import OPS, OpCounter, floor_seconds
+from securevfl.exchange.ckks.kernels import chain_cost, naf_weight, signed_units
 from securevfl.exchange.ckks.key import CkksKey
 from securevfl.exchange.ckks.packing import (
     Layout,
@@ -45,6 +48,7 @@ from securevfl.exchange.ckks.params import (
 )
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, PUB_HEADER, frame, unframe
+from securevfl.exchange.ckks.worker import Worker
 from securevfl.exchange.he import HEScheme, he_backend
 
 
@@ -100,9 +104,13 @@ __all__ = [
     "Layout",
     "LinearMap",
     "OpCounter",
+    "Worker",
+    "chain_cost",
     "floor_seconds",
     "frame",
     "matmul_map",
+    "naf_weight",
+    "signed_units",
     "simulate",
     "standard_layout",
     "tmatmul_map",
