@@ -3,7 +3,14 @@ diagonals of a :class:`~securevfl.exchange.ckks.packing.LinearMap`.
 
 Baby rotations of each input are shared by every output; each (output, giant
 step) group is summed, rescaled once and then rotated at the lower level
-(PackVFL's lazy rotate-and-sum, arXiv 2405.00482, in BSGS form). The diagonals
+(PackVFL's lazy rotate-and-sum, arXiv 2405.00482, in BSGS form). SEAL's Python
+bindings expose neither hoisted rotations nor a cheaper path for several
+rotations of one ciphertext, and a rotation by k costs one key switching per
+nonzero digit of k's non-adjacent form with the power-of-two Galois keys. So
+baby steps are a chain (each from the previous one) and giant steps are
+combined by Horner's rule (the running sum rotated by one giant step at a
+time): with a power-of-two baby-step count every rotation is by a power of
+two, one key switching (the reference step's tmatmul: 80 -> 46). The diagonals
 are encoded at scale q1, the prime the rescale drops, so results come back at
 exactly the input scale 2^global_scale_bits: one multiplicative level,
 ``coeff_mod_bit_sizes = [output primes..., q1, special]``.
