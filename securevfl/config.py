@@ -113,12 +113,74 @@ class ComponentSpec(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class CategoricalSpec(Strict):
+    """One-hot encoding of a party's categorical columns (scikit-learn's
+    ``OneHotEncoder``). A missing value is a category of its own (``missing``).
+
+    ``other: true`` (default): categories seen on fewer than ``min_frequency``
+    training rows share one "other" column, and a category never seen in training
+    is encoded into that column (or, when no training category was that rare, as
+    no category at all: every one-hot column 0). ``other: false``: a category not
+    seen in training is an error naming the party and the column."""
+
+    columns: list[str] = Field(min_length=1)
+    min_frequency: int = Field(
+        default=1, ge=1, description="training rows a category needs for its own column"
+    )
+    other: bool = True
+
+    @model_validator(mode="after")
+    def _other_bucket(self) -> CategoricalSpec:
+        if self.min_frequency > 1 and not self.other:
+            raise ValueError(
+                "min_frequency > 1 groups rare categories into the 'other' bucket: set other: true"
+            )
+        return self
+
+
+class ImputeSpec(Strict):
+    """Numeric imputation (scikit-learn's ``SimpleImputer``) with, by default, a
+    0/1 missing-indicator column for every column that had missing training values."""
+
+    strategy: Literal["mean", "median", "constant"] = "mean"
+    fill_value: float = Field(default=0.0, description="the value 'constant' fills in")
+    indicator: bool = True
+    columns: list[str] | None = Field(
+        default=None, description="the numeric columns that may hold missing values; default: all"
+    )
+
+
+class PreprocessSpec(Strict):
+    """A party's own preprocessing (DESIGN §12), fitted on its aligned training
+    rows only and applied unchanged to its test rows. Numeric columns go through
+    ``log1p`` (if listed), imputation (if declared) and standardization (if on), in
+    that order; categorical columns are one-hot encoded. Without a ``preprocess``
+    entry a party's data must be numeric and complete, as before."""
+
+    categorical: CategoricalSpec | None = None
+    impute: ImputeSpec | None = None
+    log1p: list[str] = Field(default_factory=list, description="numeric columns replaced by log(1 + x)")
+    standardize: bool = Field(
+        default=True, description="z-score the numeric columns (this replaces dataset.standardize)"
+    )
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> PreprocessSpec:
+        cats = set(self.categorical.columns) if self.categorical else set()
+        numeric = set(self.log1p) | set(self.impute.columns or [] if self.impute else [])
+        both = sorted(cats & numeric)
+        if both:
+            raise ValueError(f"columns {both[:5]} are declared both categorical and numeric")
+        return self
+
+
 class PartySpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
     columns: ColumnSelect | None = None
     source: CsvSource | None = None
     model: ModelSpec | None = None
     defenses: list[ComponentSpec] = Field(default_factory=list)
+    preprocess: PreprocessSpec | None = None
 
 
 class PartiesSpec(Strict):
@@ -180,6 +242,10 @@ class TrainingSpec(Strict):
     max_steps: int | None = Field(
         default=None, ge=1, description="stop after this many training steps (benchmarks)"
     )
+    loss: Literal["mse", "huber"] = Field(
+        default="mse",
+        description="regression loss (task: regression only; huber: delta 1 on the scaled target)",
+    )
     local_steps: int = Field(
         default=1,
         ge=1,
@@ -221,9 +287,17 @@ class PrivacySpec(Strict):
     )
 
 
+TaskKind = Literal["binary", "multiclass", "regression"]
+
+
 class Protocol(Strict):
     name: str
     description: str = ""
+    task: TaskKind | None = Field(
+        default=None,
+        description="what the label column is; default: inferred from it at the active party "
+        "(non-integer numbers: regression; else binary or multiclass by the number of classes)",
+    )
     dataset: DatasetSpec
     parties: PartiesSpec
     exchange: ExchangeSpec = Field(default_factory=ExchangeSpec)

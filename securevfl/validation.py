@@ -16,6 +16,7 @@ from securevfl.data.partition import party_layouts, resolve_partition
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
+from securevfl.parties.tasks import TASKS
 
 
 def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
@@ -141,6 +142,41 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                     f"attacks[{j}].params.{field}",
                 )
         cls.check(proto, params, backend=backend, path=f"attacks[{j}]", source=source)
+    if proto.task is not None:
+        check_task(proto, proto.task, source=source)
+
+
+def check_task(proto: Protocol, task: str, *, source: str | None = None) -> None:
+    """Refuse defenses and attacks that need class labels under a task without
+    classes, and a regression loss under a classification task. Runs at load for a
+    declared ``task`` and at the active rank once it has inferred one."""
+    kind = TASKS.get(task, path="task")
+    if kind.has_classes:
+        if proto.training.loss != "mse":
+            raise ConfigError(
+                f"training.loss '{proto.training.loss}' is a regression loss; task '{task}' trains with "
+                "cross-entropy",
+                path="training.loss",
+                source=source,
+            )
+        return
+    for lay in party_layouts(proto):
+        for j, spec in enumerate(lay.spec.defenses):
+            reason = DEFENSES.get(spec.name).needs_classes
+            if reason:
+                raise UnsupportedCombination(
+                    f"defense '{spec.name}' needs class labels ({reason}); task '{task}' has none",
+                    path=f"{lay.path}.defenses[{j}]",
+                    source=source,
+                )
+    for j, spec in enumerate(proto.attacks):
+        reason = ATTACKS.get(spec.name).needs_classes
+        if reason:
+            raise UnsupportedCombination(
+                f"attack '{spec.name}' needs class labels ({reason}); task '{task}' has none",
+                path=f"attacks[{j}]",
+                source=source,
+            )
 
 
 # attack options that name a passive party (the victim, or the attacking party)

@@ -34,6 +34,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.session import Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
+from securevfl.validation import check_task
 
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
 
@@ -117,6 +118,12 @@ def run_rank(
                 party = None
             else:
                 prep = prepare(proto, layout, role, channel, data_dir, clock, note)
+                if role.kind == "active" and proto.task is None:
+                    assert prep.data.task is not None
+                    check_task(proto, prep.data.task)  # the inferred task, as a declared one at load
+                if prep.preprocessor is not None:  # what this party fitted, kept with its model
+                    fitted = json.dumps(prep.preprocessor.fitted(), indent=1)
+                    (ranks_dir / f"rank{rank}.preprocess.json").write_text(fitted)
                 cls = ActiveParty if role.kind == "active" else PassiveParty
                 with clock.phase("setup"):
                     party = cls(session, backend, ctx, prep, progress=progress and rank == 0)

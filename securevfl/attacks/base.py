@@ -90,6 +90,7 @@ class Attack:
     adversary: ClassVar[str] = "active"  # "active" | "passive"
     requires: ClassVar[frozenset[str]] = frozenset()
     options: ClassVar[type[BaseModel]] = AttackOptions
+    needs_classes: ClassVar[str | None] = None  # why a task without classes (regression) cannot work
 
     def __init__(self, params: BaseModel, key: str | None = None):
         self.params = params

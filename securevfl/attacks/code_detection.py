@@ -160,6 +160,7 @@ class CodeDetectionOptions(AttackOptions):
 class CodeDetection(Attack):
     name = "code_detection"
     adversary = "active"
+    needs_classes = "it matches HashVFL codes against per-class codes"
     requires = frozenset({"active_sees_embeddings"})
     options = CodeDetectionOptions
 

@@ -101,6 +101,7 @@ def pre_sign(bottom: torch.nn.Module, bn: dict[str, torch.Tensor] | None):
 class CodeReconstruction(Attack):
     name = "code_reconstruction"
     adversary = "active"
+    needs_classes = "it reconstructs per-class inputs from HashVFL class codes"
     requires = frozenset({"active_sees_embeddings"})
     options = CodeReconstructionOptions
 

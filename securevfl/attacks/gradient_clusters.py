@@ -124,6 +124,7 @@ def kmeans(x: np.ndarray, k: int, *, seed: int, n_init: int) -> np.ndarray:
 class GradientClusters(Attack):
     name = "gradient_clusters"
     adversary = "passive"
+    needs_classes = "it clusters gradients into label classes"
     options = GradientClustersOptions
 
     def adversary_party(self, world: World) -> str:

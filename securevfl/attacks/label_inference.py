@@ -65,6 +65,7 @@ class _ScoringOptions(_PassiveOptions):
 
 class _PassiveAttack(Attack):
     adversary = "passive"
+    needs_classes = "it infers class labels"
 
     def adversary_party(self, world: World) -> str:
         return world.passive(self.params.party).party

@@ -75,6 +75,7 @@ def attack_features(proba: np.ndarray, y: np.ndarray) -> np.ndarray:
 class MembershipInference(Attack):
     name = "membership_inference"
     adversary = "active"
+    needs_classes = "its shadow models are classifiers over A's class labels"
     options = MembershipOptions
 
     def knowledge(self, world: World) -> dict[str, Any]:

@@ -156,6 +156,7 @@ def view_presign(own: dict[str, Any], hp: dict[str, Any]) -> torch.Tensor:
 class TargetedPGD(Attack):
     name = "targeted_pgd"
     adversary = "passive"
+    needs_classes = "it drives test records towards a target class"
     requires = frozenset({"active_sees_embeddings"})
     options = TargetedPGDOptions
 

@@ -1,4 +1,4 @@
-"""Built-in datasets, generated offline: ``digits``, ``breast_cancer``, ``synthetic``.
+"""Built-in datasets, generated offline: ``digits``, ``breast_cancer``, ``diabetes``, ``synthetic``.
 
 A built-in dataset is a :class:`Table` (IDs, named feature columns, labels). It is
 only ever materialized into per-party CSV files (see :mod:`securevfl.data.partition`);
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from sklearn.datasets import load_breast_cancer, load_digits, make_classification
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, make_classification
 
 from securevfl.config import DatasetSpec, SyntheticParams
 from securevfl.registry import Registry
@@ -55,6 +55,17 @@ def breast_cancer(spec: DatasetSpec, seed: int) -> Table:
     return Table(_ids(len(x)), x, d.target.astype(np.int64), standardize=True)
 
 
+@DATASETS.register("diabetes")
+def diabetes(spec: DatasetSpec, seed: int) -> Table:
+    """scikit-learn's diabetes set (Efron et al. 2004): 442 rows, 10 numeric
+    features, a continuous target (disease progression after one year, 25-346);
+    a regression task (declare ``task: regression``: the target's values are whole
+    numbers, so it would otherwise read as 214 classes)."""
+    d = load_diabetes()
+    x = pd.DataFrame(d.data.astype(np.float64), columns=list(d.feature_names))
+    return Table(_ids(len(x)), x, d.target.astype(np.float64), standardize=True)
+
+
 @DATASETS.register("synthetic")
 def synthetic(spec: DatasetSpec, seed: int) -> Table:
     """Gaussian-cluster classification rows (scikit-learn's make_classification),
@@ -86,6 +97,8 @@ def feature_columns(name: str, spec: DatasetSpec) -> list[str] | None:
     if name == "synthetic":
         p = spec.synthetic or SyntheticParams()
         return [f"f{i}" for i in range(p.features)]
+    if name == "diabetes":
+        return ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
     if name == "breast_cancer":
         return [str(c).replace(" ", "_") for c in load_breast_cancer().feature_names]
     return None

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from securevfl.config import CsvSource
+from securevfl.config import CsvSource, PreprocessSpec, TaskKind
+from securevfl.data.preprocess import categorical_columns, check_declared, imputed_columns
 from securevfl.errors import DataError, DataWarning
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -24,14 +25,20 @@ MIN_ROWS_PER_CLASS = 10  # a label column with more classes than n/10 is warned 
 
 @dataclass
 class PartyData:
-    """A party's rows after loading: IDs, its feature matrix, labels if active."""
+    """A party's rows after loading: IDs, its feature matrix, labels if active.
+
+    With a ``preprocess`` entry the raw feature columns are kept in ``frame`` and
+    ``x`` is filled in only once the preprocessing is fitted on the training rows
+    (:func:`securevfl.parties.common.prepare`)."""
 
     party: str
     ids: list[str]
     columns: list[str]
     x: np.ndarray  # (n, d) float32; d may be 0 for a label-only active party
-    y: np.ndarray | None = None  # int64 class indices (active party only)
-    classes: list[str] | None = None
+    y: np.ndarray | None = None  # int64 class indices, or float32 targets (regression)
+    classes: list[str] | None = None  # None for a regression task
+    task: TaskKind | None = None  # the active party's task, declared or inferred
+    frame: pd.DataFrame | None = None  # raw feature columns awaiting preprocessing
 
     def take(self, order: np.ndarray) -> PartyData:
         """Rows in the given order (after alignment)."""
@@ -42,6 +49,8 @@ class PartyData:
             self.x[order],
             None if self.y is None else self.y[order],
             self.classes,
+            self.task,
+            None if self.frame is None else self.frame.iloc[order].reset_index(drop=True),
         )
 
 
@@ -76,8 +85,22 @@ def _first_rows(mask: np.ndarray, ids: pd.Series, k: int = 3) -> str:
     return ", ".join(f"line {int(r) + 2} (ID {ids.iloc[int(r)]!r})" for r in rows)
 
 
-def load_party_data(source: CsvSource, party: str, *, is_active: bool) -> PartyData:
+def load_party_data(
+    source: CsvSource,
+    party: str,
+    *,
+    is_active: bool,
+    preprocess: PreprocessSpec | None = None,
+    task: TaskKind | None = None,
+) -> PartyData:
     """Read and validate a party's own CSV.
+
+    Without ``preprocess`` every feature column must be numeric and complete. With
+    it, the declared categorical columns may hold anything (and be missing) and the
+    imputed numeric columns may have missing values; the rest stays strict.
+
+    ``task`` (active party) is the declared task; ``None`` infers it from the label
+    column (:func:`labels_for_task`).
 
     Public error messages name the party, the column and a count; the first
     offending lines and IDs go to :attr:`DataError.detail`, which stays with the
@@ -126,44 +149,88 @@ def load_party_data(source: CsvSource, party: str, *, is_active: bool) -> PartyD
             "(each occurs more than once)",
             detail=f"first at {_first_rows(dup, ids)} of {source.path}",
         )
-    x = frame[feats]
-    non_numeric = [c for c in feats if not pd.api.types.is_numeric_dtype(x[c])]
+    if preprocess is not None:
+        check_declared(preprocess, party, feats)
+    cats = categorical_columns(preprocess)
+    numeric = [c for c in feats if c not in cats]
+    x = frame[numeric]
+    non_numeric = [c for c in numeric if not pd.api.types.is_numeric_dtype(x[c])]
     if non_numeric:
-        raise DataError(f"party '{party}': non-numeric feature columns {non_numeric[:5]}")
+        hint = "" if preprocess is None else " (declare them in preprocess.categorical)"
+        raise DataError(f"party '{party}': non-numeric feature columns {non_numeric[:5]}{hint}")
     xv = x.to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(xv) | (np.abs(np.nan_to_num(xv)) > FLOAT32_MAX)
+    may_miss = np.isin(numeric, imputed_columns(preprocess, numeric))
+    bad = (np.isnan(xv) & ~may_miss[None, :]) | np.isinf(xv) | (np.abs(np.nan_to_num(xv)) > FLOAT32_MAX)
     if bad.any():
-        cols = [feats[c] for c in np.flatnonzero(bad.any(axis=0))]
+        cols = [numeric[c] for c in np.flatnonzero(bad.any(axis=0))]
         raise DataError(
             f"party '{party}': {int(bad.sum())} missing, infinite or float32-overflowing values in "
-            f"columns {cols[:5]} (impute or drop such rows before training)",
+            f"columns {cols[:5]} (impute them with a preprocess entry, or drop such rows, before training)",
             detail=f"first at {_first_rows(bad.any(axis=1), ids)} of {source.path}",
         )
     y = classes = None
+    kind: TaskKind | None = None
     if label:
-        lab = frame[label]
-        missing_label = lab.isna().to_numpy()
-        if missing_label.any():
+        y, classes, kind = labels_for_task(frame[label], party, label, ids, source.path, task)
+    if preprocess is None:
+        return PartyData(party, ids.tolist(), feats, xv.astype(np.float32), y, classes, kind)
+    raw = frame[feats].reset_index(drop=True)
+    return PartyData(party, ids.tolist(), feats, np.zeros((len(raw), 0), np.float32), y, classes, kind, raw)
+
+
+def labels_for_task(
+    lab: pd.Series, party: str, label: str, ids: pd.Series, path: str, task: TaskKind | None
+) -> tuple[np.ndarray, list[str] | None, TaskKind]:
+    """The label column as training targets: (y, classes, task).
+
+    Regression: float32 targets, no classes. Classification: int64 class indices
+    into the sorted distinct values. Without a declared ``task`` a numeric column
+    holding a non-integer value is a regression target and anything else is
+    classification, binary with two classes and multiclass above; an integer
+    column with nearly one value per row is warned about (declare ``task:
+    regression`` if it is a quantity)."""
+    missing_label = lab.isna().to_numpy()
+    if missing_label.any():
+        raise DataError(
+            f"party '{party}': missing label in column '{label}' on {int(missing_label.sum())} rows",
+            detail=f"first at {_first_rows(missing_label, ids)} of {path}",
+        )
+    numeric = pd.api.types.is_numeric_dtype(lab) and not pd.api.types.is_bool_dtype(lab)
+    if task is None and numeric and not np.all(np.mod(lab.to_numpy(dtype=np.float64), 1) == 0):
+        task = "regression"
+    if task == "regression":
+        if not numeric:
             raise DataError(
-                f"party '{party}': missing label in column '{label}' on {int(missing_label.sum())} rows",
-                detail=f"first at {_first_rows(missing_label, ids)} of {source.path}",
+                f"party '{party}': label column '{label}' is not numeric, so it is no regression target"
             )
-        uniq = sorted(lab.unique().tolist())
-        if len(uniq) < 2:
-            raise DataError(f"party '{party}': label column '{label}' has fewer than 2 classes")
-        if len(uniq) > max(2, len(lab) // MIN_ROWS_PER_CLASS):
-            warnings.warn(
-                DataWarning(
-                    f"party '{party}': label column '{label}' has {len(uniq)} distinct values in "
-                    f"{len(lab)} rows (more than one class per {MIN_ROWS_PER_CLASS} rows): is it a "
-                    "continuous target or an ID? securevfl trains a classifier with one class per value"
-                ),
-                stacklevel=2,
+        yv = lab.to_numpy(dtype=np.float64)
+        if not np.all(np.isfinite(yv)) or np.abs(yv).max() > FLOAT32_MAX:
+            raise DataError(
+                f"party '{party}': label column '{label}' holds infinite or float32-overflowing values"
             )
-        index = {v: i for i, v in enumerate(uniq)}
-        y = lab.map(index).to_numpy(dtype=np.int64)
-        classes = [str(v) for v in uniq]
-    return PartyData(party, ids.tolist(), feats, xv.astype(np.float32), y, classes)
+        if np.ptp(yv) == 0:
+            raise DataError(
+                f"party '{party}': label column '{label}' is constant; there is nothing to regress"
+            )
+        return yv.astype(np.float32), None, "regression"
+    uniq = sorted(lab.unique().tolist())
+    if len(uniq) < 2:
+        raise DataError(f"party '{party}': label column '{label}' has fewer than 2 classes")
+    if task == "binary" and len(uniq) != 2:
+        raise DataError(f"party '{party}': task is binary but label column '{label}' has {len(uniq)} classes")
+    if task is None and len(uniq) > max(2, len(lab) // MIN_ROWS_PER_CLASS):
+        warnings.warn(
+            DataWarning(
+                f"party '{party}': label column '{label}' has {len(uniq)} distinct values in "
+                f"{len(lab)} rows (more than one class per {MIN_ROWS_PER_CLASS} rows): is it a "
+                "continuous target or an ID? securevfl trains a classifier with one class per value "
+                "(declare 'task: regression' for a quantity)"
+            ),
+            stacklevel=3,
+        )
+    index = {v: i for i, v in enumerate(uniq)}
+    kind: TaskKind = task or ("binary" if len(uniq) == 2 else "multiclass")
+    return lab.map(index).to_numpy(dtype=np.int64), [str(v) for v in uniq], kind
 
 
 def split_indices(n: int, test_fraction: float, gen) -> tuple[np.ndarray, np.ndarray]:

@@ -116,6 +116,7 @@ class Defense:
     requires: ClassVar[frozenset[str]] = frozenset()
     options: ClassVar[type[BaseModel]] = DefenseOptions
     local_steps_refusal: ClassVar[str | None] = None  # why training.local_steps > 1 cannot work
+    needs_classes: ClassVar[str | None] = None  # why a task without classes (regression) cannot work
 
     def __init__(self, params: BaseModel, ctx: DefenseContext):
         self.params = params

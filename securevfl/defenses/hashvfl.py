@@ -455,6 +455,7 @@ class HashVFLConsistency(Defense):
 
     name = "hashvfl_consistency"
     sides = frozenset({"active"})
+    needs_classes = "its loss pulls each embedding towards its label's class code"
     requires = frozenset({"active_sees_embeddings"})
     options = ConsistencyOptions
     local_steps_refusal = "it trains with the passive party's hashvfl, which refuses local steps"

@@ -38,6 +38,7 @@ class LabelDPOptions(BaseModel):
 class LabelDP(Defense):
     name = "label_dp"
     sides = frozenset({"active"})
+    needs_classes = "randomized response replaces a label by another class"
     options = LabelDPOptions
 
     def __init__(self, params: LabelDPOptions, ctx) -> None:

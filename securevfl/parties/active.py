@@ -7,12 +7,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
+from securevfl.parties.tasks import TASKS
 from securevfl.schedule import eval_batches
 
 
@@ -24,10 +23,13 @@ class ActiveParty(Party):
         tr = proto.training
         spec = self.spec
         data = prep.data
-        assert data.y is not None and data.classes is not None
-        self.classes = len(data.classes)
-        self.y_train = self.stack.labels(torch.as_tensor(data.y[prep.train_idx]), classes=self.classes)
-        self.y_test = torch.as_tensor(data.y[prep.test_idx])
+        assert data.y is not None and data.task is not None
+        # the task kind (registered by name) owns the output width, loss and metrics
+        self.task = TASKS.get(data.task)(data.y[prep.train_idx], data.classes, tr.loss)
+        self.classes = None if data.classes is None else len(data.classes)
+        self.y_train = self.stack.labels(self.task.targets(data.y[prep.train_idx]), classes=self.classes)
+        self.y_test = self.task.targets(data.y[prep.test_idx])
+        self.y_test_raw = np.asarray(data.y[prep.test_idx])
         self.x_train = torch.as_tensor(prep.x_train)
         self.x_test = torch.as_tensor(prep.x_test)
         out = proto.interactive.out
@@ -38,7 +40,7 @@ class ActiveParty(Party):
             self.own = build_interactive(spec.model.out, out, seed=tr.seed, party=spec.name)
             modules += [self.bottom, self.own]
         self.bias = build_bias(out)
-        self.top = build_top(proto.top, out, self.classes, seed=tr.seed)
+        self.top = build_top(proto.top, out, self.task.outputs, seed=tr.seed)
         modules += [self.top, *self.stack.modules()]
         for m in modules:
             m.to(self.device)
@@ -104,7 +106,7 @@ class ActiveParty(Party):
         no optimizer step. Returns the loss and dL/dz."""
         y = self.y_train[idx].to(self.device)
         zp, z, logits = self._logits(idx, self.x_train, train=True, local=local, record_grad=record_grad)
-        loss = F.cross_entropy(logits, y)
+        loss = self.task.loss(logits, y)
         if not record_grad and len(self.trace) < self.proto.runtime.trace_steps:
             self.trace.append({"z": zp.detach().cpu().clone(), "loss": loss.detach().cpu().clone()})
         extra = self.stack.top_loss(z, logits, y, self.exchange.embeddings())
@@ -141,28 +143,21 @@ class ActiveParty(Party):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        probs = []
+        scores = []
         self.stack.begin_eval()
         for idx in eval_batches(len(self.y_test), self.proto.training.batch_size):
             _, _, logits = self._logits(idx, self.x_test, train=False)
             self.stack.observe_eval(logits, self.y_test[idx].to(self.device), self.exchange.embeddings())
-            probs.append(torch.softmax(logits.float(), dim=1).cpu())
-        p = torch.cat(probs)
-        acc = float((p.argmax(1) == self.y_test).float().mean())
-        auc = None
-        if self.classes == 2 and len(torch.unique(self.y_test)) == 2:
-            auc = float(roc_auc_score(self.y_test.numpy(), p[:, 1].numpy()))
-        return {"test_accuracy": acc, "test_auc": auc}
+            scores.append(self.task.outputs_to_scores(logits).cpu())
+        return self.task.metrics(torch.cat(scores).numpy(), self.y_test_raw)
 
     def after_round(self, batches: int) -> None:
         for _ in range(batches):
             self.progress.step()
 
     def after_epoch(self, row: dict[str, Any]) -> None:
-        loss, acc = row.get("train_loss"), row.get("test_accuracy")
-        info = (f"loss {loss:.4f}" if loss is not None else "") + (
-            f" test_acc {acc:.4f}" if acc is not None else ""
-        )
+        loss = row.get("train_loss")
+        info = (f"loss {loss:.4f} " if loss is not None else "") + self.task.headline(row)
         self.progress.epoch(row["epoch"], self.proto.training.epochs, info.strip())
 
     def finish(self) -> None:
@@ -172,8 +167,10 @@ class ActiveParty(Party):
         self, history: list[dict[str, Any]], metrics: dict[str, Any], step_times: list[float]
     ) -> dict[str, Any]:
         return {
+            "task": self.task.name,
             "test_accuracy": metrics.get("test_accuracy"),
             "test_auc": metrics.get("test_auc"),
+            **{k: metrics.get(k) for k in self.task.metric_keys},
             "history": history,
             "time_per_step_s": float(np.mean(step_times)) if step_times else 0.0,
             "step_time_s": {

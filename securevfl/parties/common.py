@@ -22,6 +22,7 @@ from securevfl.data.party_data import (
     split_indices,
     standardize,
 )
+from securevfl.data.preprocess import Preprocessor, fit_preprocessor
 from securevfl.defenses.base import CollectiveContext, build_stack, run_collectives
 from securevfl.defenses.budget import allowed_steps
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
@@ -37,13 +38,41 @@ from securevfl.timing import PhaseClock
 
 @dataclass
 class Prepared:
-    """A party's aligned rows, split into train and test (features scaled)."""
+    """A party's aligned rows, split into train and test (features scaled, or
+    preprocessed as its ``preprocess`` entry declares)."""
 
     data: PartyData  # aligned rows, in agreed order
     train_idx: np.ndarray
     test_idx: np.ndarray
     x_train: np.ndarray
     x_test: np.ndarray
+    preprocessor: Preprocessor | None = None  # fitted on the training rows only
+
+
+def party_spec(proto: Protocol, role: Role) -> PartySpec:
+    """The protocol entry of a party role."""
+    return proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
+
+
+def split_features(
+    data: PartyData, train_idx: np.ndarray, test_idx: np.ndarray, spec: PartySpec, scale: bool
+) -> tuple[np.ndarray, np.ndarray, Preprocessor | None]:
+    """A party's model inputs on its training and test rows.
+
+    With a ``preprocess`` entry its transformers are fitted on the training rows
+    alone and then applied to every aligned row (``data.x`` and ``data.columns``
+    become the transformed matrix and its column names); without one, the numeric
+    columns are z-scored with training-row statistics when ``scale`` is on."""
+    if data.frame is not None:
+        assert spec.preprocess is not None
+        pre = fit_preprocessor(spec.preprocess, data.party, data.frame.iloc[train_idx])
+        data.x = pre.transform(data.frame)
+        data.columns = pre.columns
+        return data.x[train_idx], data.x[test_idx], pre
+    x_tr, x_te = data.x[train_idx], data.x[test_idx]
+    if data.x.shape[1] and scale:
+        x_tr, x_te = standardize(x_tr, x_te)
+    return x_tr, x_te, None
 
 
 def prepare(
@@ -58,9 +87,17 @@ def prepare(
     """Load this party's own file, align it by PSI and split it; ``clock`` gets the
     data and alignment phases, ``note`` (the active rank's progress) hears when
     alignment starts and ends, since it can take minutes on large files."""
+    spec = party_spec(proto, role)
     with clock.phase("data"):
         source = party_source(proto, role.party, data_dir)
-        raw = load_party_data(source, role.party, is_active=role.kind == "active")
+        active = role.kind == "active"
+        raw = load_party_data(
+            source,
+            role.party,
+            is_active=active,
+            preprocess=spec.preprocess,
+            task=proto.task if active else None,
+        )
     channel.phase = "psi"
     with clock.phase("alignment"):
         if note is not None:
@@ -77,10 +114,11 @@ def prepare(
         len(data.ids), proto.dataset.test_fraction, generator(proto.training.seed, "split")
     )
     check_test_rows(role.party, len(test_idx), data.classes)
-    x_tr, x_te = data.x[train_idx], data.x[test_idx]
-    if data.x.shape[1] and dataset_standardize(proto, data_dir):
-        x_tr, x_te = standardize(x_tr, x_te)
-    return Prepared(data, train_idx, test_idx, x_tr, x_te)
+    with clock.phase("data"):
+        x_tr, x_te, pre = split_features(
+            data, train_idx, test_idx, spec, dataset_standardize(proto, data_dir)
+        )
+    return Prepared(data, train_idx, test_idx, x_tr, x_te, pre)
 
 
 class Party:
@@ -223,5 +261,4 @@ class Party:
         raise NotImplementedError
 
     def _spec(self) -> PartySpec:
-        role = self.s.role
-        return self.proto.parties.active if role.kind == "active" else self.proto.parties.passive[role.index]
+        return party_spec(self.proto, self.s.role)

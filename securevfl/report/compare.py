@@ -29,11 +29,15 @@ BASE: list[tuple[str, str]] = [
     ("dataset", "dataset"),
     ("test_accuracy", "test acc"),
     ("test_auc", "test AUC"),
+    ("test_r2", "test R²"),
+    ("test_rmse", "test RMSE"),
     ("epsilon", "eps"),
     ("time_per_step_s", "s/step"),
     ("bytes_per_step", "bytes/step"),
 ]
 TEXT = {"protocol", "backend", "defenses", "dataset"}
+# shown only when some run has them (regression tasks)
+OPTIONAL = {"test_r2", "test_rmse"}
 
 
 def human_bytes(n: float) -> str:
@@ -54,7 +58,7 @@ def fmt(key: str, value: Any) -> str:
     if key == "bytes_per_step":
         return human_bytes(value)
     if isinstance(value, float):
-        return f"{value:.4f}" if key in ("test_accuracy", "test_auc") else f"{value:.3f}"
+        return f"{value:.4f}" if key in ("test_accuracy", "test_auc", "test_r2") else f"{value:.3f}"
     return str(value)
 
 
@@ -74,8 +78,12 @@ def defenses_label(result: dict[str, Any]) -> str:
 
 
 def utility(result: dict[str, Any]) -> float | None:
-    """Main performance (MP): test AUC for binary tasks, else test accuracy."""
-    return result.get("test_auc") if result.get("test_auc") is not None else result.get("test_accuracy")
+    """Main performance (MP): test AUC for binary tasks, R² for regression, else
+    test accuracy."""
+    for key in ("test_auc", "test_r2"):
+        if result.get(key) is not None:
+            return result[key]
+    return result.get("test_accuracy")
 
 
 def attack_chance(name: str, rec: dict[str, Any]) -> float:
@@ -126,14 +134,18 @@ def rows(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]
     return out, attacks
 
 
-def columns(attacks: list[str]) -> list[tuple[str, str]]:
-    head = BASE[:7] + [(f"attack:{a}", f"AP {a}") for a in attacks]
-    return head + ([("dcs", "DCS")] if attacks else []) + BASE[7:]
+def columns(attacks: list[str], table: list[dict[str, Any]] | None = None) -> list[tuple[str, str]]:
+    """The table's columns; given the ``table`` rows, the regression metrics only
+    where some run reports them."""
+    base = [(k, h) for k, h in BASE if k not in OPTIONAL or any(r.get(k) is not None for r in table or [])]
+    cut = [k for k, _ in base].index("epsilon") + 1
+    head = base[:cut] + [(f"attack:{a}", f"AP {a}") for a in attacks]
+    return head + ([("dcs", "DCS")] if attacks else []) + base[cut:]
 
 
 def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None:
     table, attacks = rows(results)
-    cols = columns(attacks)
+    cols = columns(attacks, table)
     t = Table(title=title)
     for key, head in cols:
         t.add_column(head, justify="left" if key in TEXT else "right")
@@ -144,7 +156,7 @@ def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
     table, attacks = rows(results)
-    cols = columns(attacks)
+    cols = columns(attacks, table)
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in table:
         lines.append("| " + " | ".join(fmt(k, r.get(k)) for k, _ in cols) + " |")
@@ -233,7 +245,7 @@ def write_comparison(
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dirs = run_dirs or {r["protocol"]: out_dir / r["protocol"] for r in results}
     table, attacks = rows(results)
-    cols = columns(attacks)
+    cols = columns(attacks, table)
     paths = {
         "json": out_dir / "compare.json",
         "csv": out_dir / "compare.csv",

@@ -43,8 +43,13 @@ def build_result(
         "n_parties": 1 + len(layout.passive),
         "n_passive": len(layout.passive),
         "world_size": layout.world_size,
+        "task": active.get("task"),
         "test_accuracy": active.get("test_accuracy"),
         "test_auc": active.get("test_auc"),
+        # regression tasks (None otherwise): in the target's own units, on the test rows
+        "test_rmse": active.get("test_rmse"),
+        "test_mae": active.get("test_mae"),
+        "test_r2": active.get("test_r2"),
         "epochs": proto.training.epochs,
         "batch_size": proto.training.batch_size,
         "seed": proto.training.seed,

@@ -416,10 +416,40 @@ def test_float32_overflow_is_refused_at_load(tmp_path):
 
 
 def test_label_with_nearly_one_class_per_row_warns(tmp_path):
+    """Whole numbers with nearly one value per row: classes or a quantity? The
+    classifier stays the default, with a warning that names the way out."""
+    rows = "".join(f"u{i},{i * 7}\n" for i in range(60))
+    path = write(tmp_path, "a.csv", "\nid,label\n" + rows)
+    with pytest.warns(
+        DataWarning, match=r"60 distinct values in 60 rows.*continuous target.*task: regression"
+    ):
+        data = load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    assert data.task == "multiclass" and data.classes is not None and len(data.classes) == 60
+
+
+def test_non_integer_label_is_inferred_as_regression(tmp_path):
     rows = "".join(f"u{i},{i * 0.37:.3f}\n" for i in range(60))
     path = write(tmp_path, "a.csv", "\nid,label\n" + rows)
-    with pytest.warns(DataWarning, match=r"60 distinct values in 60 rows.*continuous target"):
-        load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    assert data.task == "regression" and data.classes is None
+    assert data.y is not None and data.y.dtype == np.float32
+    assert data.y[:3].tolist() == pytest.approx([0.0, 0.37, 0.74])
+
+
+def test_declared_task_decides(tmp_path):
+    rows = "".join(f"u{i},{i % 3}\n" for i in range(60))
+    path = write(tmp_path, "a.csv", "\nid,label\n" + rows)
+    reg = load_party_data(src(path, label_column="label"), "bank", is_active=True, task="regression")
+    assert reg.task == "regression" and reg.y is not None and reg.y.dtype == np.float32
+    multi = load_party_data(src(path, label_column="label"), "bank", is_active=True)
+    assert multi.task == "multiclass" and multi.classes == ["0", "1", "2"]
+    with pytest.raises(DataError, match=r"'bank': task is binary but label column 'label' has 3 classes"):
+        load_party_data(src(path, label_column="label"), "bank", is_active=True, task="binary")
+    text = write(tmp_path, "t.csv", "\nid,label\na,x\nb,y\n")
+    with pytest.raises(DataError, match=r"'bank': label column 'label' is not numeric"):
+        load_party_data(src(text, label_column="label"), "bank", is_active=True, task="regression")
 
 
 def test_label_with_few_classes_does_not_warn(tmp_path):

@@ -1,0 +1,158 @@
+"""Task kinds, registered by name: what the top model outputs, the training loss
+and the test metrics. The active party picks its task from the label column
+(declared ``task:`` or inferred, :func:`securevfl.data.party_data.labels_for_task`)
+and never branches on its name.
+
+* ``binary`` / ``multiclass``: K logits, cross-entropy; test accuracy, and the
+  ROC AUC of class 1 when there are two classes.
+* ``regression``: one output, MSE (or Huber) on the target standardized with the
+  training rows' mean and standard deviation (so that learning rates tuned for
+  classification fit any target scale); RMSE, MAE and R^2 in the target's own
+  units on the test rows.
+
+The metrics themselves are pure functions (:func:`regression_metrics`,
+:func:`classification_metrics`), tested without parties.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+
+from securevfl.registry import Registry
+
+
+def classification_metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
+    """Accuracy of the arg-max class and, for two classes present in ``y``, the
+    ROC AUC of class 1's probability."""
+    acc = float((probs.argmax(1) == y).mean())
+    auc = None
+    if probs.shape[1] == 2 and len(np.unique(y)) == 2:
+        auc = float(roc_auc_score(y, probs[:, 1]))
+    return {"test_accuracy": acc, "test_auc": auc}
+
+
+def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """RMSE, MAE and the coefficient of determination R^2 = 1 - SS_res / SS_tot
+    (SS_tot around the test rows' own mean, as scikit-learn's ``r2_score``)."""
+    pred = np.asarray(pred, dtype=np.float64).reshape(-1)
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    err = pred - y
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((err**2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return {
+        "test_rmse": float(np.sqrt((err**2).mean())),
+        "test_mae": float(np.abs(err).mean()),
+        "test_r2": r2,
+    }
+
+
+class Task:
+    """One task kind. ``y_train`` (the active party's raw training targets) fixes
+    whatever the task fits on them (the regression target's scale)."""
+
+    name: ClassVar[str]
+    has_classes: ClassVar[bool]
+    metric_keys: ClassVar[tuple[str, ...]]
+
+    def __init__(self, y_train: np.ndarray, classes: list[str] | None, loss: str):
+        self.classes = classes
+        self.loss_name = loss
+
+    @property
+    def outputs(self) -> int:
+        """Width of the top model's output."""
+        raise NotImplementedError
+
+    def targets(self, y: np.ndarray) -> torch.Tensor:
+        """Raw labels as the loss's targets."""
+        raise NotImplementedError
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def outputs_to_scores(self, out: torch.Tensor) -> torch.Tensor:
+        """Top-model outputs as what the task reports per row: class
+        probabilities, or the predicted value in the target's units."""
+        raise NotImplementedError
+
+    def metrics(self, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def headline(self, row: dict[str, Any]) -> str:
+        """The test metric a progress line shows."""
+        key = self.metric_keys[0]
+        value = row.get(key)
+        return "" if value is None else f"{key.removeprefix('test_')} {value:.4f}"
+
+
+class Classification(Task):
+    has_classes = True
+    metric_keys = ("test_accuracy", "test_auc")
+
+    @property
+    def outputs(self) -> int:
+        assert self.classes is not None
+        return len(self.classes)
+
+    def targets(self, y: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(y, dtype=np.int64))
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, target)
+
+    def outputs_to_scores(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(out.float(), dim=1)
+
+    def metrics(self, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+        return classification_metrics(scores, np.asarray(y))
+
+
+class Binary(Classification):
+    name = "binary"
+
+
+class Multiclass(Classification):
+    name = "multiclass"
+
+
+class Regression(Task):
+    name = "regression"
+    has_classes = False
+    metric_keys = ("test_r2", "test_rmse", "test_mae")
+
+    def __init__(self, y_train: np.ndarray, classes: list[str] | None, loss: str):
+        super().__init__(y_train, classes, loss)
+        y = np.asarray(y_train, dtype=np.float64)
+        self.mean = float(y.mean())
+        sd = float(y.std())
+        self.scale = sd if sd > 1e-12 else 1.0
+
+    @property
+    def outputs(self) -> int:
+        return 1
+
+    def targets(self, y: np.ndarray) -> torch.Tensor:
+        y = np.asarray(y, dtype=np.float64)
+        return torch.as_tensor(((y - self.mean) / self.scale).astype(np.float32))
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        pred = out.squeeze(1)
+        if self.loss_name == "huber":
+            return F.huber_loss(pred, target, delta=1.0)
+        return F.mse_loss(pred, target)
+
+    def outputs_to_scores(self, out: torch.Tensor) -> torch.Tensor:
+        return out.float().squeeze(1).double() * self.scale + self.mean
+
+    def metrics(self, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+        return regression_metrics(scores, y)
+
+
+TASKS: Registry[type[Task]] = Registry("task")
+for _cls in (Binary, Multiclass, Regression):
+    TASKS.add(_cls.name, _cls)
