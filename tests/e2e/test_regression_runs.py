@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(900)
 
 def diabetes(backend: str = "plain", epochs: int | None = None) -> dict[str, Any]:
     doc = load_yaml("diabetes_regression.yaml")
-    doc["exchange"] = {"backend": backend}
+    # crypto backends draw W_i privately by default; seeded, they start where plain does
+    doc["exchange"] = {"backend": backend, "params": {} if backend == "plain" else {"weight_init": "seeded"}}
     if epochs is not None:
         doc["training"]["epochs"] = epochs
     return doc
