@@ -242,9 +242,9 @@ class TrainingSpec(Strict):
     max_steps: int | None = Field(
         default=None, ge=1, description="stop after this many training steps (benchmarks)"
     )
-    loss: Literal["mse", "huber"] = Field(
-        default="mse",
-        description="regression loss (task: regression only; huber: delta 1 on the scaled target)",
+    loss: Literal["mse", "huber"] | None = Field(
+        default=None,
+        description="regression loss, mse by default (regression only; huber: delta 1 on the scaled target)",
     )
     local_steps: int = Field(
         default=1,

@@ -152,7 +152,7 @@ def check_task(proto: Protocol, task: str, *, source: str | None = None) -> None
     declared ``task`` and at the active rank once it has inferred one."""
     kind = TASKS.get(task, path="task")
     if kind.has_classes:
-        if proto.training.loss != "mse":
+        if proto.training.loss is not None:
             raise ConfigError(
                 f"training.loss '{proto.training.loss}' is a regression loss; task '{task}' trains with "
                 "cross-entropy",

@@ -25,7 +25,7 @@ class ActiveParty(Party):
         data = prep.data
         assert data.y is not None and data.task is not None
         # the task kind (registered by name) owns the output width, loss and metrics
-        self.task = TASKS.get(data.task)(data.y[prep.train_idx], data.classes, tr.loss)
+        self.task = TASKS.get(data.task)(data.y[prep.train_idx], data.classes, tr.loss or "mse")
         self.classes = None if data.classes is None else len(data.classes)
         self.y_train = self.stack.labels(self.task.targets(data.y[prep.train_idx]), classes=self.classes)
         self.y_test = self.task.targets(data.y[prep.test_idx])
