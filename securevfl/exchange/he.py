@@ -206,6 +206,14 @@ class _Shares:
         self.w = self.w - self.lr * self.v
 
 
+def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P_i's re-draw (module docstring): with U = u its fresh share, returns (delta,
+    new share) with delta = W^P - U sent to A, who adds it to W^A, and new share
+    W^P - delta (= U up to one float64 rounding), so the sum W_i is unchanged."""
+    delta = w - u
+    return delta, w - delta
+
+
 def _recv_public(scheme: HEScheme, ch: Channel, src: int, who: str) -> HEPeer:
     return scheme.peer(ch.recv_bytes(src, HE_PUBLIC, max_len=MAX_PUBLIC_BYTES), sender=who)
 
@@ -315,9 +323,8 @@ class HEPassive(PassiveExchange):
         self.w.step(r_mask)
         if self.share_bits is not None:  # re-draw: A's share becomes W_i - U (module docstring)
             lim = 2.0**self.share_bits
-            delta = self.w.w - rng.uniform(-lim, lim, size=self.w.w.shape)
+            delta, self.w.w = redraw_share(self.w.w, rng.uniform(-lim, lim, size=self.w.w.shape))
             ch.send(self.a, HE_RESHARE, torch.from_numpy(delta))
-            self.w.w = self.w.w - delta
         self._h = None
         return torch.from_numpy(masked - mu).float().to(self.ctx.device)
 

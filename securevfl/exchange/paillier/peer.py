@@ -48,6 +48,27 @@ class PaillierPeer(HEPeer):
         """k fresh obfuscators, never handed out before (for timing and tests)."""
         return self._fresh.take(k)
 
+    def prepare_operands(
+        self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
+    ) -> None:
+        """Called by he.py's P_i while A evaluates its forward product (P_i would
+        otherwise wait): make the obfuscators of the coming ``matmul(., shape, w, .)``
+        and ``tmatmul(p, ., shape, .)``, one per output ciphertext, counted for the
+        packing of :meth:`PaillierKey.encrypt_shared` (a wrong guess costs nothing:
+        :meth:`take` makes what is missing and keeps the rest for the next product,
+        each handed out once). Needs no operand values, only their shapes."""
+        prm = self.prm
+        rows, cols = (int(v) for v in shape)
+        nbits = self.n.bit_length()
+        need = 0
+        if w is not None:  # Enc(Y) @ w: w.shape[1] columns of row blocks
+            s = prm.slot_for(cols, nbits, prm.share, prm.fxs)
+            need += int(np.shape(w)[1]) * block_count(rows, (nbits - 1) // s)
+        if p is not None:  # p^T @ Y: p.shape[1] rows of column blocks
+            s = prm.slot_for(rows, nbits, prm.v, prm.fxs)
+            need += int(np.shape(p)[1]) * block_count(cols, (nbits - 1) // s)
+        self._fresh.stock(need - self._fresh.stocked())
+
     def _make_obfuscators(self, k: int) -> list[Any]:
         count(obfuscations=k)
         return self._sampler.sample(k)
