@@ -119,6 +119,14 @@ class HEKey(ABC):
         default (no rounding of its own) is x."""
         return x
 
+    def prepare_encryption(
+        self, shape: tuple[int, int], *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
+    ) -> None:
+        """Optional: precompute, while waiting, what a coming :meth:`encrypt_shared`
+        of a matrix of ``shape`` needs (a scheme's randomness); local work only. The
+        default does nothing."""
+        return None
+
 
 class HEPeer(ABC):
     """The other party's view of a key: public operations only."""
@@ -300,13 +308,17 @@ class HEPassive(PassiveExchange):
         ch = self.ctx.channel
         x = h.detach().double().cpu().numpy()
         self._h = x
-        # A only multiplies, by its share W_i - W^P: below 2^k + |W_i| < 2^(k+1) when re-drawn
-        bits = None if self.share_bits is None else self.share_bits + 1
-        ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt_shared(x, ops=frozenset({MATMUL}), share_bits=bits))
+        blob = self.key.encrypt_shared(x, ops=frozenset({MATMUL}), share_bits=self._h_bits())
+        ch.send_bytes(self.a, HE_ENC_H, blob)
         if train:  # while A evaluates: this step's backward products use h and the current share
             self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
         v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
         ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + self.key.shared_copy(x) @ self.w.w))
+
+    def _h_bits(self) -> int | None:
+        """A only multiplies Enc(h'_i), by its share W_i - W^P: below 2^k + |W_i| <
+        2^(k+1) when re-drawn."""
+        return None if self.share_bits is None else self.share_bits + 1
 
     def backward(self) -> torch.Tensor:
         ch = self.ctx.channel
@@ -314,6 +326,8 @@ class HEPassive(PassiveExchange):
         assert h is not None
         b, d = h.shape
         rng = _rng()
+        # while A encrypts dL/dz: the randomness of this party's next Enc(h'_i) (same batch size)
+        self.key.prepare_encryption((b, d), ops=frozenset({MATMUL}), share_bits=self._h_bits())
         blob_g = ch.recv_bytes(self.a, HE_ENC_G)
         mu = self.scheme.mask(rng, (b, d))
         r_mask = self.scheme.mask(rng, (d, self.o))

@@ -421,3 +421,15 @@ def test_check_refuses_weak_share_bounds():
     with pytest.raises(ConfigError, match="share_bits") as info:
         load_protocol_dict(paillier_doc(share_bits=30, scalar_bits=30))
     assert info.value.path == "exchange.params.scalar_bits"
+
+
+def test_prepared_encryption_randomness_is_used_once(scheme):
+    key = scheme.new_key()
+    x = rng(15).normal(0.0, 1.0, size=(50, 7))
+    key.prepare_encryption(x.shape, ops=frozenset({"matmul"}), share_bits=21)
+    stocked = list(key._fresh._stock)
+    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=21)
+    ((head, _),) = sections(blob)
+    assert len(stocked) == head[-1] == 7 * 2  # 7 columns x 2 row blocks of 25
+    assert key._fresh.stocked() == 0
+    np.testing.assert_array_equal(key.decrypt(blob, x.shape), key.shared_copy(x))

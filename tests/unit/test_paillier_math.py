@@ -18,7 +18,7 @@ from securevfl.exchange.paillier.obfuscation import (
     shape_for,
     table_products,
 )
-from securevfl.exchange.paillier.profile import step_counts
+from securevfl.exchange.paillier.profile import bytes_floor, step_counts
 
 OPTS = PaillierOptions(precompute=False, threads=1)
 
@@ -145,3 +145,13 @@ def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
     assert counts.encryptions == enc == 5 * blocks + batch
     assert counts.decryptions == counts.obfuscations == dec == 5 * blocks + 3
     assert counts.modexps == 2 * counts.decryptions  # set-up is not part of a step
+
+
+def test_bytes_floor_is_every_value_at_its_blob_density():
+    """Reference point: h'_i and its reply at 24 slots, dL/dz and g W^P^T at 25, the
+    weight gradient at 28 (512-byte ciphertexts), dL/dz once, plus three float64
+    matrices per party."""
+    b, d, o = 256, 64, 64
+    per_party = 2 * b * d * 512 / 24 + (b * o + b * d) * 512 / 25 + d * o * 512 / 28
+    per_party += (b * o + b * d + d * o) * 8
+    assert bytes_floor(OPTS, b, [d, d], o) == pytest.approx(2 * per_party)

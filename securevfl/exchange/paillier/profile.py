@@ -22,7 +22,7 @@ from securevfl.exchange.he import MATMUL
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting
 from securevfl.exchange.paillier.kernels import multiexp
-from securevfl.exchange.paillier.options import PaillierOptions
+from securevfl.exchange.paillier.options import PaillierOptions, Params
 
 #: the primitives whose unit costs make the floor (each includes its own modular multiplications)
 FLOOR_OPS = ("encryptions", "decryptions", "obfuscations", "ct_scalar")
@@ -81,6 +81,31 @@ def step_counts(
     if cpu is not None:
         cpu.append(time.process_time() - c0)
     return c, time.perf_counter() - t0
+
+
+def bytes_floor(options: PaillierOptions, batch: int, dims: list[int], out: int) -> float:
+    """Bytes per step the protocol must move (package docstring, "Costs and floors"):
+    per passive party the encrypted h'_i (B x d), h'_i W^A + eps (B x o), dL/dz
+    (B x o, once although it is sent in two packings), g W^P^T + mu (B x d) and
+    h'^T g - R (d x o), each value at 2|n|/8 / L bytes with L the slots of its
+    blob in :meth:`PaillierKey.encrypt_shared`'s packing, plus the plaintext
+    float64 matrices z share (B x o), dL/dh masked (B x d) and the re-draw (d x o)."""
+    prm = Params.of(options)
+    nbits = options.key_bits
+    ct = 2 * nbits / 8
+
+    def per_value(terms: int, scalar_bits: int) -> float:
+        return ct / ((nbits - 1) // prm.slot_for(terms, nbits, scalar_bits, prm.fxs))
+
+    total = 0.0
+    for d in dims:
+        h_blob = per_value(d, prm.share + 1)  # Enc(h'_i), and A's reply in its packing
+        g_cols = per_value(out, prm.share)  # Enc(dL/dz) for g W^P^T, and the reply
+        g_rows = per_value(batch, prm.v)  # Enc(dL/dz) for h'^T g, and the reply
+        total += batch * d * h_blob + batch * out * h_blob
+        total += batch * out * g_cols + batch * d * g_cols + d * out * g_rows
+        total += (batch * out + batch * d + d * out) * 8
+    return total
 
 
 def unit_costs(

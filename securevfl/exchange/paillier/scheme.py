@@ -24,7 +24,16 @@ from phe import paillier as phe_paillier
 from securevfl.errors import ProtocolError
 from securevfl.exchange.he import BOTH_OPS, MATMUL, TMATMUL, HEKey
 from securevfl.exchange.paillier.counters import count
-from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, encode, pack, unarrange, unpack
+from securevfl.exchange.paillier.encoding import (
+    COLS,
+    ROWS,
+    arrange,
+    block_count,
+    encode,
+    pack,
+    unarrange,
+    unpack,
+)
 from securevfl.exchange.paillier.kernels import powmods
 from securevfl.exchange.paillier.obfuscation import FixedBaseSampler, Fresh, randoms
 from securevfl.exchange.paillier.options import OBFUSCATION_SIGMA, Params
@@ -101,6 +110,25 @@ class PaillierKey(HEKey):
             return self.encrypt(x, ops=ops)
         prm = self.prm
         return self._encrypt(x, ops, prm.fxs, {COLS: int(share_bits), ROWS: prm.v})
+
+    def prepare_encryption(
+        self, shape: tuple[int, int], *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
+    ) -> None:
+        """Make the obfuscators of a coming :meth:`encrypt_shared` of ``shape`` now (he.py
+        calls it while the party waits); they are handed out first, each exactly once."""
+        prm = self.prm
+        rows, cols = (int(v) for v in shape)
+        nbits = self.n.bit_length()
+        need = 0
+        for lay in sorted(LAYOUT_OF[op] for op in ops):
+            if share_bits is None:
+                s = prm.slot_for(cols if lay == COLS else rows, nbits)
+            else:
+                sb = int(share_bits) if lay == COLS else prm.v
+                s = prm.slot_for(cols if lay == COLS else rows, nbits, sb, prm.fxs)
+            a, b = (rows, cols) if lay == COLS else (cols, rows)
+            need += b * block_count(a, (nbits - 1) // s)
+        self._fresh.stock(need - self._fresh.stocked())
 
     def shared_copy(self, x: np.ndarray) -> np.ndarray:
         """x exactly as :meth:`encrypt_shared` encodes it (float64 on the 2^-fxs grid)."""
