@@ -20,6 +20,24 @@ Backward, g = dL/dz at A (B x o)::
     P_i:       dL/dh = that - mu;  dW^P = R
     both:      v <- momentum v + dW;  W <- W - lr v      (SGD with momentum, on shares)
 
+Re-drawn share, when the scheme asks for it (:meth:`HEScheme.share_bits` = k; ``paillier``)::
+
+    P_i:       U uniform in [-2^k, 2^k)  (d x o, fresh every step)
+    P_i -> A   delta = W^P - U                        plaintext
+    A:         W^A <- W^A + delta;   P_i: W^P <- W^P - delta (= U)
+
+The sum is unchanged and A's share is W_i - U: it hides W_i within statistical
+distance |W_i - W'_i| / 2^(k+1) per weight, as a mask hides a value; the
+momentum buffers are not re-drawn (they never meet a ciphertext). The shares
+then stay below 2^k and 2^k + |W_i|, so a scheme that packs values into slots
+can size them for short operands (:meth:`HEKey.encrypt_shared`). Without it
+P_i's share is a random walk of its masks R and grows like sqrt(steps).
+
+Rounding: the owner of an encrypted operand also multiplies its own plain copy
+(h W^P at P_i, g W^A^T at A); it multiplies :meth:`HEKey.shared_copy`, the values
+exactly as encrypted, so the two halves share one rounding and its error meets
+W_i = W^A + W^P rather than a (large) share.
+
 So A learns z_i = h W_i (the declared output) and masked values; P_i learns
 dL/dh and masked values; ciphertexts cross only towards the party without the
 key. Masks are real values drawn by the scheme (:meth:`HEScheme.mask`), so the
@@ -61,6 +79,7 @@ HE_ENC_G = register_tag("he_enc_g", BYTES, "A -> P_i: Enc_A(dL/dz)")
 HE_ENC_GH = register_tag("he_enc_gh", BYTES, "P_i -> A: Enc_A(g W^P^T + mu)")
 HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
 HE_GH_MASKED = register_tag("he_gh_masked", FLOATS, "A -> P_i: g W_i^T + mu (masked)")
+HE_RESHARE = register_tag("he_reshare", FLOATS, "P_i -> A: W^P - U, U P_i's fresh share (re-drawn share)")
 
 MAX_PUBLIC_BYTES = 512 << 20
 MATMUL, TMATMUL = "matmul", "tmatmul"
@@ -84,6 +103,29 @@ class HEKey(ABC):
     @abstractmethod
     def decrypt(self, blob: bytes, shape: tuple[int, int]) -> np.ndarray:
         """Decrypt a blob produced by the peer's ``matmul``/``tmatmul``."""
+
+    def encrypt_shared(
+        self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
+    ) -> bytes:
+        """Encrypt as this module's protocol does: the peer's ``matmul`` operand is a
+        weight share below 2^share_bits (None: no bound), its ``tmatmul`` operand its
+        own embedding; the owner multiplies :meth:`shared_copy` of x itself. A scheme
+        whose packing depends on operand sizes can pack tighter; the default is
+        :meth:`encrypt`."""
+        return self.encrypt(x, ops=ops)
+
+    def shared_copy(self, x: np.ndarray) -> np.ndarray:
+        """x as :meth:`encrypt_shared` encodes it, for the owner's own product; the
+        default (no rounding of its own) is x."""
+        return x
+
+    def prepare_encryption(
+        self, shape: tuple[int, int], *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
+    ) -> None:
+        """Optional: precompute, while waiting, what a coming :meth:`encrypt_shared`
+        of a matrix of ``shape`` needs (a scheme's randomness); local work only. The
+        default does nothing."""
+        return None
 
 
 class HEPeer(ABC):
@@ -126,6 +168,11 @@ class HEScheme(ABC):
     def mask(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         """Fresh random mask values (float64) within the scheme's safe range."""
 
+    def share_bits(self) -> int | None:
+        """k: P_i re-draws its weight share uniform in [-2^k, 2^k) every step (module
+        docstring); None (the default): shares are never re-drawn."""
+        return None
+
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         """Refuse insecure parameters at load (CryptoParameterError)."""
@@ -167,6 +214,14 @@ class _Shares:
         self.w = self.w - self.lr * self.v
 
 
+def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P_i's re-draw (module docstring): with U = u its fresh share, returns (delta,
+    new share) with delta = W^P - U sent to A, who adds it to W^A, and new share
+    W^P - delta (= U up to one float64 rounding), so the sum W_i is unchanged."""
+    delta = w - u
+    return delta, w - delta
+
+
 def _recv_public(scheme: HEScheme, ch: Channel, src: int, who: str) -> HEPeer:
     return scheme.peer(ch.recv_bytes(src, HE_PUBLIC, max_len=MAX_PUBLIC_BYTES), sender=who)
 
@@ -188,7 +243,7 @@ class HEActive(ActiveExchange):
             for i in range(len(self.peers_rank))
         ]
         self.o = ip.out
-        self._eps: list[np.ndarray] = []
+        self.share_bits = scheme.share_bits()
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
         ch = self.ctx.channel
@@ -210,7 +265,8 @@ class HEActive(ActiveExchange):
     def backward(self, grad_z: torch.Tensor) -> None:
         ch = self.ctx.channel
         g = grad_z.detach().double().cpu().numpy()
-        blob_g = self.key.encrypt(g)
+        blob_g = self.key.encrypt_shared(g, share_bits=self.share_bits)  # P_i multiplies by its share
+        g = self.key.shared_copy(g)
         b = g.shape[0]
         for r in self.peers_rank:  # every P_i starts its products at once (they run in parallel)
             ch.send_bytes(r, HE_ENC_G, blob_g)
@@ -220,6 +276,10 @@ class HEActive(ActiveExchange):
             dw = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GW), (d, self.o))
             ch.send(r, HE_GH_MASKED, torch.from_numpy(u + g @ self.w[i].w.T))
             self.w[i].step(dw)
+        if self.share_bits is not None:
+            for i, r in enumerate(self.peers_rank):
+                shape = (self.ctx.embed_dims[i], self.o)
+                self.w[i].w = self.w[i].w + ch.recv(r, HE_RESHARE, shape=shape, dtype=torch.float64).numpy()
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
@@ -241,17 +301,24 @@ class HEPassive(PassiveExchange):
         ip = ctx.proto.interactive
         self.w = _Shares(_init_shares(ctx, self.i, "passive", weight_init), ip.lr, ip.momentum)
         self.o = ip.out
+        self.share_bits = scheme.share_bits()
         self._h: np.ndarray | None = None
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         ch = self.ctx.channel
         x = h.detach().double().cpu().numpy()
         self._h = x
-        ch.send_bytes(self.a, HE_ENC_H, self.key.encrypt(x, ops=frozenset({MATMUL})))  # A only multiplies
+        blob = self.key.encrypt_shared(x, ops=frozenset({MATMUL}), share_bits=self._h_bits())
+        ch.send_bytes(self.a, HE_ENC_H, blob)
         if train:  # while A evaluates: this step's backward products use h and the current share
             self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
         v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
-        ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + x @ self.w.w))
+        ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + self.key.shared_copy(x) @ self.w.w))
+
+    def _h_bits(self) -> int | None:
+        """A only multiplies Enc(h'_i), by its share W_i - W^P: below 2^k + |W_i| <
+        2^(k+1) when re-drawn."""
+        return None if self.share_bits is None else self.share_bits + 1
 
     def backward(self) -> torch.Tensor:
         ch = self.ctx.channel
@@ -259,6 +326,8 @@ class HEPassive(PassiveExchange):
         assert h is not None
         b, d = h.shape
         rng = _rng()
+        # while A encrypts dL/dz: the randomness of this party's next Enc(h'_i) (same batch size)
+        self.key.prepare_encryption((b, d), ops=frozenset({MATMUL}), share_bits=self._h_bits())
         blob_g = ch.recv_bytes(self.a, HE_ENC_G)
         mu = self.scheme.mask(rng, (b, d))
         r_mask = self.scheme.mask(rng, (d, self.o))
@@ -266,6 +335,10 @@ class HEPassive(PassiveExchange):
         ch.send_bytes(self.a, HE_ENC_GW, self.peer.tmatmul(h, blob_g, (b, self.o), -r_mask))
         masked = ch.recv(self.a, HE_GH_MASKED, shape=(b, d), dtype=torch.float64).numpy()
         self.w.step(r_mask)
+        if self.share_bits is not None:  # re-draw: A's share becomes W_i - U (module docstring)
+            lim = 2.0**self.share_bits
+            delta, self.w.w = redraw_share(self.w.w, rng.uniform(-lim, lim, size=self.w.w.shape))
+            ch.send(self.a, HE_RESHARE, torch.from_numpy(delta))
         self._h = None
         return torch.from_numpy(masked - mu).float().to(self.ctx.device)
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
+from securevfl.exchange.he import redraw_share
 from securevfl.exchange.paillier import (
     BLOB_HEAD,
     COLS,
@@ -25,6 +26,7 @@ from securevfl.exchange.paillier import (
     PaillierKey,
     PaillierOptions,
     PaillierScheme,
+    counting,
     dump_public,
     load_blob,
     pack,
@@ -321,3 +323,113 @@ def test_encrypt_writes_only_the_layouts_the_peer_operations_need(key):
         key.encrypt(x, ops=frozenset({"transpose"}))
     with pytest.raises(ValueError, match="known"):
         key.encrypt(x, ops=frozenset())
+
+
+# -- he.py's protocol path: re-drawn shares, narrow slots, the owner's rounded copy ------
+
+
+def test_redrawn_share_keeps_the_sum_and_forgets_the_old_share():
+    r = rng(10)
+    w_a, w_p = r.normal(0.0, 2.0**22, size=(6, 5)), r.normal(0.0, 2.0**22, size=(6, 5))
+    u = r.uniform(-(2.0**20), 2.0**20, size=(6, 5))
+    delta, new_p = redraw_share(w_p, u)
+    new_a = w_a + delta
+    ulp = 2.0**-52 * float(np.max(np.abs(w_a) + np.abs(w_p) + np.abs(u)))  # float64 roundings
+    np.testing.assert_allclose(new_a + new_p, w_a + w_p, rtol=0, atol=4 * ulp)
+    assert np.max(np.abs(new_p - u)) <= 2 * ulp  # P_i's share is U: below 2^20
+    # A's new share is W_i - U whatever the old shares were
+    np.testing.assert_allclose(new_a, (w_a + w_p) - u, rtol=0, atol=4 * ulp)
+
+
+def test_shared_packing_is_narrower_and_decrypts_to_the_shared_copy(key):
+    """Operands below 2^21 (A's share) and values at 2^-24: 82-bit slots, 24 per
+    ciphertext, instead of the generic 125-bit slots (16)."""
+    x = rng(11).normal(0.0, 1.0, size=(50, 64))
+    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=21)
+    ((head, _),) = sections(blob)
+    layout, scale, slot_bits, slots, rows, cols, _, count = head
+    assert (layout, scale, slot_bits, slots) == (COLS, 24, 82, 24)
+    assert (rows, cols, count) == (50, 64, 64 * 3)  # 50 rows in blocks of 24
+    generic = sections(key.encrypt(x, ops=frozenset({"matmul"})))[0][0]
+    assert generic[2] == 125 and generic[3] == 16
+    copy = key.shared_copy(x)
+    np.testing.assert_array_equal(key.decrypt(blob, x.shape), copy)
+    assert np.max(np.abs(copy - x)) <= 2.0**-25
+    assert sections(key.encrypt_shared(x, share_bits=None)) == sections(key.encrypt(x))  # generic
+
+
+def test_owner_copy_rounded_as_encrypted_cancels_against_a_large_share(key, peer, scheme):
+    """z = Dec(Enc(h) W^A + eps) + h W^P - eps with W^A = W - U, |U| < 2^20: with the
+    rounded copy the error meets W (small), with the raw copy it meets U (2^20)."""
+    r = rng(12)
+    h = r.normal(0.0, 1.0, size=(30, 8))
+    w = r.normal(0.0, 0.2, size=(8, 4))
+    u = r.uniform(-(2.0**20), 2.0**20, size=(8, 4))
+    eps = scheme.mask(r, (30, 4))
+    out = peer.matmul(key.encrypt_shared(h, ops=frozenset({"matmul"}), share_bits=21), h.shape, w - u, eps)
+    v = key.decrypt(out, (30, 4))
+    z = v + key.shared_copy(h) @ u - eps
+    # rounding: h at 2^-24 times |W|, W^A at 2^-20 times |h|, float64 on ~2^25 values
+    tol = 8 * (np.abs(w).sum(axis=0).max() * 2.0**-25 + np.abs(h).sum(axis=1).max() * 2.0**-21) + 2.0**-26
+    assert np.max(np.abs(z - h @ w)) < tol < 1e-4
+    assert np.max(np.abs(v + h @ u - eps - h @ w)) > 100 * tol  # the raw copy would not do
+
+
+def test_tmatmul_on_the_shared_rows_layout(key, peer, scheme):
+    r = rng(13)
+    g = r.normal(0.0, 0.01, size=(40, 6))
+    h = r.normal(0.0, 1.0, size=(40, 5))
+    mask = -scheme.mask(r, (5, 6))
+    blob = key.encrypt_shared(g, share_bits=20)
+    got = key.decrypt(peer.tmatmul(h, blob, g.shape, mask), (5, 6))
+    want = h.T @ key.shared_copy(g) + mask
+    assert np.max(np.abs(got - want)) < 40 * 4 * 2.0**-21 * 0.05 + 2.0**-24
+
+
+def test_evaluator_refuses_operands_that_could_overflow_narrow_slots(key, peer):
+    blob = key.encrypt_shared(np.ones((3, 2)), ops=frozenset({"matmul"}), share_bits=21)
+    peer.matmul(blob, (3, 2), np.full((2, 1), 2.0**20), np.zeros((3, 1)))  # within the promise
+    with pytest.raises(ProtocolError, match=r"rank 1 \(left\).*could overflow"):
+        peer.matmul(blob, (3, 2), np.full((2, 1), 2.0**30), np.zeros((3, 1)))
+
+
+def test_prepared_obfuscators_are_the_ones_the_products_take(key, peer, scheme):
+    """P_i makes the obfuscators of its backward products while it waits: exactly one
+    per output ciphertext, each used once, and the products still decrypt right."""
+    r = rng(14)
+    b, d, o = 30, 5, 4
+    g, h = r.normal(0.0, 0.01, size=(b, o)), r.normal(0.0, 1.0, size=(b, d))
+    wp = r.uniform(-(2.0**20), 2.0**20, size=(d, o))
+    peer.prepare_operands((b, o), w=wp.T, p=h)
+    stocked = list(peer._fresh._stock)
+    assert len(stocked) == d * 2 + d * 1  # u: d cols x 2 blocks of 26; dW: d rows x 1 block
+    blob = key.encrypt_shared(g, share_bits=20)
+    with counting() as c:
+        u = peer.matmul(blob, (b, o), wp.T, np.zeros((b, d)))
+        dw = peer.tmatmul(h, blob, (b, o), np.zeros((d, o)))
+    assert c.obfuscations == 0 and peer._fresh.stocked() == 0
+    assert len({int(v) for v in stocked}) == len(stocked)
+    gq = key.shared_copy(g)
+    assert np.max(np.abs(key.decrypt(u, (b, d)) - gq @ wp.T)) < 1e-4
+    assert np.max(np.abs(key.decrypt(dw, (d, o)) - h.T @ gq)) < 1e-6
+
+
+def test_check_refuses_weak_share_bounds():
+    with pytest.raises(CryptoParameterError, match="statistical") as info:
+        load_protocol_dict(paillier_doc(share_bits=16))
+    assert info.value.path == "exchange.params.share_bits"
+    with pytest.raises(ConfigError, match="share_bits") as info:
+        load_protocol_dict(paillier_doc(share_bits=30, scalar_bits=30))
+    assert info.value.path == "exchange.params.scalar_bits"
+
+
+def test_prepared_encryption_randomness_is_used_once(scheme):
+    key = scheme.new_key()
+    x = rng(15).normal(0.0, 1.0, size=(50, 7))
+    key.prepare_encryption(x.shape, ops=frozenset({"matmul"}), share_bits=21)
+    stocked = list(key._fresh._stock)
+    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=21)
+    ((head, _),) = sections(blob)
+    assert len(stocked) == head[-1] == 7 * 2  # 7 columns x 2 row blocks of 25
+    assert key._fresh.stocked() == 0
+    np.testing.assert_array_equal(key.decrypt(blob, x.shape), key.shared_copy(x))

@@ -18,7 +18,7 @@ from securevfl.exchange.paillier.obfuscation import (
     shape_for,
     table_products,
 )
-from securevfl.exchange.paillier.profile import step_counts
+from securevfl.exchange.paillier.profile import bytes_floor, step_counts
 
 OPTS = PaillierOptions(precompute=False, threads=1)
 
@@ -132,11 +132,26 @@ def test_multiexp_matches_the_product_of_powers(k, j, top):
     assert multiexp(bases, np.zeros((k, 2), dtype=np.int64), mod) == [1, 1]
 
 
-def test_step_counts_match_the_protocol_shapes():
-    """One step, one passive party, B = 20, d = 3, o = 2, 16 slots per ciphertext:
-    Enc(h) 3 cols x 2 blocks; Enc(g) cols 2 x 2 plus rows 20 x 1; outputs z 2 x 2,
-    u 3 x 2, dW 3 rows x 1, each obfuscated once and decrypted once."""
-    counts, _ = step_counts(OPTS, 20, [3], 2)
-    assert counts.encryptions == 6 + 4 + 20
-    assert counts.decryptions == counts.obfuscations == 4 + 6 + 3
+@pytest.mark.parametrize(
+    "batch,blocks,enc,dec", [(20, 1, 3 + 2 + 20, 2 + 3 + 3), (60, 3, 9 + 6 + 60, 6 + 9 + 3)]
+)
+def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
+    """One step, one passive party, d = 3, o = 2, in the protocol's packing (re-drawn
+    shares below 2^20, values at 2^-24): 26 slots per ciphertext for h and g's
+    ``cols`` (78- and 76-bit slots), 28 for g's ``rows`` (71 bits). Enc(h) 3 cols x
+    ``blocks``; Enc(g) cols 2 x ``blocks`` plus rows ``batch`` x 1; outputs z 2 x
+    ``blocks``, u 3 x ``blocks``, dW 3 rows x 1, each obfuscated once and decrypted once."""
+    counts, _ = step_counts(OPTS, batch, [3], 2)
+    assert counts.encryptions == enc == 5 * blocks + batch
+    assert counts.decryptions == counts.obfuscations == dec == 5 * blocks + 3
     assert counts.modexps == 2 * counts.decryptions  # set-up is not part of a step
+
+
+def test_bytes_floor_is_every_value_at_its_blob_density():
+    """Reference point: h'_i and its reply at 24 slots, dL/dz and g W^P^T at 25, the
+    weight gradient at 28 (512-byte ciphertexts), dL/dz once, plus three float64
+    matrices per party."""
+    b, d, o = 256, 64, 64
+    per_party = 2 * b * d * 512 / 24 + (b * o + b * d) * 512 / 25 + d * o * 512 / 28
+    per_party += (b * o + b * d + d * o) * 8
+    assert bytes_floor(OPTS, b, [d, d], o) == pytest.approx(2 * per_party)

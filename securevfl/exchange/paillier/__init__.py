@@ -16,28 +16,39 @@ nobody holds W_i; DESIGN §4, SECURITY.md ``paillier``); this package is the sch
 
 Fixed point, one public scale per role, never a per-value exponent
     Every encrypted value x (an embedding h'_i or a gradient dL/dz) is the integer
-    round(x 2^precision_bits) with |x| < 2^value_bits; every plaintext operand
-    (a weight share, or h'_i in ``tmatmul``) is round(w 2^scalar_precision_bits)
-    with |w| < 2^scalar_bits; results carry the sum of the two. phe's default
-    encoding picks an exponent per value, sends it in the clear (it leaks the
-    magnitude) and makes every mixed addition a modexp; here a blob's header has
-    one scale field and the values have none. Why two scales: in ``he.py`` the
-    party that owns an encrypted operand also multiplies its own float copy by
-    its weight share, and the weight shares absorb the masks R of every step
-    (dW^P = R), so they grow to ~2^(mask_bits+4). The rounding error of the
-    encrypted operand is multiplied by that share, hence the 48 fractional bits
-    (error ~2^(mask_bits+6-precision_bits) on z); the plaintext operand's
-    rounding error only meets values below 2^value_bits, and 20 bits keep it
-    near 1e-6 while the exponents of the scalar multiplications stay short.
+    round(x 2^f) with |x| < 2^value_bits; every plaintext operand (a weight share,
+    or h'_i in ``tmatmul``) is round(w 2^scalar_precision_bits) with |w| <
+    2^scalar_bits; results carry the sum of the two. phe's default encoding picks
+    an exponent per value, sends it in the clear (it leaks the magnitude) and makes
+    every mixed addition a modexp; here a blob's header has one scale field and the
+    values have none. f is a public constant of the blob's role: the generic
+    :meth:`PaillierKey.encrypt` uses ``precision_bits`` (48), he.py's protocol
+    (:meth:`PaillierKey.encrypt_shared`) ``shared_precision_bits`` (24). Why 48 for
+    the generic API: a party that multiplies its own unrounded copy of an operand
+    by a large weight share (2^20 or more) next to the peer's product on the
+    rounded one gets the rounding error times that share. In the protocol the owner
+    multiplies :meth:`PaillierKey.shared_copy`, the values exactly as encrypted, so
+    the two halves share one rounding and its error meets W_i = W^A + W^P (|W_i|
+    of order 1): 24 bits keep it near 1e-7 on z. The plaintext operand's rounding
+    error only meets values below 2^value_bits, and 20 bits keep it near 1e-6
+    while the exponents of the scalar multiplications stay short.
 
 Packing (FATE-style; only additions and one scalar per ciphertext are possible)
     A plaintext holds L = (|n| - 1) // S signed slots of S bits. S is sized so that
-    no slot can overflow: S >= F + max(value_bits + scalar_bits + ceil(log2
-    terms), mask_bits) + 3, with F the result scale and ``terms`` the length of
-    the sums (the encryptor knows it from the shape; the peer re-checks it;
-    ``slot_bits`` may fix S, which ``check`` then verifies against the batch size
-    and the embedding sizes). With the defaults S is 123..127 bits and L = 16 at
-    2048-bit keys.
+    no slot can overflow: S >= F + max(value_bits + s + ceil(log2 terms),
+    mask_bits) + 3, with F the result scale, 2^s the bound on the plaintext
+    operands and ``terms`` the length of the sums (the encryptor knows it from the
+    shape); the evaluator re-checks the slot width against its actual operands
+    and refuses a product that could overflow. ``slot_bits`` may fix S, which
+    ``check`` then verifies against the batch size and the embedding sizes for any
+    operand below 2^scalar_bits. Generic :meth:`PaillierKey.encrypt`: s =
+    scalar_bits (40), S = 123..127 bits, L = 16 at 2048-bit keys. The protocol
+    (:meth:`PaillierKey.encrypt_shared`) knows its operands: A multiplies Enc(h'_i)
+    by its share W_i - U, below 2^(share_bits+1); P_i multiplies the ``cols`` of
+    Enc(dL/dz) by its share U, below 2^share_bits, and the ``rows`` by h'_i, below
+    2^value_bits. At the defaults (F = 44, share_bits 20, terms 64 or 256) that is
+    S = 82 bits, L = 24 for Enc(h'_i); S = 81, L = 25 for dL/dz's ``cols``; and
+    S = 71, L = 28 for its ``rows``.
 
     Layouts: ``cols`` packs L consecutive rows of one column into a ciphertext,
     so ``Enc(X) @ w`` multiplies every slot of column k by the same w[k, j] and
@@ -77,36 +88,38 @@ Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 pa
     Per passive party and step the protocol moves the encrypted matrices h'_i
     (B x h), h'_i W^A + eps (B x o), dL/dz (B x o; Paillier needs it in both
     packings, ``cols`` for g W^P^T and ``rows`` for h'^T g), g W^P^T + mu (B x h)
-    and h'^T g - R (h x o), and two masked float64 matrices (B x o, B x h).
-    Bytes floor: with dL/dz counted once, 2Bh + 2Bo + ho = 69,632 values per party
-    at the best safe density, 2|n|/8 / L = 512 / 16 = 32 bytes per value (L slots
-    of S = 127 bits: a slot must hold a sum of 64 products of a 56-bit encrypted
-    integer and a 60-bit scalar plus a mask), plus 256 KiB of floats: 2.375 MiB
-    per party, 4.75 MiB per step; the second packing of dL/dz adds 0.5 MiB per
-    party, so the blobs as sent are 5.75 MiB plus headers (about 1.2x the floor).
-    Operation floor: per step 4,096 encryptions (h'_i 1,024 per party, dL/dz 2,048
-    once), 4,608 decryptions and as many evaluator obfuscators (one per output
-    ciphertext: 1,024 + 1,024 + 256 per party), and 393,216 ciphertext x scalar
-    products (B h o / L in each of the three products per party: one exponent of
-    ~43 bits for a weight share of ~2^23, ~22 bits for h'_i, inside a shared
-    multi-exponentiation). :mod:`.profile` counts them with :mod:`.counters`,
-    times each primitive, and ``benchmarks/exchange.py`` prints count x unit cost
-    beside the measured step. Decryption (two 1024-bit exponentiations mod p^2 and
-    q^2 per ciphertext, ~2.5 ms) has no fixed-base shortcut, so 4,608 of them are
-    ~11 s of one core per step whatever else is done: the floor is set by the
-    number of output ciphertexts, i.e. by the slot width.
+    and h'^T g - R (h x o), and three plaintext float64 matrices (B x o, B x h,
+    and the re-draw's h x o). Bytes floor (:func:`.profile.bytes_floor`): every
+    encrypted value at the density of its blob, 2|n|/8 / L bytes (512 / 24 =
+    21.3 for h'_i and h'_i W^A + eps, 512 / 25 = 20.5 for dL/dz and g W^P^T + mu,
+    512 / 28 = 18.3 for h'^T g - R), dL/dz counted once, plus the floats: 1.66 MiB
+    per party, 3.32 MiB per step. The blobs as sent: ciphertexts 704 + 704 + 704
+    + 768 (dL/dz in both packings) + 704 + 192 per party (704 = 64 columns x 11
+    row blocks), 4.25 MiB per step with the floats and headers (1.28x the floor;
+    the second packing of dL/dz is most of the difference).
+    Operation counts per step: 2,880 encryptions (h'_i 704 per party, dL/dz
+    1,472 once), 3,200 decryptions and as many evaluator obfuscators (one per
+    output ciphertext: 704 + 704 + 192 per party), 278,528 ciphertext x scalar
+    products (64 per output for z and g W^P^T, exponents of ~41 bits; 256 per
+    output for h'^T g, exponents of ~22 bits), inside shared multi-exponentiations.
+    :mod:`.profile` counts them with :mod:`.counters`, times each primitive, and
+    ``benchmarks/exchange.py`` prints count x unit cost beside the measured step.
+    Decryption (two 1024-bit exponentiations mod p^2 and q^2 per ciphertext,
+    ~2.5 ms) has no fixed-base shortcut, so the floor is set by the number of
+    output ciphertexts, i.e. by the slot width. P_i makes its backward products'
+    obfuscators while A evaluates its forward product (``prepare_operands``),
+    when it would otherwise wait.
 
-Weight shares (not bounded yet)
-    Today (he.py) each side starts from a Gaussian half N(0, 1/(6d)) (``private``)
-    and P_i's share then moves by -lr v, v the momentum sum of its masks R (uniform
-    in +-2^mask_bits), so the shares grow like lr 2^mask_bits / sqrt(3) / (1 -
-    momentum) sqrt(t) = 2^22.2 sqrt(t) at lr 0.05, momentum 0.9: 2^23 after 3 steps,
-    2^27 after 1,000, and the scalar exponents (share bits + 20) with them. Re-drawing
-    P_i's share every step uniformly in [-2^k, 2^k) (A's share: W_i minus it) would
-    hide W_i from A within statistical distance |W_i - W'_i| / 2^(k+1) per weight
-    (k = 20, |W| <= 2: 2^-19, the masks' standard), cap the exponents at k + 20 = 40
-    bits and allow scalar_bits = 32 (S 127 -> 119 bits, L 16 -> 17 slots). It changes
-    he.py's protocol, which ``ckks`` shares, so it is left for later.
+Weight shares (re-drawn every step; he.py, SECURITY.md ``paillier``)
+    Each side starts from a Gaussian half N(0, 1/(6d)) (``private``) or A from
+    plain's W_i and P_i from 0 (``seeded``). After every update P_i draws U uniform
+    in [-2^share_bits, 2^share_bits), sends delta = W^P - U and keeps U; A adds
+    delta. A's share is then W_i - U, which hides W_i within statistical distance
+    |W_i - W'_i| / 2^(share_bits+1) per weight and step (2^-20 for |W_i - W'_i|
+    <= 2 at the default 20, the standard the masks meet for values up to 16;
+    ``check`` refuses share_bits < 20), and the scalars stay below 2^41 at 2^-20
+    (before: a random walk of P_i's masks, 2^23 after 3 steps, 2^27 after 1,000,
+    with exponents growing alike).
 """
 
 from __future__ import annotations

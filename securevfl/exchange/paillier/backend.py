@@ -36,6 +36,11 @@ class PaillierScheme(HEScheme):
         n = load_public(public, sender, self.opts.key_bits)  # type: ignore[attr-defined]
         return PaillierPeer(self.prm, n, sender)
 
+    def share_bits(self) -> int:
+        """P_i's weight share is re-drawn uniform in [-2^share_bits, 2^share_bits) every
+        step, so the plaintext operands stay short and the slots narrow (he.py)."""
+        return int(self.opts.share_bits)  # type: ignore[attr-defined]
+
     def mask(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         """Uniform on the grid 2^(mask_bits-52) in [-2^mask_bits, 2^mask_bits) (exact in float64)."""
         lim = 1 << 52
@@ -67,20 +72,31 @@ class PaillierScheme(HEScheme):
                 f"a statistical distance of |y| 2^-mask_bits per value",
                 crypto=True,
             )
-        if o.scalar_bits < o.mask_bits + 8:
+        if o.share_bits < MASK_FLOOR_BITS:
+            raise bad(
+                "share_bits",
+                f"share_bits={o.share_bits} is below {MASK_FLOOR_BITS}: the re-drawn share hides W_i from "
+                f"A only up to a statistical distance of |W_i - W'_i| 2^-(share_bits+1) per weight",
+                crypto=True,
+            )
+        if o.scalar_bits < o.share_bits + 1:
             raise bad(
                 "scalar_bits",
-                f"scalar_bits={o.scalar_bits} must be at least mask_bits + 8 = {o.mask_bits + 8}: the "
-                "weight shares absorb a mask every step and grow beyond 2^mask_bits",
+                f"scalar_bits={o.scalar_bits} must be at least share_bits + 1 = {o.share_bits + 1}: A's "
+                "weight share is W_i minus P_i's, which is below 2^share_bits",
             )
-        if o.value_bits + o.precision_bits > 62:
-            raise bad("precision_bits", "value_bits + precision_bits must be at most 62 (int64 encoding)")
+        if o.value_bits + max(o.precision_bits, o.shared_precision_bits) > 62:
+            raise bad(
+                "precision_bits",
+                "value_bits + precision_bits and + shared_precision_bits must be at most 62 (int64)",
+            )
         if o.scalar_bits + o.scalar_precision_bits > 62:
             raise bad(
                 "scalar_precision_bits", "scalar_bits + scalar_precision_bits must be at most 62 (int64)"
             )
-        if prm.grid > prm.F:
-            raise bad("precision_bits", f"precision_bits + scalar_precision_bits must be >= {prm.grid}")
+        if prm.grid > prm.fw + min(prm.fx, prm.fxs):
+            field = "precision_bits" if prm.fx <= prm.fxs else "shared_precision_bits"
+            raise bad(field, f"{field} + scalar_precision_bits must be >= {prm.grid} (52 - mask_bits)")
         terms = max(proto.training.batch_size, proto.interactive.out, *_embed_dims(proto))
         need = prm.slot_need(terms)
         if o.slot_bits is not None and o.slot_bits < need:

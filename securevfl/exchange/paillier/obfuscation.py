@@ -209,6 +209,15 @@ class Fresh:
             self._wake.set()
         return out
 
+    def stock(self, k: int) -> None:
+        """Make k more now, in the caller's thread (a party about to wait on the
+        network); :meth:`take` hands them out first, each exactly once."""
+        if k > 0:
+            self._stock.extend(self._make(k))
+
+    def stocked(self) -> int:
+        return len(self._stock)
+
     def _fill(self) -> None:
         while True:
             self._wake.wait()

@@ -36,6 +36,18 @@ class PaillierOptions(BaseModel):
     value_bits: int = Field(default=8, ge=1, le=56, description="|encrypted value| < 2^value_bits")
     scalar_bits: int = Field(default=40, ge=1, le=58, description="|plaintext operand| < 2^scalar_bits")
     mask_bits: int = Field(default=24, ge=1, le=52, description="masks uniform in [-2^m, 2^m)")
+    share_bits: int = Field(
+        default=20,
+        ge=1,
+        le=52,
+        description="P_i's weight share is re-drawn uniform in [-2^s, 2^s) every step",
+    )
+    shared_precision_bits: int = Field(
+        default=24,
+        ge=8,
+        le=60,
+        description="fractional bits of encrypted values in the protocol (the owner's copy is rounded alike)",
+    )
     slot_bits: int | None = Field(
         default=None, ge=16, description="packing slot width; none: the smallest safe one per blob"
     )
@@ -60,6 +72,8 @@ class Params:
     v: int
     sb: int
     m: int
+    share: int  # P_i's re-drawn weight share is below 2^share
+    fxs: int  # scale of encrypted values in he.py's protocol
     slot_bits: int | None
     threads: int
     precompute: bool
@@ -73,6 +87,8 @@ class Params:
             o.value_bits,
             o.scalar_bits,
             o.mask_bits,
+            o.share_bits,
+            o.shared_precision_bits,
             o.slot_bits,
             threads,
             o.precompute,
@@ -87,16 +103,26 @@ class Params:
         """Masks are k 2^-grid with |k| <= 2^52: exact in float64."""
         return 52 - self.m
 
-    def slot_need(self, terms: int) -> int:
-        """Smallest slot width that holds a sum of ``terms`` products plus a mask."""
-        return self.F + max(self.v + self.sb + ceil_log2(terms), self.m) + 3
+    def slot_need(self, terms: int, scalar_bits: int | None = None, scale: int | None = None) -> int:
+        """Smallest slot width that holds a sum of ``terms`` products plus a mask:
+        values below 2^value_bits at 2^-scale (default precision_bits) times plaintext
+        operands below 2^scalar_bits (default the option) at 2^-scalar_precision_bits.
+        The sum is below 2^(F + v + s + ceil log2 terms), the mask below 2^(F + m), with
+        F = scale + scalar_precision_bits: their sum needs one bit more, a sign one more,
+        and one bit is kept spare."""
+        sb = self.sb if scalar_bits is None else scalar_bits
+        f = (self.fx if scale is None else scale) + self.fw
+        return f + max(self.v + sb + ceil_log2(terms), self.m) + 3
 
-    def slot_for(self, terms: int, n_bits: int) -> int:
-        s = self.slot_bits if self.slot_bits is not None else self.slot_need(terms)
-        if s < self.slot_need(terms) or s > n_bits - 1:
+    def slot_for(
+        self, terms: int, n_bits: int, scalar_bits: int | None = None, scale: int | None = None
+    ) -> int:
+        need = self.slot_need(terms, scalar_bits, scale)
+        s = self.slot_bits if self.slot_bits is not None else need
+        if s < need or s > n_bits - 1:
             raise ConfigError(
                 f"a slot of {s} bits cannot hold sums of {terms} products (needs "
-                f"{self.slot_need(terms)} bits) within a {n_bits}-bit modulus",
+                f"{need} bits) within a {n_bits}-bit modulus",
                 path="exchange.params.slot_bits",
             )
         return s

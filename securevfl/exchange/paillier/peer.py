@@ -48,23 +48,55 @@ class PaillierPeer(HEPeer):
         """k fresh obfuscators, never handed out before (for timing and tests)."""
         return self._fresh.take(k)
 
+    def prepare_operands(
+        self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
+    ) -> None:
+        """Called by he.py's P_i while A evaluates its forward product (P_i would
+        otherwise wait): make the obfuscators of the coming ``matmul(., shape, w, .)``
+        and ``tmatmul(p, ., shape, .)``, one per output ciphertext, counted for the
+        packing of :meth:`PaillierKey.encrypt_shared` (a wrong guess costs nothing:
+        :meth:`take` makes what is missing and keeps the rest for the next product,
+        each handed out once). Needs no operand values, only their shapes."""
+        prm = self.prm
+        rows, cols = (int(v) for v in shape)
+        nbits = self.n.bit_length()
+        need = 0
+        if w is not None:  # Enc(Y) @ w: w.shape[1] columns of row blocks
+            s = prm.slot_for(cols, nbits, prm.share, prm.fxs)
+            need += int(np.shape(w)[1]) * block_count(rows, (nbits - 1) // s)
+        if p is not None:  # p^T @ Y: p.shape[1] rows of column blocks
+            s = prm.slot_for(rows, nbits, prm.v, prm.fxs)
+            need += int(np.shape(p)[1]) * block_count(cols, (nbits - 1) // s)
+        self._fresh.stock(need - self._fresh.stocked())
+
     def _make_obfuscators(self, k: int) -> list[Any]:
         count(obfuscations=k)
         return self._sampler.sample(k)
 
-    def _section(self, blob: bytes, layout: int, shape: tuple[int, int], terms: int) -> Section:
+    def _section(
+        self, blob: bytes, layout: int, shape: tuple[int, int], terms: int, e: np.ndarray
+    ) -> Section:
+        """The section of ``layout``, checked against the plaintext operand ``e`` (its
+        encoded integers): whatever slot width the sender chose, a sum of ``terms``
+        products with these operands plus a mask must not overflow it."""
         who = f"ciphertexts from {self.sender}"
+        prm = self.prm
         for sec in load_blob(blob, self.n, self.n2, who):
             if sec.layout != layout:
                 continue
             if (sec.rows, sec.cols) != tuple(shape):
                 raise ProtocolError(f"{who}: a {sec.rows}x{sec.cols} matrix, expected {shape[0]}x{shape[1]}")
-            if sec.scale != self.prm.fx:
-                raise ProtocolError(f"{who}: fixed-point scale 2^-{sec.scale}, expected 2^-{self.prm.fx}")
-            if sec.slot_bits < self.prm.slot_need(terms):
+            if sec.scale not in (prm.fx, prm.fxs):
+                raise ProtocolError(
+                    f"{who}: fixed-point scale 2^-{sec.scale}, expected 2^-{prm.fx} or 2^-{prm.fxs}"
+                )
+            top = int(np.abs(e).max()) if e.size else 0
+            op_bits = max(0, top.bit_length() - prm.fw)  # |operand| <= 2^op_bits
+            need = prm.slot_need(terms, op_bits, sec.scale)
+            if sec.slot_bits < need:
                 raise ProtocolError(
                     f"{who}: {sec.slot_bits}-bit slots could overflow in sums of {terms} products "
-                    f"(need {self.prm.slot_need(terms)})"
+                    f"with operands up to 2^{op_bits} (need {need})"
                 )
             return sec
         name = "cols" if layout == COLS else "rows"
@@ -77,7 +109,8 @@ class PaillierPeer(HEPeer):
         if not np.all(np.isfinite(mask)) or float(np.max(np.abs(mask))) > 2.0**prm.m:
             raise ValueError(f"paillier: masks must be finite and within [-2^{prm.m}, 2^{prm.m}]")
         mk = np.rint(np.ldexp(mask, prm.grid)).astype(np.int64)  # the mask grid: exact for mask()
-        shift = prm.F - prm.grid
+        scale = sec.scale + prm.fw
+        shift = scale - prm.grid
         slots = arrange(mk, sec.layout, sec.slots)
         pad = ~arrange(np.ones(mk.shape, dtype=bool), sec.layout, sec.slots)
         if pad.any():  # padding slots hold zeros from an honest sender; mask them too
@@ -90,7 +123,7 @@ class PaillierPeer(HEPeer):
             c * (1 + ((mv << shift) % n) * n) % n2 * r % n2
             for c, mv, r in zip(outs, packed, obf, strict=True)
         ]
-        out = Section(sec.layout, prm.F, sec.slot_bits, sec.slots, rows, cols, res)
+        out = Section(sec.layout, scale, sec.slot_bits, sec.slots, rows, cols, res)
         return dump_blob([out], self.ct_bytes)
 
     def _scalars(self, w: np.ndarray) -> np.ndarray:
@@ -112,8 +145,9 @@ class PaillierPeer(HEPeer):
         w = np.asarray(w, dtype=np.float64)
         if w.ndim != 2 or w.shape[0] != c or np.shape(mask) != (r, w.shape[1]):
             raise ValueError(f"paillier matmul: shapes {shape} @ {w.shape} + {np.shape(mask)}")
-        sec = self._section(blob, COLS, (r, c), terms=c)
-        outs = self._products(sec.cts, self._scalars(w), block_count(r, sec.slots))
+        e = self._scalars(w)
+        sec = self._section(blob, COLS, (r, c), c, e)
+        outs = self._products(sec.cts, e, block_count(r, sec.slots))
         return self._finish(outs, mask, sec, r, w.shape[1])
 
     def tmatmul(self, p: np.ndarray, blob: bytes, shape: tuple[int, int], mask: np.ndarray) -> bytes:
@@ -121,6 +155,7 @@ class PaillierPeer(HEPeer):
         p = np.asarray(p, dtype=np.float64)
         if p.ndim != 2 or p.shape[0] != r or np.shape(mask) != (p.shape[1], m):
             raise ValueError(f"paillier tmatmul: shapes {p.shape}^T @ {shape} + {np.shape(mask)}")
-        sec = self._section(blob, ROWS, (r, m), terms=r)  # p^T @ Y: Y^T's matmul by p
-        outs = self._products(sec.cts, self._scalars(p), block_count(m, sec.slots))
+        e = self._scalars(p)
+        sec = self._section(blob, ROWS, (r, m), r, e)  # p^T @ Y: Y^T's matmul by p
+        outs = self._products(sec.cts, e, block_count(m, sec.slots))
         return self._finish(outs, mask, sec, p.shape[1], m)

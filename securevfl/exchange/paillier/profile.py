@@ -22,14 +22,10 @@ from securevfl.exchange.he import MATMUL
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting
 from securevfl.exchange.paillier.kernels import multiexp
-from securevfl.exchange.paillier.options import PaillierOptions
+from securevfl.exchange.paillier.options import PaillierOptions, Params
 
 #: the primitives whose unit costs make the floor (each includes its own modular multiplications)
 FLOOR_OPS = ("encryptions", "decryptions", "obfuscations", "ct_scalar")
-#: log2 of the weight shares' magnitude in the first steps of the reference workload: P's share
-#: moves by lr v with v the momentum sum of masks uniform in +-2^24, so with lr 0.05 and momentum
-#: 0.9 its size is about 0.05 x 2^24 / sqrt(3) x 10 x sqrt(t) = 2^22.2 sqrt(t) after t steps
-SHARE_BITS = 23
 
 
 @dataclass(frozen=True)
@@ -49,11 +45,13 @@ def _weights(rng: np.random.Generator, d: int, o: int, share_bits: int) -> np.nd
 
 
 def step_counts(
-    options: PaillierOptions, batch: int, dims: list[int], out: int, *, share_bits: int = SHARE_BITS
+    options: PaillierOptions, batch: int, dims: list[int], out: int, *, cpu: list[float] | None = None
 ) -> tuple[OpCounts, float]:
-    """Operation counts of one step (all parties together) and the replay's seconds.
-    ``share_bits``: magnitude of the weight shares used as scalars (they set the
-    exponent lengths; see SHARE_BITS)."""
+    """Operation counts of one step (all parties together) and the replay's wall
+    seconds (its CPU seconds are appended to ``cpu`` if given). The weight shares
+    used as scalars are drawn at their re-drawn size (P_i's below 2^share_bits,
+    A's W_i minus it), which sets the exponent lengths."""
+    share_bits = options.share_bits
     sch = PaillierScheme(options)
     rng = np.random.default_rng(0)
     ka = sch.new_key()
@@ -63,16 +61,16 @@ def step_counts(
     for party in [ka, *keys, *at_a, *at_p]:
         party.prepare()  # set-up is once per run, not per step
     g = rng.normal(0.0, 1e-3, size=(batch, out))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with counting() as c:
         for i, d in enumerate(dims):
             h = rng.normal(0.0, 0.5, size=(batch, d))
-            blob = keys[i].encrypt(h, ops=frozenset({MATMUL}))
+            blob = keys[i].encrypt_shared(h, ops=frozenset({MATMUL}), share_bits=share_bits + 1)
             z = at_a[i].matmul(
                 blob, (batch, d), _weights(rng, d, out, share_bits), sch.mask(rng, (batch, out))
             )
             keys[i].decrypt(z, (batch, out))
-        blob_g = ka.encrypt(g)
+        blob_g = ka.encrypt_shared(g, share_bits=share_bits)
         for i, d in enumerate(dims):
             h = rng.normal(0.0, 0.5, size=(batch, d))
             wp = _weights(rng, d, out, share_bits)
@@ -80,13 +78,46 @@ def step_counts(
             dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(rng, (d, out)))
             ka.decrypt(u, (batch, d))
             ka.decrypt(dw, (d, out))
+    if cpu is not None:
+        cpu.append(time.process_time() - c0)
     return c, time.perf_counter() - t0
 
 
-def unit_costs(options: PaillierOptions, *, reps: int = 32, share_bits: int = SHARE_BITS) -> dict[str, float]:
-    """Seconds per primitive, single thread: encryption (with its obfuscator),
-    decryption, evaluator obfuscator, and ciphertext x scalar product (with its
-    addition) in a 64 x 64 multi-exponentiation with scalars of share_bits + fw bits."""
+def bytes_floor(options: PaillierOptions, batch: int, dims: list[int], out: int) -> float:
+    """Bytes per step the protocol must move (package docstring, "Costs and floors"):
+    per passive party the encrypted h'_i (B x d), h'_i W^A + eps (B x o), dL/dz
+    (B x o, once although it is sent in two packings), g W^P^T + mu (B x d) and
+    h'^T g - R (d x o), each value at 2|n|/8 / L bytes with L the slots of its
+    blob in :meth:`PaillierKey.encrypt_shared`'s packing, plus the plaintext
+    float64 matrices z share (B x o), dL/dh masked (B x d) and the re-draw (d x o)."""
+    prm = Params.of(options)
+    nbits = options.key_bits
+    ct = 2 * nbits / 8
+
+    def per_value(terms: int, scalar_bits: int) -> float:
+        return ct / ((nbits - 1) // prm.slot_for(terms, nbits, scalar_bits, prm.fxs))
+
+    total = 0.0
+    for d in dims:
+        h_blob = per_value(d, prm.share + 1)  # Enc(h'_i), and A's reply in its packing
+        g_cols = per_value(out, prm.share)  # Enc(dL/dz) for g W^P^T, and the reply
+        g_rows = per_value(batch, prm.v)  # Enc(dL/dz) for h'^T g, and the reply
+        total += batch * d * h_blob + batch * out * h_blob
+        total += batch * out * g_cols + batch * d * g_cols + d * out * g_rows
+        total += (batch * out + batch * d + d * out) * 8
+    return total
+
+
+def unit_costs(
+    options: PaillierOptions, *, reps: int = 32, share_bits: int | None = None
+) -> dict[str, float]:
+    """CPU seconds per primitive, single thread (CPU time, so that other jobs on the
+    machine do not inflate them): encryption (with its obfuscator), decryption,
+    evaluator obfuscator, and ciphertext x scalar product (with its addition) in a
+    64 x 64 multi-exponentiation with scalars of share_bits + fw bits (default: the
+    re-drawn share's size, options.share_bits)."""
+    if share_bits is None:
+        share_bits = options.share_bits
     one = options.model_copy(update={"threads": 1, "precompute": False})
     sch = PaillierScheme(one)
     key = sch.new_key()
@@ -95,9 +126,9 @@ def unit_costs(options: PaillierOptions, *, reps: int = 32, share_bits: int = SH
     ms = [int(v) for v in np.random.default_rng(1).integers(0, 2**62, size=reps)]
 
     def timed(f: object) -> float:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         f()  # type: ignore[operator]
-        return time.perf_counter() - t0
+        return time.process_time() - t0
 
     cts = key.encrypt_ints(ms)
     out = {

@@ -24,7 +24,16 @@ from phe import paillier as phe_paillier
 from securevfl.errors import ProtocolError
 from securevfl.exchange.he import BOTH_OPS, MATMUL, TMATMUL, HEKey
 from securevfl.exchange.paillier.counters import count
-from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, encode, pack, unarrange, unpack
+from securevfl.exchange.paillier.encoding import (
+    COLS,
+    ROWS,
+    arrange,
+    block_count,
+    encode,
+    pack,
+    unarrange,
+    unpack,
+)
 from securevfl.exchange.paillier.kernels import powmods
 from securevfl.exchange.paillier.obfuscation import FixedBaseSampler, Fresh, randoms
 from securevfl.exchange.paillier.options import OBFUSCATION_SIGMA, Params
@@ -85,6 +94,49 @@ class PaillierKey(HEKey):
         return [(1 + (m % n) * n) * r % n2 for m, r in zip(ms, obf, strict=True)]
 
     def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
+        """Any plaintext operands below 2^scalar_bits, values at 2^-precision_bits."""
+        prm = self.prm
+        return self._encrypt(x, ops, prm.fx, {COLS: prm.sb, ROWS: prm.sb})
+
+    def encrypt_shared(
+        self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
+    ) -> bytes:
+        """he.py's protocol: values at 2^-shared_precision_bits (the owner multiplies
+        :meth:`shared_copy`, rounded alike, so the rounding meets W_i, not the shares);
+        ``matmul`` operands are weight shares below 2^share_bits, ``tmatmul`` operands
+        the peer's embedding, below 2^value_bits like every encrypted value. Narrower
+        slots, more of them per ciphertext (package docstring, "Packing")."""
+        if share_bits is None:
+            return self.encrypt(x, ops=ops)
+        prm = self.prm
+        return self._encrypt(x, ops, prm.fxs, {COLS: int(share_bits), ROWS: prm.v})
+
+    def prepare_encryption(
+        self, shape: tuple[int, int], *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
+    ) -> None:
+        """Make the obfuscators of a coming :meth:`encrypt_shared` of ``shape`` now (he.py
+        calls it while the party waits); they are handed out first, each exactly once."""
+        prm = self.prm
+        rows, cols = (int(v) for v in shape)
+        nbits = self.n.bit_length()
+        need = 0
+        for lay in sorted(LAYOUT_OF[op] for op in ops):
+            if share_bits is None:
+                s = prm.slot_for(cols if lay == COLS else rows, nbits)
+            else:
+                sb = int(share_bits) if lay == COLS else prm.v
+                s = prm.slot_for(cols if lay == COLS else rows, nbits, sb, prm.fxs)
+            a, b = (rows, cols) if lay == COLS else (cols, rows)
+            need += b * block_count(a, (nbits - 1) // s)
+        self._fresh.stock(need - self._fresh.stocked())
+
+    def shared_copy(self, x: np.ndarray) -> np.ndarray:
+        """x exactly as :meth:`encrypt_shared` encodes it (float64 on the 2^-fxs grid)."""
+        prm = self.prm
+        xi = encode(x, prm.fxs, prm.v, "a value to encrypt", "value_bits")
+        return np.ldexp(xi.astype(np.float64), -prm.fxs)
+
+    def _encrypt(self, x: np.ndarray, ops: frozenset[str], scale: int, scalar_bits: dict[int, int]) -> bytes:
         prm = self.prm
         unknown = set(ops) - set(LAYOUT_OF)
         if not ops or unknown:
@@ -93,15 +145,15 @@ class PaillierKey(HEKey):
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or 0 in x.shape:
             raise ValueError(f"paillier: encrypt takes a non-empty matrix, got shape {x.shape}")
-        xi = encode(x, prm.fx, prm.v, "a value to encrypt", "value_bits")
+        xi = encode(x, scale, prm.v, "a value to encrypt", "value_bits")
         rows, cols = x.shape
         nbits = self.n.bit_length()
         secs = []
         for lay in layouts:
-            s = prm.slot_for(cols if lay == COLS else rows, nbits)
+            s = prm.slot_for(cols if lay == COLS else rows, nbits, scalar_bits[lay], scale)
             slots = (nbits - 1) // s
             packed = pack(arrange(xi, lay, slots), s)
-            secs.append(Section(lay, prm.fx, s, slots, rows, cols, self.encrypt_ints(packed)))
+            secs.append(Section(lay, scale, s, slots, rows, cols, self.encrypt_ints(packed)))
         return dump_blob(secs, self.ct_bytes)
 
     def decrypt_ints(self, cts: list[Any]) -> list[Any]:
@@ -126,7 +178,8 @@ class PaillierKey(HEKey):
             raise ProtocolError(
                 f"blob to decrypt: holds a {sec.rows}x{sec.cols} matrix, expected {rows}x{cols}"
             )
-        if sec.scale not in (self.prm.fx, self.prm.F):
+        prm = self.prm
+        if sec.scale not in (prm.fx, prm.F, prm.fxs, prm.fxs + prm.fw):
             raise ProtocolError(f"blob to decrypt: unexpected fixed-point scale 2^-{sec.scale}")
         vals = unpack(self.decrypt_ints(sec.cts), self.n, sec.slots, sec.slot_bits)
         return np.ldexp(unarrange(vals, sec.layout, rows, cols, sec.slots), -sec.scale)
