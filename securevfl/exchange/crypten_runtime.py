@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from securevfl._compat import import_crypten
 from securevfl.errors import PartyFailure, ProtocolError
+from securevfl.exchange import crypten_pool
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
 
@@ -114,6 +115,7 @@ class MeteredComm:
         inst.broadcast = self.broadcast
         inst.gather = self.gather
         inst.all_gather = self.all_gather
+        inst.reveal_many = self.reveal_many  # securevfl's addition (exchange.mpc.ops.reveal_to)
         inst.scatter = self._refused("scatter")
 
     # ledger
@@ -185,6 +187,43 @@ class MeteredComm:
                 self._log("recv", GROUP, self.rank, "reveal", t_out, _numel_bytes(t_in) * (n - 1), t_out)
             else:
                 self._log("sent", self.rank, dst, "reveal", t_in)
+        return out
+
+    def reveal_many(self, shares: list[torch.Tensor], dsts: list[int]) -> list[torch.Tensor | None]:
+        """Open shares[j] to rank dsts[j] only, every opening in the same round:
+        each party posts all its sends and receives at once (CrypTen's reduce
+        would open one destination after the other). Returns, per j, the opened
+        value at its destination and None elsewhere; logged like ``reduce``."""
+        n = self.inst.get_world_size()
+        group = self.inst.main_group
+        pending: list[Any] = []
+        bufs: dict[int, list[torch.Tensor]] = {}
+        sent: list[tuple[int, torch.Tensor]] = []
+
+        def post() -> None:
+            for j, (t, dst) in enumerate(zip(shares, dsts, strict=True)):
+                if dst == self.rank:
+                    bufs[j] = [torch.empty_like(t) for _ in range(n - 1)]
+                    srcs = [r for r in range(n) if r != dst]
+                    for b, s in zip(bufs[j], srcs, strict=True):
+                        pending.append(dist.irecv(b, src=s, group=group))
+                else:
+                    c = t.contiguous()
+                    sent.append((dst, c))
+                    pending.append(dist.isend(c, dst=dst, group=group))
+            for req in pending:
+                req.wait()
+
+        self._call(post, GROUP)
+        for dst, c in sent:
+            self._log("sent", self.rank, dst, "reveal", c)
+        out: list[torch.Tensor | None] = [None] * len(shares)
+        for j, parts in bufs.items():
+            total = shares[j].clone()
+            for p in parts:
+                total += p
+            out[j] = total
+            self._log("recv", GROUP, self.rank, "reveal", total, _numel_bytes(total) * (n - 1), total)
         return out
 
     def gather(self, tensor: torch.Tensor, dst: int) -> Any:
@@ -296,6 +335,7 @@ def start_crypten(
         crypten._setup_prng()
         if use_ttp:
             crypten.mpc.provider.ttp_provider.TTPClient._init()
+            crypten_pool.install()  # the dealer's offline phase (crypten_pool)
     return crypten
 
 
@@ -306,12 +346,13 @@ def stop_crypten() -> None:
 
     if crypten.cfg.mpc.provider == "TTP":
         crypten.mpc.provider.ttp_provider.TTPClient.uninit()
+        crypten_pool.uninstall()
     DC.instance = None
 
 
 # -- the dealer -----------------------------------------------------------------------
 
-DEALER_FUNCTIONS = {"additive", "square", "binary", "wraps", "B2A"}
+DEALER_FUNCTIONS = {"additive", "square", "binary", "wraps", "B2A", "bundle"}
 DEALER_OPS = {"mul", "matmul"}
 
 
@@ -323,7 +364,9 @@ def _size(x: Any) -> torch.Size:
 
 def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
     """Validate a dealer request from rank 0: a whitelisted function, a whitelisted
-    torch operation for triples, sizes within bounds, no keyword arguments."""
+    torch operation for triples, sizes within bounds, no keyword arguments. A
+    ``bundle`` (the offline phase, :mod:`crypten_pool`) carries a list of triple and
+    wraps items, each checked the same way."""
     try:
         fn = msg["function"]
         if fn not in DEALER_FUNCTIONS:
@@ -334,7 +377,11 @@ def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
         device = msg["device"]
         if device is not None and not (isinstance(device, str) and device.split(":")[0] in ("cpu", "cuda")):
             raise ValueError(f"device {device!r}")
-        if fn == "additive":
+        if fn == "bundle":
+            if len(args) != 1 or device is not None:
+                raise ValueError("bundle arguments")
+            args = crypten_pool.parse_bundle(args[0])
+        elif fn == "additive":
             if len(args) != 3 or args[2] not in DEALER_OPS:
                 raise ValueError("operation")
             args = [_size(args[0]), _size(args[1]), args[2]]
@@ -371,6 +418,11 @@ def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyF
             return served
         fn, args, device = parse_dealer_request(msg)
         server.device = device or "cpu"
+        if fn == "bundle":
+            # one broadcast for the whole plan; its size follows from the plan
+            comm.get().broadcast(crypten_pool.dealer_bundle(server, args), me, server.comm_group)
+            served += len(args)
+            continue
         result = getattr(server, fn)(*args)
         comm.get().send_obj(result.size(), 0, server.ttp_group)
         comm.get().broadcast(result, me, server.comm_group)

@@ -23,15 +23,17 @@ step by step with ``plain`` (every party could recompute W_i^0: verification onl
 
 from __future__ import annotations
 
+import math
 import secrets
 import warnings
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.config import Protocol
 from securevfl.errors import CryptoParameterError
+from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import (
     EXCHANGES,
     ActiveExchange,
@@ -41,7 +43,11 @@ from securevfl.exchange.base import (
     PassiveExchange,
 )
 from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
+from securevfl.exchange.mpc import ops
+from securevfl.exchange.mpc.plan import step_plan, top_up
 from securevfl.models import build_interactive
+
+FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
 
 INSECURE_WARNING = (
     "mpc provider TFP: rank 0 generates all Beaver triples in the clear and can unmask "
@@ -54,11 +60,21 @@ class MpcOptions(BaseModel):
     provider: Literal["TTP", "TFP"] = "TTP"
     insecure: bool = False
     weight_init: Literal["private", "seeded"] = "private"
+    # offline phase: the dealer pre-generates this many steps' tuples per request (TTP only)
+    offline_steps: int = Field(default=16, ge=1, le=1024)
+
+
+OFFLINE_BYTES = 64 << 20  # bound on one party's pooled tuples
 
 
 class _MpcRole:
     """State and steps shared by every MPC party (A and each P_i): all of them run
-    the same CrypTen operations in the same order."""
+    the same CrypTen operations in the same order.
+
+    Shares are CrypTen ``ArithmeticSharedTensor``s driven through the batched
+    operations of :mod:`.ops`; weights and momentum live at CrypTen's 16
+    fractional bits, products are kept untruncated (32 bits) until they are
+    revealed or folded into an update (module docstring of :mod:`.plan`)."""
 
     def __init__(self, ctx: ExchangeContext):
         self.ctx = ctx
@@ -75,17 +91,24 @@ class _MpcRole:
         )
         self.rank = ctx.rank
         self.out = ctx.proto.interactive.out
-        self.lr = ctx.proto.interactive.lr
-        self.momentum = ctx.proto.interactive.momentum
         self.device = ctx.device
         self.passive = [r.rank for r in lay.passive]
-        self.w = [self._init_weight(i, d) for i, d in enumerate(ctx.embed_dims)]
+        self.dims = list(ctx.embed_dims)
+        # the optimizer's constants as public fixed-point integers
+        self.batch_scale = float(ctx.proto.training.batch_size)
+        # momentum at CrypTen's 16 bits, so m v (16 + 16 bits) adds to h^T dL/dz (16 + 16)
+        self.momentum = round(ctx.proto.interactive.momentum * 2**FRAC_BITS)
+        self.lr = ops.fixed_scalar(ctx.proto.interactive.lr / self.batch_scale, FRAC_BITS)
+        self.pool = crypten_pool.current() if self.device.type == "cpu" else None
+        self.w = [self._init_weight(i, d) for i, d in enumerate(self.dims)]
         self.v: list[Any] = [None] * len(self.w)
         self._h: list[Any] = []
 
     def _share(self, value: torch.Tensor | None, shape: tuple[int, ...], src: int) -> Any:
-        t = value if self.rank == src and value is not None else torch.zeros(shape)
-        return self.crypten.cryptensor(t.to(self.device), src=src, device=self.device)
+        from crypten.mpc.primitives import ArithmeticSharedTensor
+
+        t = value.to(self.device) if self.rank == src and value is not None else None
+        return ArithmeticSharedTensor(t, size=shape, src=src, device=self.device)
 
     def _init_weight(self, i: int, d: int) -> Any:
         shape = (d, self.out)
@@ -106,15 +129,35 @@ class _MpcRole:
             total = part if total is None else total + part
         return total
 
-    def forward_shares(self, h: torch.Tensor | None, batch: int) -> Any:
-        """Share every h'_i from its owner; return [z] (shares)."""
-        self._h = []
-        z = None
-        for i, (src, d) in enumerate(zip(self.passive, self.ctx.embed_dims, strict=True)):
-            hi = self._share(h, (batch, d), src=src)
-            self._h.append(hi)
-            zi = hi.matmul(self.w[i])
-            z = zi if z is None else z + zi
+    def _offline(self, batch: int, train: bool) -> None:
+        """Top the dealer's pool up to ``offline_steps`` steps of this step's plan
+        when it holds less than one (collective; the same decision at every party)."""
+        if self.pool is None:
+            return
+        plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train)
+        per_step = sum(math.prod(it.out) for it in plan) * 3 * 8  # a, b, c per element, roughly
+        steps = self.opts.offline_steps
+        max_steps = self.ctx.proto.training.max_steps
+        if train and max_steps:
+            steps = min(steps, max_steps)
+        steps = max(1, min(steps, OFFLINE_BYTES // max(1, per_step)))
+        stock = {it: self.pool.stock(it) for it in plan}
+        bundle = top_up(plan, stock, steps)
+        if bundle:
+            self.pool.prefetch(bundle)
+
+    def forward_shares(self, h: torch.Tensor | None, batch: int, train: bool) -> Any:
+        """Share every h'_i from its owner; return [z] at 32 fractional bits (the
+        products' exact sum: revealed to A without a truncation in shares)."""
+        self._offline(batch, train)
+        hs = [
+            self._share(h, (batch, d), src=src) for src, d in zip(self.passive, self.dims, strict=True)
+        ]
+        prods = ops.beaver_matmuls([(hi, wi) for hi, wi in zip(hs, self.w, strict=True)])
+        z = prods[0]
+        for p in prods[1:]:
+            z = z + p
+        self._h = hs if train else []
         return z
 
     def backward_shares(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
@@ -124,21 +167,27 @@ class _MpcRole:
         dL/dz of a batch-mean loss is O(1/B) per entry, close to the fixed-point
         resolution, so it is shared scaled by the nominal batch size (exact in
         plaintext at A) and the scale is removed after the reveal and in the
-        learning rate (constant, so momentum buffers stay consistent)."""
-        scale = float(self.ctx.proto.training.batch_size)
+        learning rate (constant, so momentum buffers stay consistent).
+        SGD with momentum as torch's: v <- m v + dW, W <- W - lr v."""
+        scale = self.batch_scale
         g_enc = self._share(None if g is None else g * scale, (batch, self.out), src=0)
-        mine = None
-        grads = []
-        for i, src in enumerate(self.passive):
-            gh = g_enc.matmul(self.w[i].t()).get_plain_text(dst=src)
-            if self.rank == src:
-                mine = gh / scale
-            grads.append(self._h[i].t().matmul(g_enc))
-        for i, gw in enumerate(grads):
-            self.v[i] = gw if self.v[i] is None else self.v[i] * self.momentum + gw
-            self.w[i] = self.w[i] - self.v[i] * (self.lr / scale)
+        k = len(self.w)
+        prods = ops.beaver_matmuls(
+            [(g_enc, ops.transpose(w)) for w in self.w] + [(ops.transpose(h), g_enc) for h in self._h]
+        )
+        mine = ops.reveal_to(prods[:k], self.passive)
+        m = self.momentum
+        raw_v = [
+            gw if v is None else ops.scaled(v, m, FRAC_BITS) + gw
+            for v, gw in zip(self.v, prods[k:], strict=True)
+        ]
+        # m v and h^T dL/dz are at 32 fractional bits: one truncation back to 16
+        self.v = ops.truncate(raw_v, FRAC_BITS)
+        lr, lr_bits = self.lr
+        steps = ops.truncate([ops.scaled(v, lr, lr_bits) for v in self.v], lr_bits)
+        self.w = [w - s for w, s in zip(self.w, steps, strict=True)]
         self._h = []
-        return mine
+        return None if mine is None else (mine / scale).float()
 
     def finish(self) -> None:
         stop_crypten()
@@ -149,7 +198,7 @@ class MpcActive(ActiveExchange):
         self.role = _MpcRole(ctx)
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
-        z = self.role.forward_shares(None, batch_size)
+        z = self.role.forward_shares(None, batch_size, train)
         return z.get_plain_text(dst=0).float()
 
     def backward(self, grad_z: torch.Tensor) -> None:
@@ -171,7 +220,7 @@ class MpcPassive(PassiveExchange):
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         self._batch = h.shape[0]
-        z = self.role.forward_shares(h.detach().float().cpu(), self._batch)
+        z = self.role.forward_shares(h.detach().float().cpu(), self._batch, train)
         z.get_plain_text(dst=0)  # collective: A receives the others' shares of z
 
     def backward(self) -> torch.Tensor:

@@ -1,0 +1,140 @@
+"""Batched secret-sharing operations on CrypTen's arithmetic shares.
+
+CrypTen runs one protocol per tensor operation: every Beaver product opens its
+own (x - a, y - b), every product is truncated on its own (with more than two
+parties, a dealer request plus a gather to rank 0), every reveal is one
+collective. The interactive layer's step has independent products (the k
+forward products; the 2k backward ones), so these functions run each group in
+the rounds one product needs:
+
+* :func:`beaver_matmuls`: any number of independent products, their masked
+  operands opened in **one** all-reduce (Beaver's protocol as in CrypTen's
+  ``beaver.matmul``, triples from CrypTen's default provider); the products are
+  returned *untruncated* (precision = sum of the operands'), so a sum of products
+  or a value that is about to be revealed needs no truncation in shares;
+* :func:`truncate`: one truncation for a list of tensors (CrypTen's own
+  ``div_`` on their concatenation: local division with two parties, the dealer's
+  wraps protocol, one gather, with more);
+* :func:`reveal_to`: each tensor opened to its own destination party, all in one
+  round of concurrent point-to-point messages (CrypTen would run one reduce per
+  destination, one after the other).
+
+Who learns what is CrypTen's: the openings are x - a and y - b for fresh
+uniformly random a, b; a reveal goes to its destination only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# CrypTen's ArithmeticSharedTensor; typed loosely because crypten is imported lazily
+Shared = Any
+
+
+def fixed_scalar(x: float, bits: int = 16) -> tuple[int, int]:
+    """An integer L and shift s with L / 2^s = x to ``bits`` significant bits:
+    s = bits when |x| >= 1, otherwise large enough that |L| >= 2^bits. CrypTen
+    encodes a public factor at a fixed 2^-16 resolution, so a learning rate
+    divided by the batch size (0.003 / 256 = 1.2e-5) would round to 0 or 1 ulp."""
+    if x == 0:
+        return 0, bits
+    s = bits + max(0, -math.floor(math.log2(abs(x))))
+    return round(x * 2**s), s
+
+
+def shares(x: Shared) -> torch.Tensor:
+    return x.share
+
+
+def from_shares(t: torch.Tensor, precision: int) -> Shared:
+    from crypten.mpc.primitives import ArithmeticSharedTensor
+
+    return ArithmeticSharedTensor.from_shares(t, precision=precision)
+
+
+def precision(x: Shared) -> int:
+    return int(x.encoder._precision_bits)
+
+
+def scaled(x: Shared, k: int, extra_bits: int) -> Shared:
+    """k * x as shares (local), its precision raised by ``extra_bits`` (k encodes a
+    public factor at 2^extra_bits)."""
+    return from_shares(x.share * k, precision(x) + extra_bits)
+
+
+def transpose(x: Shared) -> Shared:
+    return from_shares(x.share.t(), precision(x))
+
+
+def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, at = [], 0
+    for t in like:
+        n = t.numel()
+        out.append(flat[at : at + n].reshape(t.shape))
+        at += n
+    return out
+
+
+def open_all(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Sum every party's share of each value: one all-reduce of their concatenation."""
+    import crypten.communicator as comm
+
+    flat = torch.cat([v.reshape(-1) for v in values])
+    return _split(comm.get().all_reduce(flat), values)
+
+
+def beaver_matmuls(pairs: Sequence[tuple[Shared, Shared]]) -> list[Shared]:
+    """[x_j @ y_j] for every pair, with one opening round for all of them.
+
+    z = c + eps @ b + a @ delta + eps @ delta (the last term added by rank 0
+    only), eps = x - a and delta = y - b opened together. The result is not
+    truncated: its precision is the sum of the operands'."""
+    import crypten
+    import crypten.communicator as comm
+
+    provider = crypten.mpc.get_default_provider()
+    triples = [
+        provider.generate_additive_triple(x.size(), y.size(), "matmul", device=x.device) for x, y in pairs
+    ]
+    masked = []
+    for (x, y), (a, b, _) in zip(pairs, triples, strict=True):
+        masked += [x.share - a.share, y.share - b.share]
+    opened = open_all(masked)
+    rank = comm.get().get_rank()
+    out = []
+    for j, ((x, y), (a, b, c)) in enumerate(zip(pairs, triples, strict=True)):
+        eps, delta = opened[2 * j], opened[2 * j + 1]
+        z = c.share + eps.matmul(b.share) + a.share.matmul(delta)
+        if rank == 0:
+            z = z + eps.matmul(delta)
+        out.append(from_shares(z, precision(x) + precision(y)))
+    return out
+
+
+def truncate(values: Sequence[Shared], bits: int) -> list[Shared]:
+    """Divide every value by 2^bits in one truncation (CrypTen's protocol on the
+    concatenation); each result's precision drops by ``bits``."""
+    if not values:
+        return []
+    flat = from_shares(torch.cat([v.share.reshape(-1) for v in values]), 0)
+    flat.div_(2**bits)
+    parts = _split(flat.share, [v.share for v in values])
+    return [from_shares(p, precision(v) - bits) for p, v in zip(parts, values, strict=True)]
+
+
+def reveal_to(values: Sequence[Shared], dsts: Sequence[int]) -> torch.Tensor | None:
+    """Open values[j] to rank dsts[j] alone, all in one round; returns the decoded
+    (float64) value this rank is the destination of, or None."""
+    import crypten.communicator as comm
+
+    got = comm.get().reveal_many([v.share for v in values], list(dsts))
+    me = comm.get().get_rank()
+    for v, dst, t in zip(values, dsts, got, strict=True):
+        if dst == me:
+            assert t is not None
+            return t.double() / 2 ** precision(v)
+    return None
