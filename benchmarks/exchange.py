@@ -142,8 +142,32 @@ def ckks_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) ->
     return "\n".join(lines), ops["floor_critical_s"]
 
 
+def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> tuple[str, float]:
+    """mpc's online counts per step (Beaver products and openings, rounds, truncations,
+    dealer requests), unit costs measured now (loopback round trip, one party's ring
+    arithmetic) and the online floor; the offline phase per step beside it
+    (securevfl.exchange.mpc.floor)."""
+    from securevfl.exchange.mpc import MpcOptions
+    from securevfl.exchange.mpc.floor import report
+
+    opts = MpcOptions.model_validate(params)
+    rep = report(batch, dims, out, offline_steps=opts.offline_steps)
+    c = rep["counts"]
+    text = (
+        f"      online/step: {c['matmuls']} Beaver products ({c['openings']} openings in 2 rounds), "
+        f"{c['rounds']} rounds, {c['truncations']} truncations, "
+        f"{c['dealer_requests']:.3g} dealer requests (one bundle per offline chunk of up to "
+        f"{opts.offline_steps} steps)\n"
+        f"      unit: round trip {rep['round_trip_s'] * 1e3:.3f} ms, Beaver arithmetic (one party, all "
+        f"products) {rep['arithmetic_s'] * 1e3:.2f} ms\n"
+        f"      online floor {rep['floor_s'] * 1e3:.1f} ms/step; offline (dealer + one party, CPU) "
+        f"{rep['offline_s'] * 1e3:.1f} ms/step, {c['offline_bytes'] / 1024:.0f} KiB/step dealer -> rank 0"
+    )
+    return text, rep["floor_s"]
+
+
 # backend -> (params, batch, embedding dims, out) -> (printable counts and unit costs, floor s/step)
-OP_FLOORS = {"paillier": paillier_floor, "ckks": ckks_floor}
+OP_FLOORS = {"paillier": paillier_floor, "ckks": ckks_floor, "mpc": mpc_floor}
 
 
 def main() -> int:

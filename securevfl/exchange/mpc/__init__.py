@@ -140,6 +140,8 @@ class _MpcRole:
         max_steps = self.ctx.proto.training.max_steps
         if train and max_steps:
             steps = min(steps, max_steps)
+        if batch != self.ctx.proto.training.batch_size:
+            steps = 1  # an epoch's short last batch: its shape comes once per epoch
         steps = max(1, min(steps, OFFLINE_BYTES // max(1, per_step)))
         stock = {it: self.pool.stock(it) for it in plan}
         bundle = top_up(plan, stock, steps)
@@ -150,9 +152,7 @@ class _MpcRole:
         """Share every h'_i from its owner; return [z] at 32 fractional bits (the
         products' exact sum: revealed to A without a truncation in shares)."""
         self._offline(batch, train)
-        hs = [
-            self._share(h, (batch, d), src=src) for src, d in zip(self.passive, self.dims, strict=True)
-        ]
+        hs = [self._share(h, (batch, d), src=src) for src, d in zip(self.passive, self.dims, strict=True)]
         prods = ops.beaver_matmuls([(hi, wi) for hi, wi in zip(hs, self.w, strict=True)])
         z = prods[0]
         for p in prods[1:]:

@@ -62,7 +62,6 @@ class StepOps:
     rounds: int  # sequential communication rounds among the MPC parties
     truncations: int  # truncations in shares (rounds only when N > 2)
     dealer_requests: float  # per step, amortised over the offline chunk
-    online_bytes: int  # all parties' sent bytes, online phase
     offline_bytes: int  # dealer -> rank 0, per step
 
     def as_dict(self) -> dict[str, float]:
@@ -71,26 +70,14 @@ class StepOps:
 
 def step_ops(batch: int, dims: Sequence[int], out: int, n_mpc: int, *, offline_steps: int = 1) -> StepOps:
     """Counts for one training step (forward and backward) of ``step_plan``."""
-    k = len(dims)
-    sum_d = sum(dims)
-    matmuls = 3 * k
     # rounds: forward opening, reveal z; backward opening, reveal dL/dh_i, 2 truncations if N > 2
     rounds = 4 + (2 if n_mpc > 2 else 0)
-    # bytes: each party sends its share of every opening (all-reduce: counted as N-1 copies
-    # of the value, the floor of any all-reduce), shares of z and dL/dh_i to their owners,
-    # and, with N > 2, its masked weight blocks to rank 0 for each truncation
-    fwd_open = sum(batch * d + d * out for d in dims)
-    bwd_open = sum(batch * out + out * d for d in dims) + sum(d * batch + batch * out for d in dims)
-    opened = n_mpc * (n_mpc - 1) * (fwd_open + bwd_open)
-    reveals = (n_mpc - 1) * (batch * out + batch * sum_d)
-    gathers = 2 * (n_mpc - 1) * sum_d * out if n_mpc > 2 else 0
     plan = step_plan(batch, dims, out, n_mpc, train=True)
     return StepOps(
-        matmuls=matmuls,
-        openings=2 * matmuls,
+        matmuls=3 * len(dims),
+        openings=6 * len(dims),
         rounds=rounds,
         truncations=2,
         dealer_requests=1 / max(1, offline_steps),
-        online_bytes=RING_BYTES * (opened + reveals + gathers),
         offline_bytes=RING_BYTES * plan_elements(plan),
     )

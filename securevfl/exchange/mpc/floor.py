@@ -1,0 +1,141 @@
+"""The ``mpc`` backend's op-count floor (anchors-crypto-performance §7).
+
+Per training step: the Beaver products, openings, communication rounds,
+truncations and dealer requests of :func:`.plan.step_ops`; unit costs measured
+here, on this machine, now: one round trip between two processes over
+torch.distributed's gloo on loopback, and the local arithmetic of each Beaver
+product (c + eps b + a delta + eps delta in the ring, as every party computes
+it). The floor of the online step is rounds x round trip + one party's
+arithmetic; the offline phase (the dealer drawing every party's shares and
+computing c = a b, each party drawing its own) is measured per step and
+printed beside it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from securevfl._compat import import_crypten
+from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle
+from securevfl.exchange.mpc.plan import step_ops, step_plan
+
+PING_ROUNDS = 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(rank: int, port: int, rounds: int, out: Any) -> None:
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    t = torch.zeros(64, dtype=torch.long)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def round_trip_s(rounds: int = PING_ROUNDS) -> float:
+    """Median round trip of a small tensor between two processes (gloo, loopback)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ping, args=(r, port, rounds, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    rtt = q.get(timeout=120)
+    for p in procs:
+        p.join(timeout=60)
+    return float(rtt)
+
+
+def _ring(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return torch.randint(-(2**62), 2**62, shape, generator=g, dtype=torch.long)
+
+
+def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
+    """One party's local ring arithmetic for the plan's Beaver products (rank 0's
+    share: it also adds eps delta), the best of ``repeats``: CPU time on one core."""
+    g = torch.Generator().manual_seed(0)
+    ops = []
+    for it in plan:
+        if isinstance(it, Triple):
+            ops.append(tuple(_ring(s, g) for s in (it.size0, it.size1, it.size0, it.size1, it.out)))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for eps, delta, a, b, c in ops:
+            _ = c + eps.matmul(b) + a.matmul(delta) + eps.matmul(delta)
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+class _Dealer:
+    """The dealer's generation alone (CrypTen's TTPServer without a process group)."""
+
+    def __new__(cls, n_mpc: int) -> Any:
+        import_crypten()
+        from crypten.mpc.provider.ttp_provider import TTPServer
+
+        server = TTPServer.__new__(TTPServer)
+        server.device = "cpu"
+        server.generators = [torch.Generator().manual_seed(i) for i in range(n_mpc)]
+        server.generators_cuda = [None] * n_mpc
+        return server
+
+
+def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
+    """CPU time of one step's offline phase: the dealer's bundle plus one party's
+    draws of its own shares (a, b, c per triple; r, theta per wraps pair)."""
+    import_crypten()
+    from crypten.common.rng import generate_random_ring_element
+
+    server = _Dealer(n_mpc)
+    g = torch.Generator().manual_seed(1)
+    t0 = time.process_time()
+    dealer_bundle(server, plan)
+    for it in plan:
+        sizes = [it.size0, it.size1, it.out] if isinstance(it, Triple) else [it.size, it.size]
+        for s in sizes:
+            generate_random_ring_element(torch.Size(s), generator=g)
+    return time.process_time() - t0
+
+
+def report(batch: int, dims: Sequence[int], out: int, offline_steps: int = 16) -> dict[str, Any]:
+    """Counts, unit costs and floors for one training step at this shape."""
+    torch.set_num_threads(1)
+    n_mpc = len(dims) + 1
+    plan = step_plan(batch, dims, out, n_mpc, train=True)
+    ops = step_ops(batch, dims, out, n_mpc, offline_steps=offline_steps)
+    rtt = round_trip_s()
+    arith = beaver_arithmetic_s(plan)
+    return {
+        "counts": ops.as_dict(),
+        "wraps_pairs": sum(isinstance(it, Wraps) for it in plan),
+        "round_trip_s": rtt,
+        "arithmetic_s": arith,
+        "floor_s": ops.rounds * rtt + arith,
+        "offline_s": offline_s(plan, n_mpc),
+    }

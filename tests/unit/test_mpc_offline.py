@@ -1,0 +1,135 @@
+"""The mpc backend's offline phase and step plan: pure parts, checked in one
+process (the parties' draws and the dealer's bundle stay aligned; the bundle
+request whitelist; the public fixed-point scalars)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from securevfl._compat import import_crypten
+from securevfl.errors import ProtocolError
+from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle, parse_bundle, plan_elements
+from securevfl.exchange.crypten_runtime import decode_obj, encode_obj, parse_dealer_request
+from securevfl.exchange.mpc.ops import fixed_scalar
+from securevfl.exchange.mpc.plan import step_ops, step_plan, top_up
+
+
+@pytest.mark.parametrize("x", [0.9, 0.05 / 32, 0.003 / 256, 1.0, 3.7, -2e-4])
+def test_fixed_scalar_keeps_16_significant_bits(x):
+    val, shift = fixed_scalar(x)
+    assert shift >= 16
+    assert abs(val / 2**shift - x) <= 2.0 ** -(shift + 1) + 1e-18
+    assert abs(val) >= 2**15  # 16 significant bits, whatever the magnitude
+    assert abs(val / 2**shift - x) / abs(x) < 2**-15
+
+
+def test_fixed_scalar_of_zero():
+    assert fixed_scalar(0.0) == (0, 16)
+
+
+def test_step_plan_shapes_and_truncation_pairs():
+    plan = step_plan(256, [64, 32], 16, 3, train=True)
+    triples = [it for it in plan if isinstance(it, Triple)]
+    assert [t.out for t in triples] == [(256, 16), (256, 16), (256, 64), (256, 32), (64, 16), (32, 16)]
+    assert [it for it in plan if isinstance(it, Wraps)] == [Wraps((96 * 16,)), Wraps((96 * 16,))]
+    # two MPC parties truncate locally; evaluation needs the forward products only
+    assert not any(isinstance(it, Wraps) for it in step_plan(256, [64], 16, 2, train=True))
+    fwd = [Triple((100, 64), (64, 16)), Triple((100, 32), (32, 16))]
+    assert step_plan(100, [64, 32], 16, 3, train=False) == fwd
+
+
+def test_step_counts_do_not_grow_in_rounds_with_parties():
+    one, four = step_ops(256, [64], 64, 2), step_ops(256, [64] * 4, 64, 5)
+    assert (one.matmuls, four.matmuls) == (3, 12)
+    assert one.rounds == 4 and four.rounds == step_ops(256, [64] * 2, 64, 3).rounds == 6
+    assert step_ops(256, [64] * 2, 64, 3, offline_steps=16).dealer_requests == 1 / 16
+
+
+def test_top_up_only_when_short_and_to_the_chunk():
+    plan = step_plan(8, [4, 4], 2, 3, train=True)
+    assert top_up(plan, {it: 5 for it in plan}, steps=4) == []
+    stock = {it: 5 for it in plan}
+    fwd = plan[0]
+    stock[fwd] = 0
+    bundle = top_up(plan, stock, steps=4)
+    # the same forward triple serves both parties (equal widths): 2 a step, 8 wanted
+    assert bundle.count(fwd) == 8
+    assert all(bundle.count(it) == 0 for it in plan if it != fwd and stock[it] >= 4 * plan.count(it))
+
+
+def test_bundle_request_round_trips_and_is_validated():
+    plan = step_plan(16, [8, 8], 4, 3, train=True)
+    msg = {"function": "bundle", "device": None, "args": [[it.to_wire() for it in plan]], "kwargs": {}}
+    fn, args, device = parse_dealer_request(decode_obj(encode_obj(msg)))
+    assert fn == "bundle" and args == plan and device is None
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [],
+        [["additive", torch.Size([2, 3]), torch.Size([4, 5]), "matmul"]],  # shapes do not multiply
+        [["additive", torch.Size([2]), torch.Size([2]), "conv2d"]],
+        [["square", torch.Size([2])]],
+        [["wraps", [2, 2]]],
+        "additive",
+        [["wraps", torch.Size([1 << 14, 1 << 13])]],  # over the element bound
+    ],
+)
+def test_bundle_refuses_other_items(items):
+    msg = {"function": "bundle", "device": None, "args": [items], "kwargs": {}}
+    with pytest.raises(ProtocolError, match="invalid dealer request"):
+        parse_dealer_request(msg)
+
+
+def test_bundle_size_bound():
+    with pytest.raises(ValueError, match="too large"):
+        parse_bundle([["wraps", torch.Size([10])]], max_elements=9)
+
+
+def test_dealer_bundle_matches_the_parties_draws():
+    """The parties draw a, b (and c for rank != 0; r, theta for wraps) from the
+    generator they share with the dealer, in plan order; the dealer's bundle is
+    rank 0's share: the reconstructed c equals a @ b and theta counts the wraps."""
+    import_crypten()
+    from crypten.common.rng import generate_random_ring_element
+    from crypten.common.util import count_wraps
+    from crypten.mpc.provider.ttp_provider import TTPServer
+
+    n = 3
+    seeds = [11, 22, 33]
+    server = TTPServer.__new__(TTPServer)
+    server.device = "cpu"
+    server.generators = [torch.Generator().manual_seed(s) for s in seeds]
+    server.generators_cuda = [None] * n
+    plan = [Triple((5, 3), (3, 2)), Wraps((7,)), Triple((2, 5), (5, 3))]
+    c0 = dealer_bundle(server, plan)
+    assert c0.numel() == plan_elements(plan) == 10 + 7 + 6
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    at = 0
+    for it in plan:
+        m = math.prod(it.out)
+        if isinstance(it, Triple):
+            draws = []
+            for rank, g in enumerate(gens):
+                ai = generate_random_ring_element(torch.Size(it.size0), generator=g)
+                bi = generate_random_ring_element(torch.Size(it.size1), generator=g)
+                if rank == 0:
+                    ci = c0[at : at + m].reshape(it.out)
+                else:
+                    ci = generate_random_ring_element(torch.Size(it.out), generator=g)
+                draws.append((ai, bi, ci))
+            a_sum = sum(d[0] for d in draws)
+            b_sum = sum(d[1] for d in draws)
+            assert torch.equal(sum(d[2] for d in draws), a_sum.matmul(b_sum))
+        else:
+            rs, ths = [], []
+            for rank, g in enumerate(gens):
+                rs.append(generate_random_ring_element(torch.Size(it.size), generator=g))
+                size = torch.Size(it.size)
+                ths.append(generate_random_ring_element(size, generator=g) if rank else c0[at : at + m])
+            assert torch.equal(sum(ths), count_wraps(rs))
+        at += m
