@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from securevfl._compat import import_crypten
 from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle
@@ -37,8 +38,6 @@ def _free_port() -> int:
 
 
 def _ping(rank: int, port: int, rounds: int, out: Any) -> None:
-    import torch.distributed as dist
-
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     t = torch.zeros(64, dtype=torch.long)
