@@ -13,8 +13,22 @@ random in Z_2^64. Correlated randomness comes from a trusted dealer rank (the
 ``TFP`` provider lets rank 0 generate every triple in the clear, so rank 0 (A)
 could unmask all openings: it is refused unless ``insecure: true``.
 
-Numerics: CrypTen's fixed point with 16 fractional bits (resolution 1.5e-5); with
-more than two MPC parties truncation uses the dealer's ``wraps`` protocol.
+Rounds (anchors-crypto-performance §7; counts in :mod:`.plan`): the dealer's
+tuples for up to ``offline_steps`` steps come in one offline bundle
+(:mod:`securevfl.exchange.crypten_pool`); online, a training step opens all its
+forward products in one round and all its backward products in another
+(:mod:`.ops`), reveals z to A in one reduce and every dL/dh'_i to its owner in
+one round, and truncates the momentum and the weight update once each for all
+parties: 6 rounds whatever the number of passive parties (4 with one).
+
+Numerics: CrypTen's fixed point with 16 fractional bits (resolution 1.5e-5) for
+shared inputs, weights and momentum. Products are not truncated in shares when
+they need not be: z and dL/dh'_i are opened at 32 fractional bits and divided in
+plaintext by their receiver (the same values at a finer resolution), and
+h'_i^T dL/dz enters the momentum update untruncated; the two updates truncate
+once each (locally with two MPC parties, with the dealer's wraps protocol with
+more). The learning rate over the batch-size scale is a public integer with 16
+significant bits (CrypTen's 2^-16 encoding would round 0.003 / 256 to zero).
 Initial weights: ``private`` (default) makes each W_i the sum of Gaussian shares
 drawn locally by every MPC party, so nobody knows it; ``seeded`` lets A share the
 same W_i^0 that ``plain`` builds from the protocol seed, so runs can be compared

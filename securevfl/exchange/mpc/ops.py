@@ -79,11 +79,18 @@ def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tenso
     return out
 
 
+def _cat(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Flat concatenation (CrypTen's torch_cat: also for its CUDALongTensor shares)."""
+    from crypten.common.util import torch_cat
+
+    return torch_cat([v.reshape(-1) for v in values])
+
+
 def open_all(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Sum every party's share of each value: one all-reduce of their concatenation."""
     import crypten.communicator as comm
 
-    flat = torch.cat([v.reshape(-1) for v in values])
+    flat = _cat(values)
     return _split(comm.get().all_reduce(flat), values)
 
 
@@ -108,9 +115,9 @@ def beaver_matmuls(pairs: Sequence[tuple[Shared, Shared]]) -> list[Shared]:
     out = []
     for j, ((x, y), (a, b, c)) in enumerate(zip(pairs, triples, strict=True)):
         eps, delta = opened[2 * j], opened[2 * j + 1]
-        z = c.share + eps.matmul(b.share) + a.share.matmul(delta)
+        z = c.share + torch.matmul(eps, b.share) + torch.matmul(a.share, delta)
         if rank == 0:
-            z = z + eps.matmul(delta)
+            z = z + torch.matmul(eps, delta)
         out.append(from_shares(z, precision(x) + precision(y)))
     return out
 
@@ -120,7 +127,7 @@ def truncate(values: Sequence[Shared], bits: int) -> list[Shared]:
     concatenation); each result's precision drops by ``bits``."""
     if not values:
         return []
-    flat = from_shares(torch.cat([v.share.reshape(-1) for v in values]), 0)
+    flat = from_shares(_cat([v.share for v in values]), 0)
     flat.div_(2**bits)
     parts = _split(flat.share, [v.share for v in values])
     return [from_shares(p, precision(v) - bits) for p, v in zip(parts, values, strict=True)]
