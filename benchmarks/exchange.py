@@ -22,6 +22,13 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
             32 B/value at |n| = 2048). FATE's 0.26 MiB assumed 64-bit slots that only add; a
             slot holding a sum of products of 56- and 60-bit integers cannot be that narrow.
 
+Op-count floors (time, anchors §7): paillier and ckks count their primitive operations;
+mpc counts each step's Beaver products and openings, communication rounds, truncations and
+dealer requests (securevfl.exchange.mpc.plan) and prices them with a loopback round trip and
+one party's ring arithmetic measured in the same run (securevfl.exchange.mpc.floor): the
+online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
+drawing the step's tuples) is printed beside it and is not in the x plain ratio.
+
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick]
 """
 

@@ -28,7 +28,7 @@ plaintext by their receiver (the same values at a finer resolution), and
 h'_i^T dL/dz enters the momentum update untruncated; the two updates truncate
 once each (locally with two MPC parties, with the dealer's wraps protocol with
 more). The learning rate over the batch-size scale is a public integer with 16
-significant bits (CrypTen's 2^-16 encoding would round 0.003 / 256 to zero).
+significant bits (CrypTen's 2^-16 encoding truncates the default 0.05 / 256 to 12 / 2^16, 6% low).
 Initial weights: ``private`` (default) makes each W_i the sum of Gaussian shares
 drawn locally by every MPC party, so nobody knows it; ``seeded`` lets A share the
 same W_i^0 that ``plain`` builds from the protocol seed, so runs can be compared
