@@ -79,6 +79,15 @@ def plan_elements(plan: Sequence[Item]) -> int:
     return sum(math.prod(it.out) for it in plan)
 
 
+def pooled_bytes(plan: Sequence[Item]) -> int:
+    """Bytes one party holds for ``plan`` once pooled (a, b, c; r, theta)."""
+    n = 0
+    for it in plan:
+        sizes = [it.size0, it.size1, it.out] if isinstance(it, Triple) else [it.size, it.size]
+        n += sum(math.prod(s) for s in sizes)
+    return 8 * n
+
+
 def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Item]:
     """Validate a bundle request's item list (from rank 0, at the dealer): only
     additive triples for ``mul``/``matmul`` and wraps pairs, bounded sizes and

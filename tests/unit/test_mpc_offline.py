@@ -133,3 +133,10 @@ def test_dealer_bundle_matches_the_parties_draws():
                 ths.append(generate_random_ring_element(size, generator=g) if rank else c0[at : at + m])
             assert torch.equal(sum(ths), count_wraps(rs))
         at += m
+
+
+def test_pooled_bytes_counts_every_share_a_party_keeps():
+    from securevfl.exchange.crypten_pool import pooled_bytes
+
+    # (2x3)(3x4): a 6, b 12, c 8 elements; wraps of 5: r 5, theta 5
+    assert pooled_bytes([Triple((2, 3), (3, 4)), Wraps((5,))]) == 8 * (6 + 12 + 8 + 10)

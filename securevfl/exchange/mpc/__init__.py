@@ -37,7 +37,6 @@ step by step with ``plain`` (every party could recompute W_i^0: verification onl
 
 from __future__ import annotations
 
-import math
 import secrets
 import warnings
 from typing import Any, Literal
@@ -149,7 +148,7 @@ class _MpcRole:
         if self.pool is None:
             return
         plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train)
-        per_step = sum(math.prod(it.out) for it in plan) * 3 * 8  # a, b, c per element, roughly
+        per_step = crypten_pool.pooled_bytes(plan)
         steps = self.opts.offline_steps
         max_steps = self.ctx.proto.training.max_steps
         if train and max_steps:
