@@ -13,14 +13,14 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
             times the matmuls the protocol needs (3 per passive party per step),
             plus the dealer's |c| = B*o*8 to rank 0 per matmul
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
-  paillier  restated, protocol-scaled: the values he.py must move per passive party, the
-            encrypted matrices h (B x h), z-mask (B x o), dL/dz (B x o, counted once although
-            Paillier needs it in two packings), gW (B x h) and dW (h x o), plus two plaintext
-            float64 matrices (B x o, B x h); each encrypted value at the best safe density,
-            2|n|/8 bytes / L with L = floor((|n|-1)/S) slots of the smallest overflow-free
-            width S = F + v + s + ceil(log2 terms) + 3 = 127 bits at the defaults (L = 16:
-            32 B/value at |n| = 2048). FATE's 0.26 MiB assumed 64-bit slots that only add; a
-            slot holding a sum of products of 56- and 60-bit integers cannot be that narrow.
+  paillier  restated, protocol-scaled (securevfl.exchange.paillier.profile.bytes_floor): per
+            passive party the encrypted h'_i (B x h), h'_i W^A + eps (B x o), dL/dz (B x o,
+            counted once although Paillier needs it in two packings), g W^P^T + mu (B x h) and
+            h'^T g - R (h x o), each value at its own blob's density 2|n|/8 bytes / L, L the
+            slots of the smallest overflow-free width for that blob's operands (bounded,
+            re-drawn weight shares: 24 to 28 slots at |n| = 2048), plus the plaintext float64
+            matrices (z share, masked dL/dh, the share re-draw). FATE's 0.26 MiB assumed
+            64-bit slots that only add; a slot holding a sum of products cannot be that narrow.
 
 Op-count floors (time, anchors §7): paillier and ckks count their primitive operations;
 mpc counts each step's Beaver products and openings, communication rounds, truncations and
@@ -47,6 +47,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+# The benchmark runs from a checkout without installing: securevfl is importable
+# only once ROOT is on the path.
+from securevfl.app.launcher import launch  # noqa: E402
+from securevfl.app.loader import load_protocol_dict  # noqa: E402
+from securevfl.exchange import EXCHANGES  # noqa: E402
+from securevfl.exchange.ckks import CkksOptions  # noqa: E402
+from securevfl.exchange.ckks.floor import report as ckks_report  # noqa: E402
+from securevfl.exchange.mpc import MpcOptions  # noqa: E402
+from securevfl.exchange.mpc.floor import report as mpc_report  # noqa: E402
+from securevfl.exchange.paillier import PaillierOptions  # noqa: E402
+from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step  # noqa: E402
+from securevfl.exchange.paillier.profile import bytes_floor as paillier_bytes_floor  # noqa: E402
+from securevfl.report.compare import human_bytes  # noqa: E402
 
 KIB = 1024
 
@@ -80,7 +94,9 @@ def workload(
     }
 
 
-def floor_bytes(backend: str, batch: int, parties: int, h: int = 64, o: int = 64) -> float:
+def floor_bytes(
+    backend: str, batch: int, parties: int, params: dict[str, Any] | None = None, h: int = 64, o: int = 64
+) -> float:
     """Bytes per step the anchor note's floors give for this configuration."""
     per_dir = batch * h
     if backend == "plain":
@@ -92,15 +108,12 @@ def floor_bytes(backend: str, batch: int, parties: int, h: int = 64, o: int = 64
     if backend == "ckks":
         return 2 * parties * 0.9e6 * per_dir / 16384
     if backend == "paillier":
-        ct_per_value = 512 / 16  # |n| = 2048, 16 slots of 127 bits (module docstring)
-        encrypted = 2 * batch * h + 2 * batch * o + h * o  # dL/dz once
-        return parties * (encrypted * ct_per_value + (batch * o + batch * h) * 8)
+        options = PaillierOptions(**(params or {}))
+        return paillier_bytes_floor(options, batch, [h] * parties, o)
     raise ValueError(backend)
 
 
 def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
-    from securevfl.app.launcher import launch
-    from securevfl.app.loader import load_protocol_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -117,8 +130,6 @@ def step_time(res: dict[str, Any]) -> float:
 def paillier_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> tuple[str, float]:
     """paillier's operation counts for one step, unit costs measured now, and their
     product: the one-core floor (securevfl.exchange.paillier.profile)."""
-    from securevfl.exchange.paillier import PaillierOptions
-    from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step
 
     prof = profile_step(PaillierOptions(**params), batch, dims, out)
     c = prof.counts.as_dict()
@@ -134,10 +145,7 @@ def paillier_floor(params: dict[str, Any], batch: int, dims: list[int], out: int
 def ckks_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> tuple[str, float]:
     """ckks's operation counts per party, unit costs measured now, and the critical
     path's floor: A's work plus one passive party's (securevfl.exchange.ckks.floor)."""
-    from securevfl.exchange.ckks import CkksOptions
-    from securevfl.exchange.ckks.floor import report
-
-    ops = report(CkksOptions.model_validate(params), batch, dims, out)
+    ops = ckks_report(CkksOptions.model_validate(params), batch, dims, out)
     lines = []
     for who, counts in ops["counts"].items():
         lines.append(f"      {who:8s} " + "  ".join(f"{op} {n}" for op, n in counts.items() if n))
@@ -154,11 +162,8 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
     dealer requests), unit costs measured now (loopback round trip, one party's ring
     arithmetic) and the online floor; the offline phase per step beside it
     (securevfl.exchange.mpc.floor)."""
-    from securevfl.exchange.mpc import MpcOptions
-    from securevfl.exchange.mpc.floor import report
-
     opts = MpcOptions.model_validate(params)
-    rep = report(batch, dims, out, offline_steps=opts.offline_steps)
+    rep = mpc_report(batch, dims, out, offline_steps=opts.offline_steps)
     c = rep["counts"]
     text = (
         f"      online/step: {c['matmuls']} Beaver products ({c['openings']} openings in 2 rounds), "
@@ -192,8 +197,6 @@ def main() -> int:
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
     ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
     args = ap.parse_args()
-    from securevfl.exchange import EXCHANGES
-    from securevfl.report.compare import human_bytes
 
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in EXCHANGES]
@@ -216,7 +219,7 @@ def main() -> int:
             res = run(workload(backend, batch, k, extra.get(backend), max_steps=args.max_steps), data_dir)
             t = step_time(res)
             base = t if backend == "plain" else base
-            fl = floor_bytes(backend, batch, k)
+            fl = floor_bytes(backend, batch, k, extra.get(backend))
             rows.append(
                 {
                     "backend": backend,
