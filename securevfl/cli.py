@@ -7,7 +7,6 @@ User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -17,9 +16,11 @@ from pathlib import Path
 
 import yaml
 
+from securevfl.app.comparison import execute, sources_from_args
+from securevfl.app.comparison import plan as make_plan
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol
-from securevfl.app.outdir import OutputFolder, check_available
+from securevfl.app.outdir import OutputFolder
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.attacks import ATTACKS
@@ -29,7 +30,8 @@ from securevfl.data.partition import is_builtin, materialize
 from securevfl.defenses import DEFENSES
 from securevfl.errors import PartyFailure, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
-from securevfl.report.compare import print_table, write_comparison
+from securevfl.report.aggregate import RunRecord, summarize
+from securevfl.report.compare import print_summary, print_table, write_comparison
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -75,11 +77,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overwrite(party)
     _add_common(party)
 
-    cmp_ = sub.add_parser("compare", help="run several protocols and tabulate them")
-    cmp_.add_argument("files", nargs="+", help="protocol files, or folders of them")
+    cmp_ = sub.add_parser(
+        "compare",
+        help="run several protocols (per seed, per grid point) and tabulate them",
+        description="Runs every protocol once per seed and grid point into OUT/<protocol>[/<point>]/seed<S>; "
+        "runs already finished there with the same protocol are reused, so an interrupted comparison "
+        "continues where it stopped.",
+    )
+    cmp_.add_argument("files", nargs="+", help="protocol files, folders of them, or one comparison file")
     cmp_.add_argument("--out", default="runs/compare")
-    cmp_.add_argument("--quiet", action="store_true")
-    _add_overwrite(cmp_)
+    cmp_.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="SEED",
+        help="run each protocol once per seed (training.seed); the report gives mean and 95%% interval",
+    )
+    cmp_.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="expand every protocol into one run per value (KEY as in --set, list indices allowed; "
+        "repeatable: the product of all axes), e.g. --grid parties.active.defenses[0].params.epsilon=0.5,1,2",
+    )
+    cmp_.add_argument("--quiet", action="store_true", help="no per-run progress display")
+    cmp_.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="re-run every run, also those already finished in OUT with the same protocol",
+    )
     _add_common(cmp_)
 
     val = sub.add_parser("validate", help="check protocol files without running them")
@@ -145,34 +172,17 @@ def cmd_party(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    files = []
-    for f in map(Path, args.files):  # a folder stands for its protocol files
-        files += sorted(f.glob("*.yaml")) if f.is_dir() else [f]
-    protos = [load_protocol(f, args.overrides) for f in files]  # validate all first
-    names = [p.name for p in protos]
-    if len(set(names)) != len(names):
-        raise SecureVFLError(f"protocol names must be distinct to compare them: {names}")
     out = Path(args.out)
-    for proto in protos:  # refuse before anything runs
-        check_available(out / proto.name, overwrite=args.overwrite)
-    results = []
-    for i, proto in enumerate(protos, 1):
-        print(
-            f"[{i}/{len(protos)}] {proto.name} ({proto.exchange.backend})",
-            file=sys.stderr,
-            flush=True,
-        )
-        launch(
-            proto,
-            out / proto.name,
-            data_dir=out / "data",
-            progress=not args.quiet,
-            overwrite=args.overwrite,
-        )
-        # re-read: the attack harness completes result.json after the ranks end
-        results.append(json.loads((out / proto.name / "result.json").read_text()))
-    print_table(results, title="securevfl compare")
-    paths = write_comparison(out, results, {p.name: out / p.name for p in protos})
+    title, sources, file_seeds = sources_from_args(args.files, args.overrides, args.grid)
+    seeds = args.seeds if args.seeds is not None else file_seeds
+    plan = make_plan(title, sources, seeds, out)  # every run validated before any starts
+    done = execute(plan, out, rerun=args.overwrite, progress=not args.quiet)
+    records = [
+        RunRecord(label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder))
+        for r, res in done
+    ]
+    print_summary(summarize(records), title=title)
+    paths = write_comparison(out, records, plan.axes, title=title)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -21,10 +21,12 @@ from securevfl.errors import ConfigError
 from securevfl.validation import check_protocol
 
 
-def parse_override(expr: str) -> tuple[list[str | int], Any]:
-    """``a.b[0].c=value`` -> (['a', 'b', 0, 'c'], parsed value). Values are YAML."""
+def split_override(expr: str, flag: str = "--set") -> tuple[list[str | int], str, str]:
+    """``a.b[0].c=raw`` -> (['a', 'b', 0, 'c'], 'a.b[0].c', 'raw'): the key path of an
+    override (``--set``, and each ``--grid`` axis) and its unparsed value text."""
+    what = "override" if flag == "--set" else "grid axis"
     if "=" not in expr:
-        raise ConfigError(f"override '{expr}' must look like key.path=value", path="--set")
+        raise ConfigError(f"{what} '{expr}' must look like key.path=value", path=flag)
     key, raw = expr.split("=", 1)
     path: list[str | int] = []
     for token in key.replace("[", ".").replace("]", "").split("."):
@@ -32,7 +34,13 @@ def parse_override(expr: str) -> tuple[list[str | int], Any]:
             continue
         path.append(int(token) if token.isdigit() else token)
     if not path:
-        raise ConfigError(f"override '{expr}' has an empty key", path="--set")
+        raise ConfigError(f"{what} '{expr}' has an empty key", path=flag)
+    return path, key, raw
+
+
+def parse_override(expr: str) -> tuple[list[str | int], Any]:
+    """``a.b[0].c=value`` -> (['a', 'b', 0, 'c'], parsed value). Values are YAML."""
+    path, key, raw = split_override(expr)
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as exc:

@@ -84,15 +84,25 @@ def test_files_and_plots_are_written(tmp_path) -> None:
     res = [dict(r) for r in RESULTS]
     res[0] = {**res[0], "attacks": {**res[0]["attacks"], "recon": {"ap": 0.8, "grid": "attacks/recon.npz"}}}
     paths = write_comparison(tmp_path, res)
-    assert set(paths) == {"json", "csv", "markdown", "privacy_utility", "reconstruction_grid"}
+    assert set(paths) == {
+        "json",
+        "csv",
+        "runs_csv",
+        "markdown",
+        "privacy_utility",
+        "cost",
+        "reconstruction_grid",
+    }
     assert paths["privacy_utility"].stat().st_size > 10_000
     assert paths["reconstruction_grid"].stat().st_size > 5_000
+    assert paths["cost"].stat().st_size > 5_000
     md = paths["markdown"].read_text()
-    assert "privacy_utility.png" in md and "reconstruction_grid.png" in md
-    assert len(json.loads(paths["json"].read_text())) == 3
-    assert paths["csv"].read_text().splitlines()[0].startswith("protocol,backend,defenses")
+    assert "privacy_utility.png" in md and "reconstruction_grid.png" in md and "cost.png" in md
+    doc = json.loads(paths["json"].read_text())
+    assert len(doc["protocols"]) == 3 and len(doc["runs"]) == 3
+    assert paths["csv"].read_text().splitlines()[0].startswith("protocol,backend,defenses,dataset,n_seeds")
 
 
-def test_no_attacks_no_plots(tmp_path) -> None:
+def test_no_attacks_no_attack_plots(tmp_path) -> None:
     paths = write_comparison(tmp_path, [result("plain", "plain", 0.9)])
-    assert set(paths) == {"json", "csv", "markdown"}
+    assert set(paths) == {"json", "csv", "runs_csv", "markdown", "cost"}

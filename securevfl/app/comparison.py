@@ -1,0 +1,285 @@
+"""A comparison: which runs it holds, which of them are already done, and
+running the rest with progress (``securevfl compare``).
+
+What is compared comes from protocol files (or folders of them) on the command
+line, or from a comparison file (:class:`ComparisonFile`): each protocol, expanded
+by its grid (:mod:`securevfl.app.grid`), runs once per seed. The seed goes in as
+``training.seed`` (the shared schedule and initialisation); protective noise keeps
+drawing on each party's private entropy, as in any run.
+
+The comparison folder is a cache: run ``r`` of seed ``s`` lives in
+``OUT/<protocol>[/<grid point>]/seed<s>/`` with a marker file (:data:`MARKER`)
+written only once the run and its attacks have finished, holding the protocol
+digest. A run whose marker and ``result.json`` carry the digest of the protocol
+now planned is skipped; a changed protocol, a missing marker (an interrupted or
+deleted run) or ``rerun`` runs it again, replacing securevfl's own files there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
+from securevfl.app.launcher import launch
+from securevfl.app.loader import apply_override, load_protocol, parse_override
+from securevfl.config import Protocol, validation_error
+from securevfl.errors import ConfigError
+from securevfl.report.result import RESULT_FILE
+
+MARKER = "compare-run.json"
+
+
+class Entry(BaseModel):
+    """One protocol of a comparison file: the file (relative to the comparison
+    file), its own ``--set`` overrides and its grid (key -> values)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    file: str
+    overrides: list[str] = Field(default_factory=list, alias="set")
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+
+
+class ComparisonFile(BaseModel):
+    """A comparison written down: ``comparison`` (its title) marks the file as one;
+    ``seeds`` (default: each protocol's own seed), overrides for every protocol
+    (``set``), and the protocols, each a file name or an :class:`Entry`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    comparison: str
+    seeds: list[int] | None = None
+    overrides: list[str] = Field(default_factory=list, alias="set")
+    protocols: list[str | Entry] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A protocol file to expand: its overrides and grid axes."""
+
+    path: Path
+    overrides: tuple[str, ...] = ()
+    axes: tuple[Axis, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One planned run: a protocol at one grid point and one seed."""
+
+    label: str  # protocol name, plus "[grid point]"
+    base: str  # protocol name
+    point: dict[str, Any]  # grid key -> value
+    seed: int
+    proto: Protocol
+    folder: Path
+
+    @property
+    def digest(self) -> str:
+        return self.proto.digest()
+
+
+@dataclass
+class Plan:
+    title: str
+    runs: list[Run]
+    axes: dict[str, list[str]] = field(default_factory=dict)  # protocol name -> grid keys
+
+
+def read_comparison_file(path: Path) -> ComparisonFile | None:
+    """The comparison file at ``path``, or None when it is a protocol file."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # load_protocol reports what is wrong with it
+    if not isinstance(doc, dict) or "comparison" not in doc:
+        return None
+    try:
+        return ComparisonFile.model_validate(doc)
+    except ValidationError as exc:
+        raise validation_error(exc, source=str(path)) from None
+
+
+def sources_from_args(
+    files: list[str], overrides: list[str], grid: list[str]
+) -> tuple[str, list[Source], list[int] | None]:
+    """(title, sources, seeds from a comparison file) for the command line: files,
+    folders of protocol files, or one comparison file. ``--set`` and ``--grid``
+    apply to every protocol."""
+    axes = tuple(parse_axis(g) for g in grid)
+    found: list[Source] = []
+    title, seeds = "securevfl compare", None
+    for f in map(Path, files):
+        paths = sorted(f.glob("*.yaml")) if f.is_dir() else [f]
+        for p in paths:
+            cf = read_comparison_file(p) if p.is_file() else None
+            if cf is None:
+                found.append(Source(p, tuple(overrides), axes))
+                continue
+            if f.is_dir():
+                continue  # a folder stands for its protocol files only
+            title, seeds = cf.comparison, cf.seeds
+            for e in cf.protocols:
+                entry = Entry(file=e) if isinstance(e, str) else e
+                own = tuple(make_axis(k, v) for k, v in entry.grid.items())
+                found.append(
+                    Source(p.parent / entry.file, (*cf.overrides, *entry.overrides, *overrides), own + axes)
+                )
+    if not found:
+        raise ConfigError(f"no protocol files in {', '.join(files)}", path="files")
+    return title, found, seeds
+
+
+def _doc(source: Source) -> dict[str, Any]:
+    """The protocol document with its overrides, for the grid's kind checks (the
+    loader reports anything else wrong with the file)."""
+    try:
+        doc = yaml.safe_load(source.path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = None
+    if not isinstance(doc, dict):
+        load_protocol(source.path, list(source.overrides))  # raises the loader's error
+        raise ConfigError("a protocol file must be a YAML mapping", source=str(source.path))
+    for expr in source.overrides:
+        apply_override(doc, *parse_override(expr))
+    return doc
+
+
+SAFE = re.compile(r"[^A-Za-z0-9_.=,+-]")
+
+
+def folder_name(text: str) -> str:
+    return SAFE.sub("_", text) or "_"
+
+
+def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) -> Plan:
+    """Every run of the comparison, each protocol validated at every grid point
+    before anything runs."""
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds repeat: {seeds}", path="--seeds")
+    runs: list[Run] = []
+    axes_of: dict[str, list[str]] = {}
+    for src in sources:
+        doc = _doc(src)
+        for axis in src.axes:
+            check_axis(doc, axis, source=str(src.path))
+        for pt in points(list(src.axes)):
+            label_pt = point_label(pt)
+            sets = [f"{a.key}={json.dumps(v)}" for a, v in pt]
+            try:
+                base = load_protocol(src.path, [*src.overrides, *sets])
+            except ConfigError as exc:
+                if pt:
+                    exc.args = (f"{exc} (grid point {label_pt})",)
+                raise
+            axes_of[base.name] = [a.key for a in src.axes]
+            for seed in seeds if seeds is not None else [base.training.seed]:
+                proto = (
+                    base
+                    if seeds is None
+                    else load_protocol(src.path, [*src.overrides, *sets, f"training.seed={seed}"])
+                )
+                folder = out / folder_name(base.name)
+                if pt:
+                    folder = folder / folder_name(label_pt)
+                runs.append(
+                    Run(
+                        label=f"{base.name}[{label_pt}]" if pt else base.name,
+                        base=base.name,
+                        point={a.key: v for a, v in pt},
+                        seed=seed,
+                        proto=proto,
+                        folder=folder / f"seed{seed}",
+                    )
+                )
+    seen: dict[tuple[str, int], Run] = {}
+    for r in runs:
+        if (r.label, r.seed) in seen:
+            raise ConfigError(
+                f"two protocols are both named '{r.base}' (grid point and seed alike): "
+                "protocol names must be distinct to compare them",
+                path="name",
+            )
+        seen[(r.label, r.seed)] = r
+    return Plan(title, runs, axes_of)
+
+
+# -- the cache ----------------------------------------------------------------------------
+
+
+def cached(run: Run) -> dict[str, Any] | None:
+    """The finished result of ``run`` when its folder holds one of the same
+    protocol digest (and seed), else None."""
+    marker, result = run.folder / MARKER, run.folder / RESULT_FILE
+    try:
+        mark = json.loads(marker.read_text())
+        res = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(mark, dict) or not isinstance(res, dict):
+        return None
+    ok = mark.get("digest") == run.digest == res.get("digest") and mark.get("seed") == run.seed
+    return res if ok else None
+
+
+def mark_done(run: Run, seconds: float) -> None:
+    tmp = run.folder / f".{MARKER}.tmp"
+    tmp.write_text(
+        json.dumps(
+            {"digest": run.digest, "seed": run.seed, "label": run.label, "point": run.point, "run_s": seconds}
+        )
+    )
+    tmp.replace(run.folder / MARKER)
+
+
+def fmt_duration(s: float) -> str:
+    s = max(0, round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def execute(
+    plan_: Plan,
+    out: Path,
+    *,
+    rerun: bool = False,
+    progress: bool = True,
+    say: Callable[[str], None] = _say,
+) -> list[tuple[Run, dict[str, Any]]]:
+    """Run what the cache lacks (everything with ``rerun``), in plan order; return
+    every run with its result record. Progress: runs done / total and, once one
+    run has been timed, the estimated time left (mean time of this session's runs,
+    else the previous runs' own wall time, times the runs left)."""
+    runs = plan_.runs
+    have = {id(r): (None if rerun else cached(r)) for r in runs}
+    todo = [r for r in runs if have[id(r)] is None]
+    total, n_cached = len(runs), len(runs) - len(todo)
+    say(f"{plan_.title}: {total} runs, {n_cached} already done in {out}, {len(todo)} to run")
+    spent: list[float] = []
+    done = n_cached
+    for i, run in enumerate(todo):
+        left = len(todo) - i
+        eta = f", about {fmt_duration(left * sum(spent) / len(spent))} left" if spent else ""
+        say(f"[{done + 1}/{total}] {run.label} seed {run.seed} ({run.proto.exchange.backend}){eta}")
+        (run.folder / MARKER).unlink(missing_ok=True)
+        t0 = time.monotonic()
+        launch(run.proto, run.folder, data_dir=out / "data", progress=progress, overwrite=True)
+        seconds = time.monotonic() - t0
+        mark_done(run, seconds)
+        spent.append(seconds)
+        done += 1
+        # re-read: the attack harness completes result.json after the ranks end
+        have[id(run)] = json.loads((run.folder / RESULT_FILE).read_text())
+    if todo:
+        say(f"{len(todo)} runs in {fmt_duration(sum(spent))}; {total} of {total} done")
+    return [(r, have[id(r)]) for r in runs]  # type: ignore[misc]

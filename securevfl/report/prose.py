@@ -1,0 +1,208 @@
+"""The report's prose, written from the numbers it holds: what each attack
+achieves under each protocol against its chance level, what each defense costs
+in utility against the undefended run, what each backend costs per step against
+``plain``, and which privacy budgets are too large to be read as a guarantee.
+Pure functions of a :class:`~securevfl.report.aggregate.Summary`."""
+
+from __future__ import annotations
+
+import math
+
+from securevfl.report.aggregate import Group, Summary
+from securevfl.report.stats import Interval
+
+#: a composed epsilon above this is reported as no meaningful guarantee (issue 17)
+EPS_MEANINGFUL = 8.0
+#: an attack within this of its chance level (or whose interval holds it) is "at chance"
+NEAR_CHANCE = 0.05
+
+
+def show(iv: Interval | None, digits: int = 2) -> str:
+    """``0.83 ± 0.02`` (no ± for one seed)."""
+    if iv is None:
+        return "n/a"
+    if math.isinf(iv.mean):
+        return "inf"
+    if iv.half is None:
+        return f"{iv.mean:.{digits}f}"
+    return f"{iv.mean:.{digits}f} ± {iv.half:.{digits}f}"
+
+
+def near_chance(iv: Interval, chance: float) -> bool:
+    if abs(iv.mean - chance) <= NEAR_CHANCE:
+        return True
+    return iv.lo is not None and iv.hi is not None and iv.lo <= chance <= iv.hi
+
+
+def utility(g: Group) -> tuple[Interval | None, str]:
+    """The group's main performance: test AUC (binary), R² (regression), else accuracy."""
+    for key, name in (("test_auc", "test AUC"), ("test_r2", "test R²")):
+        if g.metrics.get(key) is not None:
+            return g.metrics[key], name
+    return g.metrics.get("test_accuracy"), "test accuracy"
+
+
+def reference(g: Group, groups: list[Group]) -> Group | None:
+    """The undefended protocol a group is measured against: same dataset, same
+    backend if there is one, else ``plain``."""
+    same = [
+        r
+        for r in groups
+        if r.text.get("defenses") == "none" and r.text.get("dataset") == g.text.get("dataset")
+    ]
+    for want in (g.text.get("backend"), "plain"):
+        for r in same:
+            if r.text.get("backend") == want:
+                return r
+    return None
+
+
+def _seeds_line(s: Summary) -> str:
+    n = sorted({len(g.seeds) for g in s.groups})
+    if n == [1]:
+        return (
+            f"{len(s.groups)} protocols, one seed each: the figures below are single runs, "
+            "without intervals; differences of a few hundredths may be noise."
+        )
+    return (
+        f"{len(s.groups)} protocols, {'/'.join(map(str, n))} seeds each ({len(s.runs)} runs); "
+        "`a ± b` is the mean over seeds and the half-width of its 95% Student-t interval."
+    )
+
+
+def attack_lines(s: Summary) -> list[str]:
+    out = []
+    for a in s.attacks:
+        chance = s.chance.get(a, 0.0)
+        parts, at_chance, high = [], [], []
+        for g in s.groups:
+            iv = g.metrics.get(f"attack:{a}")
+            if iv is None:
+                continue
+            parts.append(f"{show(iv)} under `{g.label}`")
+            (at_chance if near_chance(iv, chance) else high).append(g.label)
+        if not parts:
+            continue
+        line = f"- **{a}** (chance {chance:.2f}): " + "; ".join(parts) + "."
+        if high and at_chance:
+            line += (
+                f" Still above chance under {', '.join(f'`{x}`' for x in high)}; at chance under "
+                f"{', '.join(f'`{x}`' for x in at_chance)}."
+            )
+        elif high:
+            line += " Above chance under every protocol compared."
+        else:
+            line += " At chance under every protocol compared."
+        crypto = _crypto_only_unchanged(s, a)
+        if crypto:
+            line += " " + crypto
+        out.append(line)
+    return out
+
+
+def _crypto_only_unchanged(s: Summary, attack: str) -> str:
+    """A sentence on crypto-only backends that leave the attack where plain has it."""
+    same = []
+    for g in s.groups:
+        if g.text.get("defenses") != "none" or g.text.get("backend") == "plain":
+            continue
+        plain = next(
+            (
+                r
+                for r in s.groups
+                if r.text.get("backend") == "plain"
+                and r.text.get("defenses") == "none"
+                and r.text.get("dataset") == g.text.get("dataset")
+            ),
+            None,
+        )
+        a, b = g.metrics.get(f"attack:{attack}"), plain.metrics.get(f"attack:{attack}") if plain else None
+        if a is not None and b is not None and plain is not None and abs(a.mean - b.mean) <= NEAR_CHANCE:
+            same.append(f"`{g.label}` {a.mean:.2f} against `{plain.label}` {b.mean:.2f}")
+    if not same:
+        return ""
+    return (
+        "Encryption or secret sharing alone leaves it where plaintext training has it: "
+        + "; ".join(same)
+        + "."
+    )
+
+
+def utility_lines(s: Summary) -> list[str]:
+    out = []
+    for g in s.groups:
+        if g.text.get("defenses") == "none":
+            continue
+        ref = reference(g, s.groups)
+        mine, name = utility(g)
+        theirs = utility(ref)[0] if ref else None
+        if ref is None or mine is None or theirs is None:
+            continue
+        delta = mine.mean - theirs.mean
+        verb = "costs" if delta < 0 else "changes"
+        out.append(
+            f"- `{g.label}` ({g.text.get('defenses')}) {verb} {abs(delta) * 100:.1f} points of {name} "
+            f"against `{ref.label}` ({show(mine, 3)} vs {show(theirs, 3)})."
+        )
+    return out
+
+
+def privacy_lines(s: Summary) -> list[str]:
+    out = []
+    for g in s.groups:
+        eps = g.metrics.get("epsilon")
+        if eps is None:
+            continue
+        delta = g.text.get("delta")
+        at = f" at delta {delta:g}" if isinstance(delta, float) else ""
+        if math.isinf(eps.mean):
+            out.append(f"- `{g.label}`: eps inf{at}: the mechanism adds no noise, so it guarantees nothing.")
+        elif eps.mean > EPS_MEANINGFUL:
+            out.append(
+                f"- `{g.label}`: composed eps {show(eps, 3)}{at} is above {EPS_MEANINGFUL:g}: "
+                "not a guarantee to rely on, whatever the attacks below it show."
+            )
+        else:
+            out.append(f"- `{g.label}`: composed eps {show(eps, 3)}{at} (within {EPS_MEANINGFUL:g}).")
+    return out
+
+
+def cost_lines(s: Summary) -> list[str]:
+    out = []
+    for g in s.groups:
+        if g.text.get("backend") == "plain":
+            continue
+        plain = next(
+            (
+                r
+                for r in s.groups
+                if r.text.get("backend") == "plain" and r.text.get("dataset") == g.text.get("dataset")
+            ),
+            None,
+        )
+        if plain is None:
+            continue
+        t, t0 = g.mean("time_per_step_s"), plain.mean("time_per_step_s")
+        b, b0 = g.mean("bytes_per_step"), plain.mean("bytes_per_step")
+        if not (t and t0 and b and b0):
+            continue
+        out.append(
+            f"- `{g.label}` ({g.text.get('backend')}): {t / t0:.1f}x the time and {b / b0:.1f}x the bytes "
+            f"per step of `{plain.label}`."
+        )
+    return out
+
+
+def findings(s: Summary) -> list[str]:
+    """The report's 'what it shows' section, as markdown lines."""
+    body = [_seeds_line(s), ""]
+    sections = (
+        ("What each attack achieves", attack_lines(s)),
+        ("What each defense costs in utility", utility_lines(s)),
+        ("Privacy budgets", privacy_lines(s)),
+        ("What crypto costs per step", cost_lines(s)),
+    )
+    for title, lines in sections:
+        if lines:
+            body += [f"**{title}**", "", *lines, ""]
+    return body

@@ -1,0 +1,134 @@
+"""One comparison row per run, from its result record alone: utility, privacy
+spent, what each attack achieved, the defense capability score (DCS) and cost;
+and how each value is shown. Pure functions over result records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from securevfl.attacks.metrics import dcs
+
+BASE: list[tuple[str, str]] = [
+    ("protocol", "protocol"),
+    ("backend", "backend"),
+    ("defenses", "defenses"),
+    ("dataset", "dataset"),
+    ("test_accuracy", "test acc"),
+    ("test_auc", "test AUC"),
+    ("test_r2", "test R²"),
+    ("test_rmse", "test RMSE"),
+    ("epsilon", "eps"),
+    ("time_per_step_s", "s/step"),
+    ("bytes_per_step", "bytes/step"),
+]
+TEXT = {"protocol", "backend", "defenses", "dataset"}
+# shown only when some run has them (regression tasks)
+OPTIONAL = {"test_r2", "test_rmse"}
+METRICS_BASE = [k for k, _ in BASE if k not in TEXT]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def fmt(key: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if key == "epsilon":
+        return "inf" if math.isinf(value) else f"{value:.3g}"
+    if key == "time_per_step_s":
+        return f"{value * 1000:.2f} ms" if value < 1 else f"{value:.2f} s"
+    if key == "bytes_per_step":
+        return human_bytes(value)
+    if isinstance(value, float):
+        return f"{value:.4f}" if key in ("test_accuracy", "test_auc", "test_r2") else f"{value:.3f}"
+    return str(value)
+
+
+def epsilon_spent(result: dict[str, Any]) -> float | None:
+    """The largest composed epsilon over parties (None: no DP mechanism ran)."""
+    parties = (result.get("privacy") or {}).get("parties") or {}
+    vals = [p["total"]["epsilon"] for p in parties.values()]
+    return max(vals) if vals else None
+
+
+def defenses_label(result: dict[str, Any]) -> str:
+    names = sorted({d for ds in (result.get("defenses") or {}).values() for d in ds})
+    return "+".join(names) if names else "none"
+
+
+def utility(result: dict[str, Any]) -> float | None:
+    """Main performance (MP): test AUC for binary tasks, R² for regression, else
+    test accuracy."""
+    for key in ("test_auc", "test_r2"):
+        if result.get(key) is not None:
+            return result[key]
+    return result.get("test_accuracy")
+
+
+def attack_chance(name: str, rec: dict[str, Any]) -> float:
+    """The attack score of a defense that leaves the attacker at chance (AP*)."""
+    if "chance" in rec:
+        return float(rec["chance"])
+    if "auc" in rec or name.startswith("membership"):
+        return 0.5
+    return 0.0
+
+
+def is_reference(result: dict[str, Any]) -> bool:
+    return not result.get("defenses")
+
+
+def reference_for(result: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The undefended run a defended one is scored against: same backend and
+    dataset if present, else the undefended plain run on the dataset."""
+    same = [r for r in results if is_reference(r) and r.get("dataset") == result.get("dataset")]
+    for r in same:
+        if r.get("backend") == result.get("backend"):
+            return r
+    for r in same:
+        if r.get("backend") == "plain":
+            return r
+    return same[0] if same else None
+
+
+def rows(
+    results: list[dict[str, Any]], attacks: Sequence[str] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """One flat row per run and the attack keys (columns): ``attacks`` when given,
+    else those found in any run."""
+    attacks = (
+        sorted({k for r in results for k in (r.get("attacks") or {})}) if attacks is None else list(attacks)
+    )
+    out = []
+    for r in results:
+        row: dict[str, Any] = {k: r.get(k) for k, _ in BASE}
+        row["defenses"] = defenses_label(r)
+        row["epsilon"] = epsilon_spent(r)
+        ref = reference_for(r, results)
+        scores = []
+        for a in attacks:
+            rec = (r.get("attacks") or {}).get(a) or {}
+            ap = rec.get("ap")
+            row[f"attack:{a}"] = ap
+            mp, mp_ref = utility(r), utility(ref) if ref else None
+            if ap is not None and mp is not None and mp_ref is not None and not math.isnan(ap):
+                scores.append(dcs(mp, ap, mp_ref, ap_ideal=attack_chance(a, rec)))
+        row["dcs"] = sum(scores) / len(scores) if scores else None
+        out.append(row)
+    return out, attacks
+
+
+def columns(attacks: Sequence[str], present: set[str] | None = None) -> list[tuple[str, str]]:
+    """The table's columns; the regression metrics only when ``present`` (the
+    metric keys some run reports) holds them."""
+    base = [(k, h) for k, h in BASE if k not in OPTIONAL or k in (present or set())]
+    cut = [k for k, _ in base].index("epsilon") + 1
+    head = base[:cut] + [(f"attack:{a}", f"AP {a}") for a in attacks]
+    return head + ([("dcs", "DCS")] if attacks else []) + base[cut:]

@@ -1,0 +1,86 @@
+"""The comparison folder as a cache: a finished run is reused when its marker and
+result carry the digest of the protocol planned now and the same seed; a changed
+protocol, a missing marker or another seed runs again. `execute` runs only what
+the cache lacks (the launcher is replaced by a recording double here; the e2e
+test runs it for real)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import securevfl.app.comparison as comparison
+from securevfl.app.comparison import MARKER, Source, cached, execute, mark_done, plan
+from tests.conftest import PROTOCOLS
+
+
+def _finish(run) -> None:
+    """What a finished run leaves: its result (with the protocol digest) and marker."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    (run.folder / "result.json").write_text(json.dumps({"digest": run.digest, "protocol": run.base}))
+    mark_done(run, 1.0)
+
+
+def _plan(tmp_path, *sets: str, seeds=(0, 1)):
+    return plan("t", [Source(PROTOCOLS / "plain.yaml", tuple(sets))], list(seeds), tmp_path)
+
+
+def test_identical_rerun_is_cached(tmp_path) -> None:
+    p = _plan(tmp_path)
+    assert [cached(r) for r in p.runs] == [None, None]
+    _finish(p.runs[0])
+    again = _plan(tmp_path)  # a fresh plan of the same command
+    assert cached(again.runs[0]) == {"digest": again.runs[0].digest, "protocol": "plain"}
+    assert cached(again.runs[1]) is None
+
+
+def test_digest_change_invalidates(tmp_path) -> None:
+    p = _plan(tmp_path)
+    _finish(p.runs[0])
+    changed = _plan(tmp_path, "training.epochs=3")
+    assert changed.runs[0].folder == p.runs[0].folder  # same place, other protocol
+    assert changed.runs[0].digest != p.runs[0].digest
+    assert cached(changed.runs[0]) is None
+
+
+def test_missing_marker_or_other_seed_is_not_cached(tmp_path) -> None:
+    p = _plan(tmp_path)
+    _finish(p.runs[0])
+    (p.runs[0].folder / MARKER).unlink()  # an interrupted run: result without marker
+    assert cached(p.runs[0]) is None
+    _finish(p.runs[0])
+    mark = json.loads((p.runs[0].folder / MARKER).read_text())
+    (p.runs[0].folder / MARKER).write_text(json.dumps({**mark, "seed": 7}))
+    assert cached(p.runs[0]) is None
+
+
+def test_execute_runs_only_what_is_missing(tmp_path, monkeypatch) -> None:
+    launched = []
+
+    def fake_launch(proto, folder, **kw):
+        assert kw["overwrite"] is True
+        launched.append((proto.training.seed, folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "result.json").write_text(json.dumps({"digest": proto.digest(), "protocol": proto.name}))
+
+    monkeypatch.setattr(comparison, "launch", fake_launch)
+    said: list[str] = []
+    p = _plan(tmp_path, seeds=(0, 1, 2))
+    _finish(p.runs[1])
+    done = execute(p, tmp_path, progress=False, say=said.append)
+    assert [s for s, _ in launched] == [0, 2]
+    assert len(done) == 3 and all(res["digest"] == r.digest for r, res in done)
+    assert said[0] == "t: 3 runs, 1 already done in " + str(tmp_path) + ", 2 to run"
+    assert said[1].startswith("[2/3] plain seed 0") and said[2].startswith("[3/3] plain seed 2")
+    assert "left" in said[2]  # an estimate once one run is timed
+    launched.clear()
+    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, progress=False, say=said.append)
+    assert launched == []
+    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, rerun=True, progress=False, say=said.append)
+    assert len(launched) == 3
+
+
+def test_repeated_seeds_are_refused(tmp_path) -> None:
+    with pytest.raises(comparison.ConfigError, match="seeds repeat"):
+        _plan(tmp_path, seeds=(0, 0))

@@ -1,0 +1,104 @@
+"""Grid expansion for `securevfl compare --grid`: keys as `--set` writes them
+(list indices included), value splitting, kind checks, unknown keys and missing
+list elements refused with their path, the product of the axes."""
+
+from __future__ import annotations
+
+import pytest
+
+from securevfl.app.comparison import Source, plan
+from securevfl.app.grid import apply_point, check_axis, parse_axis, point_label, points, split_values
+from securevfl.errors import ConfigError
+from tests.conftest import PROTOCOLS, small_digits, write_yaml
+
+EPS = "parties.active.defenses[0].params.epsilon"
+
+
+def test_list_indices_and_values_parse_like_set() -> None:
+    axis = parse_axis(f"{EPS}=0.5,1,2,4")
+    assert axis.path == ("parties", "active", "defenses", 0, "params", "epsilon")
+    assert axis.values == (0.5, 1, 2, 4)
+    assert axis.short == "epsilon"
+
+
+def test_values_may_be_lists_and_quoted_strings() -> None:
+    assert split_values("[16,8],[32], 'a,b'") == ["[16,8]", "[32]", "'a,b'"]
+    axis = parse_axis("parties.passive[0].model.hidden=[16,8],[32]")
+    assert axis.values == ([16, 8], [32])
+
+
+@pytest.mark.parametrize(
+    ("expr", "needle"),
+    [
+        ("training.lr=0.1,abc", "mix kinds"),
+        ("training.lr=0.1,0.1", "repeat"),
+        ("training.lr=0.1,,0.2", "empty value"),
+        ("training.seed=0,1", "--seeds"),
+        ("training.lr", "key.path=value"),
+    ],
+)
+def test_bad_axes_are_refused_with_their_key(expr: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as info:
+        parse_axis(expr)
+    assert info.value.path in (expr.split("=")[0], "--grid")
+
+
+def test_values_of_another_kind_than_the_file_holds_are_refused() -> None:
+    doc = small_digits()
+    with pytest.raises(ConfigError, match="is a string, the protocol holds a number") as info:
+        check_axis(doc, parse_axis("training.epochs=two,three"))
+    assert info.value.path == "training.epochs"
+    check_axis(doc, parse_axis("training.epochs=1,2"))  # numbers over a number: fine
+
+
+def test_points_are_the_product_in_order_and_labels_name_each_axis() -> None:
+    a, b = parse_axis("training.lr=0.1,0.01"), parse_axis("training.epochs=1,2,3")
+    pts = points([a, b])
+    assert len(pts) == 6
+    assert point_label(pts[0]) == "lr=0.1,epochs=1" and point_label(pts[-1]) == "lr=0.01,epochs=3"
+    doc = apply_point(small_digits(), pts[-1])
+    assert doc["training"]["lr"] == 0.01 and doc["training"]["epochs"] == 3
+    with pytest.raises(ConfigError, match="given twice"):
+        points([a, a])
+
+
+def _label_dp_file(tmp_path):
+    doc = small_digits()
+    doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]
+    return write_yaml(tmp_path / "ldp.yaml", doc)
+
+
+def test_plan_expands_grid_points_times_seeds_into_their_own_folders(tmp_path) -> None:
+    axes = (parse_axis(f"{EPS}=0.5,2"), parse_axis("training.lr=0.01,0.003"))
+    src = Source(_label_dp_file(tmp_path), (), axes)
+    p = plan("t", [src], [0, 1], tmp_path / "out")
+    assert len(p.runs) == 8
+    assert len({r.folder for r in p.runs}) == 8 and len({r.digest for r in p.runs}) == 8
+    first = p.runs[0]
+    assert first.label == "plain[epsilon=0.5,lr=0.01]" and first.seed == 0
+    assert first.proto.training.seed == 0 and p.runs[1].proto.training.seed == 1
+    assert first.proto.parties.active.defenses[0].params["epsilon"] == 0.5
+    assert first.folder == tmp_path / "out" / "plain" / "epsilon=0.5,lr=0.01" / "seed0"
+    assert p.axes == {"plain": [EPS, "training.lr"]}
+
+
+def test_plan_without_seeds_runs_each_protocol_at_its_own_seed(tmp_path) -> None:
+    p = plan("t", [Source(PROTOCOLS / "plain.yaml")], None, tmp_path)
+    assert [(r.label, r.seed, r.folder.name) for r in p.runs] == [("plain", 0, "seed0")]
+
+
+@pytest.mark.parametrize(
+    ("expr", "path", "needle"),
+    [
+        ("training.epochz=1,2", "training.epochz", "unknown key"),
+        (f"{EPS}=0.5,1", "parties.active.defenses[0]", "no such list element"),
+        ("training.epochs=1.5,2", "training.epochs", "integer"),
+        ("exchange.backend=plain,quantum", "exchange.backend", "quantum"),
+    ],
+)
+def test_unknown_keys_and_refused_values_name_their_path(tmp_path, expr, path, needle) -> None:
+    src = Source(PROTOCOLS / "plain.yaml", (), (parse_axis(expr),))
+    with pytest.raises(ConfigError) as info:
+        plan("t", [src], [0], tmp_path)
+    msg = str(info.value)
+    assert path in msg and needle.lower() in msg.lower(), msg
