@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml requirements.txt requirements-dev.txt Makefile
 	$(BIN)/python -m securevfl.doctor
 	touch $(STAMP)
 
+# The whole story in one comparison (protocols/demo/comparison.yaml). runs/demo is a cache:
+# an interrupted demo continues where it stopped, and a finished one re-reports in seconds.
 demo: $(STAMP)
-	$(BIN)/securevfl compare protocols/demo --out runs/demo --overwrite
+	$(BIN)/securevfl compare protocols/demo/comparison.yaml --out runs/demo
 
 demo-quick: $(STAMP)
 	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo-quick --overwrite

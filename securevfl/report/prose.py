@@ -13,6 +13,8 @@ from securevfl.report.stats import Interval
 
 #: a composed epsilon above this is reported as no meaningful guarantee (issue 17)
 EPS_MEANINGFUL = 8.0
+#: a utility loss (points) above which the report says the budget ruins utility
+RUINOUS_POINTS = 10.0
 #: an attack within this of its chance level (or whose interval holds it) is "at chance"
 NEAR_CHANCE = 0.05
 
@@ -163,7 +165,21 @@ def privacy_lines(s: Summary) -> list[str]:
                 "not a guarantee to rely on, whatever the attacks below it show."
             )
         else:
-            out.append(f"- `{g.label}`: composed eps {show(eps, 3)}{at} (within {EPS_MEANINGFUL:g}).")
+            line = f"- `{g.label}`: composed eps {show(eps, 3)}{at}, within {EPS_MEANINGFUL:g}."
+            ref = reference(g, s.groups)
+            mine, name = utility(g)
+            theirs = utility(ref)[0] if ref else None
+            if ref is not None and mine is not None and theirs is not None:
+                loss = (theirs.mean - mine.mean) * 100
+                if loss > RUINOUS_POINTS:
+                    line += (
+                        f" A guarantee of this size costs {loss:.1f} points of {name} against `{ref.label}` "
+                        f"here ({mine.mean:.3f} vs {theirs.mean:.3f}): the noise that buys it drowns much of "
+                        "what the model needs on a task this small."
+                    )
+                else:
+                    line += f" It costs {loss:.1f} points of {name} against `{ref.label}`."
+            out.append(line)
     return out
 
 

@@ -1,0 +1,68 @@
+"""`securevfl compare` end to end with real processes, on a tiny protocol (two
+steps a run): seeds and a grid expand into runs whose report gives mean and
+interval per metric and keeps every per-seed result; re-running the same command
+runs nothing; deleting one run's folder re-runs only that one; a bad grid key is
+refused with its path before anything runs."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import cli, small_digits, write_yaml
+
+EPS = "parties.active.defenses[0].params.epsilon"
+
+
+def _tiny(tmp_path):
+    doc = small_digits(epochs=1, batch_size=256, max_steps=2)
+    doc["name"] = "tiny_ldp"
+    doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]
+    return write_yaml(tmp_path / "tiny.yaml", doc)
+
+
+def _markers(out):
+    return {p.parent.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("compare-run.json")}
+
+
+def test_seeds_grid_cache_and_rerun_of_one_deleted_run(tmp_path) -> None:
+    f, out = _tiny(tmp_path), tmp_path / "cmp"
+    args = ("compare", str(f), "--seeds", "0", "1", "--grid", f"{EPS}=0.5,4", "--out", str(out), "--quiet")
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert "4 runs, 0 already done" in first.stderr and "[4/4] tiny_ldp[epsilon=4] seed 1" in first.stderr
+    assert "±" in first.stdout  # mean and interval per metric
+    doc = json.loads((out / "compare.json").read_text())
+    assert [g["protocol"] for g in doc["protocols"]] == ["tiny_ldp[epsilon=0.5]", "tiny_ldp[epsilon=4]"]
+    assert len(doc["runs"]) == 4 and {r["seed"] for r in doc["runs"]} == {0, 1}
+    acc = doc["protocols"][0]["metrics"]["test_accuracy"]
+    assert len(acc["values"]) == 2 and acc["lo"] <= acc["mean"] <= acc["hi"]
+    eps = doc["protocols"][1]["metrics"]["epsilon"]
+    assert eps["values"] == [4.0, 4.0]  # the accountant's label eps, per seed
+    assert (out / "grid_curves.png").stat().st_size > 5_000 and (out / "cost.png").is_file()
+    before = _markers(out)
+    assert len(before) == 4
+
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "4 runs, 4 already done" in again.stderr and "0 to run" in again.stderr
+    assert _markers(out) == before
+    assert json.loads((out / "compare.json").read_text())["runs"] == doc["runs"]
+
+    gone = out / "tiny_ldp" / "epsilon=4" / "seed0"
+    for p in sorted(gone.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    gone.rmdir()
+    third = cli(*args)
+    assert third.returncode == 0, third.stderr
+    assert "3 already done" in third.stderr and "1 to run" in third.stderr
+    after = _markers(out)
+    changed = {k for k in after if after[k] != before.get(k)}
+    assert changed == {gone.relative_to(out)}
+
+
+def test_unknown_grid_key_is_refused_with_its_path_before_any_run(tmp_path) -> None:
+    out = tmp_path / "cmp"
+    proc = cli("compare", str(_tiny(tmp_path)), "--grid", "training.epochz=1,2", "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "training.epochz" in proc.stderr and "unknown key" in proc.stderr
+    assert not out.exists()
