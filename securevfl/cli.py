@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from securevfl.app.comparison import execute, sources_from_args
+from securevfl.app.comparison import execute, read_comparison_file, sources_from_args
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol
@@ -189,6 +189,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     for f in args.files:
+        if Path(f).is_file() and read_comparison_file(Path(f)) is not None:
+            title, sources, seeds = sources_from_args([f], args.overrides, [])
+            runs = make_plan(title, sources, seeds, Path("runs/compare")).runs
+            print(f"ok: {f}: comparison '{title}', {len(runs)} runs, every one validated")
+            continue
         proto = load_protocol(f, args.overrides)
         lay = layout_of(proto)
         print(

@@ -25,7 +25,7 @@ def show(iv: Interval | None, digits: int = 2) -> str:
         return "n/a"
     if math.isinf(iv.mean):
         return "inf"
-    if iv.half is None:
+    if not iv.half:  # one seed, or every seed the same
         return f"{iv.mean:.{digits}f}"
     return f"{iv.mean:.{digits}f} ± {iv.half:.{digits}f}"
 
