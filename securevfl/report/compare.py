@@ -30,11 +30,12 @@ from securevfl.report.plots import (
     reconstruction_grids,
 )
 from securevfl.report.prose import findings
-from securevfl.report.rows import TEXT, columns, epsilon_spent, fmt, rows
+from securevfl.report.rows import TEXT, columns, epsilon_spent, fmt, human_bytes, rows
 from securevfl.report.stats import Interval
 
 __all__ = [
     "epsilon_spent",
+    "human_bytes",
     "markdown_table",
     "print_summary",
     "print_table",
