@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from securevfl.report.aggregate import RunRecord
 from securevfl.report.compare import epsilon_spent, markdown_table, rows, write_comparison
 
 
@@ -106,3 +107,25 @@ def test_files_and_plots_are_written(tmp_path) -> None:
 def test_no_attacks_no_attack_plots(tmp_path) -> None:
     paths = write_comparison(tmp_path, [result("plain", "plain", 0.9)])
     assert set(paths) == {"json", "csv", "runs_csv", "markdown", "cost"}
+
+
+def test_grid_curves_and_per_seed_values_are_written(tmp_path) -> None:
+    recs = []
+    for eps in (0.5, 1.0, 4.0):
+        for seed in (0, 1, 2):
+            r = result("ldp", "mpc", 0.8 + eps / 40 + seed / 100, defenses={"active": ["label_dp"]}, eps=eps)
+            r["attacks"] = {"label_direction": {"ap": 0.5 + eps / 10 + seed / 50, "auc": 0.5}}
+            recs.append(RunRecord(f"ldp[epsilon={eps:g}]", "ldp", seed, r, point={"eps_key": eps}))
+    paths = write_comparison(tmp_path, recs, {"ldp": ["eps_key"]})
+    assert paths["grid_curves"].stat().st_size > 10_000
+    assert "grid_curves.png" in paths["markdown"].read_text()
+    doc = json.loads(paths["json"].read_text())
+    assert len(doc["runs"]) == 9 and [g["point"] for g in doc["protocols"]] == [
+        {"eps_key": 0.5},
+        {"eps_key": 1.0},
+        {"eps_key": 4.0},
+    ]
+    ap = doc["protocols"][0]["metrics"]["attack:label_direction"]
+    assert ap["values"] == pytest.approx([0.55, 0.57, 0.59]) and ap["mean"] == pytest.approx(0.57)
+    assert ap["half"] == pytest.approx(4.303 * 0.02 / math.sqrt(3), abs=1e-4)
+    assert doc["chance"] == {"label_direction": 0.5}
