@@ -159,14 +159,24 @@ def plot_cost(summary: Summary, path: Path) -> Path | None:
         ivs = [g.metrics.get(key) for g in gs]
         vals = [iv.mean * scale if iv else np.nan for iv in ivs]
         errs = [_err(iv) * scale for iv in ivs]
+        # bars grow from a decade below the smallest value, so every bar has a visible length
+        finite = [v for v in vals if np.isfinite(v) and v > 0]
+        left = 10 ** math.floor(math.log10(min(finite))) / 10 if finite else 1e-3
         ax.barh(
             y,
-            vals,
-            xerr=errs,
+            [v - left for v in vals],
+            left=left,
+            xerr=errs if any(errs) else None,
             color=[colors.get(str(g.text.get("backend")), "tab:grey") for g in gs],
             capsize=2,
         )
+        for yi, v in zip(y, vals, strict=True):
+            if np.isfinite(v):
+                ax.annotate(
+                    f"{v:.3g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7
+                )
         ax.set_xscale("log")
+        ax.set_xlim(left=left, right=max(finite) * 4 if finite else None)
         ax.set_xlabel(unit + ", log scale")
         ax.grid(alpha=0.3, axis="x")
     ax_t.set_yticks(y, [g.label for g in gs], fontsize=7)
