@@ -59,6 +59,20 @@ def reference(g: Group, groups: list[Group]) -> Group | None:
     return None
 
 
+def plain_of(g: Group, groups: list[Group]) -> Group | None:
+    """The undefended ``plain`` protocol on the same dataset, if compared."""
+    return next(
+        (
+            r
+            for r in groups
+            if r.text.get("backend") == "plain"
+            and r.text.get("defenses") == "none"
+            and r.text.get("dataset") == g.text.get("dataset")
+        ),
+        None,
+    )
+
+
 def _seeds_line(s: Summary) -> str:
     n = sorted({len(g.seeds) for g in s.groups})
     if n == [1]:
@@ -108,16 +122,7 @@ def _crypto_only_unchanged(s: Summary, attack: str) -> str:
     for g in s.groups:
         if g.text.get("defenses") != "none" or g.text.get("backend") == "plain":
             continue
-        plain = next(
-            (
-                r
-                for r in s.groups
-                if r.text.get("backend") == "plain"
-                and r.text.get("defenses") == "none"
-                and r.text.get("dataset") == g.text.get("dataset")
-            ),
-            None,
-        )
+        plain = plain_of(g, s.groups)
         a, b = g.metrics.get(f"attack:{attack}"), plain.metrics.get(f"attack:{attack}") if plain else None
         if a is not None and b is not None and plain is not None and abs(a.mean - b.mean) <= NEAR_CHANCE:
             same.append(f"`{g.label}` {a.mean:.2f} against `{plain.label}` {b.mean:.2f}")
@@ -130,10 +135,30 @@ def _crypto_only_unchanged(s: Summary, attack: str) -> str:
     )
 
 
+def resolved(a: Interval, b: Interval) -> str:
+    """Whether seeds resolve a difference: '' for single seeds, else a clause
+    saying whether the two 95% intervals overlap."""
+    if a.lo is None or b.lo is None or a.hi is None or b.hi is None:
+        return ""
+    if a.hi < b.lo or b.hi < a.lo:
+        return "; the intervals do not overlap"
+    return "; the intervals overlap: these seeds do not resolve the difference"
+
+
 def utility_lines(s: Summary) -> list[str]:
     out = []
     for g in s.groups:
         if g.text.get("defenses") == "none":
+            plain = plain_of(g, s.groups)
+            if g.text.get("backend") == "plain" or plain is None:
+                continue
+            mine, name = utility(g)
+            theirs = utility(plain)[0]
+            if mine is not None and theirs is not None:
+                out.append(
+                    f"- `{g.label}` ({g.text.get('backend')}, no defense) reaches {show(mine, 3)} {name} "
+                    f"against `{plain.label}` {show(theirs, 3)}{resolved(mine, theirs)}."
+                )
             continue
         ref = reference(g, s.groups)
         mine, name = utility(g)
@@ -144,7 +169,7 @@ def utility_lines(s: Summary) -> list[str]:
         verb = "costs" if delta < 0 else "changes"
         out.append(
             f"- `{g.label}` ({g.text.get('defenses')}) {verb} {abs(delta) * 100:.1f} points of {name} "
-            f"against `{ref.label}` ({show(mine, 3)} vs {show(theirs, 3)})."
+            f"against `{ref.label}` ({show(mine, 3)} vs {show(theirs, 3)}{resolved(mine, theirs)})."
         )
     return out
 
@@ -188,14 +213,7 @@ def cost_lines(s: Summary) -> list[str]:
     for g in s.groups:
         if g.text.get("backend") == "plain":
             continue
-        plain = next(
-            (
-                r
-                for r in s.groups
-                if r.text.get("backend") == "plain" and r.text.get("dataset") == g.text.get("dataset")
-            ),
-            None,
-        )
+        plain = plain_of(g, s.groups)
         if plain is None:
             continue
         t, t0 = g.mean("time_per_step_s"), plain.mean("time_per_step_s")

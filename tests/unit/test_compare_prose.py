@@ -50,7 +50,13 @@ def test_prose_follows_the_numbers() -> None:
     assert "2 seeds each (8 runs)" in text
     assert "Still above chance under `plain`, `mpc`, `mpc_ldp_weak`; at chance under `mpc_ldp`." in text
     assert "alone leaves it where plaintext training has it: `mpc` 0.97 against `plain` 0.98" in text
-    assert "`mpc_ldp` (label_dp) costs 4.0 points of test AUC against `mpc`" in text
+    assert (
+        "`mpc_ldp` (label_dp) costs 4.0 points of test AUC against `mpc` (0.950 vs 0.990; "
+        "the intervals do not overlap)" in text
+    )
+    assert "`mpc` (mpc, no defense) reaches 0.990 test AUC against `plain` 0.990; the intervals overlap" in (
+        text
+    )
     assert "`mpc_ldp_weak`: composed eps 20.000 at delta 1e-05 is above 8" in text
     assert "`mpc_ldp`: composed eps 0.500 at delta 1e-05, within 8. It costs 4.0 points" in text
     assert "`mpc` (mpc): 20.0x the time and 40.0x the bytes per step of `plain`" in text
