@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 from securevfl.report.aggregate import Group, Summary
 from securevfl.report.stats import Interval
@@ -77,6 +78,8 @@ def _x_axis(ax: Axes, values: list[Any]) -> tuple[list[float], list[Any]]:
         xs = [float(v) for v in values]
         if min(xs) > 0 and max(xs) / min(xs) >= 10:
             ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])  # ticks at the grid values only
+        ax.xaxis.set_minor_locator(NullLocator())
         return xs, values
     ax.set_xticks(range(len(values)), [str(v) for v in values])
     return [float(i) for i in range(len(values))], values
@@ -90,7 +93,7 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
     attacks = summary.attacks or [None]
     if not panels:
         return None
-    fig = Figure(figsize=(4.4 * len(attacks), 3.6 * len(panels)))
+    fig = Figure(figsize=(max(6.0, 4.4 * len(attacks)), 3.8 * len(panels)))
     grid = fig.subplots(len(panels), len(attacks), squeeze=False)
     for i, (base, key) in enumerate(panels):
         mine = [g for g in summary.groups if g.base == base and key in g.point]
@@ -136,7 +139,8 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(
-        "grid: utility and attack performance (dotted = chance); bars: 95% interval over seeds", fontsize=9
+        "utility and attack performance per grid value\n(dotted = chance; bars: 95% interval over seeds)",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=130)
