@@ -86,29 +86,35 @@ def _seeds_line(s: Summary) -> str:
     )
 
 
+def _names(labels: list[str]) -> str:
+    return ", ".join(f"`{x}`" for x in labels)
+
+
 def attack_lines(s: Summary) -> list[str]:
     out = []
     for a in s.attacks:
         chance = s.chance.get(a, 0.0)
-        parts, at_chance, high = [], [], []
+        parts: list[str] = []
+        where: dict[str, list[str]] = {"above": [], "at": [], "below": []}
+        lowest: tuple[float, str] | None = None
         for g in s.groups:
             iv = g.metrics.get(f"attack:{a}")
             if iv is None:
                 continue
             parts.append(f"{show(iv)} under `{g.label}`")
-            (at_chance if near_chance(iv, chance) else high).append(g.label)
-        if not parts:
+            side = "at" if near_chance(iv, chance) else ("above" if iv.mean > chance else "below")
+            where[side].append(g.label)
+            if lowest is None or iv.mean < lowest[0]:
+                lowest = (iv.mean, g.label)
+        if not parts or lowest is None:
             continue
         line = f"- **{a}** (chance {chance:.2f}): " + "; ".join(parts) + "."
-        if high and at_chance:
-            line += (
-                f" Still above chance under {', '.join(f'`{x}`' for x in high)}; at chance under "
-                f"{', '.join(f'`{x}`' for x in at_chance)}."
-            )
-        elif high:
-            line += " Above chance under every protocol compared."
-        else:
-            line += " At chance under every protocol compared."
+        said = [
+            f"{side} chance under {_names(where[side])}" for side in ("above", "at", "below") if where[side]
+        ]
+        line += " " + "; ".join(said)[0].upper() + "; ".join(said)[1:] + "."
+        if not where["at"] and len(parts) > 1:
+            line += f" Closest to chance: `{lowest[1]}` ({lowest[0] - chance:+.2f})."
         crypto = _crypto_only_unchanged(s, a)
         if crypto:
             line += " " + crypto
@@ -166,7 +172,7 @@ def utility_lines(s: Summary) -> list[str]:
         if ref is None or mine is None or theirs is None:
             continue
         delta = mine.mean - theirs.mean
-        verb = "costs" if delta < 0 else "changes"
+        verb = "costs" if delta < 0 else "gains"
         out.append(
             f"- `{g.label}` ({g.text.get('defenses')}) {verb} {abs(delta) * 100:.1f} points of {name} "
             f"against `{ref.label}` ({show(mine, 3)} vs {show(theirs, 3)}{resolved(mine, theirs)})."
@@ -209,20 +215,25 @@ def privacy_lines(s: Summary) -> list[str]:
 
 
 def cost_lines(s: Summary) -> list[str]:
+    """Crypto cost (an undefended backend against undefended ``plain``) and the
+    perturbation's own cost (a defended protocol against the undefended one on its
+    backend), side by side."""
     out = []
     for g in s.groups:
-        if g.text.get("backend") == "plain":
+        undefended = g.text.get("defenses") == "none"
+        if undefended and g.text.get("backend") == "plain":
             continue
-        plain = plain_of(g, s.groups)
-        if plain is None:
+        base = plain_of(g, s.groups) if undefended else reference(g, s.groups)
+        if base is None or base is g:
             continue
-        t, t0 = g.mean("time_per_step_s"), plain.mean("time_per_step_s")
-        b, b0 = g.mean("bytes_per_step"), plain.mean("bytes_per_step")
+        t, t0 = g.mean("time_per_step_s"), base.mean("time_per_step_s")
+        b, b0 = g.mean("bytes_per_step"), base.mean("bytes_per_step")
         if not (t and t0 and b and b0):
             continue
+        what = g.text.get("backend") if undefended else f"{g.text.get('defenses')} on {g.text.get('backend')}"
         out.append(
-            f"- `{g.label}` ({g.text.get('backend')}): {t / t0:.1f}x the time and {b / b0:.1f}x the bytes "
-            f"per step of `{plain.label}`."
+            f"- `{g.label}` ({what}): {t / t0:.1f}x the time and {b / b0:.1f}x the bytes per step of "
+            f"`{base.label}`."
         )
     return out
 
@@ -234,7 +245,7 @@ def findings(s: Summary) -> list[str]:
         ("What each attack achieves", attack_lines(s)),
         ("What each defense costs in utility", utility_lines(s)),
         ("Privacy budgets", privacy_lines(s)),
-        ("What crypto costs per step", cost_lines(s)),
+        ("What crypto and each defense cost per step", cost_lines(s)),
     )
     for title, lines in sections:
         if lines:

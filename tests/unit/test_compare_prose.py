@@ -48,7 +48,7 @@ def test_prose_follows_the_numbers() -> None:
         ]
     text = _text(recs)
     assert "2 seeds each (8 runs)" in text
-    assert "Still above chance under `plain`, `mpc`, `mpc_ldp_weak`; at chance under `mpc_ldp`." in text
+    assert "Above chance under `plain`, `mpc`, `mpc_ldp_weak`; at chance under `mpc_ldp`." in text
     assert "alone leaves it where plaintext training has it: `mpc` 0.97 against `plain` 0.98" in text
     assert (
         "`mpc_ldp` (label_dp) costs 4.0 points of test AUC against `mpc` (0.950 vs 0.990; "
@@ -71,4 +71,15 @@ def test_one_seed_says_so_and_ruinous_budgets_are_explained() -> None:
     assert "one seed each" in text
     assert "A guarantee of this size costs 39.0 points of test AUC against `plain`" in text
     assert "At chance" not in text  # plain is above chance, dp at chance: a mixed line
-    assert "Still above chance under `plain`; at chance under `dp`." in text
+    assert "Above chance under `plain`; at chance under `dp`." in text
+
+
+def test_below_chance_is_not_called_above_and_defenses_cost_against_their_backend() -> None:
+    recs = [
+        RunRecord("mpc", "mpc", 0, _res("mpc", "mpc", 0.99, 0.9, t=0.2, b=40_000)),
+        RunRecord("ldp", "ldp", 0, _res("ldp", "mpc", 0.97, 0.40, defenses={"active": ["label_dp"]}, t=0.1)),
+    ]
+    text = _text(recs)
+    assert "Above chance under `mpc`; below chance under `ldp`." in text
+    assert "Closest to chance: `ldp` (-0.10)." in text
+    assert "`ldp` (label_dp on mpc): 0.5x the time and 0.0x the bytes per step of `mpc`." in text
