@@ -129,3 +129,11 @@ def test_grid_curves_and_per_seed_values_are_written(tmp_path) -> None:
     assert ap["values"] == pytest.approx([0.55, 0.57, 0.59]) and ap["mean"] == pytest.approx(0.57)
     assert ap["half"] == pytest.approx(4.303 * 0.02 / math.sqrt(3), abs=1e-4)
     assert doc["chance"] == {"label_direction": 0.5}
+
+
+def test_regression_metrics_show_only_where_some_run_has_them() -> None:
+    assert "test R²" not in markdown_table(RESULTS).splitlines()[0]
+    reg = {**result("reg", "plain", None), "test_r2": 0.61, "test_rmse": 0.7}
+    md = markdown_table([reg]).splitlines()
+    assert "test R²" in md[0] and "test RMSE" in md[0]
+    assert "| 0.6100 | 0.700 |" in md[2]
