@@ -18,6 +18,7 @@ MODULES = [
     ("gmpy2", "gmpy2"),
     ("skfuzzy", "scikit-fuzzy"),
     ("private_set_intersection.python", "openmined-psi"),
+    ("rbcl", "rbcl"),
     ("dp_accounting", "dp-accounting"),
     ("onnx", "onnx"),
     ("sklearn", "scikit-learn"),

@@ -1,20 +1,35 @@
-"""Entity alignment by private set intersection (openmined-psi, ECDH).
+"""Entity alignment by private set intersection (Diffie-Hellman PSI, ristretto255).
 
-The active party is the PSI client of every passive party, with one request
-sent to all of them at once (their server work runs concurrently). With each
-passive party P_i it learns which of its own IDs P_i also holds (P_i learns only
-the size of A's set); it intersects those answers and sends every passive party
-the final intersection, sorted, which becomes the agreed row order. So:
+The active party A is the PSI client of every passive party P_i; the group
+arithmetic is in :mod:`securevfl.data.dh_psi` (HFHH'99 commutative blinding over
+ristretto255). One run, with fresh secret exponents a (A's) and b_i (P_i's):
+
+1. every P_i hashes its IDs onto the group and raises them to b_i: its *setup*,
+   sorted, so it carries no trace of P_i's row order;
+2. A hashes its IDs and raises them to a: one *request*, sent to every P_i;
+3. P_i raises each request element to b_i: its *response*, in request order;
+   then it sends A its setup and its response;
+4. A raises each response element to 1/a, getting H(x)^{b_i} for each of its own
+   IDs x, and keeps the IDs whose element appears in P_i's setup;
+5. A sends every passive party the final intersection, sorted: the row order.
+
+So (SECURITY.md §3):
 
 * no party ever receives an ID it does not hold itself (PSI messages carry only
-  blinded, hashed elements; the final list is a subset of every party's IDs);
+  hashed, blinded group elements; the final list is a subset of every party's IDs);
 * passive parties learn the final intersection and |A|;
 * A additionally learns, for each of its own IDs, whether P_i holds it (the
-  pairwise intersections), which SECURITY.md documents.
+  pairwise intersections) and |P_i|, which SECURITY.md documents.
 
-PSI messages are protobufs parsed by openmined-psi; a malformed one is a
-:class:`ProtocolError` naming the sender. The RAW data structure is used, so the
-intersection is exact (no Bloom-filter false positives).
+Messages are streamed in batches of :data:`BATCH` elements (32 bytes each)
+instead of one message of the whole set. The request and the response have
+|A| elements in batches of BATCH; a setup stream ends with its first batch of
+fewer than BATCH elements (possibly empty). Every P_i computes its setup before
+it takes the request, and its response before it sends anything, so all passive
+parties work at the same time while A blinds and then collects in rank order.
+
+A malformed message (wrong length, an element that is not a canonical group
+element) is a :class:`ProtocolError` naming the sender.
 """
 
 from __future__ import annotations
@@ -22,16 +37,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import private_set_intersection.python as psi
 from pydantic import BaseModel, ConfigDict
 
+from securevfl.data import dh_psi
 from securevfl.errors import DataError, ProtocolError
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.messages import PSI_HELLO, PSI_REQUEST, PSI_RESPONSE, PSI_RESULT, PSI_SETUP
 
-FPR = 1e-9  # only used by the compressed structures; RAW is exact
 MAX_IDS = 50_000_000
+BATCH = 1 << 16  # elements per PSI message: 2 MiB
+E = dh_psi.ELEMENT_BYTES
 
 
 class PsiHello(BaseModel):
@@ -39,47 +55,85 @@ class PsiHello(BaseModel):
     client_size: int
 
 
-def _parse(cls, raw: bytes, who: str, what: str):
-    msg = cls()
-    try:
-        msg.ParseFromString(raw)
-    except Exception:
-        raise ProtocolError(f"{who} sent a malformed PSI {what} message") from None
-    return msg
+def _batches(packed: bytes) -> list[bytes]:
+    """A packed buffer cut into messages of BATCH elements."""
+    step = BATCH * E
+    return [packed[i : i + step] for i in range(0, len(packed), step)]
+
+
+def _send_stream(channel: Channel, dst: int, tag, packed: bytes) -> None:
+    """Send a set whose size the receiver does not know: full batches, ended by
+    the first batch of fewer than BATCH elements (an empty one if need be)."""
+    parts = _batches(packed)
+    if not parts or len(parts[-1]) == BATCH * E:
+        parts.append(b"")
+    for part in parts:
+        channel.send_bytes(dst, tag, part)
+
+
+def _recv_stream(channel: Channel, src: int, tag, who: str, what: str) -> bytes:
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        part = channel.recv_bytes(src, tag, max_len=BATCH * E)
+        if len(part) % E:
+            raise ProtocolError(f"{who} sent a PSI {what} batch of {len(part)} bytes (not whole elements)")
+        parts.append(part)
+        total += len(part) // E
+        if total > MAX_IDS:
+            raise ProtocolError(f"{who} sent a PSI {what} larger than {MAX_IDS} elements")
+        if len(part) < BATCH * E:
+            return b"".join(parts)
+
+
+def _recv_exact(channel: Channel, src: int, tag, n: int, who: str, what: str) -> bytes:
+    """Receive ``n`` elements sent as batches of BATCH (the last one shorter)."""
+    parts: list[bytes] = []
+    left = n
+    while left > 0:
+        want = min(BATCH, left)
+        part = channel.recv_bytes(src, tag, max_len=BATCH * E)
+        if len(part) != want * E:
+            raise ProtocolError(
+                f"{who} sent a PSI {what} batch of {len(part)} bytes where {want} elements "
+                f"({want * E} bytes) were expected"
+            )
+        parts.append(part)
+        left -= want
+    return b"".join(parts)
 
 
 def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray:
     """Run PSI with every passive party; return A's row indices in agreed order.
 
-    A builds one PSI request (its IDs blinded under one client key) and sends it
-    to every passive party before collecting any answer, so the passive parties'
-    server work runs at the same time and A blinds its set once, not once per
-    party. Reusing the request is safe in this model: every server sees the
-    same pseudorandom blinded elements and the set size, which is what each saw
-    from its own request before; A's key never leaves A (SECURITY.md §3)."""
-    client = psi.client.CreateWithNewKey(True)
-    request = client.CreateRequest(ids).SerializeToString()
+    A blinds its set once and sends the same request to every passive party.
+    Reusing the request is safe in this model: every server sees the same
+    pseudorandom blinded elements and the set size, which is what each saw from
+    its own request before; A's key never leaves A (SECURITY.md §3). A unblinds
+    only the elements of its IDs that every earlier passive party also holds:
+    the others cannot reach the final intersection."""
+    key = dh_psi.Key.fresh()
+    request = dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids))
     for role in layout.passive:
         channel.send_json(role.rank, PsiHello(client_size=len(ids)), PSI_HELLO)
-        channel.send_bytes(role.rank, PSI_REQUEST, request)
-    keep = np.ones(len(ids), dtype=bool)
+    for role in layout.passive:
+        for part in _batches(request):
+            channel.send_bytes(role.rank, PSI_REQUEST, part)
+    del request
+    alive = np.arange(len(ids), dtype=np.int64)  # A's IDs every passive party so far holds
     for role in layout.passive:
         who = f"rank {role.rank} ({role.label})"
-        setup = _parse(psi.ServerSetup, channel.recv_bytes(role.rank, PSI_SETUP), who, "setup")
-        resp = _parse(psi.Response, channel.recv_bytes(role.rank, PSI_RESPONSE), who, "response")
-        if len(resp.encrypted_elements) != len(ids):
-            raise ProtocolError(
-                f"{who} sent a PSI response with {len(resp.encrypted_elements)} elements for a "
-                f"request of {len(ids)}"
-            )
+        setup = _recv_stream(channel, role.rank, PSI_SETUP, who, "setup")
+        response = _recv_exact(channel, role.rank, PSI_RESPONSE, len(ids), who, "response")
+        wanted = b"".join(response[i * E : (i + 1) * E] for i in alive.tolist())
         try:
-            found = client.GetIntersection(setup, resp)
-        except Exception as exc:
-            raise ProtocolError(f"{who}: PSI response does not match the request: {exc}") from None
-        mask = np.zeros(len(ids), dtype=bool)
-        mask[np.asarray(list(found), dtype=np.int64)] = True
-        keep &= mask
-    final = sorted(ids[i] for i in np.flatnonzero(keep))
+            mine = dh_psi.unpack(dh_psi.multiply(key.inverse, wanted))
+        except dh_psi.InvalidElement as exc:
+            raise ProtocolError(f"{who} sent a PSI response that is not a group element: {exc}") from None
+        theirs = set(dh_psi.unpack(setup))
+        del setup, response, wanted
+        alive = alive[np.fromiter((m in theirs for m in mine), dtype=bool, count=len(mine))]
+    final = sorted(ids[i] for i in alive.tolist())
     payload = json.dumps(final).encode()
     for role in layout.passive:
         channel.send_bytes(role.rank, PSI_RESULT, payload)
@@ -96,20 +150,23 @@ def align_passive(channel: Channel, layout: Layout, rank: int, ids: list[str]) -
     """Serve PSI for the active party; return this party's rows in agreed order."""
     active = layout.active.rank
     who = f"rank {active} ({layout.active.label})"
+    key = dh_psi.Key.fresh()
+    # the setup needs nothing from A: compute it while A blinds its own set
+    setup = dh_psi.sorted_elements(dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids)))
     hello = channel.recv_json(active, PsiHello, PSI_HELLO)
     if not 0 <= hello.client_size <= MAX_IDS:
         raise ProtocolError(f"{who} announced an implausible PSI set size {hello.client_size}")
-    # take the request at once: A sends it to every passive party before it
+    # take the whole request at once: A sends it to every passive party before it
     # collects any answer, and a transfer completes only once its receiver is ready
-    request = _parse(psi.Request, channel.recv_bytes(active, PSI_REQUEST), who, "request")
-    server = psi.server.CreateWithNewKey(True)
-    setup = server.CreateSetupMessage(FPR, max(1, hello.client_size), ids, psi.DataStructure.RAW)
+    request = _recv_exact(channel, active, PSI_REQUEST, hello.client_size, who, "request")
     try:
-        response = server.ProcessRequest(request)
-    except Exception as exc:
-        raise ProtocolError(f"{who} sent a PSI request that cannot be processed: {exc}") from None
-    channel.send_bytes(active, PSI_SETUP, setup.SerializeToString())
-    channel.send_bytes(active, PSI_RESPONSE, response.SerializeToString())
+        response = dh_psi.multiply(key.scalar, request)
+    except dh_psi.InvalidElement as exc:
+        raise ProtocolError(f"{who} sent a PSI request that is not a group element: {exc}") from None
+    del request
+    _send_stream(channel, active, PSI_SETUP, setup)
+    for part in _batches(response):
+        channel.send_bytes(active, PSI_RESPONSE, part)
     raw = channel.recv_bytes(active, PSI_RESULT)
     try:
         final = json.loads(raw)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from securevfl.data import dh_psi
 from securevfl.data.alignment import PsiHello, align_active, align_passive
 from securevfl.errors import DataError, PartyFailure, ProtocolError
 from securevfl.runtime.layout import Layout, Role
@@ -174,7 +175,7 @@ def test_one_request_serves_every_passive_party(party_ids):
     requests = [[d for src, tag, d in wire.received[r] if tag == PSI_REQUEST.name] for r in (1, 2)]
     assert len(requests[0]) == len(requests[1]) == 1
     assert requests[0] == requests[1]  # A blinded its set once
-    assert len(requests[0][0]) > 33 * len(party_ids[0])  # and it is the whole blinded set
+    assert len(requests[0][0]) == 32 * len(party_ids[0])  # and it is the whole blinded set
 
 
 def test_no_party_receives_a_foreign_or_non_intersection_id(party_ids):
@@ -247,12 +248,6 @@ def test_empty_intersection_is_a_data_error_everywhere():
 GARBAGE = b"\xff\xff\xff\xffnot a protobuf"
 
 
-def _psi():
-    import private_set_intersection.python as psi
-
-    return psi
-
-
 def test_garbage_setup_is_a_protocol_error_naming_the_sender():
     ids = make_ids(20, seed=5)
     wire = Wire(3)
@@ -270,17 +265,16 @@ def test_garbage_setup_is_a_protocol_error_naming_the_sender():
 
 
 def test_garbage_response_is_a_protocol_error_naming_the_sender():
-    psi = _psi()
     ids = make_ids(20, seed=6)
     wire = Wire(3)
     peer = wire.channel(1)
 
     def script() -> None:
-        hello = peer.recv_json(0, PsiHello, PSI_HELLO)
+        peer.recv_json(0, PsiHello, PSI_HELLO)
         peer.recv_bytes(0, PSI_REQUEST)
-        server = psi.server.CreateWithNewKey(True)
-        setup = server.CreateSetupMessage(1e-9, hello.client_size, ids[:10], psi.DataStructure.RAW)
-        peer.send_bytes(0, PSI_SETUP, setup.SerializeToString())
+        key = dh_psi.Key.fresh()
+        setup = dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids[:10]))
+        peer.send_bytes(0, PSI_SETUP, setup)
         peer.send_bytes(0, PSI_RESPONSE, GARBAGE)
 
     with pytest.raises(ProtocolError) as info:
@@ -313,13 +307,12 @@ def test_implausible_set_size_is_a_protocol_error():
 
 def _honest_client_then(result: bytes, ids: list[str], wire: Wire) -> Callable[[], None]:
     """Play an honest PSI client for rank 1, then send ``result`` as the final list."""
-    psi = _psi()
     peer = wire.channel(0)
 
     def script() -> None:
-        client = psi.client.CreateWithNewKey(True)
+        key = dh_psi.Key.fresh()
         peer.send_json(1, PsiHello(client_size=len(ids)), PSI_HELLO)
-        peer.send_bytes(1, PSI_REQUEST, client.CreateRequest(ids).SerializeToString())
+        peer.send_bytes(1, PSI_REQUEST, dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids)))
         peer.recv_bytes(1, PSI_SETUP)
         peer.recv_bytes(1, PSI_RESPONSE)
         peer.send_bytes(1, PSI_RESULT, result)
@@ -357,3 +350,88 @@ def test_intersection_with_foreign_or_repeated_ids_is_refused(kind):
             lambda: align_passive(wire.channel(1), LAYOUT, 1, ids),
             _honest_client_then(json.dumps(final).encode(), ids, wire),
         )
+
+
+# -- engine cross-check, streaming, barely overlapping sets ----------------------------------
+
+
+def openmined_intersection(client_ids: list[str], server_ids: list[str]) -> set[str]:
+    """The pairwise intersection openmined-psi's ECDH PSI computes (RAW, exact)."""
+    import private_set_intersection.python as psi
+
+    client = psi.client.CreateWithNewKey(True)
+    server = psi.server.CreateWithNewKey(True)
+    setup = server.CreateSetupMessage(1e-9, len(client_ids), server_ids, psi.DataStructure.RAW)
+    response = server.ProcessRequest(client.CreateRequest(client_ids))
+    return {client_ids[i] for i in client.GetIntersection(setup, response)}
+
+
+def test_same_intersection_as_openmined_psi(party_ids):
+    expected = set(party_ids[0])
+    for r in (1, 2):
+        expected &= openmined_intersection(party_ids[0], party_ids[r])
+    result = run_parties(Wire(3), party_ids)
+    assert [party_ids[0][i] for i in result[0]] == sorted(expected)
+    assert 40 < len(expected) < 200
+
+
+def test_a_barely_overlapping_party_aligns_on_one_row_and_leaks_nothing_else():
+    universe = make_ids(400, seed=21)
+    ids = {0: universe[:200], 1: universe[:200], 2: universe[199:399]}  # rank 2 shares one ID
+    result = run_parties(wire := Wire(3), ids)
+    for r in range(3):
+        assert not isinstance(result[r], Exception), result[r]
+        assert [ids[r][i] for i in result[r]] == [universe[199]]
+    assert openmined_intersection(ids[0], ids[2]) == {universe[199]}
+    for r in range(3):
+        for _src, _tag, payload in wire.received[r]:
+            for v in set(universe) - set(ids[r]) - {universe[199]}:
+                assert v.encode() not in payload
+
+
+def test_streams_many_batches_with_an_empty_terminator(monkeypatch, party_ids):
+    from securevfl.data import alignment
+
+    monkeypatch.setattr(alignment, "BATCH", 8)  # 200 IDs: 25 full batches, then an empty one
+    wire = Wire(3)
+    result = run_parties(wire, party_ids)
+    expected = intersection(party_ids)
+    for r in range(3):
+        assert [party_ids[r][i] for i in result[r]] == expected, f"rank {r}"
+    setups = [p for src, tag, p in wire.received[0] if tag == PSI_SETUP.name and src == 1]
+    assert [len(p) for p in setups] == [8 * 32] * 25 + [0]
+    requests = [p for src, tag, p in wire.received[1] if tag == PSI_REQUEST.name]
+    assert len(requests) == 25 and all(len(p) == 8 * 32 for p in requests)
+
+
+def test_setup_is_sorted_and_carries_every_passive_id_once(party_ids):
+    wire = Wire(3)
+    run_parties(wire, party_ids)
+    setup = b"".join(p for src, tag, p in wire.received[0] if tag == PSI_SETUP.name and src == 1)
+    elems = dh_psi.unpack(setup)
+    assert len(elems) == len(set(elems)) == len(party_ids[1])
+    assert elems == sorted(elems)  # no trace of the passive party's row order
+
+
+def test_a_response_element_off_the_group_is_a_protocol_error():
+    ids = make_ids(20, seed=22)
+    wire = Wire(3)
+    peer = wire.channel(1)
+
+    def script() -> None:
+        peer.recv_json(0, PsiHello, PSI_HELLO)
+        request = peer.recv_bytes(0, PSI_REQUEST)
+        peer.send_bytes(0, PSI_SETUP, b"")
+        peer.send_bytes(0, PSI_RESPONSE, request[:-32] + b"\xff" * 32)
+
+    with pytest.raises(ProtocolError, match=r"rank 1 .*shop.*response.*not a group element"):
+        run_with_peer(lambda: align_active(wire.channel(0), LAYOUT, ids), script)
+
+
+def test_a_short_request_is_a_protocol_error_naming_the_active_party():
+    wire = Wire(3)
+    peer = wire.channel(0)
+    peer.send_json(1, PsiHello(client_size=3), PSI_HELLO)
+    peer.send_bytes(1, PSI_REQUEST, dh_psi.hash_to_group(["a", "b"]))
+    with pytest.raises(ProtocolError, match=r"rank 0 .*bank.*request"):
+        align_passive(wire.channel(1), LAYOUT, 1, make_ids(5, seed=23))
