@@ -268,6 +268,12 @@ class RuntimeSpec(Strict):
     trace_steps: int = Field(
         default=0, ge=0, description="A saves z and the loss of the first N training steps (tests)"
     )
+    view_memory_mib: float = Field(
+        default=256.0,
+        gt=0,
+        description="received tensors a rank keeps in memory for the attacks or the view dump; "
+        "beyond this they are spilled to ranks/rank<R>.received.<k>.pt until the view is saved",
+    )
 
 
 class BudgetSpec(Strict):

@@ -88,7 +88,15 @@ def run_rank(
             clock.add("startup", time.perf_counter() - t0)
             backend = EXCHANGES.get(proto.exchange.backend)
             options = backend.options.model_validate(proto.exchange.params)
-            ledger = Ledger(rank, record_views=proto.runtime.record_views)
+            # received tensors are kept only for what reads them after the run: the
+            # attacks and a view dump; a run with neither keeps none (bounded memory)
+            keep_views = proto.runtime.record_views and (proto.runtime.dump_views or bool(proto.attacks))
+            ledger = Ledger(
+                rank,
+                record_views=keep_views,
+                spill_dir=ranks_dir,
+                spill_bytes=int(proto.runtime.view_memory_mib * (1 << 20)),
+            )
             channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
             device = torch.device(proto.training.device)
             if device.type == "cuda" and not torch.cuda.is_available():
@@ -139,11 +147,12 @@ def run_rank(
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 if getattr(party, "trace", None):
                     torch.save(party.trace, ranks_dir / f"rank{rank}.trace.pt")
-                view = View(rank, role.party, dict(ledger.received), party.own_view())
+                view = View(rank, role.party, ledger.received_view(), party.own_view())
                 if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
                     torch.save(
                         {"received": view.received, "own": view.own}, ranks_dir / f"rank{rank}.view.pt"
                     )
+                ledger.drop_spill()
                 summary["view_tags"] = sorted(view.received)
                 clock.add("write_out", time.perf_counter() - t_write)
             summary["ledger"] = ledger.summary()

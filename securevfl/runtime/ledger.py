@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 HEADER_BYTES = 12 * 8  # fixed frame header preceding every payload (int64[12])
@@ -32,20 +33,88 @@ class Record:
     bytes: int
 
 
+SPILL_BYTES = 256 << 20  # received tensors held in memory before they go to disk
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """Where one spilled tensor lies in the spill file: raw bytes, no pickle."""
+
+    tag: str
+    round: int
+    dtype: str  # numpy dtype name
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
 @dataclass
 class Ledger:
     """Per-rank message log, plus (optionally) the tensors this rank received:
-    the adversary's view for attacks run at this rank."""
+    the adversary's view for attacks run at this rank.
+
+    With a ``spill_dir``, received tensors stay in memory only up to
+    ``spill_bytes``; beyond that their raw bytes are appended, in arrival order,
+    to ``spill_dir/rank<R>.received.bin`` (the index stays here) and
+    :meth:`received_view` maps them back read-only (issue #16: memory stays
+    bounded however long the run). Nothing is pickled or unpickled."""
 
     rank: int
     record_views: bool = True
+    spill_dir: Path | None = None
+    spill_bytes: int = SPILL_BYTES
     records: list[Record] = field(default_factory=list)
     received: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
+    spilled: list[Spilled] = field(default_factory=list)
+    held_bytes: int = 0
+
+    @property
+    def spill_path(self) -> Path | None:
+        return None if self.spill_dir is None else self.spill_dir / f"rank{self.rank}.received.bin"
 
     def log(self, rec: Record, payload: torch.Tensor | None = None) -> None:
         self.records.append(rec)
         if payload is not None and rec.direction == "recv" and self.record_views:
-            self.received[rec.tag].append((rec.round, payload.detach().clone()))
+            kept = payload.detach().clone()
+            self.received[rec.tag].append((rec.round, kept))
+            self.held_bytes += kept.numel() * kept.element_size()
+            if self.spill_dir is not None and self.held_bytes > self.spill_bytes:
+                self._spill()
+
+    def _spill(self) -> None:
+        """Append what is held in memory to the spill file, in arrival order per tag."""
+        path = self.spill_path
+        assert path is not None
+        offset = self.spilled[-1].offset + self.spilled[-1].nbytes if self.spilled else 0
+        with open(path, "ab") as fh:
+            for tag, items in self.received.items():
+                for rnd, t in items:
+                    arr = t.contiguous().numpy()
+                    fh.write(arr.tobytes())
+                    self.spilled.append(
+                        Spilled(tag, rnd, arr.dtype.name, tuple(arr.shape), offset, arr.nbytes)
+                    )
+                    offset += arr.nbytes
+        self.received.clear()
+        self.held_bytes = 0
+
+    def received_view(self) -> dict[str, list[tuple[int, torch.Tensor]]]:
+        """Every recorded received tensor by tag, in arrival order: the spilled
+        ones mapped read-only from the spill file, then those still in memory."""
+        out: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        if self.spilled:
+            mm = np.memmap(self.spill_path, dtype=np.uint8, mode="c")  # copy-on-write: file stays as is
+            for s in self.spilled:
+                arr = mm[s.offset : s.offset + s.nbytes].view(np.dtype(s.dtype)).reshape(s.shape)
+                out[s.tag].append((s.round, torch.from_numpy(np.asarray(arr))))
+        for tag, items in self.received.items():
+            out[tag].extend(items)
+        return dict(out)
+
+    def drop_spill(self) -> None:
+        """Remove the spill file (once the view it holds has been saved)."""
+        if self.spill_path is not None:
+            self.spill_path.unlink(missing_ok=True)
 
     def write_jsonl(self, path: Path) -> None:
         with open(path, "w") as fh:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
-from conftest import cli, small_digits, write_yaml
+import torch
+from conftest import cli, run_doc, small_digits, write_yaml
+
+from securevfl.app.harness import _VIEW_GLOBALS
 
 PHASES = {"startup", "data", "alignment", "setup", "training", "evaluation", "write_out"}
 
@@ -26,3 +29,26 @@ def test_result_reports_phases_and_memory_per_rank(tmp_path):
     err = " ".join(proc.stderr.split())
     assert "entity alignment: 1797 IDs against 2 passive parties" in err
     assert f"entity alignment: {result['rows']['aligned']} rows in common" in err
+
+
+def test_a_run_without_attacks_or_dump_keeps_no_received_tensor(tmp_path):
+    result = run_doc(small_digits(epochs=1, max_steps=3), tmp_path / "run")
+    ranks = tmp_path / "run" / "ranks"
+    for rank in result["phase_s"]:
+        summary = json.loads((ranks / f"rank{rank}.summary.json").read_text())
+        assert summary["view_tags"] == [], rank  # nothing kept, nothing saved
+    assert not list(ranks.glob("*.view.pt")) and not list(ranks.glob("*.received.*"))
+
+
+def test_a_dumped_view_is_spilled_past_its_memory_cap_and_saved_whole(tmp_path):
+    doc = small_digits(epochs=1, max_steps=6)
+    doc["runtime"] = {"dump_views": True, "view_memory_mib": 0.01}  # ~10 KiB: spills often
+    result = run_doc(doc, tmp_path / "run")
+    ranks = tmp_path / "run" / "ranks"
+    with torch.serialization.safe_globals(_VIEW_GLOBALS):
+        view = torch.load(ranks / "rank1.view.pt", weights_only=True)
+    grads = view["received"]["embedding_grad"]
+    steps = result["train_steps"]
+    assert [r for r, _ in grads][:steps] == list(range(steps))  # every step's gradient, in order
+    assert all(t.shape == (128, 16) for _, t in grads[:steps])
+    assert not list(ranks.glob("*.received.*"))  # the spill files are gone once the view is saved
