@@ -39,7 +39,18 @@ class PhaseClock:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident memory so far, in MiB (ru_maxrss is KiB on
-    Linux, bytes on macOS)."""
+    """This process's own peak resident memory so far, in MiB.
+
+    On Linux this is ``VmHWM`` from ``/proc/self/status``: ``ru_maxrss`` is kept
+    across ``execve``, so a rank started by the 'spawn' method would report its
+    launcher's peak whenever that is larger (every rank of a run then showed the
+    same number). Elsewhere ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
