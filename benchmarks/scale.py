@@ -27,6 +27,7 @@ Usage:  python benchmarks/scale.py [--rows 100000,200000,1000000] [--parties 2,4
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -101,6 +102,8 @@ def run_one(rows: int, parties: int, backend: str, work: Path) -> dict[str, Any]
         "cpu_s": cpu,
         "phase_s": phases,
         "alignment_by_rank_s": {int(r): p.get("alignment") for r, p in res["phase_s"].items()},
+        # CPU seconds of alignment summed over the ranks: what the PSI cost, whatever the load
+        "alignment_cpu_s": sum(float(p.get("alignment", 0.0)) for p in res.get("phase_cpu_s", {}).values()),
         "s_per_step": (res.get("step_time_s") or {}).get("median") or res.get("time_per_step_s"),
         "steps": res.get("train_steps"),
         "peak_rss_mib": max(rss.values()) if rss else None,
@@ -125,11 +128,11 @@ def exponents(rows: list[dict[str, Any]]) -> list[str]:
     """Fitted exponent per phase in rows (at each party count) and in parties (at
     each row count), over the plain runs."""
     plain = [r for r in rows if r["backend"] == "plain"]
-    keys = [*PHASES, "wall_s"]
+    keys = [*PHASES, "alignment_cpu_s", "wall_s"]
     lines = []
 
     def value(r: dict[str, Any], key: str) -> float:
-        return r["wall_s"] if key == "wall_s" else r["phase_s"][key]
+        return r[key] if key in ("wall_s", "alignment_cpu_s") else r["phase_s"][key]
 
     for axis, fixed in (("rows", "parties"), ("parties", "rows")):
         for f in sorted({r[fixed] for r in plain}):
@@ -141,7 +144,26 @@ def exponents(rows: list[dict[str, Any]]) -> list[str]:
                 s = slope([g[axis] for g in grp], [value(g, k) for g in grp])
                 cells.append(f"{k} {s:.2f}" if s is not None else f"{k} -")
             lines.append(f"  exponent in {axis} ({fixed}={f}): " + ", ".join(cells))
+            if axis == "parties":
+                steps = [
+                    (b["alignment_cpu_s"] - a["alignment_cpu_s"]) / (b["parties"] - a["parties"])
+                    for a, b in itertools.pairwise(grp)
+                ]
+                lines.append(
+                    f"    alignment CPU s per added passive party (rows={f}): "
+                    + ", ".join(f"{v:.1f}" for v in steps)
+                )
     return lines
+
+
+def pairwise_share(unit: dict[str, float]) -> float:
+    """CPU of one more passive party over the CPU of a whole pairwise alignment,
+    from the unit costs: an added P_i costs its own hash-and-blind, its blinding
+    of A's request and A's unblinding; a pairwise run also costs A's
+    hash-and-blind (shared by every P_i once there are several)."""
+    hb = unit["ristretto255 hash"] + unit["ristretto255 multiply"]
+    m = unit["ristretto255 multiply"]
+    return (hb + 2 * m) / (2 * hb + 2 * m)
 
 
 def unit_costs(n: int = 20000) -> dict[str, float]:
@@ -204,7 +226,8 @@ def table(rows: list[dict[str, Any]], floors: dict[tuple[int, int], tuple[float,
         "start-up s",
         "data s",
         "alignment s",
-        "PSI floor s",
+        "alignment CPU s",
+        "PSI CPU floor s",
         "training s",
         "ms/step",
         "evaluation s",
@@ -227,7 +250,8 @@ def table(rows: list[dict[str, Any]], floors: dict[tuple[int, int], tuple[float,
             f"{ph['startup']:.1f}",
             f"{ph['data']:.1f}",
             f"{ph['alignment']:.1f}",
-            f"{fl[0]:.1f}" if fl else "-",
+            f"{r['alignment_cpu_s']:.0f}",
+            f"{fl[0] * r['cores']:.0f}" if fl else "-",
             f"{ph['training']:.1f}",
             f"{(r['s_per_step'] or 0) * 1e3:.1f}",
             f"{ph['evaluation']:.1f}",
@@ -275,6 +299,7 @@ def main() -> int:
         )
         r = run_one(rows, k, backend, work)
         r["load_before"] = load
+        r["cores"] = cores
         r["load_after"] = os.getloadavg()[0]
         results.append(r)
         if unit:
@@ -290,6 +315,7 @@ def main() -> int:
     for line in exponents(results):
         print(line)
     if unit:
+        print(f"an added passive party costs {pairwise_share(unit):.2f} of a pairwise alignment's PSI CPU")
         print(f"PSI floors over {cores} cores (ristretto255 / openmined-psi, full overlap):")
         for (rows, k), (ours, om) in sorted(floors.items()):
             print(f"  rows={rows} passive={k}: {ours:.1f} s / {om:.1f} s")

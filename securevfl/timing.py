@@ -19,23 +19,32 @@ from dataclasses import dataclass, field
 
 @dataclass
 class PhaseClock:
-    """Seconds spent per named phase; a phase entered twice accumulates."""
+    """Seconds spent per named phase; a phase entered twice accumulates.
+
+    ``cpu`` holds the process's CPU seconds (all its threads) in the phases timed
+    with :meth:`phase`: on a shared machine wall time depends on the load, CPU
+    time much less, so a benchmark can compare runs taken under different loads."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.add(name, time.perf_counter() - t0)
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
 
     def rounded(self) -> dict[str, float]:
         return {k: round(v, 4) for k, v in self.seconds.items()}
+
+    def rounded_cpu(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in self.cpu.items()}
 
 
 def peak_rss_mib() -> float:

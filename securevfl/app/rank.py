@@ -160,6 +160,7 @@ def run_rank(
             if opened is not None:
                 summary["opened_files"] = sorted(set(opened))
             summary["phase_s"] = clock.rounded()
+            summary["phase_cpu_s"] = clock.rounded_cpu()
             summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
             (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(summary, indent=1))
             parts = session.finish(summary)

@@ -80,6 +80,7 @@ def build_result(
         "wall_time_s": finished - started,
         # each rank's wall time per phase and peak resident memory (attacks: added by the harness)
         "phase_s": {str(p["rank"]): p.get("phase_s", {}) for p in parts},
+        "phase_cpu_s": {str(p["rank"]): p.get("phase_cpu_s", {}) for p in parts},
         "peak_rss_mib": {str(p["rank"]): p.get("peak_rss_mib") for p in parts},
         "machine": {
             "host": socket.gethostname(),

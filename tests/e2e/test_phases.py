@@ -25,6 +25,9 @@ def test_result_reports_phases_and_memory_per_rank(tmp_path):
         assert sum(phases.values()) <= result["wall_time_s"] + 1.0
         assert 10 < result["peak_rss_mib"][rank] < 4096
     assert result["phase_s"]["0"]["training"] > 0
+    for rank, cpu in result["phase_cpu_s"].items():  # CPU seconds of the timed set-up phases
+        assert set(cpu) == {"data", "alignment", "setup"}, rank
+        assert all(0 <= v <= result["phase_s"][rank][k] * 2 + 0.5 for k, v in cpu.items()), rank
     # the active rank says when alignment starts and how many rows it found
     err = " ".join(proc.stderr.split())
     assert "entity alignment: 1797 IDs against 2 passive parties" in err
