@@ -26,14 +26,21 @@ Elements travel packed: ``n`` elements are one ``bytes`` of ``32 * n``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import rbcl
 
+# rbcl writes its bundled libsodium to a fresh temporary file on every import and
+# loads it from there, but never removes it: 2.8 MB left in the temp folder per
+# process. The library is mapped by now, so the file can go.
+with contextlib.suppress(OSError, AttributeError, KeyError):
+    os.unlink(sys.modules["rbcl._sodium"].lib_path)
 ELEMENT_BYTES = 32  # a ristretto255 encoding
 SCALAR_BYTES = 32
 #: RFC 9380 domain-separation tag: the suite id prefixed with this application.

@@ -3,6 +3,9 @@ hashing onto ristretto255, commutative blinding, malformed elements."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from securevfl.data import dh_psi
@@ -73,3 +76,8 @@ def test_sorted_elements_hide_the_input_order():
 def test_key_repr_hides_the_secret():
     key = dh_psi.Key.fresh()
     assert key.scalar.hex() not in repr(key) and "secret" in repr(key)
+
+
+def test_the_bundled_library_leaves_no_temporary_file_behind():
+    path = Path(sys.modules["rbcl._sodium"].lib_path)
+    assert path.suffix == ".so" and not path.exists()
