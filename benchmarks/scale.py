@@ -21,7 +21,8 @@ measures those unit costs now (and openmined-psi's for the same IDs) and prints
 each configuration's floor: total PSI CPU seconds over the cores.
 
 Usage:  python benchmarks/scale.py [--rows 100000,200000,1000000] [--parties 2,4,8]
-                                   [--no-mpc] [--unit-costs] [--json FILE] [--markdown]
+                                   [--mpc 200000x4 | --no-mpc] [--unit-costs] [--json FILE]
+        python benchmarks/scale.py --merge a.json,b.json   (table and exponents of earlier runs)
 """
 
 from __future__ import annotations
@@ -274,7 +275,25 @@ def main() -> int:
     ap.add_argument("--unit-costs", action="store_true", help="measure PSI unit costs and print floors")
     ap.add_argument("--json", help="also write the measurements here")
     ap.add_argument("--work", help="keep the runs here (default: a temporary folder)")
+    ap.add_argument(
+        "--merge",
+        help="comma-separated --json files of earlier runs: print their table and exponents, run nothing",
+    )
     args = ap.parse_args()
+    if args.merge:
+        runs, unit = [], {}
+        for f in args.merge.split(","):
+            blob = json.loads(Path(f).read_text())
+            runs += blob["runs"]
+            unit = unit or blob.get("unit_us", {})
+        cores = runs[0].get("cores", 2) if runs else 2
+        fl = {(r["rows"], r["parties"]): psi_floor_s(r["rows"], r["parties"], unit, cores) for r in runs}
+        print("\n".join(table(runs, fl if unit else {})))
+        print("\n".join(exponents(runs)))
+        if unit:
+            share = pairwise_share(unit)
+            print(f"an added passive party costs {share:.2f} of a pairwise alignment's PSI CPU")
+        return 0
     grid = [
         (int(r), int(k), "plain") for r in args.rows.split(",") if r for k in args.parties.split(",") if k
     ]
