@@ -330,6 +330,8 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
+        if args.json:  # after every run, so a long sweep stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps({"unit_us": unit, "runs": results}, indent=1))
     print("\n".join(table(results, floors)))
     for line in exponents(results):
         print(line)
@@ -338,8 +340,6 @@ def main() -> int:
         print(f"PSI floors over {cores} cores (ristretto255 / openmined-psi, full overlap):")
         for (rows, k), (ours, om) in sorted(floors.items()):
             print(f"  rows={rows} passive={k}: {ours:.1f} s / {om:.1f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"unit_us": unit, "runs": results}, indent=1))
     return 0
 
 
