@@ -43,7 +43,7 @@ from securevfl.data import dh_psi
 from securevfl.errors import DataError, ProtocolError
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout
-from securevfl.runtime.messages import PSI_HELLO, PSI_REQUEST, PSI_RESPONSE, PSI_RESULT, PSI_SETUP
+from securevfl.runtime.messages import PSI_HELLO, PSI_REQUEST, PSI_RESPONSE, PSI_RESULT, PSI_SETUP, Tag
 
 MAX_IDS = 50_000_000
 BATCH = 1 << 16  # elements per PSI message: 2 MiB
@@ -61,7 +61,7 @@ def _batches(packed: bytes) -> list[bytes]:
     return [packed[i : i + step] for i in range(0, len(packed), step)]
 
 
-def _send_stream(channel: Channel, dst: int, tag, packed: bytes) -> None:
+def _send_stream(channel: Channel, dst: int, tag: Tag, packed: bytes) -> None:
     """Send a set whose size the receiver does not know: full batches, ended by
     the first batch of fewer than BATCH elements (an empty one if need be)."""
     parts = _batches(packed)
@@ -71,7 +71,7 @@ def _send_stream(channel: Channel, dst: int, tag, packed: bytes) -> None:
         channel.send_bytes(dst, tag, part)
 
 
-def _recv_stream(channel: Channel, src: int, tag, who: str, what: str) -> bytes:
+def _recv_stream(channel: Channel, src: int, tag: Tag, who: str, what: str) -> bytes:
     parts: list[bytes] = []
     total = 0
     while True:
@@ -86,7 +86,7 @@ def _recv_stream(channel: Channel, src: int, tag, who: str, what: str) -> bytes:
             return b"".join(parts)
 
 
-def _recv_exact(channel: Channel, src: int, tag, n: int, who: str, what: str) -> bytes:
+def _recv_exact(channel: Channel, src: int, tag: Tag, n: int, who: str, what: str) -> bytes:
     """Receive ``n`` elements sent as batches of BATCH (the last one shorter)."""
     parts: list[bytes] = []
     left = n
@@ -125,7 +125,10 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
         who = f"rank {role.rank} ({role.label})"
         setup = _recv_stream(channel, role.rank, PSI_SETUP, who, "setup")
         response = _recv_exact(channel, role.rank, PSI_RESPONSE, len(ids), who, "response")
-        wanted = b"".join(response[i * E : (i + 1) * E] for i in alive.tolist())
+        if len(alive) == len(ids):
+            wanted = response
+        else:
+            wanted = b"".join(response[i * E : (i + 1) * E] for i in alive.tolist())
         try:
             mine = dh_psi.unpack(dh_psi.multiply(key.inverse, wanted))
         except dh_psi.InvalidElement as exc:

@@ -63,8 +63,12 @@ EMBEDDING = register_tag(
 )
 EMB_GRAD = register_tag("embedding_grad", FLOATS, "active -> passive: dL/dh'_i (plain)")
 PSI_HELLO = register_tag("psi_hello", BYTES, "active -> passive: client set size (JSON)")
-PSI_SETUP = register_tag("psi_setup", BYTES, "passive -> active: PSI server setup (protobuf)")
-PSI_REQUEST = register_tag("psi_request", BYTES, "active -> passive: PSI request (protobuf)")
-PSI_RESPONSE = register_tag("psi_response", BYTES, "passive -> active: PSI response (protobuf)")
+PSI_SETUP = register_tag(
+    "psi_setup", BYTES, "passive -> active: own IDs hashed, blinded, sorted (32-byte elements)"
+)
+PSI_REQUEST = register_tag(
+    "psi_request", BYTES, "active -> passive: A's IDs hashed and blinded (32-byte elements)"
+)
+PSI_RESPONSE = register_tag("psi_response", BYTES, "passive -> active: the request blinded again, in order")
 PSI_RESULT = register_tag("psi_result", BYTES, "active -> passive: agreed intersection (JSON)")
 CONTROL = register_tag("control", BYTES, "small JSON control message")
