@@ -102,7 +102,7 @@ class Ledger:
         """Every recorded received tensor by tag, in arrival order: the spilled
         ones mapped read-only from the spill file, then those still in memory."""
         out: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-        if self.spilled:
+        if self.spilled and self.spill_path is not None:
             mm = np.memmap(self.spill_path, dtype=np.uint8, mode="c")  # copy-on-write: file stays as is
             for s in self.spilled:
                 arr = mm[s.offset : s.offset + s.nbytes].view(np.dtype(s.dtype)).reshape(s.shape)
