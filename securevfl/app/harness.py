@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from securevfl.app.ranks import layout_of
-from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.report.result import RESULT_FILE, write_result
@@ -39,7 +39,7 @@ from securevfl.report.result import RESULT_FILE, write_result
 #: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
 #: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
 _VIEW_GLOBALS = [
-    np._core.multiarray._reconstruct,
+    np._core.multiarray._reconstruct,  # type: ignore[attr-defined]
     np.ndarray,
     np.dtype,
     *{type(np.dtype(c)) for c in ("bool", "int32", "int64", "float32", "float64", "<U1")},
@@ -65,10 +65,11 @@ def load_world(proto: Protocol, out_dir: Path) -> World:
 def attack_keys(proto: Protocol) -> list[str]:
     """Result keys, one per listed attack: its label, else its name (``name#j``
     for the j-th entry when several unlabeled entries share a name)."""
-    unlabeled = [a.name for a in proto.attacks if not a.params.get("label")]
+    attacks = components_of(proto).attacks
+    labels = [getattr(a.options, "label", None) for a in attacks]
+    unlabeled = [a.name for a, label in zip(attacks, labels, strict=True) if not label]
     keys = []
-    for j, a in enumerate(proto.attacks):
-        label = a.params.get("label")
+    for j, (a, label) in enumerate(zip(attacks, labels, strict=True)):
         keys.append(label if label else (a.name if unlabeled.count(a.name) == 1 else f"{a.name}#{j}"))
     if len(set(keys)) != len(keys):
         raise ConfigError(f"attack result keys repeat: {keys}", path="attacks")
@@ -108,9 +109,8 @@ def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
 
 def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for spec, key in zip(proto.attacks, attack_keys(proto), strict=True):
-        cls = ATTACKS.get(spec.name, path="attacks")
-        attack = cls(cls.options.model_validate(spec.params), key=key)
+    for spec, key in zip(components_of(proto).attacks, attack_keys(proto), strict=True):
+        attack = spec.cls(spec.options, key=key)  # options validated at load
         t0 = time.perf_counter()
         adversary = attack.adversary_party(world)
         own = world.views[adversary]

@@ -21,10 +21,10 @@ import torch
 
 from securevfl.app.ranks import layout_of
 from securevfl.attacks.base import View
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.defenses.base import sends_codes
 from securevfl.errors import ConfigError, SecureVFLError, show_warning
-from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeContext
 from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import prepare
@@ -86,8 +86,8 @@ def run_rank(
         t0 = time.perf_counter()
         with session:
             clock.add("startup", time.perf_counter() - t0)
-            backend = EXCHANGES.get(proto.exchange.backend)
-            options = backend.options.model_validate(proto.exchange.params)
+            exchange = components_of(proto).exchange  # validated once, at load
+            backend, options = exchange.cls, exchange.options
             ledger = Ledger(rank, record_views=proto.runtime.record_views)
             channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
             device = torch.device(proto.training.device)
@@ -137,8 +137,9 @@ def run_rank(
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
-                if getattr(party, "trace", None):
-                    torch.save(party.trace, ranks_dir / f"rank{rank}.trace.pt")
+                trace = getattr(party, "trace", None)  # the active party's first steps (tests)
+                if trace:
+                    torch.save(trace, ranks_dir / f"rank{rank}.trace.pt")
                 view = View(rank, role.party, dict(ledger.received), party.own_view())
                 if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
                     torch.save(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,14 +85,20 @@ class World:
         return [r.party for r in self.layout.passive].index(party), party
 
 
-class Attack:
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+class Attack(Generic[OptionsT]):
+    """An attack with options model ``OptionsT`` (``options`` is that model's
+    class; the instance gets the options validated at load)."""
+
     name: ClassVar[str]
     adversary: ClassVar[str] = "active"  # "active" | "passive"
     requires: ClassVar[frozenset[str]] = frozenset()
     options: ClassVar[type[BaseModel]] = AttackOptions
     needs_classes: ClassVar[str | None] = None  # why a task without classes (regression) cannot work
 
-    def __init__(self, params: BaseModel, key: str | None = None):
+    def __init__(self, params: OptionsT, key: str | None = None):
         self.params = params
         self.key = key or self.name  # its entry in result.json["attacks"] (and file names)
 
@@ -124,4 +130,4 @@ class Attack:
         raise NotImplementedError
 
 
-ATTACKS: Registry[type[Attack]] = Registry("attack")
+ATTACKS: Registry[type[Attack[Any]]] = Registry("attack")

@@ -98,7 +98,7 @@ def pre_sign(bottom: torch.nn.Module, bn: dict[str, torch.Tensor] | None):
     return f
 
 
-class CodeReconstruction(Attack):
+class CodeReconstruction(Attack[CodeReconstructionOptions]):
     name = "code_reconstruction"
     adversary = "active"
     needs_classes = "it reconstructs per-class inputs from HashVFL class codes"

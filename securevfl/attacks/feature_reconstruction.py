@@ -50,7 +50,7 @@ class FeatureReconstructionOptions(AttackOptions):
     grid_rows: int = Field(default=16, ge=0, description="test rows saved to attacks/<key>.npz")
 
 
-class FeatureReconstruction(Attack):
+class FeatureReconstruction(Attack[FeatureReconstructionOptions]):
     name = "feature_reconstruction"
     adversary = "active"
     options = FeatureReconstructionOptions

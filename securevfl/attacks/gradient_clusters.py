@@ -121,7 +121,7 @@ def kmeans(x: np.ndarray, k: int, *, seed: int, n_init: int) -> np.ndarray:
     return km.fit_predict(x).astype(np.int64)
 
 
-class GradientClusters(Attack):
+class GradientClusters(Attack[GradientClustersOptions]):
     name = "gradient_clusters"
     adversary = "passive"
     needs_classes = "it clusters gradients into label classes"

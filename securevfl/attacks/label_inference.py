@@ -37,7 +37,7 @@ sees except for the few ``n_known`` training labels it is explicitly given.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -63,7 +63,10 @@ class _ScoringOptions(_PassiveOptions):
     )
 
 
-class _PassiveAttack(Attack):
+PassiveOptionsT = TypeVar("PassiveOptionsT", bound=_PassiveOptions)
+
+
+class _PassiveAttack(Attack[PassiveOptionsT]):
     adversary = "passive"
     needs_classes = "it infers class labels"
 
@@ -93,7 +96,7 @@ class LabelNormOptions(_ScoringOptions):
     pass
 
 
-class LabelNorm(_PassiveAttack):
+class LabelNorm(_PassiveAttack[LabelNormOptions]):
     name = "label_norm"
     options = LabelNormOptions
 
@@ -117,7 +120,7 @@ class LabelDirectionOptions(_ScoringOptions):
     n_known: int = Field(default=10, ge=1, description="training records whose label the attacker knows")
 
 
-class LabelDirection(_PassiveAttack):
+class LabelDirection(_PassiveAttack[LabelDirectionOptions]):
     name = "label_direction"
     options = LabelDirectionOptions
 
@@ -142,6 +145,7 @@ class LabelDirection(_PassiveAttack):
                 continue
             gn = torch.nn.functional.normalize(g.double(), dim=1)
             s = sum(w * (gn @ gn[k]) for k, w in ref) / len(ref)
+            assert isinstance(s, torch.Tensor)
             total[rows] += s.numpy()
             count[rows] += 1
         rows = np.array([i for i in range(n_train) if count[i] > 0 and i not in sign])
@@ -178,7 +182,7 @@ class ModelCompletionOptions(_PassiveOptions):
     lambda_u: float = Field(default=10.0, ge=0, description="MixMatch weight of the unlabelled loss")
 
 
-class ModelCompletion(_PassiveAttack):
+class ModelCompletion(_PassiveAttack[ModelCompletionOptions]):
     name = "model_completion"
     options = ModelCompletionOptions
 

@@ -21,6 +21,7 @@ accuracy on that set (0.5 = chance) and AUC.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -72,7 +73,7 @@ def attack_features(proba: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.column_stack([-np.sort(-proba, axis=1), p_true, -np.log(np.clip(p_true, 1e-12, None))])
 
 
-class MembershipInference(Attack):
+class MembershipInference(Attack[MembershipOptions]):
     name = "membership_inference"
     adversary = "active"
     needs_classes = "its shadow models are classifiers over A's class labels"
@@ -120,6 +121,8 @@ class MembershipInference(Attack):
                 feats.append(attack_features(p, y_te[chunk].numpy()))
                 inout.append(np.full(len(chunk), int(j == k)))
         x_shadow, y_shadow = np.vstack(feats), np.concatenate(inout)
+        predict: Callable[[np.ndarray], np.ndarray]
+        score: Callable[[np.ndarray], np.ndarray]
         if self.params.attack_model == "threshold":
             cut = _LossThreshold().fit(x_shadow, y_shadow)
             predict, score = cut.predict, cut.score

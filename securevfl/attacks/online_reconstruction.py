@@ -92,7 +92,7 @@ def replay(
     return [(r, passes[r]) for r in order]
 
 
-class OnlineReconstruction(Attack):
+class OnlineReconstruction(Attack[OnlineReconstructionOptions]):
     name = "online_reconstruction"
     adversary = "active"
     options = OnlineReconstructionOptions

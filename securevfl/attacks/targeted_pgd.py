@@ -43,6 +43,8 @@ from pydantic import Field
 
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.server import ServerModel, server_check, server_from_view
+from securevfl.components import components_of
+from securevfl.config import Protocol
 from securevfl.defenses.hashvfl import HashOptions
 from securevfl.errors import ProtocolError
 from securevfl.privacy import hashing
@@ -135,25 +137,25 @@ class TargetedPGDOptions(AttackOptions):
     )
 
 
-def hash_params(proto: Any, index: int) -> dict[str, Any] | None:
-    """The passive party's ``hashvfl`` options (validated), or None without hashing."""
-    spec = next((d for d in proto.parties.passive[index].defenses if d.name == "hashvfl"), None)
-    return None if spec is None else HashOptions.model_validate(spec.params).model_dump()
+def hash_options(proto: Protocol, index: int) -> HashOptions | None:
+    """The ``index``-th passive party's ``hashvfl`` options (validated at load), or
+    None when it does not hash."""
+    return components_of(proto).options(proto.parties.passive[index].name, HashOptions)
 
 
-def view_presign(own: dict[str, Any], hp: dict[str, Any]) -> torch.Tensor:
+def view_presign(own: dict[str, Any], hp: HashOptions) -> torch.Tensor:
     """:func:`presign_values` of a passive party's final test outputs, from its
-    own view and its ``hashvfl`` options (:func:`hash_params`)."""
+    own view and its ``hashvfl`` options (:func:`hash_options`)."""
     return presign_values(
         own["h_test"],
         own["defense_modules"],
-        batchnorm=hp["batchnorm"],
-        balance=hp["balance"],
-        balance_eval=hp["balance_eval"],
+        batchnorm=hp.batchnorm,
+        balance=hp.balance,
+        balance_eval=hp.balance_eval,
     )
 
 
-class TargetedPGD(Attack):
+class TargetedPGD(Attack[TargetedPGDOptions]):
     name = "targeted_pgd"
     adversary = "passive"
     needs_classes = "it drives test records towards a target class"
@@ -177,7 +179,7 @@ class TargetedPGD(Attack):
             "server": server_from_view(world.proto, world.layout, a),
             "peers": {n: world.views[n].own["sent_test"] for n in names if n != names[idx]},
             "order": names,
-            "hash": hash_params(world.proto, idx),
+            "hash": hash_options(world.proto, idx),
             "rows": pick_rows(a["y_test"].numpy(), p.target_class, p.samples, p.seed),
         }
 
