@@ -40,6 +40,7 @@ class ServerModel(torch.nn.Module):
     ):
         super().__init__()
         self.top = top
+        self.bias: torch.Tensor
         self.register_buffer("bias", bias.detach().clone())
         self.blocks = [w.detach().clone() for w in blocks]
         self.offset = None if offset is None else offset.detach().clone()
