@@ -19,7 +19,6 @@ that the defense capability score uses.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -34,7 +33,8 @@ from securevfl.attacks.base import View, World
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
-from securevfl.report.result import RESULT_FILE, write_result
+from securevfl.records import OwnView
+from securevfl.report.result import read_result, write_result
 
 #: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
 #: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
@@ -58,7 +58,7 @@ def load_world(proto: Protocol, out_dir: Path) -> World:
             raise ConfigError(f"no saved view for rank {role.rank} ({role.party}) at {path}", path="attacks")
         with torch.serialization.safe_globals(_VIEW_GLOBALS):  # tensors and numpy arrays only
             blob = torch.load(path, weights_only=True)
-        views[role.party] = View(role.rank, role.party, blob["received"], blob["own"])
+        views[role.party] = View(role.rank, role.party, blob["received"], OwnView(blob["own"]))
     return World(proto, layout, views, Path(out_dir))
 
 
@@ -99,11 +99,12 @@ def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
         results = _run_all(proto, world)
     finally:
         torch.set_num_threads(threads)
-    path = Path(out_dir) / RESULT_FILE
-    result = json.loads(path.read_text())
-    result["attacks"] = {**result.get("attacks", {}), **results}
-    result["phase_s"] = {**result.get("phase_s", {}), "attacks": round(time.perf_counter() - t0, 4)}
-    write_result(Path(out_dir), result)
+    result = read_result(Path(out_dir))
+    update = {
+        "attacks": {**result.attacks, **results},
+        "phase_s": {**result.phase_s, "attacks": round(time.perf_counter() - t0, 4)},
+    }
+    write_result(Path(out_dir), result.model_copy(update=update))
     return results
 
 

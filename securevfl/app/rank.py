@@ -18,17 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from securevfl.app.ranks import layout_of
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.defenses.base import sends_codes
-from securevfl.errors import ConfigError, SecureVFLError, show_warning
+from securevfl.errors import ConfigError, ProtocolError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
 from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import prepare
 from securevfl.parties.passive import PassiveParty
+from securevfl.records import RankSummary
 from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
@@ -64,6 +66,14 @@ def _note(proto: Protocol) -> Callable[[str], None]:
         print(f"[{label}] {text}", file=sys.stderr, flush=True)
 
     return note
+
+
+def _peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSummary:
+    """A rank's published summary as its record; a malformed one is that rank's fault."""
+    try:
+        return RankSummary.model_validate(raw)
+    except ValidationError as exc:
+        raise ProtocolError(f"{session.who(rank)} sent a malformed run summary: {exc}") from None
 
 
 def run_rank(
@@ -143,7 +153,8 @@ def run_rank(
                 view = View(rank, role.party, dict(ledger.received), party.own_view())
                 if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
                     torch.save(
-                        {"received": view.received, "own": view.own}, ranks_dir / f"rank{rank}.view.pt"
+                        {"received": view.received, "own": view.own.to_dict()},
+                        ranks_dir / f"rank{rank}.view.pt",
                     )
                 summary["view_tags"] = sorted(view.received)
                 clock.add("write_out", time.perf_counter() - t_write)
@@ -153,15 +164,16 @@ def run_rank(
                 summary["opened_files"] = sorted(set(opened))
             summary["phase_s"] = clock.rounded()
             summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
-            (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(summary, indent=1))
-            parts = session.finish(summary)
+            mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
+            (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(mine, indent=1))
+            parts = session.finish(mine)
             if parts is not None:
                 result = build_result(
                     proto,
                     backend,
                     options,
                     layout,
-                    parts,
+                    [_peer_summary(session, r, p) for r, p in enumerate(parts)],
                     session.pids,
                     started=t_start,
                     finished=time.time(),

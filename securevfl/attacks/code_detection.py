@@ -225,7 +225,7 @@ class CodeDetection(Attack[CodeDetectionOptions]):
             return None
         seed = opts.code_seed if opts.code_seed is not None else world.proto.training.seed
         bits = _code_bits(world.proto, 0)
-        classes = int(world.active.own["classes"])
+        classes = int(world.active.own.classes)
         return hashing.class_codes(classes, bits, opts.codes, generator(seed, "hashvfl", "codes"))
 
     def knowledge(self, world: World) -> dict[str, Any]:
@@ -239,7 +239,7 @@ class CodeDetection(Attack[CodeDetectionOptions]):
             raise ProtocolError("class_codes: defense, but the active party runs no hashvfl_consistency")
         codes = None if p.class_codes == "majority" else self._defense_codes(world)
         server = server_from_view(world.proto, world.layout, world.active.own)
-        n_test = len(world.active.own["test_idx"])
+        n_test = len(world.active.own.test_idx)
         d = _code_bits(world.proto, b_idx)
         g = torch.Generator().manual_seed(p.seed)
         prior: dict[str, Any] = {
@@ -254,8 +254,8 @@ class CodeDetection(Attack[CodeDetectionOptions]):
             hp = hash_options(world.proto, b_idx)
             assert hp is not None  # check() refuses a party without hashvfl
             v = view_presign(bv, hp)
-            rows = pick_rows(world.active.own["y_test"].numpy(), p.target_class, p.samples, p.seed)
-            a_codes = world.views[names[a_idx]].own["sent_test"][rows].float()
+            rows = pick_rows(world.active.own.y_test.numpy(), p.target_class, p.samples, p.seed)
+            a_codes = world.views[names[a_idx]].own.sent_test[rows].float()
             r = torch.as_tensor(rows)
 
             def f(sub: torch.Tensor) -> torch.Tensor:
@@ -283,12 +283,12 @@ class CodeDetection(Attack[CodeDetectionOptions]):
         codes = prior["class_codes"]
         source = "defense (rebuilt from the protocol seed)"
         if codes is None:
-            forwards = own["forwards"]
-            n_train, n_test = len(own["train_idx"]), len(own["test_idx"])
+            forwards = own.forwards
+            n_train, n_test = len(own.train_idx), len(own.test_idx)
             got = received_per_forward(view.received.get(EMBEDDING.name, []), forwards, 2, a_idx)
             table = per_row(forwards, got, n_train, n_test)
             seen = torch.as_tensor(np.flatnonzero(table.train_seen))
-            codes = majority_codes(table.train[seen], own["y_train"][seen], int(own["classes"]), binary=True)
+            codes = majority_codes(table.train[seen], own.y_train[seen], int(own.classes), binary=True)
             source = "majority of the training codes A received per class"
         d = codes.shape[1]
         thresholds = list(range(d + 1))

@@ -86,20 +86,20 @@ class MembershipInference(Attack[MembershipOptions]):
 
     def _target(self, view: View):
         own = view.own
-        classes = int(own["classes"])
-        d = own["bias"].shape[0]
+        classes = int(own.classes)
+        d = own.bias.shape[0]
         top = build_top(view.prior["top"], d, classes, seed=0)
-        top.load_state_dict(own["top"])
+        top.load_state_dict(own.top)
         top.eval()
         return top, classes
 
     def run(self, view: View) -> dict[str, Any]:
         own, tr = view.own, view.prior["training"]
-        n_train, n_test = len(own["train_idx"]), len(own["test_idx"])
-        table = per_row(own["forwards"], own["z"], n_train, n_test)
+        n_train, n_test = len(own.train_idx), len(own.test_idx)
+        table = per_row(own.forwards, own.z, n_train, n_test)
         top, classes = self._target(view)
-        bias = own["bias"]
-        y_tr, y_te = own["y_train"].long(), own["y_test"].long()
+        bias = own.bias
+        y_tr, y_te = own.y_train.long(), own.y_test.long()
         g = np.random.default_rng(self.params.seed)
         test_rows = g.permutation(np.flatnonzero(table.test_seen))
         half = len(test_rows) // 2

@@ -48,6 +48,7 @@ from securevfl.config import Protocol
 from securevfl.defenses.hashvfl import HashOptions
 from securevfl.errors import ProtocolError
 from securevfl.privacy import hashing
+from securevfl.records import OwnView
 
 BN_EPS = 1e-5  # HashVFL's BatchNorm1d eps (spec 004 §2.3)
 
@@ -143,12 +144,12 @@ def hash_options(proto: Protocol, index: int) -> HashOptions | None:
     return components_of(proto).options(proto.parties.passive[index].name, HashOptions)
 
 
-def view_presign(own: dict[str, Any], hp: HashOptions) -> torch.Tensor:
+def view_presign(own: OwnView, hp: HashOptions) -> torch.Tensor:
     """:func:`presign_values` of a passive party's final test outputs, from its
     own view and its ``hashvfl`` options (:func:`hash_options`)."""
     return presign_values(
-        own["h_test"],
-        own["defense_modules"],
+        own.h_test,
+        own.defense_modules,
         batchnorm=hp.batchnorm,
         balance=hp.balance,
         balance_eval=hp.balance_eval,
@@ -170,17 +171,17 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
         parties' final test submissions, and which records to attack."""
         p = self.params
         a = world.active.own
-        if p.target_class >= int(a["classes"]):
+        if p.target_class >= int(a.classes):
             raise ProtocolError(f"target_class {p.target_class} is not a class (classes: {a['classes']})")
         idx = world.locate(self.params.party)[0]
         names = [r.party for r in world.layout.passive]
         return {
             "index": idx,
             "server": server_from_view(world.proto, world.layout, a),
-            "peers": {n: world.views[n].own["sent_test"] for n in names if n != names[idx]},
+            "peers": {n: world.views[n].own.sent_test for n in names if n != names[idx]},
             "order": names,
             "hash": hash_options(world.proto, idx),
-            "rows": pick_rows(a["y_test"].numpy(), p.target_class, p.samples, p.seed),
+            "rows": pick_rows(a.y_test.numpy(), p.target_class, p.samples, p.seed),
         }
 
     def run(self, view: View) -> dict[str, Any]:
@@ -190,12 +191,12 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
         binary = hp is not None
         if binary:
             v = view_presign(own, hp)
-            clean_match = float((hashing.sign(v) == own["sent_test"]).float().mean())
+            clean_match = float((hashing.sign(v) == own.sent_test).float().mean())
             x0 = v[rows] if p.perturb == "pre_sign" else hashing.sign(v[rows])
             clean = hashing.sign(v[rows])
         else:
             clean_match = 1.0
-            x0 = clean = own["sent_test"][rows].float()
+            x0 = clean = own.sent_test[rows].float()
         server: ServerModel = prior["server"]
         hs = [None if n == view.party else prior["peers"][n][rows].float() for n in prior["order"]]
 
@@ -235,7 +236,7 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         p = self.params
-        y = world.active.own["y_test"].numpy()[guess["rows"]]
+        y = world.active.own.y_test.numpy()[guess["rows"]]
         t = p.target_class
         clean = guess["clean_pred"]
         correct = clean == y

@@ -65,6 +65,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.schedule",
     "securevfl.components",
     "securevfl.config",
+    "securevfl.records",
     "securevfl.registry",
     "securevfl.errors",
     "securevfl.seeding",
