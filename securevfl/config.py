@@ -5,7 +5,8 @@ error), and every validation error is reported with the YAML path of the offendi
 field (``parties.passive[1].model.out``). The validated
 :class:`Protocol` object is passed down explicitly; there is no global config.
 Component-specific options (a backend's or a defense's parameters) are validated
-by that component's own options model, again with the full path.
+by that component's own options model, again with the full path, once, by the
+checked loader, which attaches them to the protocol (:mod:`securevfl.components`).
 
 This module is the schema alone; reading a file, applying overrides and the
 cross-checks against the registries live in :mod:`securevfl.app.loader`.
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from securevfl.errors import ConfigError
 
@@ -272,7 +274,7 @@ class RuntimeSpec(Strict):
         default=256.0,
         gt=0,
         description="received tensors a rank keeps in memory for the attacks or the view dump; "
-        "beyond this they are spilled to ranks/rank<R>.received.<k>.pt until the view is saved",
+        "beyond this they are spilled, as raw bytes, to ranks/rank<R>.received.bin until the view is saved",
     )
 
 
@@ -313,6 +315,9 @@ class Protocol(Strict):
     attacks: list[ComponentSpec] = Field(default_factory=list)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    # the components with validated options, set once by the checked loader
+    # (securevfl.components); not part of the document, its dump or its digest
+    _components: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Protocol:
@@ -359,7 +364,7 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out or "<root>"
 
 
-def _explain(err: dict[str, Any]) -> str:
+def _explain(err: Mapping[str, Any]) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         return "unknown key"
@@ -374,7 +379,7 @@ def _explain(err: dict[str, Any]) -> str:
     return msg
 
 
-def validation_error(exc: ValidationError, *, prefix: str = "", source: str | None = None):
+def validation_error(exc: ValidationError, *, prefix: str = "", source: str | None = None) -> ConfigError:
     """Turn a pydantic error into a ConfigError naming the first bad YAML path and
     listing the rest."""
     errs = exc.errors()

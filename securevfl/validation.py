@@ -1,40 +1,41 @@
 """Load-time cross-checks of a protocol against the registries.
 
 Runs after schema validation: names must exist, component parameters must
-validate against their own options models, and every defense and attack must be
-possible under the chosen exchange backend. All errors carry a YAML path.
+validate against their own options models (once: the typed options are attached
+to the protocol, :mod:`securevfl.components`), and every defense and attack must
+be possible under the chosen exchange backend. All errors carry a YAML path.
 """
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from securevfl.attacks import ATTACKS
-from securevfl.config import Protocol, validation_error
+from securevfl.components import Components, PartyComponents, Resolved, attach
+from securevfl.config import ComponentSpec, Protocol, validation_error
 from securevfl.data.datasets import DATASETS, feature_columns
 from securevfl.data.partition import party_layouts, resolve_partition
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
+from securevfl.exchange.base import ExchangeBackend
 from securevfl.parties.tasks import TASKS
+from securevfl.registry import Registry
 
 
-def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
+def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
     """Cross-check a schema-valid protocol against the registries; raises a
-    :class:`~securevfl.errors.ConfigError` naming the offending YAML path."""
+    :class:`~securevfl.errors.ConfigError` naming the offending YAML path. Returns
+    the resolved components, which it has attached to ``proto``."""
 
     def err(msg: str, path: str, cls: type[ConfigError] = ConfigError) -> ConfigError:
         return cls(msg, path=path, source=source)
 
     # exchange backend and its parameters
-    try:
-        backend = EXCHANGES.get(proto.exchange.backend, path="exchange.backend")
-    except ConfigError as exc:
-        raise err(str(exc).split(": ", 1)[-1], "exchange.backend") from None
-    try:
-        options = backend.options.model_validate(proto.exchange.params)
-    except ValidationError as exc:
-        raise validation_error(exc, prefix="exchange.params", source=source) from None
+    backend, options = _exchange(proto, source)
     backend.check(proto, options)
     if proto.training.device == "cuda" and "cuda" not in backend.capabilities:
         raise err(f"backend '{backend.name}' runs on CPU only", "training.device", UnsupportedCombination)
@@ -109,41 +110,40 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> None:
                             f"{lay.path}.model.input_shape",
                         )
 
-    # defenses and attacks
-    for lay in party_layouts(proto):
-        side = "active" if lay.is_active else "passive"
-        for j, spec in enumerate(lay.spec.defenses):
-            cls, params = _component(
-                "defense", DEFENSES, spec, f"{lay.path}.defenses[{j}]", backend, err, source
-            )
-            if side not in cls.sides:
+    # defenses and attacks: options validated here, once, and attached to the protocol
+    components = resolve_components(proto, source=source, backend=backend, options=options)
+    attach(proto, components)
+    for party in components.parties:
+        lay_path = "parties.active" if party.index is None else f"parties.passive[{party.index}]"
+        for j, d in enumerate(party.defenses):
+            cls = d.cls
+            if party.side not in cls.sides:
                 raise err(
-                    f"defense '{spec.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
-                    f"not the {side} party",
-                    f"{lay.path}.defenses[{j}]",
+                    f"defense '{d.name}' runs at the {'/'.join(sorted(cls.sides))} party, "
+                    f"not the {party.side} party",
+                    f"{lay_path}.defenses[{j}]",
                     UnsupportedCombination,
                 )
             if proto.training.local_steps > 1 and cls.local_steps_refusal:
                 raise err(
-                    f"defense '{spec.name}' cannot run with training.local_steps > 1: "
-                    f"{cls.local_steps_refusal}",
-                    f"{lay.path}.defenses[{j}]",
+                    f"defense '{d.name}' cannot run with training.local_steps > 1: {cls.local_steps_refusal}",
+                    f"{lay_path}.defenses[{j}]",
                     UnsupportedCombination,
                 )
-            cls.check(proto, params, backend=backend, path=f"{lay.path}.defenses[{j}]", source=source)
+            cls.check(proto, d.options, backend=backend, path=d.path, source=source)
     passive = [p.name for p in proto.parties.passive]
-    for j, spec in enumerate(proto.attacks):
-        cls, params = _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
+    for a in components.attacks:
         for field in PARTY_FIELDS:  # checked now, not after training when the attack runs
-            name = getattr(params, field, None)
+            name = getattr(a.options, field, None)
             if name is not None and name not in passive:
                 raise err(
-                    f"attack '{spec.name}': {field} '{name}' is not a passive party (passive: {passive})",
-                    f"attacks[{j}].params.{field}",
+                    f"attack '{a.name}': {field} '{name}' is not a passive party (passive: {passive})",
+                    f"{a.path}.params.{field}",
                 )
-        cls.check(proto, params, backend=backend, path=f"attacks[{j}]", source=source)
+        a.cls.check(proto, a.options, backend=backend, path=a.path, source=source)
     if proto.task is not None:
         check_task(proto, proto.task, source=source)
+    return components
 
 
 def check_task(proto: Protocol, task: str, *, source: str | None = None) -> None:
@@ -179,13 +179,67 @@ def check_task(proto: Protocol, task: str, *, source: str | None = None) -> None
             )
 
 
+def resolve_components(
+    proto: Protocol,
+    *,
+    source: str | None = None,
+    backend: type[ExchangeBackend] | None = None,
+    options: BaseModel | None = None,
+) -> Components:
+    """Look up every component of a schema-valid protocol and validate its params
+    with its own options model: the one place that does (DESIGN §8). Unknown names,
+    invalid params and capabilities the backend lacks are ConfigErrors naming the
+    YAML path. ``backend``/``options``: the exchange, when the caller resolved it."""
+
+    def err(msg: str, path: str, cls: type[ConfigError] = ConfigError) -> ConfigError:
+        return cls(msg, path=path, source=source)
+
+    if backend is None or options is None:
+        backend, options = _exchange(proto, source)
+    parties = []
+    for lay in party_layouts(proto):
+        resolved = tuple(
+            _component("defense", DEFENSES, spec, f"{lay.path}.defenses[{j}]", backend, err, source)
+            for j, spec in enumerate(lay.spec.defenses)
+        )
+        index = None if lay.is_active else [p.name for p in proto.parties.passive].index(lay.name)
+        parties.append(PartyComponents(lay.name, "active" if lay.is_active else "passive", index, resolved))
+    attacks = tuple(
+        _component("attack", ATTACKS, spec, f"attacks[{j}]", backend, err, source)
+        for j, spec in enumerate(proto.attacks)
+    )
+    exchange = Resolved(backend.name, backend, options, "exchange")
+    return Components(exchange, tuple(parties), attacks)
+
+
+def _exchange(proto: Protocol, source: str | None) -> tuple[type[ExchangeBackend], BaseModel]:
+    """The exchange backend class and its validated options."""
+    try:
+        backend = EXCHANGES.get(proto.exchange.backend, path="exchange.backend")
+    except ConfigError as exc:
+        raise ConfigError(str(exc).split(": ", 1)[-1], path="exchange.backend", source=source) from None
+    try:
+        options = backend.options.model_validate(proto.exchange.params)
+    except ValidationError as exc:
+        raise validation_error(exc, prefix="exchange.params", source=source) from None
+    return backend, options
+
+
 # attack options that name a passive party (the victim, or the attacking party)
 PARTY_FIELDS = ("target", "party")
 
 
-def _component(kind: str, registry, spec, path: str, backend, err, source: str | None):
+def _component(
+    kind: str,
+    registry: Registry[Any],
+    spec: ComponentSpec,
+    path: str,
+    backend: type[ExchangeBackend],
+    err: Callable[..., ConfigError],
+    source: str | None,
+) -> Resolved:
     """A registered defense or attack: known name, valid params, and every backend
-    capability it requires. Returns the class and its validated options."""
+    capability it requires."""
     if spec.name not in registry:
         raise err(
             f"unknown {kind} '{spec.name}' (known: {', '.join(registry.names()) or 'none'})", f"{path}.name"
@@ -202,4 +256,4 @@ def _component(kind: str, registry, spec, path: str, backend, err, source: str |
             path,
             UnsupportedCombination,
         )
-    return cls, params
+    return Resolved(spec.name, cls, params, path)

@@ -29,7 +29,7 @@ from securevfl.app.loader import apply_override, split_override
 from securevfl.errors import ConfigError
 
 #: keys a grid may not vary: the seed is what ``--seeds`` varies, the name labels the runs
-RESERVED = {
+RESERVED: dict[tuple[str | int, ...], str] = {
     ("training", "seed"): "vary seeds with --seeds (or `seeds:` in a comparison file)",
     ("name",): "the name labels the runs",
 }
@@ -115,7 +115,7 @@ def make_axis(key: str, values: list[Any]) -> Axis:
     if not values:
         raise ConfigError("a grid axis needs at least one value", path=key)
     shown = ",".join(show_value(v) for v in values)
-    kinds = {kind(v) for v in values} - {None}
+    kinds = {k for v in values if (k := kind(v)) is not None}
     if len(kinds) > 1:
         raise ConfigError(f"grid values mix kinds ({', '.join(sorted(kinds))}): {shown}", path=key)
     if len({yaml.safe_dump(v) for v in values}) != len(values):

@@ -19,7 +19,6 @@ that the defense capability score uses.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -30,16 +29,17 @@ import numpy as np
 import torch
 
 from securevfl.app.ranks import layout_of
-from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
-from securevfl.report.result import RESULT_FILE, write_result
+from securevfl.records import OwnView
+from securevfl.report.result import read_result, write_result
 
 #: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
 #: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
 _VIEW_GLOBALS = [
-    np._core.multiarray._reconstruct,
+    np._core.multiarray._reconstruct,  # type: ignore[attr-defined]
     np.ndarray,
     np.dtype,
     *{type(np.dtype(c)) for c in ("bool", "int32", "int64", "float32", "float64", "<U1")},
@@ -58,17 +58,18 @@ def load_world(proto: Protocol, out_dir: Path) -> World:
             raise ConfigError(f"no saved view for rank {role.rank} ({role.party}) at {path}", path="attacks")
         with torch.serialization.safe_globals(_VIEW_GLOBALS):  # tensors and numpy arrays only
             blob = torch.load(path, weights_only=True)
-        views[role.party] = View(role.rank, role.party, blob["received"], blob["own"])
+        views[role.party] = View(role.rank, role.party, blob["received"], OwnView(blob["own"]))
     return World(proto, layout, views, Path(out_dir))
 
 
 def attack_keys(proto: Protocol) -> list[str]:
     """Result keys, one per listed attack: its label, else its name (``name#j``
     for the j-th entry when several unlabeled entries share a name)."""
-    unlabeled = [a.name for a in proto.attacks if not a.params.get("label")]
+    attacks = components_of(proto).attacks
+    labels = [getattr(a.options, "label", None) for a in attacks]
+    unlabeled = [a.name for a, label in zip(attacks, labels, strict=True) if not label]
     keys = []
-    for j, a in enumerate(proto.attacks):
-        label = a.params.get("label")
+    for j, (a, label) in enumerate(zip(attacks, labels, strict=True)):
         keys.append(label if label else (a.name if unlabeled.count(a.name) == 1 else f"{a.name}#{j}"))
     if len(set(keys)) != len(keys):
         raise ConfigError(f"attack result keys repeat: {keys}", path="attacks")
@@ -98,19 +99,19 @@ def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
         results = _run_all(proto, world)
     finally:
         torch.set_num_threads(threads)
-    path = Path(out_dir) / RESULT_FILE
-    result = json.loads(path.read_text())
-    result["attacks"] = {**result.get("attacks", {}), **results}
-    result["phase_s"] = {**result.get("phase_s", {}), "attacks": round(time.perf_counter() - t0, 4)}
-    write_result(Path(out_dir), result)
+    result = read_result(Path(out_dir))
+    update = {
+        "attacks": {**result.attacks, **results},
+        "phase_s": {**result.phase_s, "attacks": round(time.perf_counter() - t0, 4)},
+    }
+    write_result(Path(out_dir), result.model_copy(update=update))
     return results
 
 
 def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for spec, key in zip(proto.attacks, attack_keys(proto), strict=True):
-        cls = ATTACKS.get(spec.name, path="attacks")
-        attack = cls(cls.options.model_validate(spec.params), key=key)
+    for spec, key in zip(components_of(proto).attacks, attack_keys(proto), strict=True):
+        attack = spec.cls(spec.options, key=key)  # options validated at load
         t0 = time.perf_counter()
         adversary = attack.adversary_party(world)
         own = world.views[adversary]

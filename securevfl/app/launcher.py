@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from securevfl.app.harness import run_attacks
+from securevfl.app.loader import resolve_protocol
 from securevfl.app.outdir import OutputFolder
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
@@ -51,7 +52,7 @@ RANK_PROCESS = "securevfl-rank"
 
 
 def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool) -> None:
-    proto = Protocol.model_validate_json(proto_json)
+    proto = resolve_protocol(Protocol.model_validate_json(proto_json))
     sys.exit(run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress))
 
 

@@ -1,6 +1,8 @@
 """The checked protocol loader: a YAML file (or a parsed mapping) plus ``--set``
 overrides, validated against the schema (:mod:`securevfl.config`) and then
-cross-checked against the registries (:mod:`securevfl.validation`).
+cross-checked against the registries (:mod:`securevfl.validation`), which
+validates every component's options once and attaches them to the protocol
+(:mod:`securevfl.components`).
 
 It sits above every registry (exchange backends, defenses, attacks, datasets), so
 that the schema below them never imports them back.
@@ -16,9 +18,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol, format_loc, validation_error
 from securevfl.errors import ConfigError
-from securevfl.validation import check_protocol
+from securevfl.validation import check_protocol, resolve_components
 
 
 def split_override(expr: str, flag: str = "--set") -> tuple[list[str | int], str, str]:
@@ -109,9 +112,20 @@ def load_protocol_dict(
         proto = Protocol.model_validate(doc)
     except ValidationError as exc:
         raise validation_error(exc, source=source) from None
-    # component-level checks (registries, capabilities, column layout)
+    # component-level checks (registries, capabilities, column layout); attaches the
+    # components with their validated options
     check_protocol(proto, source=source)
     return proto
+
+
+def resolve_protocol(proto: Protocol) -> Protocol:
+    """Attach resolved components to a protocol that was checked elsewhere (a rank
+    spawned by the local launcher receives it as JSON from the launcher, which
+    loaded and checked the file): every component's options are validated here,
+    once in that process. A protocol that already has them is returned as is."""
+    if is_resolved(proto):
+        return proto
+    return attach(proto, resolve_components(proto))
 
 
 def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Protocol:
@@ -147,4 +161,5 @@ def _resolve_paths(proto: Protocol, base: Path) -> Protocol:
         src = entry.get("source")
         if src and not Path(src["path"]).is_absolute():
             src["path"] = str((base / src["path"]).resolve())
-    return Protocol.model_validate(doc)
+    # where a file lies changes no component's options: keep the ones validated above
+    return attach(Protocol.model_validate(doc), components_of(proto))

@@ -18,17 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from securevfl.app.ranks import layout_of
 from securevfl.attacks.base import View
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.defenses.base import sends_codes
-from securevfl.errors import ConfigError, SecureVFLError, show_warning
-from securevfl.exchange import EXCHANGES
+from securevfl.errors import ConfigError, ProtocolError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
 from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import prepare
 from securevfl.parties.passive import PassiveParty
+from securevfl.records import RankSummary
 from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
@@ -66,6 +68,14 @@ def _note(proto: Protocol) -> Callable[[str], None]:
     return note
 
 
+def _peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSummary:
+    """A rank's published summary as its record; a malformed one is that rank's fault."""
+    try:
+        return RankSummary.model_validate(raw)
+    except ValidationError as exc:
+        raise ProtocolError(f"{session.who(rank)} sent a malformed run summary: {exc}") from None
+
+
 def run_rank(
     proto: Protocol, rank: int, rendezvous: str, out_dir: Path, data_dir: Path, *, progress: bool
 ) -> int:
@@ -86,8 +96,8 @@ def run_rank(
         t0 = time.perf_counter()
         with session:
             clock.add("startup", time.perf_counter() - t0)
-            backend = EXCHANGES.get(proto.exchange.backend)
-            options = backend.options.model_validate(proto.exchange.params)
+            exchange = components_of(proto).exchange  # validated once, at load
+            backend, options = exchange.cls, exchange.options
             # received tensors are kept only for what reads them after the run: the
             # attacks and a view dump; a run with neither keeps none (bounded memory)
             keep_views = proto.runtime.record_views and (proto.runtime.dump_views or bool(proto.attacks))
@@ -145,12 +155,14 @@ def run_rank(
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
-                if getattr(party, "trace", None):
-                    torch.save(party.trace, ranks_dir / f"rank{rank}.trace.pt")
+                trace = getattr(party, "trace", None)  # the active party's first steps (tests)
+                if trace:
+                    torch.save(trace, ranks_dir / f"rank{rank}.trace.pt")
                 view = View(rank, role.party, ledger.received_view(), party.own_view())
                 if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
                     torch.save(
-                        {"received": view.received, "own": view.own}, ranks_dir / f"rank{rank}.view.pt"
+                        {"received": view.received, "own": view.own.to_dict()},
+                        ranks_dir / f"rank{rank}.view.pt",
                     )
                 ledger.drop_spill()
                 summary["view_tags"] = sorted(view.received)
@@ -162,15 +174,16 @@ def run_rank(
             summary["phase_s"] = clock.rounded()
             summary["phase_cpu_s"] = clock.rounded_cpu()
             summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
-            (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(summary, indent=1))
-            parts = session.finish(summary)
+            mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
+            (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(mine, indent=1))
+            parts = session.finish(mine)
             if parts is not None:
                 result = build_result(
                     proto,
                     backend,
                     options,
                     layout,
-                    parts,
+                    [_peer_summary(session, r, p) for r, p in enumerate(parts)],
                     session.pids,
                     started=t_start,
                     finished=time.time(),

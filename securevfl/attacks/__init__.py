@@ -1,6 +1,7 @@
-"""Attacks on an adversary's view (what its rank received plus its own data),
-registered by name in ATTACKS. Importing this package registers every built-in
-attack; :mod:`securevfl.attacks.harness` runs them after training."""
+"""Attacks on an adversary's view (what its rank received plus its own data,
+a typed :class:`~securevfl.records.OwnView` read by field), registered by name
+in ATTACKS. Importing this package registers every built-in attack;
+:mod:`securevfl.app.harness` runs them after training."""
 
 from securevfl.attacks import (  # noqa: F401  (registration)
     code_detection,

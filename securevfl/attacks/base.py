@@ -5,7 +5,7 @@ rank received (from its ledger), its own data and models (``own``), and the prio
 knowledge the attack explicitly declares (``prior``, built by
 :meth:`Attack.knowledge`). It never sees anything another rank kept to itself, so
 what it learns is what that party could learn. Scoring is separate: the harness
-(:mod:`securevfl.attacks.harness`) holds every party's view as ground truth
+(:mod:`securevfl.app.harness`) holds every party's view as ground truth
 (:class:`World`) and passes it to :meth:`Attack.knowledge` (to cut out the
 declared prior) and :meth:`Attack.score` (to grade the guess), never to
 :meth:`Attack.run`. ``requires`` names the backend capabilities under which the
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
+from securevfl.records import OwnView
 from securevfl.registry import Registry
 from securevfl.runtime.layout import Layout
 
@@ -42,13 +43,18 @@ class AttackOptions(BaseModel):
 @dataclass
 class View:
     """What one rank saw: received tensors by tag (in arrival order, with their
-    round), plus the rank's own data and plaintext state."""
+    round), plus the rank's own data and plaintext state (a typed
+    :class:`~securevfl.records.OwnView`; a plain mapping given here is wrapped)."""
 
     rank: int
     party: str
     received: dict[str, list[tuple[int, torch.Tensor]]]
-    own: dict[str, Any] = field(default_factory=dict)
+    own: OwnView = field(default_factory=OwnView)
     prior: dict[str, Any] = field(default_factory=dict)  # declared prior knowledge of the attack
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.own, OwnView):
+            self.own = OwnView(self.own)
 
     def tensors(self, tag: str) -> list[torch.Tensor]:
         return [t for _, t in self.received.get(tag, [])]
@@ -85,14 +91,20 @@ class World:
         return [r.party for r in self.layout.passive].index(party), party
 
 
-class Attack:
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+class Attack(Generic[OptionsT]):
+    """An attack with options model ``OptionsT`` (``options`` is that model's
+    class; the instance gets the options validated at load)."""
+
     name: ClassVar[str]
     adversary: ClassVar[str] = "active"  # "active" | "passive"
     requires: ClassVar[frozenset[str]] = frozenset()
     options: ClassVar[type[BaseModel]] = AttackOptions
     needs_classes: ClassVar[str | None] = None  # why a task without classes (regression) cannot work
 
-    def __init__(self, params: BaseModel, key: str | None = None):
+    def __init__(self, params: OptionsT, key: str | None = None):
         self.params = params
         self.key = key or self.name  # its entry in result.json["attacks"] (and file names)
 
@@ -124,4 +136,4 @@ class Attack:
         raise NotImplementedError
 
 
-ATTACKS: Registry[type[Attack]] = Registry("attack")
+ATTACKS: Registry[type[Attack[Any]]] = Registry("attack")

@@ -48,9 +48,11 @@ from pydantic import BaseModel, Field
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.code_reconstruction import class_codes as majority_codes
 from securevfl.attacks.server import received_test_embeddings, server_check, server_from_view
-from securevfl.attacks.targeted_pgd import hash_params, pick_rows, targeted_pgd, view_presign
+from securevfl.attacks.targeted_pgd import hash_options, pick_rows, targeted_pgd, view_presign
 from securevfl.attacks.views import per_row, received_per_forward
-from securevfl.defenses.hashvfl import ConsistencyOptions
+from securevfl.components import components_of
+from securevfl.config import Protocol
+from securevfl.defenses.hashvfl import ConsistencyOptions, HashOptions
 from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
 from securevfl.privacy import hashing
 from securevfl.runtime.messages import EMBEDDING
@@ -59,6 +61,13 @@ from securevfl.seeding import generator
 MAX_BITS = 16  # 2^16 codes of B per class: the enumeration's ceiling
 
 # -- pure functions ---------------------------------------------------------------------------------
+
+
+def _code_bits(proto: Protocol, index: int) -> int:
+    """The code length d of the ``index``-th passive party (its ``model.out``)."""
+    model = proto.parties.passive[index].model
+    assert model is not None  # a passive party has a bottom model (checked at load)
+    return model.out
 
 
 def hamming_pm1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -110,7 +119,7 @@ def table_vi(
         )
 
     def avg(key: str) -> float | None:
-        vals = [r[key] for r in rows if r[key] is not None]
+        vals = [v for r in rows if (v := r[key]) is not None]
         return float(np.mean(vals)) if vals else None
 
     return {
@@ -157,7 +166,7 @@ class CodeDetectionOptions(AttackOptions):
     samples: int = Field(default=100, ge=1, description="test records the PGD replacement attacks")
 
 
-class CodeDetection(Attack):
+class CodeDetection(Attack[CodeDetectionOptions]):
     name = "code_detection"
     adversary = "active"
     needs_classes = "it matches HashVFL codes against per-class codes"
@@ -178,9 +187,10 @@ class CodeDetection(Attack):
                 path=path,
                 source=source,
             )
+        comps = components_of(proto)
         for j, p in enumerate(passive):
-            hp = next((d for d in p.defenses if d.name == "hashvfl"), None)
-            if hp is None or hp.params.get("dp") == "code":
+            hp = comps.options(p.name, HashOptions)
+            if hp is None or hp.dp == "code":
                 raise UnsupportedCombination(
                     f"code_detection needs +-1 codes, but passive party '{p.name}' "
                     + (
@@ -210,13 +220,12 @@ class CodeDetection(Attack):
         return names, names.index(world.passive(self.params.party).party)
 
     def _defense_codes(self, world: World) -> torch.Tensor | None:
-        spec = next((d for d in world.proto.parties.active.defenses if d.name == "hashvfl_consistency"), None)
-        if spec is None:
+        opts = components_of(world.proto).options(world.proto.parties.active.name, ConsistencyOptions)
+        if opts is None:
             return None
-        opts = ConsistencyOptions.model_validate(spec.params)
         seed = opts.code_seed if opts.code_seed is not None else world.proto.training.seed
-        bits = world.proto.parties.passive[0].model.out
-        classes = int(world.active.own["classes"])
+        bits = _code_bits(world.proto, 0)
+        classes = int(world.active.own.classes)
         return hashing.class_codes(classes, bits, opts.codes, generator(seed, "hashvfl", "codes"))
 
     def knowledge(self, world: World) -> dict[str, Any]:
@@ -230,8 +239,8 @@ class CodeDetection(Attack):
             raise ProtocolError("class_codes: defense, but the active party runs no hashvfl_consistency")
         codes = None if p.class_codes == "majority" else self._defense_codes(world)
         server = server_from_view(world.proto, world.layout, world.active.own)
-        n_test = len(world.active.own["test_idx"])
-        d = world.proto.parties.passive[b_idx].model.out
+        n_test = len(world.active.own.test_idx)
+        d = _code_bits(world.proto, b_idx)
         g = torch.Generator().manual_seed(p.seed)
         prior: dict[str, Any] = {
             "a_index": a_idx,
@@ -242,11 +251,11 @@ class CodeDetection(Attack):
         }
         if p.pgd:
             bv = world.views[names[b_idx]].own
-            hp = hash_params(world.proto, b_idx)
+            hp = hash_options(world.proto, b_idx)
             assert hp is not None  # check() refuses a party without hashvfl
             v = view_presign(bv, hp)
-            rows = pick_rows(world.active.own["y_test"].numpy(), p.target_class, p.samples, p.seed)
-            a_codes = world.views[names[a_idx]].own["sent_test"][rows].float()
+            rows = pick_rows(world.active.own.y_test.numpy(), p.target_class, p.samples, p.seed)
+            a_codes = world.views[names[a_idx]].own.sent_test[rows].float()
             r = torch.as_tensor(rows)
 
             def f(sub: torch.Tensor) -> torch.Tensor:
@@ -274,12 +283,12 @@ class CodeDetection(Attack):
         codes = prior["class_codes"]
         source = "defense (rebuilt from the protocol seed)"
         if codes is None:
-            forwards = own["forwards"]
-            n_train, n_test = len(own["train_idx"]), len(own["test_idx"])
+            forwards = own.forwards
+            n_train, n_test = len(own.train_idx), len(own.test_idx)
             got = received_per_forward(view.received.get(EMBEDDING.name, []), forwards, 2, a_idx)
             table = per_row(forwards, got, n_train, n_test)
             seen = torch.as_tensor(np.flatnonzero(table.train_seen))
-            codes = majority_codes(table.train[seen], own["y_train"][seen], int(own["classes"]), binary=True)
+            codes = majority_codes(table.train[seen], own.y_train[seen], int(own.classes), binary=True)
             source = "majority of the training codes A received per class"
         d = codes.shape[1]
         thresholds = list(range(d + 1))

@@ -98,7 +98,7 @@ def pre_sign(bottom: torch.nn.Module, bn: dict[str, torch.Tensor] | None):
     return f
 
 
-class CodeReconstruction(Attack):
+class CodeReconstruction(Attack[CodeReconstructionOptions]):
     name = "code_reconstruction"
     adversary = "active"
     needs_classes = "it reconstructs per-class inputs from HashVFL class codes"
@@ -119,11 +119,11 @@ class CodeReconstruction(Attack):
         vv = world.views[victim].own
         spec = world.proto.parties.passive[idx]
         assert spec.model is not None
-        bottom = build_bottom(spec.model, vv["x_train"].shape[1], seed=0, party=victim)
-        bottom.load_state_dict(vv["bottom"])
+        bottom = build_bottom(spec.model, vv.x_train.shape[1], seed=0, party=victim)
+        bottom.load_state_dict(vv.bottom)
         bottom.eval()
-        bn = next((m for m in vv["defense_modules"] if "running_var" in m), None)
-        x = vv["x_train"]
+        bn = next((m for m in vv.defense_modules if "running_var" in m), None)
+        x = vv.x_train
         prior = {
             "victim": victim,
             "victim_index": idx,
@@ -136,10 +136,10 @@ class CodeReconstruction(Attack):
         }
         if self.params.mode == "sample":
             # the upper bound: continuous values the adversary does not see under HashVFL
-            rows = self._sample_rows(len(vv["x_test"]))
+            rows = self._sample_rows(len(vv.x_test))
             with torch.no_grad():
                 prior["sample_rows"] = rows
-                prior["sample_targets"] = pre_sign(bottom, bn)(vv["x_test"][torch.as_tensor(rows)].float())
+                prior["sample_targets"] = pre_sign(bottom, bn)(vv.x_test[torch.as_tensor(rows)].float())
         return prior
 
     def _sample_rows(self, n_test: int) -> np.ndarray:
@@ -163,15 +163,15 @@ class CodeReconstruction(Attack):
                     "spec 004 §5.2 [C]",
                 },
             }
-        forwards = own["forwards"]
+        forwards = own.forwards
         tensors = received_per_forward(
             view.received.get(EMBEDDING.name, []), forwards, prior["n_peers"], prior["victim_index"]
         )
-        table = per_row(forwards, tensors, len(own["train_idx"]), len(own["test_idx"]))
+        table = per_row(forwards, tensors, len(own.train_idx), len(own.test_idx))
         seen = table.train_seen
-        codes, labels = table.train[seen], own["y_train"][torch.as_tensor(np.flatnonzero(seen))]
+        codes, labels = table.train[seen], own.y_train[torch.as_tensor(np.flatnonzero(seen))]
         binary = bool(((codes.abs() - 1).abs() < 1e-6).all())
-        targets = class_codes(codes, labels, int(own["classes"]), binary=binary)
+        targets = class_codes(codes, labels, int(own.classes), binary=binary)
         f = pre_sign(prior["bottom"], prior["batchnorm"] if binary else None)
         recon = invert(f, targets, shape, prior["init"], iterations=p.iterations, lr=p.lr, tv=p.tv_weight)
         return {
@@ -187,14 +187,14 @@ class CodeReconstruction(Attack):
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         vv = world.views[world.locate(self.params.target)[1]].own
         a = world.active.own
-        x_te, y_te = vv["x_test"].numpy().astype(np.float64), a["y_test"].numpy()
+        x_te, y_te = vv.x_test.numpy().astype(np.float64), a.y_test.numpy()
         shape = self._shape(world)
         out: dict[str, Any] = {"victim": world.locate(self.params.target)[1], "binary_codes": guess["binary"]}
         if shape is None:
             return out
         rng = float(x_te.max() - x_te.min()) or 1.0
         imgs = x_te.reshape(-1, *shape)
-        mean_img = vv["x_train"].numpy().astype(np.float64).mean(0).reshape(shape)
+        mean_img = vv.x_train.numpy().astype(np.float64).mean(0).reshape(shape)
         if self.params.mode == "sample":
             return {**out, **_sample_scores(np.asarray(guess["recon"]), imgs[guess["rows"]], mean_img, rng)}
         per_class, base = [], []

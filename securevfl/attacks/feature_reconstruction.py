@@ -50,7 +50,7 @@ class FeatureReconstructionOptions(AttackOptions):
     grid_rows: int = Field(default=16, ge=0, description="test rows saved to attacks/<key>.npz")
 
 
-class FeatureReconstruction(Attack):
+class FeatureReconstruction(Attack[FeatureReconstructionOptions]):
     name = "feature_reconstruction"
     adversary = "active"
     options = FeatureReconstructionOptions
@@ -61,11 +61,11 @@ class FeatureReconstruction(Attack):
         p = self.params
         idx, victim = world.locate(self.params.target)
         vv = world.views[victim].own
-        n_train = len(vv["train_idx"])
+        n_train = len(vv.train_idx)
         g = np.random.default_rng(p.seed)
         n_aux = max(2, round(p.aux_fraction * n_train))
         aux = np.sort(g.choice(n_train, size=min(n_aux, n_train), replace=False))
-        x = vv["x_raw"][torch.as_tensor(vv["train_idx"][aux])]
+        x = vv.x_raw[torch.as_tensor(vv.train_idx[aux])]
         source = active_source(world.proto, p.source)
         return {
             "victim": victim,
@@ -79,8 +79,8 @@ class FeatureReconstruction(Attack):
     def run(self, view: View) -> dict[str, Any]:
         p, prior = self.params, view.prior
         own = view.own
-        n_train, n_test = len(own["train_idx"]), len(own["test_idx"])
-        forwards = own["forwards"]
+        n_train, n_test = len(own.train_idx), len(own.test_idx)
+        forwards = own.forwards
         tensors, used = active_tensors(view, prior)
         table = per_row(forwards, tensors, n_train, n_test)
         aux = prior["aux_rows"]
@@ -109,7 +109,7 @@ class FeatureReconstruction(Attack):
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         vv = world.views[world.locate(self.params.target)[1]].own
-        true = vv["x_raw"][torch.as_tensor(vv["test_idx"][guess["test_rows"]])].numpy().astype(np.float64)
+        true = vv.x_raw[torch.as_tensor(vv.test_idx[guess["test_rows"]])].numpy().astype(np.float64)
         out: dict[str, Any] = metrics.normalized_mse(guess["recon"], true, guess["aux_mean"])
         out["nmse_decoder"] = metrics.normalized_mse(guess["decoded"], true, guess["aux_mean"])["nmse_raw"]
         out["ap"] = 1.0 - out["nmse"]

@@ -3,7 +3,7 @@ item 2, §8.1 "additionally", §8.2 item 19).
 
 Threat model: the attacking passive party P_i is honest-but-curious. Its view:
 the gradient G_i = dL/dh'_i the exchange revealed to it at every training step
-(``own["grads"]``, one per entry of ``own["forwards"]``, whose row positions give
+(``own.grads``, one per entry of ``own.forwards``, whose row positions give
 each gradient row's training record through the shared batch schedule). Declared
 prior knowledge: the number of classes C only. It knows no label.
 
@@ -121,7 +121,7 @@ def kmeans(x: np.ndarray, k: int, *, seed: int, n_init: int) -> np.ndarray:
     return km.fit_predict(x).astype(np.int64)
 
 
-class GradientClusters(Attack):
+class GradientClusters(Attack[GradientClustersOptions]):
     name = "gradient_clusters"
     adversary = "passive"
     needs_classes = "it clusters gradients into label classes"
@@ -132,15 +132,15 @@ class GradientClusters(Attack):
 
     def knowledge(self, world: World) -> dict[str, Any]:
         """The number of classes C (k of k-means); nothing label-bearing."""
-        return {"classes": int(world.active.own["classes"])}
+        return {"classes": int(world.active.own.classes)}
 
     def run(self, view: View) -> dict[str, Any]:
         p, own = self.params, view.own
-        train = [k for k, f in enumerate(own["forwards"]) if f["phase"] == "train"]
+        train = [k for k, f in enumerate(own.forwards) if f["phase"] == "train"]
         x, rows = gradient_points(
-            [own["forwards"][k] for k in train],
-            list(own["grads"]),
-            len(own["train_idx"]),
+            [own.forwards[k] for k in train],
+            list(own.grads),
+            len(own.train_idx),
             points=p.points,
             normalize=p.normalize,
             epochs=p.epochs,
@@ -160,7 +160,7 @@ class GradientClusters(Attack):
         }
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
-        y = world.active.own["y_train"].numpy()[guess["rows"]]
+        y = world.active.own.y_train.numpy()[guess["rows"]]
         ami = metrics.adjusted_mutual_info(y, guess["clusters"])
         acc = metrics.matched_accuracy(y, guess["clusters"])
         chance = float(np.bincount(y).max() / len(y)) if len(y) else float("nan")

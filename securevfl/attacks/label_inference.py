@@ -31,13 +31,13 @@ sees except for the few ``n_known`` training labels it is explicitly given.
   mode (under HashVFL a noisy input flips code bits the way the real channel
   would); ``feature`` adds the noise to the z-scored features directly. Rebuilding
   its own models takes their architecture from the protocol, which every party
-  holds (prior ``protocol``); the weights are the party's own (``own["bottom"]``,
-  ``own["defense_modules"]``).
+  holds (prior ``protocol``); the weights are the party's own (``own.bottom``,
+  ``own.defense_modules``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -63,7 +63,10 @@ class _ScoringOptions(_PassiveOptions):
     )
 
 
-class _PassiveAttack(Attack):
+PassiveOptionsT = TypeVar("PassiveOptionsT", bound=_PassiveOptions)
+
+
+class _PassiveAttack(Attack[PassiveOptionsT]):
     adversary = "passive"
     needs_classes = "it infers class labels"
 
@@ -73,19 +76,19 @@ class _PassiveAttack(Attack):
     def _known(self, world: World, n: int) -> dict[str, Any]:
         """``n`` training records whose true label the attacker is given."""
         a = world.active.own
-        n_train = len(a["train_idx"])
+        n_train = len(a.train_idx)
         g = np.random.default_rng(self.params.seed)
         rows = np.sort(g.choice(n_train, size=min(n, n_train), replace=False)) if n else np.zeros(0, int)
-        return {"known_rows": rows, "known_labels": a["y_train"][torch.as_tensor(rows)].numpy()}
+        return {"known_rows": rows, "known_labels": a.y_train[torch.as_tensor(rows)].numpy()}
 
     @staticmethod
     def _grads(view: View) -> list[list[torch.Tensor]]:
         own = view.own
-        return steps_per_row(own["forwards"], own["grads"], len(own["train_idx"]))
+        return steps_per_row(own.forwards, own.grads, len(own.train_idx))
 
 
 def _binary_truth(world: World, positive: int, rows: np.ndarray) -> np.ndarray:
-    y = world.active.own["y_train"].numpy()[rows]
+    y = world.active.own.y_train.numpy()[rows]
     return (y == positive).astype(int)
 
 
@@ -93,7 +96,7 @@ class LabelNormOptions(_ScoringOptions):
     pass
 
 
-class LabelNorm(_PassiveAttack):
+class LabelNorm(_PassiveAttack[LabelNormOptions]):
     name = "label_norm"
     options = LabelNormOptions
 
@@ -117,7 +120,7 @@ class LabelDirectionOptions(_ScoringOptions):
     n_known: int = Field(default=10, ge=1, description="training records whose label the attacker knows")
 
 
-class LabelDirection(_PassiveAttack):
+class LabelDirection(_PassiveAttack[LabelDirectionOptions]):
     name = "label_direction"
     options = LabelDirectionOptions
 
@@ -132,16 +135,17 @@ class LabelDirection(_PassiveAttack):
             int(r): (1.0 if p else -1.0)
             for r, p in zip(view.prior["known_rows"], view.prior["known_positive"], strict=True)
         }
-        n_train = len(own["train_idx"])
+        n_train = len(own.train_idx)
         total = np.zeros(n_train)
         count = np.zeros(n_train)
-        for f, g in zip(own["forwards"], own["grads"], strict=True):
+        for f, g in zip(own.forwards, own.grads, strict=True):
             rows = np.asarray(f["rows"])
             ref = [(k, sign[int(r)]) for k, r in enumerate(rows) if int(r) in sign]
             if not ref:
                 continue
             gn = torch.nn.functional.normalize(g.double(), dim=1)
             s = sum(w * (gn @ gn[k]) for k, w in ref) / len(ref)
+            assert isinstance(s, torch.Tensor)
             total[rows] += s.numpy()
             count[rows] += 1
         rows = np.array([i for i in range(n_train) if count[i] > 0 and i not in sign])
@@ -178,13 +182,13 @@ class ModelCompletionOptions(_PassiveOptions):
     lambda_u: float = Field(default=10.0, ge=0, description="MixMatch weight of the unlabelled loss")
 
 
-class ModelCompletion(_PassiveAttack):
+class ModelCompletion(_PassiveAttack[ModelCompletionOptions]):
     name = "model_completion"
     options = ModelCompletionOptions
 
     def knowledge(self, world: World) -> dict[str, Any]:
         known = self._known(world, self.params.n_known)
-        known["classes"] = int(world.active.own["classes"])
+        known["classes"] = int(world.active.own.classes)
         if self.params.semi_supervised == "mixmatch" and self.params.augment == "input":
             known["protocol"] = world.proto  # public: the party's own architecture and defenses
         return known
@@ -224,12 +228,12 @@ class ModelCompletion(_PassiveAttack):
             scale = p.augment_std * x_tr.std(0, unbiased=False)
             return lambda r, g: x_tr[r] + scale * torch.randn(len(r), x_tr.shape[1], generator=g)
         embed = own_embedding(view, view.prior["protocol"], sent=p.features == "sent")
-        x_in = own["x_train"].float()
+        x_in = own.x_train.float()
         scale = p.augment_std * x_in.std(0, unbiased=False)
         return lambda r, g: embed(x_in[r] + scale * torch.randn(len(r), x_in.shape[1], generator=g))
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
-        y = world.active.own["y_test"].numpy()
+        y = world.active.own.y_test.numpy()
         proba = guess["proba"]
         out: dict[str, Any] = {"accuracy": metrics.accuracy(proba.argmax(1), y), "n_test": len(y)}
         out["ap"] = out["accuracy"]
@@ -245,12 +249,12 @@ def own_embedding(view: View, proto: Any, *, sent: bool):
     defenses in evaluation mode) rebuilt from the protocol's architecture and the
     weights in its own view: ``x -> h`` or ``x -> h'``, without gradients."""
     spec = next(s for s in proto.parties.passive if s.name == view.party)
-    bottom = build_bottom(spec.model, view.own["x_train"].shape[1], seed=0, party=view.party)
-    bottom.load_state_dict(view.own["bottom"])
+    bottom = build_bottom(spec.model, view.own.x_train.shape[1], seed=0, party=view.party)
+    bottom.load_state_dict(view.own.bottom)
     bottom.eval()
     stack = build_stack(proto, view.party, "passive", spec.defenses)
     modules = stack.modules()
-    states = view.own["defense_modules"]
+    states = view.own.defense_modules
     if len(modules) != len(states):
         raise ProtocolError(
             f"{view.party}: {len(states)} saved defense module states for {len(modules)} modules"

@@ -21,6 +21,7 @@ accuracy on that set (0.5 = chance) and AUC.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -72,7 +73,7 @@ def attack_features(proba: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.column_stack([-np.sort(-proba, axis=1), p_true, -np.log(np.clip(p_true, 1e-12, None))])
 
 
-class MembershipInference(Attack):
+class MembershipInference(Attack[MembershipOptions]):
     name = "membership_inference"
     adversary = "active"
     needs_classes = "its shadow models are classifiers over A's class labels"
@@ -85,20 +86,20 @@ class MembershipInference(Attack):
 
     def _target(self, view: View):
         own = view.own
-        classes = int(own["classes"])
-        d = own["bias"].shape[0]
+        classes = int(own.classes)
+        d = own.bias.shape[0]
         top = build_top(view.prior["top"], d, classes, seed=0)
-        top.load_state_dict(own["top"])
+        top.load_state_dict(own.top)
         top.eval()
         return top, classes
 
     def run(self, view: View) -> dict[str, Any]:
         own, tr = view.own, view.prior["training"]
-        n_train, n_test = len(own["train_idx"]), len(own["test_idx"])
-        table = per_row(own["forwards"], own["z"], n_train, n_test)
+        n_train, n_test = len(own.train_idx), len(own.test_idx)
+        table = per_row(own.forwards, own.z, n_train, n_test)
         top, classes = self._target(view)
-        bias = own["bias"]
-        y_tr, y_te = own["y_train"].long(), own["y_test"].long()
+        bias = own.bias
+        y_tr, y_te = own.y_train.long(), own.y_test.long()
         g = np.random.default_rng(self.params.seed)
         test_rows = g.permutation(np.flatnonzero(table.test_seen))
         half = len(test_rows) // 2
@@ -120,6 +121,8 @@ class MembershipInference(Attack):
                 feats.append(attack_features(p, y_te[chunk].numpy()))
                 inout.append(np.full(len(chunk), int(j == k)))
         x_shadow, y_shadow = np.vstack(feats), np.concatenate(inout)
+        predict: Callable[[np.ndarray], np.ndarray]
+        score: Callable[[np.ndarray], np.ndarray]
         if self.params.attack_model == "threshold":
             cut = _LossThreshold().fit(x_shadow, y_shadow)
             predict, score = cut.predict, cut.score

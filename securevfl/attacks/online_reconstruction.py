@@ -36,6 +36,7 @@ from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.stream import OnlineReconstructor
 from securevfl.attacks.views import active_source, active_tensors
 from securevfl.errors import ProtocolError
+from securevfl.records import OwnView
 
 
 class OnlineReconstructionOptions(AttackOptions):
@@ -52,12 +53,12 @@ class OnlineReconstructionOptions(AttackOptions):
     lr: float = Field(default=1e-3, gt=0, description="R_I's Adam learning rate (spec 002 §4.2)")
 
 
-def _phi(own: dict[str, Any], space: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _phi(own: OwnView, space: str) -> tuple[torch.Tensor, torch.Tensor]:
     """phi(x) of the victim's training and test rows, in that order."""
     if space == "model_input":
-        return own["x_train"].float(), own["x_test"].float()
-    raw = own["x_raw"].float()
-    return raw[torch.as_tensor(own["train_idx"])], raw[torch.as_tensor(own["test_idx"])]
+        return own.x_train.float(), own.x_test.float()
+    raw = own.x_raw.float()
+    return raw[torch.as_tensor(own.train_idx)], raw[torch.as_tensor(own.test_idx)]
 
 
 def replay(
@@ -92,7 +93,7 @@ def replay(
     return [(r, passes[r]) for r in order]
 
 
-class OnlineReconstruction(Attack):
+class OnlineReconstruction(Attack[OnlineReconstructionOptions]):
     name = "online_reconstruction"
     adversary = "active"
     options = OnlineReconstructionOptions
@@ -113,13 +114,13 @@ class OnlineReconstruction(Attack):
 
     def run(self, view: View) -> dict[str, Any]:
         p, prior, own = self.params, view.prior, view.own
-        forwards = own["forwards"]
+        forwards = own.forwards
         tensors, used = active_tensors(view, prior)
         if not tensors:
             raise ProtocolError("the view holds no exchanged tensors (was runtime.record_views off?)")
         phi = prior["phi_train"]
         rec = OnlineReconstructor(tensors[0].shape[1], phi.shape[1], hidden=p.hidden, lr=p.lr, seed=p.seed)
-        passes = replay(forwards, tensors, phi, len(own["test_idx"]), rec)
+        passes = replay(forwards, tensors, phi, len(own.test_idx), rec)
         if not passes:
             raise ProtocolError("the run has no evaluation pass to score R_I on")
         return {

@@ -22,6 +22,7 @@ import torch
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.errors import ProtocolError
 from securevfl.models import build_top
+from securevfl.records import OwnView
 from securevfl.runtime.messages import EMBEDDING
 from securevfl.schedule import eval_batches
 
@@ -40,6 +41,7 @@ class ServerModel(torch.nn.Module):
     ):
         super().__init__()
         self.top = top
+        self.bias: torch.Tensor
         self.register_buffer("bias", bias.detach().clone())
         self.blocks = [w.detach().clone() for w in blocks]
         self.offset = None if offset is None else offset.detach().clone()
@@ -66,12 +68,12 @@ class ServerModel(torch.nn.Module):
         return self.top(z + self.bias)
 
 
-def server_from_view(proto: Any, layout: Any, active_own: dict[str, Any]) -> ServerModel:
+def server_from_view(proto: Any, layout: Any, active_own: OwnView) -> ServerModel:
     """Rebuild the server function from the active party's own view (its top
     model, bias, the blocks W_i in passive-party order and its own part of z).
     Raises ProtocolError when the view lacks the blocks (a backend that shares or
     encrypts them, or a run without recorded views)."""
-    inter = active_own.get("interactive") or {}
+    inter = active_own.interactive
     names = [r.party for r in layout.passive]
     missing = [n for n in names if f"interactive.{n}" not in inter]
     if "top" not in active_own or missing:
@@ -81,17 +83,17 @@ def server_from_view(proto: Any, layout: Any, active_own: dict[str, Any]) -> Ser
             "'active_sees_embeddings' (plain), and only with runtime.record_views on"
         )
     blocks = [inter[f"interactive.{n}"].float() for n in names]
-    top = build_top(proto.top, blocks[0].shape[0], int(active_own["classes"]), seed=proto.training.seed)
-    top.load_state_dict(active_own["top"])
+    top = build_top(proto.top, blocks[0].shape[0], int(active_own.classes), seed=proto.training.seed)
+    top.load_state_dict(active_own.top)
     top.eval()
-    return ServerModel(top, active_own["bias"].float(), blocks, active_own.get("own_z_test"))
+    return ServerModel(top, active_own.bias.float(), blocks, active_own.own_z_test)
 
 
-def received_test_embeddings(active_own: dict[str, Any], received: dict[str, Any], n_peers: int):
+def received_test_embeddings(active_own: OwnView, received: dict[str, Any], n_peers: int):
     """Per passive party (layout order): the n_test x d embeddings the active
     party received in its final evaluation pass, one row per test row."""
-    forwards = active_own["forwards"]
-    n_train, n_test = len(active_own["train_idx"]), len(active_own["test_idx"])
+    forwards = active_own.forwards
+    n_train, n_test = len(active_own.train_idx), len(active_own.test_idx)
     out = []
     for k in range(n_peers):
         tensors = received_per_forward(received.get(EMBEDDING.name, []), forwards, n_peers, k)
@@ -117,6 +119,6 @@ def server_check(world: Any, server: ServerModel) -> dict[str, Any]:
                 for idx in eval_batches(hs[0].shape[0], world.proto.training.batch_size)
             ]
         )
-    acc = float((pred == a.own["y_test"]).float().mean())
+    acc = float((pred == a.own.y_test).float().mean())
     run_acc = json.loads((world.out_dir / "result.json").read_text()).get("test_accuracy")
     return {"server_test_accuracy": acc, "server_matches_run": run_acc is not None and acc == run_acc}

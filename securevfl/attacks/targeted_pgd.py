@@ -43,9 +43,12 @@ from pydantic import Field
 
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.attacks.server import ServerModel, server_check, server_from_view
+from securevfl.components import components_of
+from securevfl.config import Protocol
 from securevfl.defenses.hashvfl import HashOptions
 from securevfl.errors import ProtocolError
 from securevfl.privacy import hashing
+from securevfl.records import OwnView
 
 BN_EPS = 1e-5  # HashVFL's BatchNorm1d eps (spec 004 §2.3)
 
@@ -135,25 +138,25 @@ class TargetedPGDOptions(AttackOptions):
     )
 
 
-def hash_params(proto: Any, index: int) -> dict[str, Any] | None:
-    """The passive party's ``hashvfl`` options (validated), or None without hashing."""
-    spec = next((d for d in proto.parties.passive[index].defenses if d.name == "hashvfl"), None)
-    return None if spec is None else HashOptions.model_validate(spec.params).model_dump()
+def hash_options(proto: Protocol, index: int) -> HashOptions | None:
+    """The ``index``-th passive party's ``hashvfl`` options (validated at load), or
+    None when it does not hash."""
+    return components_of(proto).options(proto.parties.passive[index].name, HashOptions)
 
 
-def view_presign(own: dict[str, Any], hp: dict[str, Any]) -> torch.Tensor:
+def view_presign(own: OwnView, hp: HashOptions) -> torch.Tensor:
     """:func:`presign_values` of a passive party's final test outputs, from its
-    own view and its ``hashvfl`` options (:func:`hash_params`)."""
+    own view and its ``hashvfl`` options (:func:`hash_options`)."""
     return presign_values(
-        own["h_test"],
-        own["defense_modules"],
-        batchnorm=hp["batchnorm"],
-        balance=hp["balance"],
-        balance_eval=hp["balance_eval"],
+        own.h_test,
+        own.defense_modules,
+        batchnorm=hp.batchnorm,
+        balance=hp.balance,
+        balance_eval=hp.balance_eval,
     )
 
 
-class TargetedPGD(Attack):
+class TargetedPGD(Attack[TargetedPGDOptions]):
     name = "targeted_pgd"
     adversary = "passive"
     needs_classes = "it drives test records towards a target class"
@@ -168,17 +171,17 @@ class TargetedPGD(Attack):
         parties' final test submissions, and which records to attack."""
         p = self.params
         a = world.active.own
-        if p.target_class >= int(a["classes"]):
+        if p.target_class >= int(a.classes):
             raise ProtocolError(f"target_class {p.target_class} is not a class (classes: {a['classes']})")
         idx = world.locate(self.params.party)[0]
         names = [r.party for r in world.layout.passive]
         return {
             "index": idx,
             "server": server_from_view(world.proto, world.layout, a),
-            "peers": {n: world.views[n].own["sent_test"] for n in names if n != names[idx]},
+            "peers": {n: world.views[n].own.sent_test for n in names if n != names[idx]},
             "order": names,
-            "hash": hash_params(world.proto, idx),
-            "rows": pick_rows(a["y_test"].numpy(), p.target_class, p.samples, p.seed),
+            "hash": hash_options(world.proto, idx),
+            "rows": pick_rows(a.y_test.numpy(), p.target_class, p.samples, p.seed),
         }
 
     def run(self, view: View) -> dict[str, Any]:
@@ -188,12 +191,12 @@ class TargetedPGD(Attack):
         binary = hp is not None
         if binary:
             v = view_presign(own, hp)
-            clean_match = float((hashing.sign(v) == own["sent_test"]).float().mean())
+            clean_match = float((hashing.sign(v) == own.sent_test).float().mean())
             x0 = v[rows] if p.perturb == "pre_sign" else hashing.sign(v[rows])
             clean = hashing.sign(v[rows])
         else:
             clean_match = 1.0
-            x0 = clean = own["sent_test"][rows].float()
+            x0 = clean = own.sent_test[rows].float()
         server: ServerModel = prior["server"]
         hs = [None if n == view.party else prior["peers"][n][rows].float() for n in prior["order"]]
 
@@ -233,7 +236,7 @@ class TargetedPGD(Attack):
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         p = self.params
-        y = world.active.own["y_test"].numpy()[guess["rows"]]
+        y = world.active.own.y_test.numpy()[guess["rows"]]
         t = p.target_class
         clean = guess["clean_pred"]
         correct = clean == y

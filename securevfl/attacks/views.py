@@ -122,9 +122,9 @@ def active_tensors(view: Any, prior: dict[str, Any]) -> tuple[list[torch.Tensor]
     if prior["source"] == "embedding":
         tensors = received_per_forward(
             view.received.get(EMBEDDING.name, []),
-            view.own["forwards"],
+            view.own.forwards,
             prior["n_peers"],
             prior["victim_index"],
         )
         return tensors, f"ledger '{EMBEDDING.name}' from {prior['victim']} (h'_i)"
-    return view.own["z"], "revealed z at A (own record of each exchange forward)"
+    return view.own.z, "revealed z at A (own record of each exchange forward)"

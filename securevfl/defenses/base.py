@@ -41,14 +41,15 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl._compat import import_crypten
-from securevfl.config import Protocol
+from securevfl.components import components_of
+from securevfl.config import ComponentSpec, Protocol
 from securevfl.errors import ProtocolError
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.registry import Registry
@@ -58,6 +59,9 @@ from securevfl.seeding import derive_seed
 
 class DefenseOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,10 @@ def private_noise_seed(proto: Protocol, party: str) -> int:
     return derive_seed(pinned, "noise", party)
 
 
-class Defense:
+class Defense(Generic[OptionsT]):
+    """A defense with options model ``OptionsT`` (``options`` is that model's class; the
+    instance gets the options validated at load, :mod:`securevfl.components`)."""
+
     name: ClassVar[str]
     sides: ClassVar[frozenset[str]] = frozenset({"active", "passive"})
     requires: ClassVar[frozenset[str]] = frozenset()
@@ -118,7 +125,7 @@ class Defense:
     local_steps_refusal: ClassVar[str | None] = None  # why training.local_steps > 1 cannot work
     needs_classes: ClassVar[str | None] = None  # why a task without classes (regression) cannot work
 
-    def __init__(self, params: BaseModel, ctx: DefenseContext):
+    def __init__(self, params: OptionsT, ctx: DefenseContext):
         self.params = params
         self.ctx = ctx
 
@@ -185,7 +192,7 @@ class Defense:
         return False
 
     @classmethod
-    def collective(cls, comm: CollectiveContext, mine: list[Defense]) -> None:
+    def collective(cls, comm: CollectiveContext, mine: list[Defense[Any]]) -> None:
         """The set-up step run at every party rank, in the same order everywhere,
         when :meth:`joins_collective` says so; ``mine`` holds this rank's instances of
         the defense (empty where the party does not run it)."""
@@ -207,13 +214,13 @@ class Defense:
         UnsupportedCombination naming ``path``."""
 
 
-DEFENSES: Registry[type[Defense]] = Registry("defense")
+DEFENSES: Registry[type[Defense[Any]]] = Registry("defense")
 
 
 class DefenseStack:
     """A party's defenses in protocol-file order; each hook is folded over them."""
 
-    def __init__(self, defenses: list[Defense]):
+    def __init__(self, defenses: list[Defense[Any]]):
         self.defenses = defenses
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -277,11 +284,11 @@ class DefenseStack:
         return {d.name: r for d in self.defenses if (r := d.report())}
 
 
-def collective_defenses(proto: Protocol) -> list[type[Defense]]:
+def collective_defenses(proto: Protocol) -> list[type[Defense[Any]]]:
     """The defense classes whose collective step this protocol needs, in one order
     every rank derives alike (sorted by name over every party's defenses)."""
-    names = sorted({d.name for p in (proto.parties.active, *proto.parties.passive) for d in p.defenses})
-    return [cls for cls in (DEFENSES.get(n) for n in names) if cls.joins_collective(proto)]
+    classes = {d.name: d.cls for p in components_of(proto).parties for d in p.defenses}
+    return [classes[n] for n in sorted(classes) if classes[n].joins_collective(proto)]
 
 
 def run_collectives(stack: DefenseStack, comm: CollectiveContext) -> None:
@@ -295,20 +302,25 @@ def sends_codes(proto: Protocol, party: str) -> bool:
     its last defense that changes the embedding emits codes (e.g. ``hashvfl``).
     Every rank derives it from the protocol alone, so sender and receiver agree
     on a compact wire form without a message."""
-    spec = next(p for p in proto.parties.passive if p.name == party)
     codes = False  # a bottom model's output
-    for d in spec.defenses:
-        cls = DEFENSES.get(d.name)
-        says = cls.emits_codes(cls.options.model_validate(d.params))
+    for d in components_of(proto).party(party).defenses:
+        says = d.cls.emits_codes(d.options)
         codes = codes if says is None else says
     return codes
 
 
-def build_stack(proto: Protocol, party: str, side: str, specs) -> DefenseStack:
+def build_stack(
+    proto: Protocol, party: str, side: str, specs: list[ComponentSpec] | None = None
+) -> DefenseStack:
+    """``party``'s defense stack, from the options validated at load (nothing is
+    validated here: the budget's search builds stacks many times). ``specs``, when
+    given, must be the party's own entries (callers that hold them pass them as a
+    check)."""
+    resolved = components_of(proto).party(party).defenses
+    if specs is not None and [s.name for s in specs] != [d.name for d in resolved]:
+        raise ProtocolError(f"build_stack: the defenses given are not party '{party}'s own")
     out = []
-    for spec in specs:
-        cls = DEFENSES.get(spec.name)
-        params = cls.options.model_validate(spec.params)
+    for d in resolved:
         ctx = DefenseContext(proto, party, side, proto.training.seed, private_noise_seed(proto, party))
-        out.append(cls(params, ctx))
+        out.append(d.cls(d.options, ctx))
     return DefenseStack(out)

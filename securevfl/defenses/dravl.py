@@ -168,7 +168,7 @@ class _EvalProbe:
             return {}
         n = min(len(clean), self.max_rows)
         x = torch.as_tensor(match[-1][:n])
-        out = {"eval_rows": n, "input_dims": int(x.reshape(n, -1).shape[1])}
+        out: dict[str, Any] = {"eval_rows": n, "input_dims": int(x.reshape(n, -1).shape[1])}
         out["sent"] = batched_metrics(x, sent[:n], generator=self.gen)
         if not torch.equal(clean, sent):
             out["clean"] = batched_metrics(x, clean[:n], generator=self.gen)
@@ -217,7 +217,7 @@ class DravlOptions(DefenseOptions):
         return data
 
 
-class Dravl(Defense):
+class Dravl(Defense[DravlOptions]):
     """AR + NR + dCor on the passive party (spec 002 §3, §8.3-8.6): a bottom-model
     loss only; the reconstructor R is P's private module (it joins P's optimizer,
     its optional inner steps use an optimizer of its own)."""
@@ -362,7 +362,7 @@ class GaussianNoiseOptions(DefenseOptions):
     eval_rows: int = Field(default=2048, ge=4)
 
 
-class GaussianNoise(Defense):
+class GaussianNoise(Defense[GaussianNoiseOptions]):
     """Spec 002 §3.5, the paper's baseline: Gaussian noise on the sent embedding.
     The returned gradient applies to h unchanged (``d h'/d h = I``). Not DP: h is
     not clipped and nothing is accounted; the bottom model can outgrow a fixed s."""

@@ -35,7 +35,7 @@ class LabelDPOptions(BaseModel):
         return math.inf if v is None else v
 
 
-class LabelDP(Defense):
+class LabelDP(Defense[LabelDPOptions]):
     name = "label_dp"
     sides = frozenset({"active"})
     needs_classes = "randomized response replaces a label by another class"

@@ -107,7 +107,7 @@ class EmbeddingDPOptions(DefenseOptions):
         return self.variant in ("D", "full")
 
 
-class EmbeddingDP(Defense):
+class EmbeddingDP(Defense[EmbeddingDPOptions]):
     """VFL-AFE's passive-side mechanism (spec 000 §2, §8.1): clip, optional rescale, Gaussian
     noise on every released embedding; optional FCM + contrastive and KL local losses.
     Passive only, needs nothing from the backend (the noise is added before the exchange)."""

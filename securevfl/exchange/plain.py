@@ -52,10 +52,11 @@ class PlainActive(ActiveExchange):
         proto = ctx.proto
         out = proto.interactive.out
         self.peers = [r.rank for r in ctx.layout.passive]
-        self.blocks = torch.nn.ModuleList(
+        self.linears: list[torch.nn.Linear] = [
             build_interactive(d, out, seed=proto.training.seed, party=r.party).to(ctx.device)
             for d, r in zip(ctx.embed_dims, ctx.layout.passive, strict=True)
-        )
+        ]
+        self.blocks = torch.nn.ModuleList(self.linears)
         self.opt = interactive_optimizer(self.blocks.parameters(), proto.interactive)
         self._h: list[torch.Tensor] = []
         self._z: torch.Tensor | None = None
@@ -66,8 +67,8 @@ class PlainActive(ActiveExchange):
 
     def _combine(self, hs: list[torch.Tensor], train: bool) -> torch.Tensor:
         with torch.set_grad_enabled(train):
-            z = hs[0] @ self.blocks[0].weight.T
-            for h, blk in zip(hs[1:], list(self.blocks)[1:], strict=True):
+            z = hs[0] @ self.linears[0].weight.T
+            for h, blk in zip(hs[1:], self.linears[1:], strict=True):
                 z = z + h @ blk.weight.T
         self._h, self._z = hs, z
         return z.detach()
@@ -130,7 +131,7 @@ class PlainActive(ActiveExchange):
     def state(self) -> dict[str, torch.Tensor]:
         return {
             f"interactive.{r.party}": blk.weight.detach().cpu()
-            for r, blk in zip(self.ctx.layout.passive, self.blocks, strict=True)
+            for r, blk in zip(self.ctx.layout.passive, self.linears, strict=True)
         }
 
 

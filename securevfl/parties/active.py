@@ -12,6 +12,7 @@ from securevfl.models import build_bias, build_bottom, build_interactive, build_
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
 from securevfl.parties.tasks import TASKS
+from securevfl.records import OwnView
 from securevfl.schedule import eval_batches
 
 
@@ -183,7 +184,7 @@ class ActiveParty(Party):
             "classes": self.classes,
         }
 
-    def own_view(self) -> dict[str, object]:
+    def own_view(self) -> OwnView:
         """Plaintext parameters of the exchange this party held before training and,
         when attacks run as A, what A legitimately knows: aligned IDs and split, its
         true labels, the z the exchange revealed at every forward (``z``, one per
@@ -195,7 +196,7 @@ class ActiveParty(Party):
         together the whole server function of the split model (attacks/server.py)."""
         view: dict[str, object] = {"held_at_start": self.held_at_start}
         if not self._keep_view:
-            return view
+            return OwnView(view)
         prep = self.prep
         assert prep.data.y is not None
         view.update(
@@ -212,7 +213,7 @@ class ActiveParty(Party):
             interactive={k: v for k, v in self.exchange.state().items() if k.startswith("interactive.")},
             own_z_test=self._own_z_test(),
         )
-        return view
+        return OwnView(view)
 
     @torch.no_grad()
     def _own_z_test(self) -> torch.Tensor | None:

@@ -146,6 +146,7 @@ class Party:
         self.spec = self._spec()
         self.stack = build_stack(self.proto, self.spec.name, self.side, self.spec.defenses)
         n_train = len(prep.train_idx)
+        self.n_train = n_train
         self.phase_s: dict[str, float] = {}  # training and evaluation seconds, set by run()
         self.planned_steps = planned_steps(n_train, self.proto.training)
         self.allowed_steps = allowed_steps(self.proto, n_train)

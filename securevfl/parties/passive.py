@@ -9,6 +9,7 @@ import torch
 
 from securevfl.models import build_bottom, make_optimizer
 from securevfl.parties.common import Party, Prepared
+from securevfl.records import OwnView
 from securevfl.schedule import eval_batches
 
 
@@ -99,7 +100,7 @@ class PassiveParty(Party):
     ) -> dict[str, Any]:
         return {"columns": len(self.columns)}
 
-    def own_view(self) -> dict[str, object]:
+    def own_view(self) -> OwnView:
         """What this party itself computed and sent (for wire audits), and, when
         attacks run as this party, what it legitimately knows: the aligned IDs and
         split (every party derives them), its own raw features, the gradient the
@@ -109,7 +110,7 @@ class PassiveParty(Party):
         bottom outputs before (``h_*``) and after (``sent_*``) its embedding defenses."""
         view: dict[str, object] = {"embeddings": self.sent}
         if not self._keep_view:
-            return view
+            return OwnView(view)
         prep = self.prep
         with torch.no_grad():
             hs = {}
@@ -133,7 +134,7 @@ class PassiveParty(Party):
             ],
             **hs,
         )
-        return view
+        return OwnView(view)
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()}

@@ -34,14 +34,14 @@ class _SignSTE(torch.autograd.Function):
     (identity STE, no clipping) or zeroes it where ``|v| > 1`` (clipped STE)."""
 
     @staticmethod
-    def forward(ctx, v: torch.Tensor, clipped: bool) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, v: torch.Tensor, clipped: bool) -> torch.Tensor:
         ctx.clipped = clipped
         if clipped:
             ctx.save_for_backward(v)
         return sign(v)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor):
         if ctx.clipped:
             (v,) = ctx.saved_tensors
             return g * (v.abs() <= 1).to(g.dtype), None

@@ -90,14 +90,14 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
     and attack performance against the key's values, error bars from the seeds.
     Points that differ in another grid key are drawn as separate lines."""
     panels = [(base, key) for base, keys in axes_of.items() for key in keys]
-    attacks = summary.attacks or [None]
+    attacks: list[str | None] = [*summary.attacks] or [None]
     if not panels:
         return None
     fig = Figure(figsize=(max(6.0, 4.4 * len(attacks)), 3.8 * len(panels)))
     grid = fig.subplots(len(panels), len(attacks), squeeze=False)
     for i, (base, key) in enumerate(panels):
         mine = [g for g in summary.groups if g.base == base and key in g.point]
-        others = {}
+        others: dict[Any, Any] = {}
         for g in mine:
             rest = tuple(sorted((k, str(v)) for k, v in g.point.items() if k != key))
             others.setdefault(rest, []).append(g)

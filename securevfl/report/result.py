@@ -1,5 +1,5 @@
 """The result record of one run (``result.json``), assembled by the active rank
-from every rank's summary."""
+from every rank's summary (both typed: :mod:`securevfl.records`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.exchange.base import ExchangeBackend
+from securevfl.records import RankSummary, ResultRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.ledger import merge_summaries
 
@@ -24,77 +25,79 @@ def build_result(
     backend: type[ExchangeBackend],
     options: BaseModel,
     layout: Layout,
-    parts: list[dict[str, Any]],
+    parts: list[RankSummary],
     pids: dict[int, int],
     *,
     started: float,
     finished: float,
-) -> dict[str, Any]:
+) -> ResultRecord:
     active = parts[0]
-    steps = int(active["train_steps"])
-    ledger = merge_summaries([p["ledger"] for p in parts], steps)
+    steps = int(active.train_steps or 0)
+    ledger = merge_summaries([p.ledger or {} for p in parts], steps)
     info = backend.result_info(options)
-    return {
-        "protocol": proto.name,
-        "description": proto.description,
-        "backend": info["backend"],
-        "backend_params": info["params"],
-        "dataset": proto.dataset.name,
-        "n_parties": 1 + len(layout.passive),
-        "n_passive": len(layout.passive),
-        "world_size": layout.world_size,
-        "task": active.get("task"),
-        "test_accuracy": active.get("test_accuracy"),
-        "test_auc": active.get("test_auc"),
-        # regression tasks (None otherwise): in the target's own units, on the test rows
-        "test_rmse": active.get("test_rmse"),
-        "test_mae": active.get("test_mae"),
-        "test_r2": active.get("test_r2"),
-        "epochs": proto.training.epochs,
-        "batch_size": proto.training.batch_size,
-        "seed": proto.training.seed,
-        "device": proto.training.device,
-        "train_steps": steps,
-        "time_per_step_s": active.get("time_per_step_s"),
-        "step_time_s": active.get("step_time_s"),
-        "bytes_per_step": ledger["bytes_per_step"],
-        "party_pids": {str(r): pid for r, pid in sorted(pids.items())},
-        "ranks": {str(p["rank"]): {"party": p["party"], "role": p["role"]} for p in parts},
-        "rows": {
-            "aligned": active.get("n_aligned"),
-            "train": active.get("n_train"),
-            "test": active.get("n_test"),
-        },
-        "history": active.get("history", []),
-        "ledger": ledger,
-        "privacy": _privacy(proto, parts, steps),
-        "attacks": {},  # filled by the attack harness after the run
-        "defense_report": {p["party"]: p["defense_report"] for p in parts if p.get("defense_report")},
-        "defenses": {
-            lay_name: [d.name for d in specs]
-            for lay_name, specs in [(proto.parties.active.name, proto.parties.active.defenses)]
-            + [(p.name, p.defenses) for p in proto.parties.passive]
-            if specs
-        },
-        "digest": proto.digest(),
-        "wall_time_s": finished - started,
-        # each rank's wall time per phase and peak resident memory (attacks: added by the harness)
-        "phase_s": {str(p["rank"]): p.get("phase_s", {}) for p in parts},
-        "phase_cpu_s": {str(p["rank"]): p.get("phase_cpu_s", {}) for p in parts},
-        "peak_rss_mib": {str(p["rank"]): p.get("peak_rss_mib") for p in parts},
-        "machine": {
-            "host": socket.gethostname(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-    }
+    return ResultRecord.model_validate(
+        {
+            "protocol": proto.name,
+            "description": proto.description,
+            "backend": info["backend"],
+            "backend_params": info["params"],
+            "dataset": proto.dataset.name,
+            "n_parties": 1 + len(layout.passive),
+            "n_passive": len(layout.passive),
+            "world_size": layout.world_size,
+            "task": active.task,
+            "test_accuracy": active.test_accuracy,
+            "test_auc": active.test_auc,
+            # regression tasks (None otherwise): in the target's own units, on the test rows
+            "test_rmse": active.test_rmse,
+            "test_mae": active.test_mae,
+            "test_r2": active.test_r2,
+            "epochs": proto.training.epochs,
+            "batch_size": proto.training.batch_size,
+            "seed": proto.training.seed,
+            "device": proto.training.device,
+            "train_steps": steps,
+            "time_per_step_s": active.time_per_step_s,
+            "step_time_s": active.step_time_s,
+            "bytes_per_step": ledger["bytes_per_step"],
+            "party_pids": {str(r): pid for r, pid in sorted(pids.items())},
+            "ranks": {str(p.rank): {"party": p.party, "role": p.role} for p in parts},
+            "rows": {
+                "aligned": active.n_aligned,
+                "train": active.n_train,
+                "test": active.n_test,
+            },
+            "history": active.history or [],
+            "ledger": ledger,
+            "privacy": _privacy(proto, parts, steps),
+            "attacks": {},  # filled by the attack harness after the run
+            "defense_report": {p.party: p.defense_report for p in parts if p.defense_report},
+            "defenses": {
+                lay_name: [d.name for d in specs]
+                for lay_name, specs in [(proto.parties.active.name, proto.parties.active.defenses)]
+                + [(p.name, p.defenses) for p in proto.parties.passive]
+                if specs
+            },
+            "digest": proto.digest(),
+            "wall_time_s": finished - started,
+            # each rank's wall time per phase and peak resident memory (attacks: added by the harness)
+            "phase_s": {str(p.rank): p.phase_s or {} for p in parts},
+            "phase_cpu_s": {str(p.rank): p.phase_cpu_s or {} for p in parts},
+            "peak_rss_mib": {str(p.rank): p.peak_rss_mib for p in parts},
+            "machine": {
+                "host": socket.gethostname(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+            },
+        }
+    )
 
 
-def _privacy(proto: Protocol, parts: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+def _privacy(proto: Protocol, parts: list[RankSummary], steps: int) -> dict[str, Any]:
     """Every party's own accounting, merged; empty when no DP mechanism ran."""
     per_party: dict[str, Any] = {}
     for p in parts:
-        per_party.update(p.get("privacy") or {})
+        per_party.update(p.privacy or {})
     if not per_party:
         return {}
     active = parts[0]
@@ -106,15 +109,24 @@ def _privacy(proto: Protocol, parts: list[dict[str, Any]], steps: int) -> dict[s
         "noise_seed_pinned": proto.privacy.noise_seed is not None,
         "parties": per_party,
         "budget": None if budget is None else {"epsilon": budget.epsilon},
-        "planned_steps": active.get("planned_steps"),
+        "planned_steps": active.planned_steps,
         "steps_run": steps,
-        "stopped_by_budget": bool(active.get("allowed_steps", steps) < active.get("planned_steps", steps)),
+        "stopped_by_budget": bool(_or(active.allowed_steps, steps) < _or(active.planned_steps, steps)),
     }
 
 
-def write_result(out_dir: Path, result: dict[str, Any]) -> Path:
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def read_result(out_dir: Path) -> ResultRecord:
+    """``out_dir/result.json`` as its record."""
+    return ResultRecord.model_validate_json((Path(out_dir) / RESULT_FILE).read_text())
+
+
+def write_result(out_dir: Path, result: ResultRecord) -> Path:
     path = Path(out_dir) / RESULT_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
+    tmp.write_text(json.dumps(result.to_json(), indent=2))
     tmp.replace(path)
     return path

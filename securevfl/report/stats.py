@@ -45,7 +45,7 @@ def t_quantile(n: int, level: float = LEVEL) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
-def mean_interval(values: Sequence[float], level: float = LEVEL) -> Interval | None:
+def mean_interval(values: Sequence[float | None], level: float = LEVEL) -> Interval | None:
     """Mean and Student-t interval of the finite values among ``values``; None when
     there is none (a metric no seed produced). NaN and None entries are left out,
     so an attack that failed on one seed does not poison the others; an infinite

@@ -284,14 +284,14 @@ class Kernels:
                         acc[j] = prod
                     else:
                         self.add_inplace(acc[j], prod)
-            for j, a in enumerate(acc):
-                if a is None:
+            for j, ct in enumerate(acc):
+                if ct is None:
                     continue
-                ev.rescale_to_next_inplace(a)
+                ev.rescale_to_next_inplace(ct)
                 self.ops.rescale += 1
-                if a.scale != self.scale:  # exact: diagonals are encoded at scale q1
-                    raise RuntimeError(f"ckks: scale {a.scale} after rescale, expected {self.scale}")
-                giants[s][j][b] = a
+                if ct.scale != self.scale:  # exact: diagonals are encoded at scale q1
+                    raise RuntimeError(f"ckks: scale {ct.scale} after rescale, expected {self.scale}")
+                giants[s][j][b] = ct
         result: list[Any | None] = []
         for s in range(n_out):
             direct, conj = (self.horner(g, n1 * step) if g else None for g in giants[s])

@@ -178,6 +178,8 @@ def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
     coef_b = (u - v2 + 1j * (u2 + v)) / 2
     t_in, b_in = (x[0] for x in lin.bases())
     s_out, b_out = (x[0] for x in lout.bases())
+    k_idx: np.ndarray
+    l_idx: np.ndarray
     k_idx, l_idx = np.meshgrid(np.arange(lin.ncc), np.arange(lout.ncc), indexing="ij")
     k_idx, l_idx = k_idx.ravel(), l_idx.ravel()
     delta = (b_in[k_idx] - b_out[l_idx]) % slots
@@ -225,6 +227,8 @@ def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
     s_out, b_out = lout.bases()  # (row chunks, ncc)
     ch = lout.chunk
     # (row chunk, column) pairs with the same (t, s, base offset) share every diagonal
+    rc: np.ndarray
+    lc: np.ndarray
     rc, lc = np.meshgrid(np.arange(lout.row_chunks), np.arange(lin.ncc), indexing="ij")
     rc, lc = rc.ravel(), lc.ravel()
     cls_key = np.stack([t_in[0, lc], s_out[rc, lc], (b_in[0, lc] - b_out[rc, lc]) % slots, rc], axis=1)

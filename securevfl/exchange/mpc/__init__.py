@@ -44,6 +44,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import CryptoParameterError
 from securevfl.exchange import crypten_pool
@@ -272,8 +273,8 @@ class Mpc(ExchangeBackend):
 
     @classmethod
     def helper_names(cls, proto: Protocol) -> list[str]:
-        opts = MpcOptions.model_validate(proto.exchange.params)
-        return ["dealer"] if opts.provider == "TTP" else []
+        opts = components_of(proto).exchange_options(MpcOptions)  # validated at load
+        return ["dealer"] if opts is not None and opts.provider == "TTP" else []
 
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,8 @@ def step_counts(
     keys = [sch.new_key() for _ in dims]
     at_a = [sch.peer(k.public(), sender=f"P{i + 1}") for i, k in enumerate(keys)]
     at_p = [sch.peer(ka.public(), sender="A") for _ in dims]
-    for party in [ka, *keys, *at_a, *at_p]:
+    parties: list[Any] = [ka, *keys, *at_a, *at_p]
+    for party in parties:
         party.prepare()  # set-up is once per run, not per step
     g = rng.normal(0.0, 1e-3, size=(batch, out))
     t0, c0 = time.perf_counter(), time.process_time()
@@ -122,7 +124,8 @@ def unit_costs(
     sch = PaillierScheme(one)
     key = sch.new_key()
     peer = sch.peer(key.public(), sender="profile")
-    key.prepare(), peer.prepare()
+    key.prepare()
+    peer.prepare()
     ms = [int(v) for v in np.random.default_rng(1).integers(0, 2**62, size=reps)]
 
     def timed(f: object) -> float:

@@ -1,0 +1,134 @@
+"""A protocol's components with their options validated once, and the typed
+query "what does party X run" (DESIGN §5, §8).
+
+The schema (:mod:`securevfl.config`) keeps each component's ``params`` as the
+mapping written in the protocol file: it sits below the registries and cannot
+know a component's options model. The checked loader
+(:mod:`securevfl.app.loader`) looks every component up once, validates its
+params with that component's own options model and attaches the result to the
+protocol (:func:`attach`). Everything else reads the typed options from here
+(:func:`components_of`): nothing validates a component's params a second time
+(not per defense stack, not per step of the budget's search), and no defense or
+attack reads another party's raw defense mapping by name; it asks
+:meth:`Components.options` for the options model it understands.
+
+A rank started by the local launcher receives the protocol as JSON and resolves
+it there, once (:func:`securevfl.app.loader.resolve_protocol`); a rank started by
+``securevfl party`` loads the file itself. Either way every component's options
+are validated exactly once per process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from securevfl.config import Protocol
+from securevfl.errors import ConfigError, ProtocolError
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One component entry of the protocol: its registered name and class, its
+    validated options and the YAML path of the entry (for error messages)."""
+
+    name: str
+    cls: Any  # the registered class (an exchange backend, a defense, an attack)
+    options: BaseModel
+    path: str
+
+
+@dataclass(frozen=True)
+class PartyComponents:
+    """What one party runs: its defenses in protocol-file order. ``index`` is the
+    party's position among the passive parties (None for the active party)."""
+
+    name: str
+    side: str  # "active" | "passive"
+    index: int | None
+    defenses: tuple[Resolved, ...]
+
+    def names(self) -> list[str]:
+        return [d.name for d in self.defenses]
+
+
+@dataclass(frozen=True)
+class Components:
+    """Every component of one protocol, resolved: the exchange backend, each
+    party's defenses (active party first, then the passive parties in order) and
+    the attacks."""
+
+    exchange: Resolved
+    parties: tuple[PartyComponents, ...]
+    attacks: tuple[Resolved, ...]
+
+    @property
+    def active(self) -> PartyComponents:
+        return self.parties[0]
+
+    @property
+    def passive(self) -> tuple[PartyComponents, ...]:
+        return self.parties[1:]
+
+    def party(self, name: str) -> PartyComponents:
+        """One party's components by name."""
+        for p in self.parties:
+            if p.name == name:
+                return p
+        raise ConfigError(f"no party '{name}' (parties: {[p.name for p in self.parties]})", path="parties")
+
+    def runs(self, party: str, defense: str) -> bool:
+        """Whether ``party`` runs the defense registered as ``defense``."""
+        return defense in self.party(party).names()
+
+    def options(self, party: str, kind: type[OptionsT]) -> OptionsT | None:
+        """The options of ``party``'s first defense whose options model is ``kind``
+        (None when it runs none): the typed answer to "does this party run that
+        defense, and how"."""
+        for d in self.party(party).defenses:
+            if isinstance(d.options, kind):
+                return d.options
+        return None
+
+    def running(self, kind: type[OptionsT]) -> list[tuple[int, str, OptionsT]]:
+        """``(passive index, name, options)`` of every passive party whose defenses
+        include one with options model ``kind`` (its first such entry), in
+        protocol order."""
+        out = []
+        for p in self.passive:
+            opts = self.options(p.name, kind)
+            if opts is not None:
+                assert p.index is not None
+                out.append((p.index, p.name, opts))
+        return out
+
+    def exchange_options(self, kind: type[OptionsT]) -> OptionsT | None:
+        """The exchange backend's options when they are of model ``kind``."""
+        opts = self.exchange.options
+        return opts if isinstance(opts, kind) else None
+
+
+def attach(proto: Protocol, components: Components) -> Protocol:
+    """Record ``components`` as ``proto``'s resolved components (the loader's job)."""
+    proto._components = components
+    return proto
+
+
+def is_resolved(proto: Protocol) -> bool:
+    return isinstance(proto._components, Components)
+
+
+def components_of(proto: Protocol) -> Components:
+    """``proto``'s resolved components; a protocol that did not come through the
+    checked loader has none, which is a bug in the caller, not in the file."""
+    comps = proto._components
+    if not isinstance(comps, Components):
+        raise ProtocolError(
+            f"protocol '{proto.name}' has no resolved components: load it with "
+            "securevfl.app.loader (load_protocol, load_protocol_dict or resolve_protocol)"
+        )
+    return comps
