@@ -21,6 +21,7 @@ import torch
 
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.errors import ProtocolError
+from securevfl.metrics import classification_metrics
 from securevfl.models import build_top
 from securevfl.records import OwnView
 from securevfl.runtime.messages import EMBEDDING
@@ -119,6 +120,8 @@ def server_check(world: Any, server: ServerModel) -> dict[str, Any]:
                 for idx in eval_batches(hs[0].shape[0], world.proto.training.batch_size)
             ]
         )
-    acc = float((pred == a.own.y_test).float().mean())
+    # one-hot "probabilities" of the predicted class: the run's own metric, computed the same way
+    onehot = torch.nn.functional.one_hot(pred, int(a.own.classes)).numpy()
+    acc = classification_metrics(onehot, a.own.y_test.numpy())["test_accuracy"]
     run_acc = json.loads((world.out_dir / "result.json").read_text()).get("test_accuracy")
     return {"server_test_accuracy": acc, "server_matches_run": run_acc is not None and acc == run_acc}

@@ -10,8 +10,8 @@ and never branches on its name.
   classification fit any target scale); RMSE, MAE and R^2 in the target's own
   units on the test rows.
 
-The metrics themselves are pure functions (:func:`regression_metrics`,
-:func:`classification_metrics`), tested without parties.
+The metrics themselves are pure functions in :mod:`securevfl.metrics`
+(:func:`regression_metrics`, :func:`classification_metrics`), tested without parties.
 """
 
 from __future__ import annotations
@@ -21,34 +21,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 
+from securevfl.metrics import classification_metrics, regression_metrics
 from securevfl.registry import Registry
 
-
-def classification_metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
-    """Accuracy of the arg-max class and, for two classes present in ``y``, the
-    ROC AUC of class 1's probability."""
-    acc = float((probs.argmax(1) == y).mean())
-    auc = None
-    if probs.shape[1] == 2 and len(np.unique(y)) == 2:
-        auc = float(roc_auc_score(y, probs[:, 1]))
-    return {"test_accuracy": acc, "test_auc": auc}
-
-
-def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """RMSE, MAE and the coefficient of determination R^2 = 1 - SS_res / SS_tot
-    (SS_tot around the test rows' own mean, as scikit-learn's ``r2_score``)."""
-    pred = np.asarray(pred, dtype=np.float64).reshape(-1)
-    y = np.asarray(y, dtype=np.float64).reshape(-1)
-    err = pred - y
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((err**2).sum()) / ss_tot if ss_tot > 0 else float("nan")
-    return {
-        "test_rmse": float(np.sqrt((err**2).mean())),
-        "test_mae": float(np.abs(err).mean()),
-        "test_r2": r2,
-    }
+__all__ = ["TASKS", "Task", "classification_metrics", "regression_metrics"]
 
 
 class Task:

@@ -63,6 +63,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.models",
     "securevfl.runtime",
     "securevfl.schedule",
+    "securevfl.metrics",
     "securevfl.components",
     "securevfl.config",
     "securevfl.records",
