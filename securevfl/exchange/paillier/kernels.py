@@ -136,8 +136,11 @@ def multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
                     acc = acc * acc % n2
             for tab, d in zip(tables, win, strict=True):
                 if d:
-                    acc = acc * tab[d] % n2
-                    muls += 1
+                    if acc is ONE:  # the first factor needs no product
+                        acc = tab[d]
+                    else:
+                        acc = acc * tab[d] % n2
+                        muls += 1
         out.append(acc * fix % n2)
     nz = int(np.count_nonzero(e))
     count(
