@@ -8,10 +8,13 @@ this is what lets tests prove that no rank ever loads another party's columns.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +23,13 @@ import pandas as pd
 from securevfl.config import ColumnSelect, CsvSource, PartySpec, Protocol
 from securevfl.data.datasets import DATASETS
 from securevfl.data.splits import contiguous_blocks
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, DataError
 
 ID_COLUMN = "id"
 LABEL_COLUMN = "label"
+#: While this file exists in a dataset folder, its per-party files are being written.
+PENDING = ".materializing"
+PENDING_WAIT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
         assert lay.spec.source is not None  # checked at load
         return lay.spec.source
     path = Path(data_dir) / dataset_key(proto) / f"{party}.csv"
+    await_materialized(path)
     own: list[str] | None = None
     if lay.is_active:  # the active party's file: ID, its own columns (if any), label
         header = list(pd.read_csv(path, nrows=0).columns) if path.is_file() else []
@@ -132,6 +139,43 @@ def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
     )
 
 
+def await_materialized(path: Path, timeout_s: float = PENDING_WAIT_S) -> None:
+    """Wait while the launcher is still writing the dataset folder of ``path`` (it
+    starts the ranks first, so their start-up overlaps the writing; see
+    :func:`materializing`). Returns at once when nothing is pending; a file that
+    is still missing afterwards is reported by whoever reads it."""
+    pending = path.parent / PENDING
+    deadline = time.monotonic() + timeout_s
+    while pending.exists() and not path.is_file():
+        if time.monotonic() > deadline:
+            raise DataError(
+                f"party '{path.stem}': its data file was not written within {timeout_s:.0f} s",
+                detail=f"{pending} is still there and {path} is not",
+            )
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def materializing(proto: Protocol, data_dir: Path) -> Iterator[bool]:
+    """Mark a built-in dataset's folder as being written for the duration of the
+    block; yields whether anything is left to write (False: every party's file is
+    already there, or the data are the user's own CSV files)."""
+    if not is_builtin(proto):
+        yield False
+        return
+    folder = Path(data_dir) / dataset_key(proto)
+    if all((folder / f"{lay.name}.csv").is_file() for lay in party_layouts(proto)):
+        yield False
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    pending = folder / PENDING
+    pending.write_text(str(os.getpid()))
+    try:
+        yield True
+    finally:
+        pending.unlink(missing_ok=True)
+
+
 def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Path:
     """Write one CSV per party for a built-in dataset (or only party ``only``).
     Idempotent: existing files are kept. Returns the dataset folder."""
@@ -142,6 +186,9 @@ def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Pat
     table = DATASETS.get(proto.dataset.name, path="dataset.name")(proto.dataset, proto.training.seed)
     parts = resolve_partition(proto, list(table.features.columns))
     folder.mkdir(parents=True, exist_ok=True)
+    # first: a rank reads it once alignment is done, which needs only the party files
+    meta = {"standardize": table.standardize, "rows": len(table.ids)}
+    (folder / "meta.json").write_text(json.dumps(meta))
     for lay in targets:
         frame = table.features[parts[lay.name]].copy()
         frame.insert(0, ID_COLUMN, table.ids)
@@ -150,8 +197,6 @@ def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Pat
         tmp = folder / f".{lay.name}.{os.getpid()}.tmp"
         frame.to_csv(tmp, index=False)
         os.replace(tmp, folder / f"{lay.name}.csv")  # atomic: concurrent ranks are safe
-    meta = {"standardize": table.standardize, "rows": len(table.ids)}
-    (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from securevfl.app.loader import load_protocol_dict
-from securevfl.data.partition import LABEL_COLUMN, dataset_key, materialize, party_source
+from securevfl.data.partition import (
+    LABEL_COLUMN,
+    PENDING,
+    await_materialized,
+    dataset_key,
+    materialize,
+    materializing,
+    party_source,
+)
+from securevfl.errors import DataError
 
 
 def _synthetic(rows=300, features=12, classes=3):
@@ -51,6 +61,29 @@ def test_materialize_one_party_only_and_is_deterministic(tmp_path: Path):
     assert sorted(f.name for f in folder.glob("*.csv")) == ["p1.csv"]
     materialize(proto, tmp_path / "y")
     assert (folder / "p1.csv").read_text() == (tmp_path / "y" / dataset_key(proto) / "p1.csv").read_text()
+
+
+def test_a_rank_waits_for_its_file_while_the_launcher_writes_the_folder(tmp_path: Path):
+    proto = load_protocol_dict(_synthetic())
+    folder = tmp_path / dataset_key(proto)
+    with materializing(proto, tmp_path) as pending:
+        assert pending and (folder / PENDING).is_file()
+        writer = threading.Timer(0.3, materialize, args=(proto, tmp_path))
+        writer.start()
+        src = party_source(proto, "a", tmp_path)  # blocks until a.csv is there
+        writer.join()
+    assert (folder / "a.csv").is_file() and src.feature_columns == []  # read once the file existed
+    assert not (folder / PENDING).exists()
+    with materializing(proto, tmp_path) as pending:  # every file there: nothing to do
+        assert not pending and not (folder / PENDING).exists()
+
+
+def test_waiting_for_a_file_that_never_comes_is_a_data_error(tmp_path: Path):
+    (tmp_path / PENDING).write_text("1")
+    with pytest.raises(DataError, match=r"party 'p1'.*not written within"):
+        await_materialized(tmp_path / "p1.csv", timeout_s=0.2)
+    (tmp_path / PENDING).unlink()
+    await_materialized(tmp_path / "p1.csv", timeout_s=0.2)  # nothing pending: returns at once
 
 
 @pytest.mark.parametrize("name,n,cols,classes", [("digits", 1797, 64, 10), ("breast_cancer", 569, 30, 2)])
