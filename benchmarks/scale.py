@@ -150,9 +150,15 @@ def exponents(rows: list[dict[str, Any]]) -> list[str]:
                     (b["alignment_cpu_s"] - a["alignment_cpu_s"]) / (b["parties"] - a["parties"])
                     for a, b in itertools.pairwise(grp)
                 ]
+                walls = [
+                    (b["phase_s"]["alignment"] - a["phase_s"]["alignment"]) / (b["parties"] - a["parties"])
+                    for a, b in itertools.pairwise(grp)
+                ]
                 lines.append(
-                    f"    alignment CPU s per added passive party (rows={f}): "
+                    f"    alignment per added passive party (rows={f}): CPU s "
                     + ", ".join(f"{v:.1f}" for v in steps)
+                    + "; wall s "
+                    + ", ".join(f"{v:.1f}" for v in walls)
                 )
     return lines
 
@@ -326,7 +332,9 @@ def main() -> int:
         print(
             f"    {r['wall_s']:.1f} s end to end, CPU {r['cpu_s']:.0f} s, alignment "
             f"{r['phase_s']['alignment']:.1f} s, {(r['s_per_step'] or 0) * 1e3:.1f} ms/step, "
-            f"peak {r['peak_rss_mib']:.0f} MiB/rank, aligned {r['aligned']}, acc {r['test_accuracy']:.4f}",
+            f"peak {r['peak_rss_mib']:.0f} MiB/rank (by rank: "
+            + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["peak_rss_by_rank_mib"].items()))
+            + f"), aligned {r['aligned']}, acc {r['test_accuracy']:.4f}",
             file=sys.stderr,
             flush=True,
         )
