@@ -12,9 +12,11 @@ import contextlib
 import fnmatch
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,9 @@ LABEL_COLUMN = "label"
 #: While this file exists in a dataset folder, its per-party files are being written.
 PENDING = ".materializing"
 PENDING_WAIT_S = 900.0
+#: Below this many values in all, one process writes every party's file (small
+#: data, tests); above it, forked workers write them side by side, one per core.
+PARALLEL_MIN_VALUES = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -189,15 +194,47 @@ def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Pat
     # first: a rank reads it once alignment is done, which needs only the party files
     meta = {"standardize": table.standardize, "rows": len(table.ids)}
     (folder / "meta.json").write_text(json.dumps(meta))
-    for lay in targets:
-        frame = table.features[parts[lay.name]].copy()
-        frame.insert(0, ID_COLUMN, table.ids)
-        if lay.is_active:
-            frame[LABEL_COLUMN] = table.labels
-        tmp = folder / f".{lay.name}.{os.getpid()}.tmp"
-        frame.to_csv(tmp, index=False)
-        os.replace(tmp, folder / f"{lay.name}.csv")  # atomic: concurrent ranks are safe
+
+    def frames() -> Iterator[tuple[pd.DataFrame, Path, Path]]:
+        for lay in targets:
+            frame = table.features[parts[lay.name]].copy()
+            frame.insert(0, ID_COLUMN, table.ids)
+            if lay.is_active:
+                frame[LABEL_COLUMN] = table.labels
+            yield frame, folder / f".{lay.name}.{os.getpid()}.tmp", folder / f"{lay.name}.csv"
+
+    workers = min(len(targets), _cores())
+    if workers < 2 or table.features.size < PARALLEL_MIN_VALUES:
+        for job in frames():
+            _write_csv(*job)
+        return folder
+    # CSV formatting holds the GIL: forked processes (copy-on-write, nothing
+    # re-imported), at most one party's frame in flight per worker
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+        running: set[Future[None]] = set()
+        for job in frames():
+            if len(running) >= workers:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    f.result()
+            running.add(pool.submit(_write_csv, *job))
+        for f in running:
+            f.result()
     return folder
+
+
+def _write_csv(frame: pd.DataFrame, tmp: Path, final: Path) -> None:
+    """Write one party's file aside, then move it into place: atomic, so a rank
+    waiting for it never reads half a file."""
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, final)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def dataset_standardize(proto: Protocol, data_dir: Path) -> bool:

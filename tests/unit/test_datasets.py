@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.data import partition
 from securevfl.data.partition import (
     LABEL_COLUMN,
     PENDING,
@@ -61,6 +62,18 @@ def test_materialize_one_party_only_and_is_deterministic(tmp_path: Path):
     assert sorted(f.name for f in folder.glob("*.csv")) == ["p1.csv"]
     materialize(proto, tmp_path / "y")
     assert (folder / "p1.csv").read_text() == (tmp_path / "y" / dataset_key(proto) / "p1.csv").read_text()
+
+
+def test_parallel_writers_produce_the_serial_files(tmp_path: Path, monkeypatch):
+    proto = load_protocol_dict(_synthetic())
+    serial = materialize(proto, tmp_path / "serial")
+    monkeypatch.setattr(partition, "PARALLEL_MIN_VALUES", 0)
+    monkeypatch.setattr(partition, "_cores", lambda: 2)
+    forked = materialize(proto, tmp_path / "forked")
+    names = sorted(f.name for f in serial.iterdir())
+    assert names == sorted(f.name for f in forked.iterdir()) == ["a.csv", "meta.json", "p1.csv", "p2.csv"]
+    for name in names:
+        assert (serial / name).read_bytes() == (forked / name).read_bytes(), name
 
 
 def test_a_rank_waits_for_its_file_while_the_launcher_writes_the_folder(tmp_path: Path):
