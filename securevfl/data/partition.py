@@ -29,7 +29,9 @@ from securevfl.errors import ConfigError, DataError
 
 ID_COLUMN = "id"
 LABEL_COLUMN = "label"
-#: While this file exists in a dataset folder, its per-party files are being written.
+#: While a file ``PENDING.<pid>`` exists in a dataset folder, launcher ``pid`` is
+#: writing its per-party files (one marker per launcher: concurrent runs sharing a
+#: data folder never clear each other's).
 PENDING = ".materializing"
 PENDING_WAIT_S = 900.0
 #: Below this many values in all, one process writes every party's file (small
@@ -149,15 +151,18 @@ def await_materialized(path: Path, timeout_s: float = PENDING_WAIT_S) -> None:
     starts the ranks first, so their start-up overlaps the writing; see
     :func:`materializing`). Returns at once when nothing is pending; a file that
     is still missing afterwards is reported by whoever reads it."""
-    pending = path.parent / PENDING
     deadline = time.monotonic() + timeout_s
-    while pending.exists() and not path.is_file():
+    while not path.is_file() and (pending := _pending(path.parent)):
         if time.monotonic() > deadline:
             raise DataError(
                 f"party '{path.stem}': its data file was not written within {timeout_s:.0f} s",
-                detail=f"{pending} is still there and {path} is not",
+                detail=f"{pending[0]} is still there and {path} is not",
             )
         time.sleep(0.05)
+
+
+def _pending(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"{PENDING}.*"))
 
 
 @contextlib.contextmanager
@@ -173,7 +178,7 @@ def materializing(proto: Protocol, data_dir: Path) -> Iterator[bool]:
         yield False
         return
     folder.mkdir(parents=True, exist_ok=True)
-    pending = folder / PENDING
+    pending = folder / f"{PENDING}.{os.getpid()}"
     pending.write_text(str(os.getpid()))
     try:
         yield True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -80,22 +81,22 @@ def test_a_rank_waits_for_its_file_while_the_launcher_writes_the_folder(tmp_path
     proto = load_protocol_dict(_synthetic())
     folder = tmp_path / dataset_key(proto)
     with materializing(proto, tmp_path) as pending:
-        assert pending and (folder / PENDING).is_file()
+        assert pending and [p.name for p in folder.glob(f"{PENDING}.*")] == [f"{PENDING}.{os.getpid()}"]
         writer = threading.Timer(0.3, materialize, args=(proto, tmp_path))
         writer.start()
         src = party_source(proto, "a", tmp_path)  # blocks until a.csv is there
         writer.join()
     assert (folder / "a.csv").is_file() and src.feature_columns == []  # read once the file existed
-    assert not (folder / PENDING).exists()
+    assert not list(folder.glob(f"{PENDING}.*"))
     with materializing(proto, tmp_path) as pending:  # every file there: nothing to do
-        assert not pending and not (folder / PENDING).exists()
+        assert not pending and not list(folder.glob(f"{PENDING}.*"))
 
 
 def test_waiting_for_a_file_that_never_comes_is_a_data_error(tmp_path: Path):
-    (tmp_path / PENDING).write_text("1")
+    (tmp_path / f"{PENDING}.1").write_text("1")  # another launcher's marker
     with pytest.raises(DataError, match=r"party 'p1'.*not written within"):
         await_materialized(tmp_path / "p1.csv", timeout_s=0.2)
-    (tmp_path / PENDING).unlink()
+    (tmp_path / f"{PENDING}.1").unlink()
     await_materialized(tmp_path / "p1.csv", timeout_s=0.2)  # nothing pending: returns at once
 
 
