@@ -31,6 +31,7 @@ from securevfl.exchange.ckks.key import CkksKey
 from securevfl.exchange.ckks.params import CkksOptions
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, LEN
+from securevfl.exchange.he import MATMUL
 
 
 def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dict[str, dict[str, int]]:
@@ -52,7 +53,8 @@ def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dic
         key_p.ops.reset()
         peer_p.ops.reset()
         peer_a.ops.reset()
-        z = key_p.decrypt(peer_p.matmul(key_p.encrypt(h), (batch, d), w, mask[:batch, :out]), (batch, out))
+        blob_h = key_p.encrypt(h, ops=frozenset({MATMUL}))  # as he.py's P_i encrypts h'_i
+        z = key_p.decrypt(peer_p.matmul(blob_h, (batch, d), w, mask[:batch, :out]), (batch, out))
         gh = peer_a.matmul(blob_g, (batch, out), w.T, mask[:batch, :d])
         gw = peer_a.tmatmul(h, blob_g, (batch, out), mask[:d, :out])
         key_a.decrypt(gh, (batch, d))
