@@ -284,6 +284,9 @@ class HEActive(ActiveExchange):
             for i, r in enumerate(self.peers_rank):
                 shape = (self.ctx.embed_dims[i], self.o)
                 self.w[i].w = self.w[i].w + ch.recv(r, HE_RESHARE, shape=shape, dtype=torch.float64).numpy()
+        for i, peer in enumerate(self.peer):
+            if peer.background_prepare:  # the next forward product's share, while A waits for Enc(h'_i)
+                peer.prepare_operands((b, self.ctx.embed_dims[i]), w=self.w[i].w)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
