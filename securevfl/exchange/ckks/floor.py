@@ -12,8 +12,9 @@ thrown away); nothing here runs in a training run.
 The critical-path floor is A's work plus one P_i's, all of it. In a run, P_i
 encodes its backward operands on a worker thread while A evaluates its forward
 product (:meth:`~securevfl.exchange.ckks.peer.CkksPeer.prepare_operands`), so
-those encodings (about 320 of P_i's 324 at the reference step) overlap A's work
-and a measured step can come out below this floor.
+those encodings (about 320 of P_i's 324 at the reference step) overlap A's work;
+A encodes its next weight share's diagonals (130 of its 134 for two parties) while
+it waits for Enc(h'_i); so a measured step can come out below this floor.
 """
 
 from __future__ import annotations

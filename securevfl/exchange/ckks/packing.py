@@ -232,7 +232,7 @@ def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
         mem = members[gi]
         ks, ls, cs = k_idx[mem], l_idx[mem], c_idx[mem]
         n_rows = np.minimum(ch, r - cs * ch)  # rows of each member's chunk
-        pos = np.concatenate([b_out[c, l] + np.arange(n) for c, l, n in zip(cs, ls, n_rows, strict=True)])
+        pos = np.concatenate([b_out[c, col] + np.arange(n) for c, col, n in zip(cs, ls, n_rows, strict=True)])
         da = np.zeros(slots, dtype=np.complex128)
         db = np.zeros(slots, dtype=np.complex128)
         da[pos] = np.repeat(coef_a[ks, ls], n_rows)
@@ -281,9 +281,7 @@ def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
         np.arange(lin.row_chunks), np.arange(lout.row_chunks), np.arange(lin.ncc), indexing="ij"
     )
     ic, rc, lc = ic.ravel(), rc.ravel(), lc.ravel()
-    cls_key = np.stack(
-        [t_in[ic, lc], s_out[rc, lc], (b_in[ic, lc] - b_out[rc, lc]) % slots, rc, ic], axis=1
-    )
+    cls_key = np.stack([t_in[ic, lc], s_out[rc, lc], (b_in[ic, lc] - b_out[rc, lc]) % slots, rc, ic], axis=1)
     cls, cls_inv = np.unique(cls_key, axis=0, return_inverse=True)
     cls_inv = cls_inv.ravel()
     offs = np.arange(-(ch - 1), length)  # e = i - alpha' within a slice (alpha' < chunk)
