@@ -561,14 +561,17 @@ class Session:
         store.set(f"auth/{me}", Authenticators(sig=sigs, mac=macs).model_dump_json())
         waiting = list(peers)
         while waiting:
+            # every answer present is verified first, so that this rank names an
+            # impostor itself rather than relaying a peer's report of it
             for r in list(waiting):
+                if store.check([f"auth/{r}"]):
+                    self._verify_peer(r, store.get(f"auth/{r}"), transcripts[r], prks[r])
+                    waiting.remove(r)
+            for r in waiting:
                 if store.check([f"err/{r}"]):
                     failure = self._peer_error(r, store.get(f"err/{r}"))
                     if failure is not None:
                         raise failure
-                if store.check([f"auth/{r}"]):
-                    self._verify_peer(r, store.get(f"auth/{r}"), transcripts[r], prks[r])
-                    waiting.remove(r)
             if waiting and time.monotonic() > deadline:
                 raise PartyFailure(
                     f"start-up timed out after {self.rt.startup_timeout_s:g} s: "
