@@ -19,6 +19,8 @@ MODULES = [
     ("skfuzzy", "scikit-fuzzy"),
     ("private_set_intersection.python", "openmined-psi"),
     ("rbcl", "rbcl"),
+    ("cryptography", "cryptography"),
+    ("cffi", "cffi"),
     ("dp_accounting", "dp-accounting"),
     ("onnx", "onnx"),
     ("sklearn", "scikit-learn"),
