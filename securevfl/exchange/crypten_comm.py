@@ -50,9 +50,11 @@ import torch.distributed as dist
 from securevfl.errors import PartyFailure, ProtocolError
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
+from securevfl.runtime.secure.link import Link, sealed_size
 
 GROUP = -1  # ledger peer for collectives: "the MPC group"
 CRYPTEN_TAG = 0x4372  # gloo tag of CrypTen's frames ("Cr"); the Channel uses tag 0
+STREAM = "crypten"  # the sealed links' stream for CrypTen's frames
 PHASES = {"setup", "psi", "train", "eval"}
 MAX_OBJ_BYTES = 1 << 20
 REDUCE_OPS = {dist.ReduceOp.SUM: torch.Tensor.add_, dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_}
@@ -131,6 +133,55 @@ class GlooFrames:
 
     def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
         return dist.irecv(tensor, src=peer, tag=CRYPTEN_TAG)
+
+
+class _Opening:
+    """A posted receive of a sealed frame: waits for it, then opens it into the
+    caller's buffer (in the order the receives were posted, as the link needs)."""
+
+    def __init__(self, pending: Pending, link: Link, frame: torch.Tensor, out: torch.Tensor):
+        self.pending, self.link, self.frame, self.out = pending, link, frame, out
+
+    def wait(self) -> None:
+        self.pending.wait()
+        self.link.open_tensor(self.frame, self.out)
+
+
+class _Sending:
+    def __init__(self, pending: Pending, frame: torch.Tensor):
+        self.pending, self.frame = pending, frame  # the frame lives until it is sent
+
+    def wait(self) -> None:
+        self.pending.wait()
+
+
+class SealedFrames:
+    """Frames sealed on the session's authenticated per-peer links (stream
+    :data:`STREAM`, ChaCha20-Poly1305 under per-direction keys, sequence-numbered:
+    :mod:`securevfl.runtime.secure.link`), moved like :class:`GlooFrames`. A
+    frame that fails to open (forged, altered, replayed, reordered, truncated)
+    raises :class:`ProtocolError` naming the sender; the link then refuses
+    everything from it. Every CrypTen frame between two ranks is sealed and
+    opened in the order posted, which is the order gloo delivers one (peer, tag)."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+
+    def post_send(self, peer: int, tensor: torch.Tensor) -> Pending:
+        frame = self.channel.link(peer, STREAM).seal_tensor(tensor)
+        return _Sending(dist.isend(frame, dst=peer, tag=CRYPTEN_TAG), frame)
+
+    def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
+        link = self.channel.link(peer, STREAM)
+        frame = torch.empty(sealed_size(tensor.numel() * tensor.element_size()), dtype=torch.uint8)
+        return _Opening(dist.irecv(frame, src=peer, tag=CRYPTEN_TAG), link, frame, tensor)
+
+
+def transport_for(channel: Channel) -> FrameTransport:
+    """:class:`SealedFrames` when the channel has the session's links (every
+    rank of a run), else :class:`GlooFrames` (a process group made without a
+    session: unit tests and the communicator benchmark)."""
+    return SealedFrames(channel) if channel.links is not None else GlooFrames()
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from securevfl.exchange import crypten_pool
 from securevfl.exchange.crypten_comm import (
     FramedCommunicator,
     FrameTransport,
-    GlooFrames,
     client_seed,
     dealer_seeds,
     decode_obj,
     encode_obj,
+    transport_for,
 )
 from securevfl.runtime.channel import Channel
 
@@ -60,7 +60,7 @@ def start_crypten(
     transport: FrameTransport | None = None,
 ) -> Any:
     """Bring up CrypTen with a :class:`FramedCommunicator` over ``transport``
-    (default: :class:`GlooFrames` on the session's process group).
+    (default :func:`transport_for`: frames sealed on the session's links).
 
     ``n_mpc`` MPC parties are ranks 0..n_mpc-1; with ``provider='TTP'`` the dealer
     is rank ``n_mpc`` (= world_size - 1). Every rank must call this at the same
@@ -75,7 +75,7 @@ def start_crypten(
     use_ttp = provider == "TTP"
     assert world_size == n_mpc + (1 if use_ttp else 0)
     crypten.cfg.mpc.provider = provider
-    comm = FramedCommunicator(transport or GlooFrames(), channel, n_mpc, world_size, on_failure)
+    comm = FramedCommunicator(transport or transport_for(channel), channel, n_mpc, world_size, on_failure)
     # CrypTen's comm.get() returns DistributedCommunicator.instance once the
     # default process group (the session's) is up
     DC.instance = comm
