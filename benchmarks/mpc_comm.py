@@ -17,6 +17,7 @@ Usage:  python benchmarks/mpc_comm.py [--parties 2] [--steps 20] [--root CHECKOU
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -40,6 +41,11 @@ from securevfl.exchange.mpc import ops  # noqa: E402
 from securevfl.exchange.mpc.plan import step_ops, step_plan  # noqa: E402
 from securevfl.runtime.channel import Channel  # noqa: E402
 from securevfl.runtime.ledger import Ledger  # noqa: E402
+
+try:  # absent from checkouts before the secure channel (an A/B against one of them runs plain)
+    from securevfl.runtime.secure.link import Links
+except ImportError:  # pragma: no cover
+    Links = None
 
 BATCH, DIM, OUT, FRAC = 256, 64, 64, 16
 
@@ -70,12 +76,26 @@ def _step(rank: int, n_mpc: int, w: list[Any], h: torch.Tensor | None, g: torch.
     return [wi - s for wi, s in zip(w, steps, strict=True)]
 
 
-def _rank(rank: int, world: int, port: int, steps: int, out: Any) -> None:
+def _bench_links(rank: int, world: int) -> Any:
+    """Sealed links with fixed per-direction keys (a benchmark has no handshake;
+    the sealing work per frame is the run's)."""
+
+    def key(src: int, dst: int, stream: str) -> bytes:
+        return hashlib.sha256(f"mpc_comm benchmark {src}->{dst} {stream}".encode()).digest()
+
+    peers = [r for r in range(world) if r != rank]
+    return Links(rank, peers, lambda p, s: (key(rank, p, s), key(p, rank, s)), lambda p: f"rank {p}")
+
+
+def _rank(rank: int, world: int, port: int, steps: int, sealed: bool, out: Any) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     n_mpc = world - 1
-    ch = Channel(rank, {r: f"rank{r}" for r in range(world)}, Ledger(rank))
+    links = _bench_links(rank, world) if sealed else None
+    ch = Channel(
+        rank, {r: f"rank{r}" for r in range(world)}, Ledger(rank), **({"links": links} if sealed else {})
+    )
     crypten = start_crypten(ch, world, n_mpc, provider="TTP", on_failure=ch.comm_failure)
     if rank == n_mpc:
         c0, t0 = time.process_time(), time.perf_counter()
@@ -125,17 +145,25 @@ def _rank(rank: int, world: int, port: int, steps: int, out: Any) -> None:
             "wall_ms": 1e3 * statistics.median(wall),
             "offline_cpu_ms": 1e3 * offline[0],
             "sent_kib": sent / 1024,
+            "seal_open_cpu_ms": 1e3 * _seal_open_s(ch) / (steps + 1),
         }
     )
     dist.destroy_process_group()
 
 
-def measure(parties: int, steps: int) -> list[dict[str, Any]]:
+def _seal_open_s(ch: Channel) -> float:
+    """CPU seconds this rank spent sealing and opening (0 without links)."""
+    if getattr(ch, "links", None) is None:
+        return 0.0
+    return sum(row["seal_cpu_s"] + row["open_cpu_s"] for row in ch.links.meter.by_phase.values())
+
+
+def measure(parties: int, steps: int, sealed: bool) -> list[dict[str, Any]]:
     world = parties + 2
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, steps, q)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, steps, sealed, q)) for r in range(world)]
     for p in procs:
         p.start()
     rows = [q.get(timeout=600) for _ in range(world)]
@@ -149,19 +177,24 @@ def main() -> int:
     ap.add_argument("--parties", type=int, default=2, help="passive parties k (k + 1 MPC ranks and a dealer)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--root", help="run another checkout's securevfl (e.g. main) for an A/B")
+    ap.add_argument("--sealed", action="store_true", help="frames sealed on per-peer links (secure channel)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     if args.root:
         os.environ["MPC_COMM_ROOT"] = str(Path(args.root).resolve())
+    if args.sealed and Links is None:
+        ap.error("this checkout has no sealed links")
     ops_ = step_ops(BATCH, [DIM] * args.parties, OUT, args.parties + 1)
-    rows = measure(args.parties, args.steps)
-    print(f"checkout {os.environ.get('MPC_COMM_ROOT') or ROOT}; load {os.getloadavg()[0]:.2f}")
+    rows = measure(args.parties, args.steps, args.sealed)
+    how = "sealed frames" if args.sealed else "plain frames (or the checkout's own communicator)"
+    print(f"checkout {os.environ.get('MPC_COMM_ROOT') or ROOT}, {how}; load {os.getloadavg()[0]:.2f}")
     print(f"k={args.parties}: {ops_.rounds} rounds/step, {ops_.matmuls} Beaver products; per MPC rank:")
     for r in rows:
         if "cpu_ms" in r:
             print(
                 f"  rank {r['rank']}: CPU {r['cpu_ms']:.1f} ms/step, wall {r['wall_ms']:.1f} ms/step, "
-                f"sent {r['sent_kib']:.0f} KiB/step, offline bundle CPU {r['offline_cpu_ms']:.0f} ms"
+                f"sent {r['sent_kib']:.0f} KiB/step, seal+open CPU {r['seal_open_cpu_ms']:.1f} ms/step, "
+                f"offline bundle CPU {r['offline_cpu_ms']:.0f} ms"
             )
         else:
             print(f"  dealer (rank {r['rank']}): CPU {r['cpu_s']:.2f} s over its {r['wall_s']:.1f} s loop")
