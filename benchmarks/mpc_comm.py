@@ -46,6 +46,10 @@ try:  # absent from checkouts before the secure channel (an A/B against one of t
     from securevfl.runtime.secure.link import Links
 except ImportError:  # pragma: no cover
     Links = None
+try:  # absent from checkouts before CrypTen's framed communicator
+    from securevfl.exchange.crypten_comm import FramedCommunicator
+except ImportError:  # pragma: no cover
+    FramedCommunicator = None
 
 BATCH, DIM, OUT, FRAC = 256, 64, 64, 16
 
@@ -87,8 +91,12 @@ def _bench_links(rank: int, world: int) -> Any:
     return Links(rank, peers, lambda p, s: (key(rank, p, s), key(p, rank, s)), lambda p: f"rank {p}")
 
 
-def _rank(rank: int, world: int, port: int, steps: int, sealed: bool, out: Any) -> None:
+def _rank(
+    rank: int, world: int, port: int, steps: int, sealed: bool, exchange_max: int | None, out: Any
+) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    if exchange_max is not None:
+        FramedCommunicator.EXCHANGE_MAX = exchange_max
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     n_mpc = world - 1
@@ -158,12 +166,14 @@ def _seal_open_s(ch: Channel) -> float:
     return sum(row["seal_cpu_s"] + row["open_cpu_s"] for row in ch.links.meter.by_phase.values())
 
 
-def measure(parties: int, steps: int, sealed: bool) -> list[dict[str, Any]]:
+def measure(parties: int, steps: int, sealed: bool, exchange_max: int | None = None) -> list[dict[str, Any]]:
     world = parties + 2
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, steps, sealed, q)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, port, steps, sealed, exchange_max, q)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     rows = [q.get(timeout=600) for _ in range(world)]
@@ -178,6 +188,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--root", help="run another checkout's securevfl (e.g. main) for an A/B")
     ap.add_argument("--sealed", action="store_true", help="frames sealed on per-peer links (secure channel)")
+    ap.add_argument(
+        "--exchange-max",
+        type=int,
+        help="MPC parties up to which an all-reduce is one all-to-all round (FramedCommunicator's)",
+    )
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     if args.root:
@@ -185,8 +200,10 @@ def main() -> int:
     if args.sealed and Links is None:
         ap.error("this checkout has no sealed links")
     ops_ = step_ops(BATCH, [DIM] * args.parties, OUT, args.parties + 1)
-    rows = measure(args.parties, args.steps, args.sealed)
+    rows = measure(args.parties, args.steps, args.sealed, args.exchange_max)
     how = "sealed frames" if args.sealed else "plain frames (or the checkout's own communicator)"
+    if args.exchange_max is not None:
+        how += f", all-to-all openings up to {args.exchange_max} parties"
     print(f"checkout {os.environ.get('MPC_COMM_ROOT') or ROOT}, {how}; load {os.getloadavg()[0]:.2f}")
     print(f"k={args.parties}: {ops_.rounds} rounds/step, {ops_.matmuls} Beaver products; per MPC rank:")
     for r in rows:

@@ -267,6 +267,7 @@ class FramedCommunicator:
     :class:`PartyFailure` naming the peer of the frame that failed."""
 
     BYTES_PER_ELEMENT = 8
+    EXCHANGE_MAX = 3  # MPC parties up to which an all-reduce is one all-to-all round
 
     def __init__(
         self,
@@ -431,19 +432,36 @@ class FramedCommunicator:
         return [x]
 
     def all_reduce(self, input: Any, op: Any = dist.ReduceOp.SUM, batched: bool = False) -> Any:
-        """Every party sends its (concatenated) share to every other party and
-        reduces what it receives: one round, n - 1 frames each way."""
+        """Open the reduction of every party's share to every party. With up to
+        :attr:`EXCHANGE_MAX` parties, one round: each sends its (concatenated)
+        share to every other and reduces what it receives (n - 1 frames each
+        way, n (n - 1) shares on the wire). With more, two rounds through the
+        first party (the others send it their shares, it sends back the reduced
+        value everyone is about to learn): 2 (n - 1) frames in all, linear in n."""
         parts = self._parts(input, batched)
         flat = flat_cat(parts)
-        peers = self._others(self.main_group.ranks)
-        bufs = {p: torch.empty_like(flat) for p in peers}
-        self.exchange([(p, flat) for p in peers], list(bufs.items()))
-        total = combine(flat, [bufs[p] for p in sorted(peers)], op)
+        ranks = self.main_group.ranks
+        peers = self._others(ranks)
+        if len(ranks) <= self.EXCHANGE_MAX:
+            bufs = {p: torch.empty_like(flat) for p in peers}
+            self.exchange([(p, flat) for p in peers], list(bufs.items()))
+            total = combine(flat, [bufs[p] for p in sorted(peers)], op)
+            sent = received = len(peers)
+        elif self.rank == ranks[0]:
+            bufs = {p: torch.empty_like(flat) for p in peers}
+            self.exchange([], list(bufs.items()))
+            total = combine(flat, [bufs[p] for p in sorted(peers)], op)
+            self.exchange([(p, total) for p in peers], [])
+            sent = received = len(peers)
+        else:
+            total = torch.empty_like(flat)
+            self.exchange([(ranks[0], flat)], [])
+            self.exchange([], [(ranks[0], total)])
+            sent = received = 1
         outs = split_like(total, parts)
-        n_peers = len(peers)
         for t_in, t_out in zip(parts, outs, strict=True):
-            self._log("sent", self.rank, GROUP, "all_reduce", t_in, _numel_bytes(t_in) * n_peers)
-            self._log("recv", GROUP, self.rank, "all_reduce", t_out, _numel_bytes(t_in) * n_peers, t_out)
+            self._log("sent", self.rank, GROUP, "all_reduce", t_in, _numel_bytes(t_in) * sent)
+            self._log("recv", GROUP, self.rank, "all_reduce", t_out, _numel_bytes(t_in) * received, t_out)
         return outs if batched else outs[0]
 
     def reduce(self, input: Any, dst: int, op: Any = dist.ReduceOp.SUM, batched: bool = False) -> Any:

@@ -147,6 +147,20 @@ def test_all_reduce_opens_the_sum_in_one_frame_per_peer():
     assert [r.bytes for r in rec] == [12 * 8 * 2, 5 * 8 * 2]  # what rank 1 put on the wire, per tensor
 
 
+def test_all_reduce_of_many_parties_goes_through_the_first_linearly():
+    """Beyond EXCHANGE_MAX parties an opening is two rounds through rank 0:
+    2 (n - 1) frames instead of n (n - 1)."""
+    n = FramedCommunicator.EXCHANGE_MAX + 2
+    hub, comms = _comms(n)
+    secret = torch.arange(6) * 7
+    sh = _shares(n, secret)
+    got = _each(comms, lambda c: c.all_reduce(sh[c.rank]))
+    assert all(torch.equal(g, secret) for g in got)
+    assert sorted((s, r) for s, r, _ in hub.log) == sorted(
+        [(p, 0) for p in range(1, n)] + [(0, p) for p in range(1, n)]
+    )
+
+
 def test_all_reduce_xor_of_binary_shares():
     _, comms = _comms(2)
     a, b = torch.tensor([0b1100, 7]), torch.tensor([0b1010, 7])
