@@ -10,13 +10,16 @@ is installed where CrypTen looks for its communicator) whose every operation is
 a set of point-to-point frames through one :class:`FrameTransport`:
 
 * **collectives as exchanges of shares**: an all-reduce of additive (or XOR)
-  shares is one round in which each party sends its share to every other party
-  and adds what it receives (n - 1 frames out and in per party; the reduction
-  happens at the receivers, in rank order, never in the transport); a reduce,
-  gather or reveal sends to the destination only; a broadcast sends from the
-  source to each member of the group. Every collective is one round, as the
-  gloo collective it replaces, so the round counts of
-  :mod:`securevfl.exchange.mpc.plan` are unchanged;
+  shares among up to :attr:`FramedCommunicator.EXCHANGE_MAX` (3) parties is one
+  round in which each party sends its share to every other party and adds what
+  it receives (the reduction happens at the receivers, in rank order, never in
+  the transport); among more parties it is two rounds through the first party,
+  so that its bytes grow linearly in the parties (2 (n - 1) shares instead of
+  n (n - 1)). A reduce, gather or reveal sends to the destination only; a
+  broadcast sends from the source to each member of the group. With up to 3 MPC
+  parties (the reference workload) every collective is one round, as the gloo
+  collective it replaces, so the round counts of :mod:`securevfl.exchange.mpc.plan`
+  hold; with more, each opening adds one round;
 * **one frame per peer per round**: a batched operation (CrypTen's ``batched``
   lists, :meth:`FramedCommunicator.reveal_many`) concatenates everything bound
   for one peer into one frame;
@@ -28,12 +31,15 @@ a set of point-to-point frames through one :class:`FrameTransport`:
   the party draws its triple shares) travel as frames too (:func:`client_seed`,
   :func:`dealer_seeds`), drawn from ``os.urandom``.
 
-The transport decides what a frame looks like on the wire: :class:`GlooFrames`
-sends the tensor's bytes with ``dist.isend``/``dist.irecv`` on the session's
-default process group under CrypTen's own gloo tag (so CrypTen's frames never
-interleave with the :class:`~securevfl.runtime.channel.Channel`'s messages,
-which use tag 0). A sealed transport (per-peer authenticated encryption) slots
-in behind the same two calls.
+The transport decides what a frame looks like on the wire. :class:`SealedFrames`
+(every rank of a run) seals each frame on the session's authenticated link to
+the peer (:mod:`securevfl.runtime.secure.link`, stream ``"crypten"``) and moves
+it with ``dist.isend``/``dist.irecv`` on the default process group under
+CrypTen's own gloo tag, so CrypTen's frames keep their own order, apart from the
+:class:`~securevfl.runtime.channel.Channel`'s messages (tag 0); a frame that
+fails to open aborts the run naming the sender. :class:`GlooFrames` moves the
+same frames unsealed, for a process group made without a session (unit tests,
+``benchmarks/mpc_comm.py``).
 """
 
 from __future__ import annotations
