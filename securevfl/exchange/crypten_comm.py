@@ -13,13 +13,15 @@ a set of point-to-point frames through one :class:`FrameTransport`:
   shares among up to :attr:`FramedCommunicator.EXCHANGE_MAX` (3) parties is one
   round in which each party sends its share to every other party and adds what
   it receives (the reduction happens at the receivers, in rank order, never in
-  the transport); among more parties it is two rounds through the first party,
-  so that its bytes grow linearly in the parties (2 (n - 1) shares instead of
-  n (n - 1)). A reduce, gather or reveal sends to the destination only; a
+  the transport); among more parties it is two rounds in which each party
+  reduces 1/n of the vector and sends the result to the others (a reduce-scatter
+  and an all-gather), so that its bytes grow linearly in the parties (2 (n - 1) / n
+  of a share in and out per party, as a ring all-reduce, instead of n - 1 shares).
+  A reduce, gather or reveal sends to the destination only; a
   broadcast sends from the source to each member of the group. With up to 3 MPC
   parties (the reference workload) every collective is one round, as the gloo
   collective it replaces, so the round counts of :mod:`securevfl.exchange.mpc.plan`
-  hold; with more, each opening adds one round;
+  hold; with more, each opening takes two rounds;
 * **one frame per peer per round**: a batched operation (CrypTen's ``batched``
   lists, :meth:`FramedCommunicator.reveal_many`) concatenates everything bound
   for one peer into one frame;
@@ -440,34 +442,39 @@ class FramedCommunicator:
     def all_reduce(self, input: Any, op: Any = dist.ReduceOp.SUM, batched: bool = False) -> Any:
         """Open the reduction of every party's share to every party. With up to
         :attr:`EXCHANGE_MAX` parties, one round: each sends its (concatenated)
-        share to every other and reduces what it receives (n - 1 frames each
-        way, n (n - 1) shares on the wire). With more, two rounds through the
-        first party (the others send it their shares, it sends back the reduced
-        value everyone is about to learn): 2 (n - 1) frames in all, linear in n."""
+        share to every other and reduces what it receives (n (n - 1) shares on
+        the wire). With more, two rounds in which every party reduces 1/n of the
+        vector (reduce-scatter, then all-gather of the reduced pieces): each
+        party sends and receives 2 (n - 1) / n of a share, as a ring all-reduce,
+        so the bytes grow linearly in n and no party carries more than another."""
         parts = self._parts(input, batched)
         flat = flat_cat(parts)
         ranks = self.main_group.ranks
         peers = self._others(ranks)
-        if len(ranks) <= self.EXCHANGE_MAX:
+        n = len(ranks)
+        if n <= self.EXCHANGE_MAX or flat.numel() < n:
             bufs = {p: torch.empty_like(flat) for p in peers}
             self.exchange([(p, flat) for p in peers], list(bufs.items()))
             total = combine(flat, [bufs[p] for p in sorted(peers)], op)
-            sent = received = len(peers)
-        elif self.rank == ranks[0]:
-            bufs = {p: torch.empty_like(flat) for p in peers}
-            self.exchange([], list(bufs.items()))
-            total = combine(flat, [bufs[p] for p in sorted(peers)], op)
-            self.exchange([(p, total) for p in peers], [])
-            sent = received = len(peers)
+            moved = flat.numel() * len(peers)
         else:
-            total = torch.empty_like(flat)
-            self.exchange([(ranks[0], flat)], [])
-            self.exchange([], [(ranks[0], total)])
-            sent = received = 1
+            pieces = dict(zip(ranks, torch.tensor_split(flat, n), strict=True))
+            mine = pieces[self.rank]
+            bufs = {p: torch.empty_like(mine) for p in peers}
+            self.exchange([(p, pieces[p].contiguous()) for p in peers], list(bufs.items()))
+            reduced = combine(mine, [bufs[p] for p in sorted(peers)], op)
+            got = {p: torch.empty_like(pieces[p]) for p in peers}
+            self.exchange([(p, reduced) for p in peers], list(got.items()))
+            got[self.rank] = reduced
+            total = torch.cat([got[r] for r in ranks])
+            moved = (flat.numel() - mine.numel()) + mine.numel() * len(peers)
         outs = split_like(total, parts)
+        item = flat.element_size()
         for t_in, t_out in zip(parts, outs, strict=True):
-            self._log("sent", self.rank, GROUP, "all_reduce", t_in, _numel_bytes(t_in) * sent)
-            self._log("recv", GROUP, self.rank, "all_reduce", t_out, _numel_bytes(t_in) * received, t_out)
+            # this rank's bytes on the wire (each way), apportioned to each tensor of the batch
+            nbytes = moved * item * t_in.numel() // max(1, flat.numel())
+            self._log("sent", self.rank, GROUP, "all_reduce", t_in, nbytes)
+            self._log("recv", GROUP, self.rank, "all_reduce", t_out, nbytes, t_out)
         return outs if batched else outs[0]
 
     def reduce(self, input: Any, dst: int, op: Any = dist.ReduceOp.SUM, batched: bool = False) -> Any:

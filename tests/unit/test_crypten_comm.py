@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -147,18 +148,19 @@ def test_all_reduce_opens_the_sum_in_one_frame_per_peer():
     assert [r.bytes for r in rec] == [12 * 8 * 2, 5 * 8 * 2]  # what rank 1 put on the wire, per tensor
 
 
-def test_all_reduce_of_many_parties_goes_through_the_first_linearly():
-    """Beyond EXCHANGE_MAX parties an opening is two rounds through rank 0:
-    2 (n - 1) frames instead of n (n - 1)."""
+def test_all_reduce_of_many_parties_is_a_reduce_scatter_and_all_gather():
+    """Beyond EXCHANGE_MAX parties an opening is two rounds in which each party
+    reduces 1/n of the vector: every party sends 2 (n - 1) frames of about 1/n
+    of a share (linear bytes, balanced), and everyone gets the exact sum."""
     n = FramedCommunicator.EXCHANGE_MAX + 2
     hub, comms = _comms(n)
-    secret = torch.arange(6) * 7
-    sh = _shares(n, secret)
-    got = _each(comms, lambda c: c.all_reduce(sh[c.rank]))
-    assert all(torch.equal(g, secret) for g in got)
-    assert sorted((s, r) for s, r, _ in hub.log) == sorted(
-        [(p, 0) for p in range(1, n)] + [(0, p) for p in range(1, n)]
-    )
+    secrets = [torch.arange(23) * 7 - 50, torch.arange(6).reshape(2, 3)]
+    sh = [_shares(n, s, seed=i) for i, s in enumerate(secrets)]
+    got = _each(comms, lambda c: c.all_reduce([sh[0][c.rank], sh[1][c.rank]], batched=True))
+    assert all(torch.equal(g[0], secrets[0]) and torch.equal(g[1], secrets[1]) for g in got)
+    assert Counter(s for s, _, _ in hub.log) == {r: 2 * (n - 1) for r in range(n)}
+    assert sum(k for _, _, k in hub.log) == 2 * (n - 1) * 29  # 29 elements per share
+    assert max(k for _, _, k in hub.log) == -(-29 // n)
 
 
 def test_all_reduce_xor_of_binary_shares():
