@@ -18,7 +18,6 @@ MODULES = [
     ("gmpy2", "gmpy2"),
     ("skfuzzy", "scikit-fuzzy"),
     ("private_set_intersection.python", "openmined-psi"),
-    ("rbcl", "rbcl"),
     ("cryptography", "cryptography"),
     ("cffi", "cffi"),
     ("dp_accounting", "dp-accounting"),

@@ -1,7 +1,8 @@
 """The local launcher: every rank as its own OS process (spawn), on loopback.
 
-It materializes built-in datasets into per-party files first (so ranks only read
-their own), starts the ranks, and watches them. When a rank fails, the others end
+It starts the ranks, materializes built-in datasets into per-party files while
+they start up (so ranks only read their own; a rank waits for its file,
+:func:`~securevfl.data.partition.await_materialized`), and watches them. When a rank fails, the others end
 themselves through their watchdogs; any still alive after a grace period are
 killed. The error raised names the lost rank and the root cause. After a
 successful run it runs the protocol's attacks on the ranks' saved views
@@ -26,7 +27,7 @@ from securevfl.app.outdir import OutputFolder
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.config import Protocol
-from securevfl.data.partition import is_builtin, materialize
+from securevfl.data.partition import materialize, materializing
 from securevfl.errors import ConfigError, DataError, Diverged, PartyFailure, ProtocolError, SecureVFLError
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.secure.keys import Identity, key_string
@@ -120,8 +121,21 @@ def launch(
 
 
 def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> dict[str, Any]:
-    if is_builtin(proto):
-        materialize(proto, data_dir)
+    with materializing(proto, data_dir) as pending:
+        procs = _start(proto, out_dir, data_dir, progress)
+        if pending:  # while the ranks start up (interpreter, imports, rendezvous)
+            try:
+                materialize(proto, data_dir)
+            except BaseException:
+                for p in procs:
+                    p.kill()
+                    p.join()
+                raise
+    return _watch(proto, out_dir, procs)
+
+
+def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> list[Any]:
+    """Spawn one process per rank and record their pids."""
     layout = layout_of(proto)
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
@@ -153,6 +167,12 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> d
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     (ranks_dir / "launcher_pids.json").write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
+    return procs
+
+
+def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
+    """Wait for every rank; kill the rest a grace period after the first failure."""
+    layout = layout_of(proto)
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
     try:
