@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | compare | validate | list | criteo``.
+"""Command line: ``securevfl run | party | keygen | compare | validate | list | criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import re
 import sys
 import textwrap
 import warnings
@@ -32,6 +33,7 @@ from securevfl.errors import PartyFailure, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import print_summary, print_table, write_comparison
+from securevfl.runtime.secure.keys import Identity, fingerprint, key_string
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -74,8 +76,23 @@ def build_parser() -> argparse.ArgumentParser:
     party.add_argument("--out", help="output folder (default: runs/<protocol name>-rank<R>)")
     party.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
     party.add_argument("--quiet", action="store_true")
+    party.add_argument(
+        "--key",
+        help="this party's secret key file (securevfl keygen); required when the protocol pins this "
+        "rank's key, otherwise a throw-away key is used and the peers cannot authenticate this rank",
+    )
     _add_overwrite(party)
     _add_common(party)
+
+    kg = sub.add_parser(
+        "keygen",
+        help="write a party's long-term identity key pair (PARTY.key, secret, mode 0600; PARTY.pub)",
+    )
+    kg.add_argument("--party", required=True, help="the party (or helper, e.g. dealer) the key is for")
+    kg.add_argument(
+        "--out", required=True, help="folder for the key files (existing files are never overwritten)"
+    )
+    kg.add_argument("--debug", action="store_true", help="show tracebacks")
 
     cmp_ = sub.add_parser(
         "compare",
@@ -145,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_party(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
     role = layout_of(proto).role(args.rank)
+    identity = Identity.load(Path(args.key)) if args.key else None
     out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
@@ -156,7 +174,9 @@ def cmd_party(args: argparse.Namespace) -> int:
         p.join()
         if p.exitcode != 0:
             raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
-    code = run_rank(proto, args.rank, args.rendezvous, folder.path, data_dir, progress=not args.quiet)
+    code = run_rank(
+        proto, args.rank, args.rendezvous, folder.path, data_dir, progress=not args.quiet, identity=identity
+    )
     if code != 0:
         failed = folder.abandon()
         if failed is not None:
@@ -169,6 +189,19 @@ def cmd_party(args: argparse.Namespace) -> int:
     if args.rank == 0:
         print(f"result: {out / 'result.json'}")
     return code
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", args.party):
+        raise SecureVFLError(f"--party {args.party!r}: a party name is a letter then letters, digits, _ or -")
+    identity = Identity.generate()
+    secret, public = identity.write(Path(args.out), args.party)
+    print(f"wrote {secret} (secret key: keep it; mode 0600)")
+    print(f"wrote {public}")
+    print(f"fingerprint: {fingerprint(identity.public)}")
+    print(f"pin it in the protocol file, under the entry of '{args.party}':")
+    print(f"    key: {key_string(identity.public)}")
+    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -229,6 +262,7 @@ def cmd_criteo(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "party": cmd_party,
+    "keygen": cmd_keygen,
     "compare": cmd_compare,
     "validate": cmd_validate,
     "list": cmd_list,

@@ -30,6 +30,7 @@ from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import ConfigError, DataError, Diverged, PartyFailure, ProtocolError, SecureVFLError
 from securevfl.runtime.layout import Layout
+from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import ErrorNote
 
 ERROR_KINDS: dict[str, type[SecureVFLError]] = {
@@ -52,9 +53,29 @@ def free_port() -> int:
 RANK_PROCESS = "securevfl-rank"
 
 
-def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool) -> None:
+def _child(
+    proto_json: str,
+    rank: int,
+    rendezvous: str,
+    out_dir: str,
+    data_dir: str,
+    progress: bool,
+    seed: bytes,
+    pins: dict[int, str],
+) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
-    sys.exit(run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress))
+    identity = Identity.from_seed(seed)
+    code = run_rank(
+        proto,
+        rank,
+        rendezvous,
+        Path(out_dir),
+        Path(data_dir),
+        progress=progress,
+        identity=identity,
+        pins=pins,
+    )
+    sys.exit(code)
 
 
 def launch(
@@ -119,11 +140,25 @@ def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> li
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     blob = proto.model_dump_json()
+    # Throw-away identities for this run (issue #19): every rank gets its own secret
+    # key through its spawn arguments (never a file) and every rank pins all public
+    # keys; keys a protocol pins are for multi-host runs and are not used here.
+    identities = [Identity.generate() for _ in layout.roles]
+    pins = {r.rank: key_string(identities[r.rank].public) for r in layout.roles}
     procs = [
         ctx.Process(
             target=_child,
             name=f"{RANK_PROCESS}{r.rank}",
-            args=(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress),
+            args=(
+                blob,
+                r.rank,
+                rendezvous,
+                str(out_dir),
+                str(data_dir),
+                progress,
+                identities[r.rank].seed(),
+                pins,
+            ),
         )
         for r in layout.roles
     ]

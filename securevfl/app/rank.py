@@ -34,6 +34,7 @@ from securevfl.records import RankSummary
 from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
+from securevfl.runtime.secure.keys import Identity
 from securevfl.runtime.session import Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
 from securevfl.validation import check_task
@@ -77,9 +78,19 @@ def _peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSumma
 
 
 def run_rank(
-    proto: Protocol, rank: int, rendezvous: str, out_dir: Path, data_dir: Path, *, progress: bool
+    proto: Protocol,
+    rank: int,
+    rendezvous: str,
+    out_dir: Path,
+    data_dir: Path,
+    *,
+    progress: bool,
+    identity: Identity | None = None,
+    pins: dict[int, str] | None = None,
 ) -> int:
-    """Run one rank to completion; returns the process exit code."""
+    """Run one rank to completion; returns the process exit code. ``identity``
+    and ``pins`` go to the :class:`Session` (its identity key; the keys every
+    rank must present, if not the protocol's)."""
     opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
@@ -88,7 +99,7 @@ def run_rank(
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     layout = layout_of(proto)
-    session = Session(proto, layout, rank, rendezvous, out_dir)
+    session = Session(proto, layout, rank, rendezvous, out_dir, identity=identity, pins=pins)
     t_start = time.time()
     clock = PhaseClock()
     note = _note(proto) if progress and rank == 0 else None
@@ -107,7 +118,9 @@ def run_rank(
                 spill_dir=ranks_dir,
                 spill_bytes=int(proto.runtime.view_memory_mib * (1 << 20)),
             )
-            channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
+            channel = Channel(
+                rank, layout.names(), ledger, on_comm_error=session.diagnose, links=session.links
+            )
             device = torch.device(proto.training.device)
             if device.type == "cuda" and not torch.cuda.is_available():
                 raise ConfigError(
