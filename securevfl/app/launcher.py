@@ -23,12 +23,20 @@ from typing import Any
 
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
-from securevfl.app.outdir import OutputFolder
+from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
-from securevfl.errors import ConfigError, DataError, Diverged, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    Diverged,
+    PartyFailure,
+    ProtocolError,
+    SecureVFLError,
+)
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import ErrorNote
@@ -38,6 +46,7 @@ ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "UnsupportedCombination": ConfigError,
     "CryptoParameterError": ConfigError,
     "DataError": DataError,
+    "CheckpointError": CheckpointError,
     "Diverged": Diverged,
     "ProtocolError": ProtocolError,
     "PartyFailure": PartyFailure,
@@ -62,6 +71,7 @@ def _child(
     progress: bool,
     seed: bytes,
     pins: dict[int, str],
+    resume: bool,
 ) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
     identity = Identity.from_seed(seed)
@@ -74,6 +84,7 @@ def _child(
         progress=progress,
         identity=identity,
         pins=pins,
+        resume=resume,
     )
     sys.exit(code)
 
@@ -85,12 +96,16 @@ def launch(
     data_dir: Path | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run every rank locally; return the result record (also in out_dir/result.json).
 
     An ``out_dir`` that already holds results is refused unless ``overwrite``;
     then the new run is written aside and replaces securevfl's earlier files only
-    once it has finished (:class:`~securevfl.app.outdir.OutputFolder`)."""
+    once it has finished (:class:`~securevfl.app.outdir.OutputFolder`).
+    ``resume``: continue the interrupted run in ``out_dir`` from the newest
+    checkpoint every rank holds (the ranks agree on it at start-up), writing
+    into ``out_dir`` itself."""
     if mp.current_process().name.startswith(RANK_PROCESS):
         # Under the 'spawn' start method each rank re-imports the caller's main
         # module; a script that calls launch() at top level would launch again.
@@ -106,9 +121,12 @@ def launch(
         )
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
-    folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
+    if resume:
+        folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout_of(proto).world_size))
+    else:
+        folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
-        result = _launch(proto, folder.path, data_dir, progress)
+        result = _launch(proto, folder.path, data_dir, progress, resume)
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):
@@ -120,9 +138,9 @@ def launch(
     return result
 
 
-def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> dict[str, Any]:
+def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> dict[str, Any]:
     with materializing(proto, data_dir) as pending:
-        procs = _start(proto, out_dir, data_dir, progress)
+        procs = _start(proto, out_dir, data_dir, progress, resume)
         if pending:  # while the ranks start up (interpreter, imports, rendezvous)
             try:
                 materialize(proto, data_dir)
@@ -134,7 +152,7 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> d
     return _watch(proto, out_dir, procs)
 
 
-def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> list[Any]:
+def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> list[Any]:
     """Spawn one process per rank and record their pids."""
     layout = layout_of(proto)
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
@@ -158,6 +176,7 @@ def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> li
                 progress,
                 identities[r.rank].seed(),
                 pins,
+                resume,
             ),
         )
         for r in layout.roles

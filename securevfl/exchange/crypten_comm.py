@@ -65,7 +65,18 @@ CRYPTEN_TAG = 0x4372  # gloo tag of CrypTen's frames ("Cr"); the Channel uses ta
 STREAM = "crypten"  # the sealed links' stream for CrypTen's frames
 PHASES = {"setup", "psi", "train", "eval"}
 MAX_OBJ_BYTES = 1 << 20
-REDUCE_OPS = {dist.ReduceOp.SUM: torch.Tensor.add_, dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_}
+REDUCE_OPS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    dist.ReduceOp.SUM: torch.Tensor.add_,
+    dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_,
+}
+
+
+def _posted(work: dist.Work | None) -> Pending:
+    """torch types ``isend``/``irecv`` as possibly None (it is None only for a
+    rank outside the group, which a frame's peer never is)."""
+    if work is None:
+        raise ProtocolError("torch.distributed posted no request for a point-to-point frame")
+    return work
 
 
 # -- JSON object codec ----------------------------------------------------------------
@@ -137,10 +148,10 @@ class GlooFrames:
     default process group, under :data:`CRYPTEN_TAG`."""
 
     def post_send(self, peer: int, tensor: torch.Tensor) -> Pending:
-        return dist.isend(tensor, dst=peer, tag=CRYPTEN_TAG)
+        return _posted(dist.isend(tensor, dst=peer, tag=CRYPTEN_TAG))
 
     def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
-        return dist.irecv(tensor, src=peer, tag=CRYPTEN_TAG)
+        return _posted(dist.irecv(tensor, src=peer, tag=CRYPTEN_TAG))
 
 
 class _Opening:
@@ -177,12 +188,12 @@ class SealedFrames:
 
     def post_send(self, peer: int, tensor: torch.Tensor) -> Pending:
         frame = self.channel.link(peer, STREAM).seal_tensor(tensor)
-        return _Sending(dist.isend(frame, dst=peer, tag=CRYPTEN_TAG), frame)
+        return _Sending(_posted(dist.isend(frame, dst=peer, tag=CRYPTEN_TAG)), frame)
 
     def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
         link = self.channel.link(peer, STREAM)
         frame = torch.empty(sealed_size(tensor.numel() * tensor.element_size()), dtype=torch.uint8)
-        return _Opening(dist.irecv(frame, src=peer, tag=CRYPTEN_TAG), link, frame, tensor)
+        return _Opening(_posted(dist.irecv(frame, src=peer, tag=CRYPTEN_TAG)), link, frame, tensor)
 
 
 def transport_for(channel: Channel) -> FrameTransport:
@@ -654,11 +665,11 @@ def client_seed(comm: FramedCommunicator) -> None:
     seed = torch.zeros(1, dtype=torch.int64)
     comm.exchange([], [(comm.get_ttp_rank(), seed)])
     comm._log("recv", comm.get_ttp_rank(), comm.rank, "seed", seed)  # the seed itself is not kept
-    inner = TTPClient._TTPClient__TTPClient  # type: ignore[attr-defined]
+    inner = TTPClient._TTPClient__TTPClient
     client = inner.__new__(inner)
     client.ttp_group, client.comm_group = comm.ttp_group, comm.ttp_comm_group
     client.generator, client.generator_cuda = _seeded(int(seed[0]))
-    TTPClient._TTPClient__instance = client  # type: ignore[attr-defined]
+    TTPClient._TTPClient__instance = client
 
 
 def dealer_seeds(server: Any, comm: FramedCommunicator) -> None:
