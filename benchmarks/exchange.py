@@ -37,7 +37,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -55,7 +57,7 @@ from securevfl.app.loader import load_protocol_dict  # noqa: E402
 from securevfl.exchange import EXCHANGES  # noqa: E402
 from securevfl.exchange.ckks import CkksOptions  # noqa: E402
 from securevfl.exchange.ckks.floor import report as ckks_report  # noqa: E402
-from securevfl.exchange.mpc import MpcOptions  # noqa: E402
+from securevfl.exchange.mpc import MpcOptions, layout_of  # noqa: E402
 from securevfl.exchange.mpc.floor import report as mpc_report  # noqa: E402
 from securevfl.exchange.paillier import PaillierOptions  # noqa: E402
 from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step  # noqa: E402
@@ -65,6 +67,18 @@ from securevfl.report.compare import human_bytes  # noqa: E402
 KIB = 1024
 
 
+TEST_FRACTION = 0.2
+DIGITS_TRAIN = 1437  # digits' 1797 rows less the 20% test split
+
+
+def sweep_rows(batch: int, steps: int) -> int:
+    """Rows of the sweep's synthetic data set that give ``steps`` full batches in one
+    epoch (digits has 1,437 training rows: one full batch of 1,024, so a step time at
+    batch 1,024 would be the mean of that batch and a short one of 413 rows, each with
+    its own offline bundle under mpc)."""
+    return math.ceil(steps * batch / (1 - TEST_FRACTION)) + batch
+
+
 def workload(
     backend: str,
     batch: int,
@@ -72,7 +86,11 @@ def workload(
     params: dict[str, Any] | None = None,
     dim: int = 64,
     max_steps: int | None = None,
+    rows: int | None = None,
 ) -> dict[str, Any]:
+    """The reference workload (digits) or, with ``rows``, the same shapes on a
+    synthetic data set of 64 features and 10 classes with that many rows. With
+    digits, ``max_steps`` beyond one epoch's batches runs more epochs."""
     cols = 64
     bounds = [round(i * cols / parties) for i in range(parties + 1)]
     passive = [
@@ -83,13 +101,30 @@ def workload(
         }
         for i in range(parties)
     ]
+    dataset: dict[str, Any] = {"name": "digits", "test_fraction": TEST_FRACTION}
+    epochs = 1
+    if rows is not None:
+        dataset = {
+            "name": "synthetic",
+            "test_fraction": TEST_FRACTION,
+            "synthetic": {"rows": rows, "features": cols, "classes": 10},
+        }
+    elif max_steps:
+        epochs = math.ceil(max_steps / math.ceil(DIGITS_TRAIN / batch))
     return {
         "name": f"{backend}-b{batch}-k{parties}",
-        "dataset": {"name": "digits", "test_fraction": 0.2},
+        "dataset": dataset,
         "parties": {"active": {"name": "active"}, "passive": passive},
         "exchange": {"backend": backend, "params": params or {}},
         "interactive": {"out": dim},
-        "training": {"epochs": 1, "batch_size": batch, "lr": 0.003, "seed": 0, "max_steps": max_steps},
+        "training": {
+            "epochs": epochs,
+            "batch_size": batch,
+            "lr": 0.003,
+            "seed": 0,
+            "max_steps": max_steps,
+            "eval_every": epochs,
+        },
         "runtime": {"record_views": False},
     }
 
@@ -102,7 +137,10 @@ def floor_bytes(
     if backend == "plain":
         return 2 * parties * per_dir * 4
     if backend == "mpc":
-        n = parties + 1  # MPC parties: A and every P_i
+        # the parties holding shares of each product: A and P_i in the pairwise layout,
+        # A and every P_i in the joint one
+        pairwise = layout_of(MpcOptions.model_validate(params or {}), "cpu") == "pairwise"
+        n = 2 if pairwise else parties + 1
         matmuls = 3 * parties
         return matmuls * (n * (batch * h + h * o) * 8 + batch * o * 8)
     if backend == "ckks":
@@ -113,13 +151,32 @@ def floor_bytes(
     raise ValueError(backend)
 
 
-def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
+
+def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
+    """One launch; ``_cpu`` is the CPU time of all its rank processes together."""
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu_s()
         res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
         res["_wall"] = time.perf_counter() - t0
+        res["_cpu"] = _children_cpu_s() - c0
         return res
+
+
+def cpu_per_step(doc: dict[str, Any], data_dir: Path, res: dict[str, Any]) -> float:
+    """CPU seconds per training step, all ranks together, as the difference between
+    ``res`` (S steps) and a second run of the same configuration with 2S steps:
+    start-up, alignment and evaluation cancel, so the load of a shared machine moves
+    it far less than the wall-clock step time. The data set must hold 2S steps."""
+    steps = int(res["train_steps"])
+    doc2 = copy.deepcopy(doc)
+    doc2["training"]["max_steps"] = 2 * steps
+    res2 = run(doc2, data_dir)
+    assert int(res2["train_steps"]) == 2 * steps, "the data set is too small for the CPU measurement"
+    return (res2["_cpu"] - res["_cpu"]) / steps
 
 
 def step_time(res: dict[str, Any]) -> float:
@@ -163,10 +220,12 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
     arithmetic) and the online floor; the offline phase per step beside it
     (securevfl.exchange.mpc.floor)."""
     opts = MpcOptions.model_validate(params)
-    rep = mpc_report(batch, dims, out, offline_steps=opts.offline_steps)
+    layout = layout_of(opts, "cpu")
+    rep = mpc_report(batch, dims, out, offline_steps=opts.offline_steps, layout=layout)
     c = rep["counts"]
     text = (
-        f"      online/step: {c['matmuls']} Beaver products ({c['openings']} openings in 2 rounds), "
+        f"      {layout} layout; online/step: {c['matmuls']} Beaver products "
+        f"({c['openings']} openings in 2 rounds), "
         f"{c['rounds']} rounds, {c['truncations']} truncations, "
         f"{c['dealer_requests']:.3g} dealer requests (one bundle per offline chunk of up to "
         f"{opts.offline_steps} steps)\n"
@@ -192,7 +251,20 @@ def main() -> int:
         help="backends included in the batch and party sweeps (paillier takes minutes a step "
         "at batch 1024, so it is measured at the reference point unless named here)",
     )
-    ap.add_argument("--max-steps", type=int, default=4, help="training steps per configuration")
+    ap.add_argument("--max-steps", type=int, default=4, help="training steps per crypto configuration")
+    ap.add_argument(
+        "--plain-steps",
+        type=int,
+        default=24,
+        help="training steps of plain, the ratio's denominator (a few ms a step: a median of 3 "
+        "moved by 2x between runs)",
+    )
+    ap.add_argument(
+        "--cpu",
+        default="",
+        help="backends whose CPU time per step (all ranks, from a second run with twice the "
+        "steps) is measured too, e.g. plain,mpc",
+    )
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
     ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
@@ -204,19 +276,28 @@ def main() -> int:
         print(f"unknown backends {unknown}; known: {EXCHANGES.names()}", file=sys.stderr)
         return 2
     extra = json.loads(args.params)
+    cpu_of = set(args.cpu.split(",")) - {""}
     data_dir = Path(tempfile.mkdtemp(prefix="securevfl-bench-"))
-    configs = [(256, 2)]
+    # (batch, passive parties, data set): the reference point on digits; the sweeps on
+    # synthetic data of the same shapes with enough rows for full batches only
+    configs: list[tuple[int, int, str]] = [(256, 2, "digits")]
     if not args.quick:
-        configs += [(b, 2) for b in (64, 128, 512, 1024)] + [(256, k) for k in (1, 3, 4)]
+        configs += [(b, 2, "synthetic") for b in (64, 128, 256, 512, 1024)]
+        configs += [(256, k, "synthetic") for k in (1, 3, 4)]
     rows = []
     sweep = set(args.sweep_backends.split(","))
-    for batch, k in configs:
+    for batch, k, data in configs:
         base = None
         for backend in ["plain"] + [b for b in backends if b != "plain"]:
-            if (batch, k) != configs[0] and backend not in sweep and backend != "plain":
+            if (batch, k, data) != configs[0] and backend not in sweep and backend != "plain":
                 continue
-            print(f"  running {backend} batch={batch} passive={k} ...", file=sys.stderr, flush=True)
-            res = run(workload(backend, batch, k, extra.get(backend), max_steps=args.max_steps), data_dir)
+            print(f"  running {backend} batch={batch} passive={k} on {data} ...", file=sys.stderr, flush=True)
+            steps = args.plain_steps if backend == "plain" else args.max_steps
+            n_rows = None
+            if data == "synthetic":
+                n_rows = sweep_rows(batch, 2 * steps if backend in cpu_of else steps)
+            doc = workload(backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows)
+            res = run(doc, data_dir)
             t = step_time(res)
             base = t if backend == "plain" else base
             fl = floor_bytes(backend, batch, k, extra.get(backend))
@@ -225,6 +306,7 @@ def main() -> int:
                     "backend": backend,
                     "batch": batch,
                     "passive": k,
+                    "data": data,
                     "s_per_step": t,
                     "ratio_to_plain": t / base if base else None,
                     "bytes_per_step": res["bytes_per_step"],
@@ -235,31 +317,39 @@ def main() -> int:
                 }
             )
             r = rows[-1]
+            if backend in cpu_of:
+                r["cpu_s_per_step"] = cpu_per_step(doc, data_dir, res)
+            cpu_txt = f"  CPU {r['cpu_s_per_step'] * 1000:.1f} ms/step" if "cpu_s_per_step" in r else ""
             print(
                 f"    {t * 1000:9.1f} ms/step  x{r['ratio_to_plain']:.1f} plain  "
-                f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor)",
+                f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}",
                 file=sys.stderr,
                 flush=True,
             )
-            if backend in OP_FLOORS and not args.no_op_counts and (batch, k) == configs[0]:
+            if backend in OP_FLOORS and not args.no_op_counts and (batch, k, data) == configs[0]:
                 # primitive counts x unit costs measured now (anchors-crypto-performance §7)
                 r["ops"], r["floor_s"] = OP_FLOORS[backend](extra.get(backend) or {}, batch, [64] * k, 64)
                 print(r["ops"], file=sys.stderr, flush=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.processor() or platform.machine()}, {platform.python_version()}"
-    print(f"\nexchange benchmark, {stamp}, {machine}; digits, MLP bottoms to 64-d, interactive k x 64 -> 64")
     print(
-        "| backend | batch | passive | time/step | x plain | op floor | measured/floor "
-        "| bytes/step | floor | bytes/floor |"
+        f"\nexchange benchmark, {stamp}, {machine}; MLP bottoms to 64-d, interactive k x 64 -> 64; "
+        f"median step of {args.max_steps} (plain: {args.plain_steps})"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| backend | data | batch | passive | time/step | x plain | op floor | measured/floor "
+        "| bytes/step | floor | bytes/floor | CPU/step (all ranks) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         fl = r.get("floor_s")
         floor_cells = f"{fl * 1000:.1f} ms | {r['s_per_step'] / fl:.2f}" if fl else "- | -"
+        cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms" if "cpu_s_per_step" in r else "-"
         print(
-            f"| {r['backend']} | {r['batch']} | {r['passive']} | {r['s_per_step'] * 1000:.1f} ms | "
-            f"{r['ratio_to_plain']:.1f} | {floor_cells} | {human_bytes(r['bytes_per_step'])} | "
-            f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} |"
+            f"| {r['backend']} | {r['data']} | {r['batch']} | {r['passive']} | "
+            f"{r['s_per_step'] * 1000:.1f} ms | {r['ratio_to_plain']:.1f} | {floor_cells} | "
+            f"{human_bytes(r['bytes_per_step'])} | "
+            f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} | {cpu} |"
         )
     for r in rows:
         if "ops" in r:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.errors import CryptoParameterError
+from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import (
     EXCHANGES,
@@ -58,10 +58,9 @@ from securevfl.exchange.base import (
 )
 from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc import ops
-from securevfl.exchange.mpc.plan import step_plan, top_up
+from securevfl.exchange.mpc.pairwise import PairRole
+from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, step_plan, top_up
 from securevfl.models import build_interactive
-
-FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
 
 INSECURE_WARNING = (
     "mpc provider TFP: rank 0 generates all Beaver triples in the clear and can unmask "
@@ -76,9 +75,18 @@ class MpcOptions(BaseModel):
     weight_init: Literal["private", "seeded"] = "private"
     # offline phase: the dealer pre-generates this many steps' tuples per request (TTP only)
     offline_steps: int = Field(default=16, ge=1, le=1024)
+    # pairwise: P_i's products shared by A and P_i alone (linear in k; needs TTP and CPU);
+    # joint: every product shared by all k + 1 MPC parties (CrypTen's own protocols);
+    # auto: pairwise where it can run, else joint
+    layout: Literal["auto", "pairwise", "joint"] = "auto"
 
 
-OFFLINE_BYTES = 64 << 20  # bound on one party's pooled tuples
+def layout_of(options: MpcOptions, device: str) -> str:
+    """The share layout a run uses: ``auto`` is ``pairwise`` with the TTP dealer on
+    CPU, ``joint`` otherwise (CrypTen's TFP provider, CUDA shares)."""
+    if options.layout != "auto":
+        return options.layout
+    return "pairwise" if options.provider == "TTP" and device == "cpu" else "joint"
 
 
 class _MpcRole:
@@ -149,14 +157,12 @@ class _MpcRole:
         if self.pool is None:
             return
         plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train)
-        per_step = crypten_pool.pooled_bytes(plan)
-        steps = self.opts.offline_steps
-        max_steps = self.ctx.proto.training.max_steps
-        if train and max_steps:
-            steps = min(steps, max_steps)
-        if batch != self.ctx.proto.training.batch_size:
-            steps = 1  # an epoch's short last batch: its shape comes once per epoch
-        steps = max(1, min(steps, OFFLINE_BYTES // max(1, per_step)))
+        steps = chunk_steps(
+            crypten_pool.pooled_bytes(plan),
+            self.opts.offline_steps,
+            self.ctx.proto.training.max_steps if train else None,
+            full_batch=batch == self.ctx.proto.training.batch_size,
+        )
         stock = {it: self.pool.stock(it) for it in plan}
         bundle = top_up(plan, stock, steps)
         if bundle:
@@ -203,25 +209,42 @@ class _MpcRole:
         self._h = []
         return None if mine is None else (mine / scale).float()
 
+    def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
+        """z at A (revealed by one reduce), None at the passive parties."""
+        z = self.forward_shares(h, batch, train).get_plain_text(dst=0)
+        return z if self.rank == 0 else None
+
+    def backward(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+        return self.backward_shares(g, batch)
+
     def finish(self) -> None:
         stop_crypten()
 
 
+def _role(ctx: ExchangeContext) -> _MpcRole | PairRole:
+    opts: MpcOptions = ctx.options  # type: ignore[assignment]
+    if layout_of(opts, ctx.device.type) == "pairwise":
+        return PairRole(ctx, weight_init=opts.weight_init, offline_steps=opts.offline_steps)
+    return _MpcRole(ctx)
+
+
 class MpcActive(ActiveExchange):
     def __init__(self, ctx: ExchangeContext):
-        self.role = _MpcRole(ctx)
+        self.role = _role(ctx)
+        self.provider = ctx.options.provider  # type: ignore[attr-defined]
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
-        z = self.role.forward_shares(None, batch_size, train)
-        return z.get_plain_text(dst=0).float()
+        z = self.role.forward(None, batch_size, train)
+        assert z is not None
+        return z.float()
 
     def backward(self, grad_z: torch.Tensor) -> None:
-        self.role.backward_shares(grad_z.detach().float().cpu(), grad_z.shape[0])
+        self.role.backward(grad_z.detach().float().cpu(), grad_z.shape[0])
 
     def close(self) -> None:
         import crypten.communicator as comm
 
-        if self.role.opts.provider == "TTP":
+        if self.provider == "TTP":
             c = comm.get()
             c.send_obj("terminate", c.get_ttp_rank(), c.ttp_group)
         self.role.finish()
@@ -229,18 +252,18 @@ class MpcActive(ActiveExchange):
 
 class MpcPassive(PassiveExchange):
     def __init__(self, ctx: ExchangeContext):
-        self.role = _MpcRole(ctx)
+        self.role = _role(ctx)
+        self.device = ctx.device
         self._batch = 0
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         self._batch = h.shape[0]
-        z = self.role.forward_shares(h.detach().float().cpu(), self._batch, train)
-        z.get_plain_text(dst=0)  # collective: A receives the others' shares of z
+        self.role.forward(h.detach().float().cpu(), self._batch, train)
 
     def backward(self) -> torch.Tensor:
-        g = self.role.backward_shares(None, self._batch)
+        g = self.role.backward(None, self._batch)
         assert g is not None
-        return g.float().to(self.role.device)
+        return g.float().to(self.device)
 
     def close(self) -> None:
         self.role.finish()
@@ -288,6 +311,12 @@ class Mpc(ExchangeBackend):
             )
         if options.insecure and options.provider == "TFP":
             warnings.warn(INSECURE_WARNING, stacklevel=2)
+        if options.layout == "pairwise" and (options.provider != "TTP" or proto.training.device != "cpu"):
+            raise ConfigError(
+                "the pairwise share layout needs the TTP dealer (its triples are generated per pair) "
+                "and runs on CPU; use layout: joint (or auto)",
+                path="exchange.params.layout",
+            )
 
     @classmethod
     def active(cls, ctx: ExchangeContext) -> ActiveExchange:
