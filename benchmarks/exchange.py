@@ -39,7 +39,6 @@ import copy
 import json
 import math
 import platform
-import resource
 import sys
 import tempfile
 import time
@@ -151,32 +150,20 @@ def floor_bytes(
     raise ValueError(backend)
 
 
-def _children_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
-    """One launch; ``_cpu`` is the CPU time of all its rank processes together."""
     with tempfile.TemporaryDirectory() as tmp:
-        t0, c0 = time.perf_counter(), _children_cpu_s()
+        t0 = time.perf_counter()
         res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
         res["_wall"] = time.perf_counter() - t0
-        res["_cpu"] = _children_cpu_s() - c0
         return res
 
 
-def cpu_per_step(doc: dict[str, Any], data_dir: Path, res: dict[str, Any]) -> float:
-    """CPU seconds per training step, all ranks together, as the difference between
-    ``res`` (S steps) and a second run of the same configuration with 2S steps:
-    start-up, alignment and evaluation cancel, so the load of a shared machine moves
-    it far less than the wall-clock step time. The data set must hold 2S steps."""
-    steps = int(res["train_steps"])
-    doc2 = copy.deepcopy(doc)
-    doc2["training"]["max_steps"] = 2 * steps
-    res2 = run(doc2, data_dir)
-    assert int(res2["train_steps"]) == 2 * steps, "the data set is too small for the CPU measurement"
-    return (res2["_cpu"] - res["_cpu"]) / steps
+def cpu_per_step(res: dict[str, Any]) -> float:
+    """CPU seconds per training step, every rank together (``train_cpu_s``: each party's
+    CPU while training, evaluation excluded; a helper's whole serving, so the dealer's
+    few evaluation tuples are in): on a shared machine the load moves wall time,
+    CPU time much less, and on two cores total CPU is what a step costs."""
+    return sum(res["train_cpu_s"].values()) / max(1, int(res["train_steps"]))
 
 
 def step_time(res: dict[str, Any]) -> float:
@@ -255,15 +242,9 @@ def main() -> int:
     ap.add_argument(
         "--plain-steps",
         type=int,
-        default=24,
+        default=16,
         help="training steps of plain, the ratio's denominator (a few ms a step: a median of 3 "
         "moved by 2x between runs)",
-    )
-    ap.add_argument(
-        "--cpu",
-        default="",
-        help="backends whose CPU time per step (all ranks, from a second run with twice the "
-        "steps) is measured too, e.g. plain,mpc",
     )
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
@@ -276,7 +257,6 @@ def main() -> int:
         print(f"unknown backends {unknown}; known: {EXCHANGES.names()}", file=sys.stderr)
         return 2
     extra = json.loads(args.params)
-    cpu_of = set(args.cpu.split(",")) - {""}
     data_dir = Path(tempfile.mkdtemp(prefix="securevfl-bench-"))
     # (batch, passive parties, data set): the reference point on digits; the sweeps on
     # synthetic data of the same shapes with enough rows for full batches only
@@ -293,9 +273,7 @@ def main() -> int:
                 continue
             print(f"  running {backend} batch={batch} passive={k} on {data} ...", file=sys.stderr, flush=True)
             steps = args.plain_steps if backend == "plain" else args.max_steps
-            n_rows = None
-            if data == "synthetic":
-                n_rows = sweep_rows(batch, 2 * steps if backend in cpu_of else steps)
+            n_rows = sweep_rows(batch, steps) if data == "synthetic" else None
             doc = workload(backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows)
             res = run(doc, data_dir)
             t = step_time(res)
@@ -314,12 +292,11 @@ def main() -> int:
                     "bytes_over_floor": res["bytes_per_step"] / fl,
                     "test_accuracy": res["test_accuracy"],
                     "steps": res["train_steps"],
+                    "cpu_s_per_step": cpu_per_step(res),
                 }
             )
             r = rows[-1]
-            if backend in cpu_of:
-                r["cpu_s_per_step"] = cpu_per_step(doc, data_dir, res)
-            cpu_txt = f"  CPU {r['cpu_s_per_step'] * 1000:.1f} ms/step" if "cpu_s_per_step" in r else ""
+            cpu_txt = f"  CPU {r['cpu_s_per_step'] * 1000:.1f} ms/step (all ranks)"
             print(
                 f"    {t * 1000:9.1f} ms/step  x{r['ratio_to_plain']:.1f} plain  "
                 f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}",
@@ -344,7 +321,7 @@ def main() -> int:
     for r in rows:
         fl = r.get("floor_s")
         floor_cells = f"{fl * 1000:.1f} ms | {r['s_per_step'] / fl:.2f}" if fl else "- | -"
-        cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms" if "cpu_s_per_step" in r else "-"
+        cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms"
         print(
             f"| {r['backend']} | {r['data']} | {r['batch']} | {r['passive']} | "
             f"{r['s_per_step'] * 1000:.1f} ms | {r['ratio_to_plain']:.1f} | {floor_cells} | "

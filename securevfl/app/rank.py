@@ -145,7 +145,9 @@ def run_rank(
                 "pid": os.getpid(),
             }
             if role.kind == "helper":
+                c0 = time.process_time()
                 backend.helper(ctx).serve()
+                summary["train_cpu_s"] = round(time.process_time() - c0, 4)
                 party = None
             else:
                 prep = prepare(proto, layout, role, channel, data_dir, clock, note)
@@ -161,6 +163,7 @@ def run_rank(
                 summary.update(party.run())
                 for phase, seconds in party.phase_s.items():
                     clock.add(phase, seconds)
+                summary["train_cpu_s"] = round(party.train_cpu_s, 4)
                 party.exchange.close()
                 t_write = time.perf_counter()
                 summary["loaded_columns"] = prep.data.columns

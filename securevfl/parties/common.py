@@ -148,6 +148,7 @@ class Party:
         n_train = len(prep.train_idx)
         self.n_train = n_train
         self.phase_s: dict[str, float] = {}  # training and evaluation seconds, set by run()
+        self.train_cpu_s = 0.0  # CPU seconds of training (no evaluation), set by run()
         self.planned_steps = planned_steps(n_train, self.proto.training)
         self.allowed_steps = allowed_steps(self.proto, n_train)
         self._setup(prep, progress=progress)
@@ -196,6 +197,7 @@ class Party:
         step_times: list[float] = []
         step = 0
         t_run, t_eval = time.perf_counter(), 0.0
+        c_run, c_eval = time.process_time(), 0.0
         for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             ch.phase = "train"
             losses: list[float] = []
@@ -215,15 +217,17 @@ class Party:
                 row["train_loss"] = float(np.mean(losses))
             if last or (epoch + 1) % tr.eval_every == 0:
                 ch.phase, ch.round = "eval", epoch
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 metrics = self.evaluate() or metrics
                 t_eval += time.perf_counter() - t0
+                c_eval += time.process_time() - c0
                 row.update(metrics)
             history.append(row)
             self.after_epoch(row)
         self.finish()
         self.steps = step
         self.phase_s = {"training": time.perf_counter() - t_run - t_eval, "evaluation": t_eval}
+        self.train_cpu_s = time.process_time() - c_run - c_eval
         return {
             "train_steps": step,
             "n_train": self.n_train,
