@@ -246,6 +246,18 @@ def main() -> int:
         help="training steps of plain, the ratio's denominator (a few ms a step: a median of 3 "
         "moved by 2x between runs)",
     )
+    ap.add_argument(
+        "--sweep",
+        choices=("both", "batch", "parties"),
+        default="both",
+        help="which sweep to run without --quick (both: batch 64..1024, passive parties 1..4)",
+    )
+    ap.add_argument(
+        "--no-plain-sweep",
+        action="store_true",
+        help="run plain at the reference point only (the sweeps' absolute times and CPU, not "
+        "their x plain, show how a backend scales)",
+    )
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
     ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
@@ -261,15 +273,17 @@ def main() -> int:
     # (batch, passive parties, data set): the reference point on digits; the sweeps on
     # synthetic data of the same shapes with enough rows for full batches only
     configs: list[tuple[int, int, str]] = [(256, 2, "digits")]
-    if not args.quick:
+    if not args.quick and args.sweep in ("both", "batch"):
         configs += [(b, 2, "synthetic") for b in (64, 128, 256, 512, 1024)]
-        configs += [(256, k, "synthetic") for k in (1, 3, 4)]
+    if not args.quick and args.sweep in ("both", "parties"):
+        configs += [(256, k, "synthetic") for k in (1, 2, 3, 4) if (256, k, "synthetic") not in configs]
     rows = []
     sweep = set(args.sweep_backends.split(","))
     for batch, k, data in configs:
         base = None
         for backend in ["plain"] + [b for b in backends if b != "plain"]:
-            if (batch, k, data) != configs[0] and backend not in sweep and backend != "plain":
+            in_sweep = backend in sweep if backend != "plain" else not args.no_plain_sweep
+            if (batch, k, data) != configs[0] and not in_sweep:
                 continue
             print(f"  running {backend} batch={batch} passive={k} on {data} ...", file=sys.stderr, flush=True)
             steps = args.plain_steps if backend == "plain" else args.max_steps
@@ -286,7 +300,7 @@ def main() -> int:
                     "passive": k,
                     "data": data,
                     "s_per_step": t,
-                    "ratio_to_plain": t / base if base else None,
+                    "ratio_to_plain": t / base if base else float("nan"),
                     "bytes_per_step": res["bytes_per_step"],
                     "floor_bytes": fl,
                     "bytes_over_floor": res["bytes_per_step"] / fl,

@@ -1,10 +1,17 @@
 """``mpc``: the interactive layer inside CrypTen secret sharing (DESIGN §4).
 
 Every passive party P_i secret-shares its (defended) embedding h'_i from its own
-rank; the blocks W_i exist only as shares among the MPC parties (A and every
-P_i); z = sum_i h'_i W_i is computed on shares and revealed to A alone; dL/dz is
-shared by A; dL/dh'_i = dL/dz W_i^T is revealed to P_i alone; the weight
-gradients h'_i^T dL/dz and the SGD-with-momentum update stay in shares.
+rank; the blocks W_i exist only as shares; z = sum_i h'_i W_i is computed on
+shares and revealed to A alone; dL/dz is shared by A; dL/dh'_i = dL/dz W_i^T is
+revealed to P_i alone; the weight gradients h'_i^T dL/dz and the
+SGD-with-momentum update stay in shares.
+
+Two share layouts (``layout``): ``pairwise`` (:mod:`.pairwise`; what ``auto``
+picks with the TTP dealer on CPU) shares W_i and P_i's products between A and
+P_i alone, so a step is k two-party computations and its cost grows linearly in
+k; ``joint`` (this module's ``_MpcRole``) shares every product among all k + 1
+MPC parties with CrypTen's own protocols (TFP, CUDA). What follows describes the
+joint layout; the pairwise one is described in :mod:`.pairwise`.
 
 Who learns what: A learns z (and dL/dz, which it computes); P_i learns
 dL/dh'_i; every other message is a share or a Beaver-masked opening, uniformly
