@@ -3,15 +3,25 @@
 digits, passive parties holding column blocks (2 by default: left/right halves),
 MLP bottoms to 64-d embeddings, interactive layer k x 64 -> 64, top 64 -> 10,
 batch 256, CPU. Every configuration runs with real processes through the local
-launcher; time per step is measured at the active party (median over the training
-steps of one epoch) and bytes per step come from the ledger. Ratios are to
-``plain`` measured in the same run.
+launcher; time per step is measured at the active party (median over the run's
+training steps: ``--max-steps`` for the crypto backends, ``--plain-steps`` (16) for
+``plain``, the ratio's denominator, over as many epochs as that takes), bytes per
+step come from the ledger, and CPU per step is every rank's CPU time in training
+(``train_cpu_s``; the dealer's whole serving) over the steps: on a loaded machine the
+figure to compare. Ratios are to ``plain`` measured in the same run.
+
+The sweeps (batch 64..1024 at 2 passive parties, 1..4 passive parties at batch 256)
+run on synthetic data of the same shapes (64 features, 10 classes) with enough rows
+for every measured step to be a full batch: digits has 1,437 training rows, so at
+batch 1,024 it gave one full step and one of 413 rows, each with its own offline
+bundle under ``mpc`` (the 217 ms of the 18:54 sweep).
 
 Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
   plain     B*h*4 per direction per passive party            (fp32 split learning)
-  mpc       per Beaver matmul [B x h][h x o] each party sends (Bh + ho) * 8,
-            times the matmuls the protocol needs (3 per passive party per step),
-            plus the dealer's |c| = B*o*8 to rank 0 per matmul
+  mpc       per Beaver matmul [B x h][h x o] each party holding its shares sends
+            (Bh + ho) * 8 (2 parties, A and P_i, in the pairwise layout; all k + 1 in the
+            joint one), times the matmuls the protocol needs (3 per passive party per
+            step), plus the dealer's |c| = B*o*8 to rank 0 per matmul
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
   paillier  restated, protocol-scaled (securevfl.exchange.paillier.profile.bytes_floor): per
             passive party the encrypted h'_i (B x h), h'_i W^A + eps (B x o), dL/dz (B x o,
@@ -158,12 +168,17 @@ def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         return res
 
 
-def cpu_per_step(res: dict[str, Any]) -> float:
-    """CPU seconds per training step, every rank together (``train_cpu_s``: each party's
-    CPU while training, evaluation excluded; a helper's whole serving, so the dealer's
-    few evaluation tuples are in): on a shared machine the load moves wall time,
-    CPU time much less, and on two cores total CPU is what a step costs."""
-    return sum(res["train_cpu_s"].values()) / max(1, int(res["train_steps"]))
+def cpu_per_step(res: dict[str, Any]) -> tuple[float, float]:
+    """CPU seconds per training step of the parties together and of the helper ranks
+    (``train_cpu_s``: each party's CPU while training, evaluation excluded; a helper's
+    whole serving, so the dealer's few evaluation tuples are in): on a shared machine
+    the load moves wall time, CPU time much less, and on two cores total CPU is what a
+    step costs."""
+    helpers = {str(r) for r, v in res["ranks"].items() if v["role"] == "helper"}
+    steps = max(1, int(res["train_steps"]))
+    cpu = res["train_cpu_s"]
+    parties = sum(v for r, v in cpu.items() if r not in helpers)
+    return parties / steps, sum(v for r, v in cpu.items() if r in helpers) / steps
 
 
 def step_time(res: dict[str, Any]) -> float:
@@ -306,11 +321,15 @@ def main() -> int:
                     "bytes_over_floor": res["bytes_per_step"] / fl,
                     "test_accuracy": res["test_accuracy"],
                     "steps": res["train_steps"],
-                    "cpu_s_per_step": cpu_per_step(res),
                 }
             )
             r = rows[-1]
-            cpu_txt = f"  CPU {r['cpu_s_per_step'] * 1000:.1f} ms/step (all ranks)"
+            r["cpu_parties_s"], r["cpu_helpers_s"] = cpu_per_step(res)
+            r["cpu_s_per_step"] = r["cpu_parties_s"] + r["cpu_helpers_s"]
+            cpu_txt = (
+                f"  CPU {r['cpu_s_per_step'] * 1000:.1f} ms/step (parties {r['cpu_parties_s'] * 1000:.1f}, "
+                f"dealer {r['cpu_helpers_s'] * 1000:.1f})"
+            )
             print(
                 f"    {t * 1000:9.1f} ms/step  x{r['ratio_to_plain']:.1f} plain  "
                 f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}",
@@ -329,13 +348,13 @@ def main() -> int:
     )
     print(
         "| backend | data | batch | passive | time/step | x plain | op floor | measured/floor "
-        "| bytes/step | floor | bytes/floor | CPU/step (all ranks) |"
+        "| bytes/step | floor | bytes/floor | CPU/step, all ranks |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         fl = r.get("floor_s")
         floor_cells = f"{fl * 1000:.1f} ms | {r['s_per_step'] / fl:.2f}" if fl else "- | -"
-        cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms"
+        cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms ({r['cpu_helpers_s'] * 1000:.1f} dealer)"
         print(
             f"| {r['backend']} | {r['data']} | {r['batch']} | {r['passive']} | "
             f"{r['s_per_step'] * 1000:.1f} ms | {r['ratio_to_plain']:.1f} | {floor_cells} | "
