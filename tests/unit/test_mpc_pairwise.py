@@ -110,3 +110,23 @@ def test_pair_plan_is_linear_in_parties_and_needs_no_truncation_pairs():
     one, four = (plan_elements(pair_plan(256, [64] * k, 64, range(1, k + 1), train=True)) for k in (1, 4))
     assert four == 4 * one
     assert step_ops(256, [64] * 4, 64, 5).rounds == 6
+
+
+def test_layout_auto_and_refusals():
+    from securevfl.app.loader import load_protocol_dict
+    from securevfl.errors import ConfigError
+    from securevfl.exchange.mpc import MpcOptions, layout_of
+    from tests.conftest import small_digits
+
+    assert layout_of(MpcOptions(), "cpu") == "pairwise"
+    assert layout_of(MpcOptions(), "cuda") == "joint"
+    assert layout_of(MpcOptions(provider="TFP", insecure=True), "cpu") == "joint"
+    assert layout_of(MpcOptions(layout="joint"), "cpu") == "joint"
+    doc = small_digits()
+    doc["exchange"] = {
+        "backend": "mpc",
+        "params": {"provider": "TFP", "insecure": True, "layout": "pairwise"},
+    }
+    where = r"exchange\.params\.layout"
+    with pytest.raises(ConfigError, match=where), pytest.warns(UserWarning, match="TFP"):
+        load_protocol_dict(doc)
