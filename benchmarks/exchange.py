@@ -3,15 +3,25 @@
 digits, passive parties holding column blocks (2 by default: left/right halves),
 MLP bottoms to 64-d embeddings, interactive layer k x 64 -> 64, top 64 -> 10,
 batch 256, CPU. Every configuration runs with real processes through the local
-launcher; time per step is measured at the active party (median over the training
-steps of one epoch) and bytes per step come from the ledger. Ratios are to
-``plain`` measured in the same run.
+launcher; time per step is measured at the active party (median over the run's
+training steps: ``--max-steps`` for the crypto backends, ``--plain-steps`` (16) for
+``plain``, the ratio's denominator, over as many epochs as that takes), bytes per
+step come from the ledger, and CPU per step is every rank's CPU time in training
+(``train_cpu_s``; the dealer's whole serving) over the steps: on a loaded machine the
+figure to compare. Ratios are to ``plain`` measured in the same run.
+
+The sweeps (batch 64..1024 at 2 passive parties, 1..4 passive parties at batch 256)
+run on synthetic data of the same shapes (64 features, 10 classes) with enough rows
+for every measured step to be a full batch: digits has 1,437 training rows, so at
+batch 1,024 it gave one full step and one of 413 rows, each with its own offline
+bundle under ``mpc`` (the 217 ms of the 18:54 sweep).
 
 Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
   plain     B*h*4 per direction per passive party            (fp32 split learning)
-  mpc       per Beaver matmul [B x h][h x o] each party sends (Bh + ho) * 8,
-            times the matmuls the protocol needs (3 per passive party per step),
-            plus the dealer's |c| = B*o*8 to rank 0 per matmul
+  mpc       per Beaver matmul [B x h][h x o] each party holding its shares sends
+            (Bh + ho) * 8 (2 parties, A and P_i, in the pairwise layout; all k + 1 in the
+            joint one), times the matmuls the protocol needs (3 per passive party per
+            step), plus the dealer's |c| = B*o*8 to rank 0 per matmul
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
   paillier  restated, protocol-scaled (securevfl.exchange.paillier.profile.bytes_floor): per
             passive party the encrypted h'_i (B x h), h'_i W^A + eps (B x o), dL/dz (B x o,
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import platform
 import sys
 import tempfile
@@ -55,7 +66,7 @@ from securevfl.app.loader import load_protocol_dict  # noqa: E402
 from securevfl.exchange import EXCHANGES  # noqa: E402
 from securevfl.exchange.ckks import CkksOptions  # noqa: E402
 from securevfl.exchange.ckks.floor import report as ckks_report  # noqa: E402
-from securevfl.exchange.mpc import MpcOptions  # noqa: E402
+from securevfl.exchange.mpc import MpcOptions, layout_of  # noqa: E402
 from securevfl.exchange.mpc.floor import report as mpc_report  # noqa: E402
 from securevfl.exchange.paillier import PaillierOptions  # noqa: E402
 from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step  # noqa: E402
@@ -65,6 +76,18 @@ from securevfl.report.compare import human_bytes  # noqa: E402
 KIB = 1024
 
 
+TEST_FRACTION = 0.2
+DIGITS_TRAIN = 1437  # digits' 1797 rows less the 20% test split
+
+
+def sweep_rows(batch: int, steps: int) -> int:
+    """Rows of the sweep's synthetic data set that give ``steps`` full batches in one
+    epoch (digits has 1,437 training rows: one full batch of 1,024, so a step time at
+    batch 1,024 would be the mean of that batch and a short one of 413 rows, each with
+    its own offline bundle under mpc)."""
+    return math.ceil(steps * batch / (1 - TEST_FRACTION)) + batch
+
+
 def workload(
     backend: str,
     batch: int,
@@ -72,7 +95,11 @@ def workload(
     params: dict[str, Any] | None = None,
     dim: int = 64,
     max_steps: int | None = None,
+    rows: int | None = None,
 ) -> dict[str, Any]:
+    """The reference workload (digits) or, with ``rows``, the same shapes on a
+    synthetic data set of 64 features and 10 classes with that many rows. With
+    digits, ``max_steps`` beyond one epoch's batches runs more epochs."""
     cols = 64
     bounds = [round(i * cols / parties) for i in range(parties + 1)]
     passive = [
@@ -83,13 +110,30 @@ def workload(
         }
         for i in range(parties)
     ]
+    dataset: dict[str, Any] = {"name": "digits", "test_fraction": TEST_FRACTION}
+    epochs = 1
+    if rows is not None:
+        dataset = {
+            "name": "synthetic",
+            "test_fraction": TEST_FRACTION,
+            "synthetic": {"rows": rows, "features": cols, "classes": 10},
+        }
+    elif max_steps:
+        epochs = math.ceil(max_steps / math.ceil(DIGITS_TRAIN / batch))
     return {
         "name": f"{backend}-b{batch}-k{parties}",
-        "dataset": {"name": "digits", "test_fraction": 0.2},
+        "dataset": dataset,
         "parties": {"active": {"name": "active"}, "passive": passive},
         "exchange": {"backend": backend, "params": params or {}},
         "interactive": {"out": dim},
-        "training": {"epochs": 1, "batch_size": batch, "lr": 0.003, "seed": 0, "max_steps": max_steps},
+        "training": {
+            "epochs": epochs,
+            "batch_size": batch,
+            "lr": 0.003,
+            "seed": 0,
+            "max_steps": max_steps,
+            "eval_every": epochs,
+        },
         "runtime": {"record_views": False},
     }
 
@@ -102,7 +146,10 @@ def floor_bytes(
     if backend == "plain":
         return 2 * parties * per_dir * 4
     if backend == "mpc":
-        n = parties + 1  # MPC parties: A and every P_i
+        # the parties holding shares of each product: A and P_i in the pairwise layout,
+        # A and every P_i in the joint one
+        pairwise = layout_of(MpcOptions.model_validate(params or {}), "cpu") == "pairwise"
+        n = 2 if pairwise else parties + 1
         matmuls = 3 * parties
         return matmuls * (n * (batch * h + h * o) * 8 + batch * o * 8)
     if backend == "ckks":
@@ -114,12 +161,24 @@ def floor_bytes(
 
 
 def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
-
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
         res["_wall"] = time.perf_counter() - t0
         return res
+
+
+def cpu_per_step(res: dict[str, Any]) -> tuple[float, float]:
+    """CPU seconds per training step of the parties together and of the helper ranks
+    (``train_cpu_s``: each party's CPU while training, evaluation excluded; a helper's
+    whole serving, so the dealer's few evaluation tuples are in): on a shared machine
+    the load moves wall time, CPU time much less, and on two cores total CPU is what a
+    step costs."""
+    helpers = {str(r) for r, v in res["ranks"].items() if v["role"] == "helper"}
+    steps = max(1, int(res["train_steps"]))
+    cpu = res["train_cpu_s"]
+    parties = sum(v for r, v in cpu.items() if r not in helpers)
+    return parties / steps, sum(v for r, v in cpu.items() if r in helpers) / steps
 
 
 def step_time(res: dict[str, Any]) -> float:
@@ -163,10 +222,12 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
     arithmetic) and the online floor; the offline phase per step beside it
     (securevfl.exchange.mpc.floor)."""
     opts = MpcOptions.model_validate(params)
-    rep = mpc_report(batch, dims, out, offline_steps=opts.offline_steps)
+    layout = layout_of(opts, "cpu")
+    rep = mpc_report(batch, dims, out, offline_steps=opts.offline_steps, layout=layout)
     c = rep["counts"]
     text = (
-        f"      online/step: {c['matmuls']} Beaver products ({c['openings']} openings in 2 rounds), "
+        f"      {layout} layout; online/step: {c['matmuls']} Beaver products "
+        f"({c['openings']} openings in 2 rounds), "
         f"{c['rounds']} rounds, {c['truncations']} truncations, "
         f"{c['dealer_requests']:.3g} dealer requests (one bundle per offline chunk of up to "
         f"{opts.offline_steps} steps)\n"
@@ -192,7 +253,26 @@ def main() -> int:
         help="backends included in the batch and party sweeps (paillier takes minutes a step "
         "at batch 1024, so it is measured at the reference point unless named here)",
     )
-    ap.add_argument("--max-steps", type=int, default=4, help="training steps per configuration")
+    ap.add_argument("--max-steps", type=int, default=4, help="training steps per crypto configuration")
+    ap.add_argument(
+        "--plain-steps",
+        type=int,
+        default=16,
+        help="training steps of plain, the ratio's denominator (a few ms a step: a median of 3 "
+        "moved by 2x between runs)",
+    )
+    ap.add_argument(
+        "--sweep",
+        choices=("both", "batch", "parties"),
+        default="both",
+        help="which sweep to run without --quick (both: batch 64..1024, passive parties 1..4)",
+    )
+    ap.add_argument(
+        "--no-plain-sweep",
+        action="store_true",
+        help="run plain at the reference point only (the sweeps' absolute times and CPU, not "
+        "their x plain, show how a backend scales)",
+    )
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
     ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
@@ -205,18 +285,26 @@ def main() -> int:
         return 2
     extra = json.loads(args.params)
     data_dir = Path(tempfile.mkdtemp(prefix="securevfl-bench-"))
-    configs = [(256, 2)]
-    if not args.quick:
-        configs += [(b, 2) for b in (64, 128, 512, 1024)] + [(256, k) for k in (1, 3, 4)]
+    # (batch, passive parties, data set): the reference point on digits; the sweeps on
+    # synthetic data of the same shapes with enough rows for full batches only
+    configs: list[tuple[int, int, str]] = [(256, 2, "digits")]
+    if not args.quick and args.sweep in ("both", "batch"):
+        configs += [(b, 2, "synthetic") for b in (64, 128, 256, 512, 1024)]
+    if not args.quick and args.sweep in ("both", "parties"):
+        configs += [(256, k, "synthetic") for k in (1, 2, 3, 4) if (256, k, "synthetic") not in configs]
     rows = []
     sweep = set(args.sweep_backends.split(","))
-    for batch, k in configs:
+    for batch, k, data in configs:
         base = None
         for backend in ["plain"] + [b for b in backends if b != "plain"]:
-            if (batch, k) != configs[0] and backend not in sweep and backend != "plain":
+            in_sweep = backend in sweep if backend != "plain" else not args.no_plain_sweep
+            if (batch, k, data) != configs[0] and not in_sweep:
                 continue
-            print(f"  running {backend} batch={batch} passive={k} ...", file=sys.stderr, flush=True)
-            res = run(workload(backend, batch, k, extra.get(backend), max_steps=args.max_steps), data_dir)
+            print(f"  running {backend} batch={batch} passive={k} on {data} ...", file=sys.stderr, flush=True)
+            steps = args.plain_steps if backend == "plain" else args.max_steps
+            n_rows = sweep_rows(batch, steps) if data == "synthetic" else None
+            doc = workload(backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows)
+            res = run(doc, data_dir)
             t = step_time(res)
             base = t if backend == "plain" else base
             fl = floor_bytes(backend, batch, k, extra.get(backend))
@@ -225,8 +313,9 @@ def main() -> int:
                     "backend": backend,
                     "batch": batch,
                     "passive": k,
+                    "data": data,
                     "s_per_step": t,
-                    "ratio_to_plain": t / base if base else None,
+                    "ratio_to_plain": t / base if base else float("nan"),
                     "bytes_per_step": res["bytes_per_step"],
                     "floor_bytes": fl,
                     "bytes_over_floor": res["bytes_per_step"] / fl,
@@ -235,31 +324,42 @@ def main() -> int:
                 }
             )
             r = rows[-1]
+            r["cpu_parties_s"], r["cpu_helpers_s"] = cpu_per_step(res)
+            r["cpu_s_per_step"] = r["cpu_parties_s"] + r["cpu_helpers_s"]
+            cpu_txt = (
+                f"  CPU {r['cpu_s_per_step'] * 1000:.1f} ms/step (parties {r['cpu_parties_s'] * 1000:.1f}, "
+                f"dealer {r['cpu_helpers_s'] * 1000:.1f})"
+            )
             print(
                 f"    {t * 1000:9.1f} ms/step  x{r['ratio_to_plain']:.1f} plain  "
-                f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor)",
+                f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}",
                 file=sys.stderr,
                 flush=True,
             )
-            if backend in OP_FLOORS and not args.no_op_counts and (batch, k) == configs[0]:
+            if backend in OP_FLOORS and not args.no_op_counts and (batch, k, data) == configs[0]:
                 # primitive counts x unit costs measured now (anchors-crypto-performance §7)
                 r["ops"], r["floor_s"] = OP_FLOORS[backend](extra.get(backend) or {}, batch, [64] * k, 64)
                 print(r["ops"], file=sys.stderr, flush=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.processor() or platform.machine()}, {platform.python_version()}"
-    print(f"\nexchange benchmark, {stamp}, {machine}; digits, MLP bottoms to 64-d, interactive k x 64 -> 64")
     print(
-        "| backend | batch | passive | time/step | x plain | op floor | measured/floor "
-        "| bytes/step | floor | bytes/floor |"
+        f"\nexchange benchmark, {stamp}, {machine}; MLP bottoms to 64-d, interactive k x 64 -> 64; "
+        f"median step of {args.max_steps} (plain: {args.plain_steps})"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| backend | data | batch | passive | time/step | x plain | op floor | measured/floor "
+        "| bytes/step | floor | bytes/floor | CPU/step, all ranks |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         fl = r.get("floor_s")
         floor_cells = f"{fl * 1000:.1f} ms | {r['s_per_step'] / fl:.2f}" if fl else "- | -"
+        cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms ({r['cpu_helpers_s'] * 1000:.1f} dealer)"
         print(
-            f"| {r['backend']} | {r['batch']} | {r['passive']} | {r['s_per_step'] * 1000:.1f} ms | "
-            f"{r['ratio_to_plain']:.1f} | {floor_cells} | {human_bytes(r['bytes_per_step'])} | "
-            f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} |"
+            f"| {r['backend']} | {r['data']} | {r['batch']} | {r['passive']} | "
+            f"{r['s_per_step'] * 1000:.1f} ms | {r['ratio_to_plain']:.1f} | {floor_cells} | "
+            f"{human_bytes(r['bytes_per_step'])} | "
+            f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} | {cpu} |"
         )
     for r in rows:
         if "ops" in r:

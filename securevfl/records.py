@@ -72,6 +72,7 @@ class RankSummary(_Record):
     opened_files: list[str] | None = None
     phase_s: dict[str, Real] | None = None
     phase_cpu_s: dict[str, Real] | None = None
+    train_cpu_s: Real | None = None  # CPU seconds training (a helper: serving), for benchmarks
     peak_rss_mib: Real | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +120,7 @@ class ResultRecord(_Record):
     wall_time_s: Real
     phase_s: dict[str, dict[str, Real] | Real]  # per rank, and "attacks" (the harness's seconds)
     phase_cpu_s: dict[str, dict[str, Real]]  # per rank: CPU seconds of the data, alignment and setup phases
+    train_cpu_s: dict[str, Real]  # per rank: CPU seconds in training (a helper rank: its whole serving)
     peak_rss_mib: dict[str, Real | None]
     machine: dict[str, str]
 

@@ -539,6 +539,28 @@ class FramedCommunicator:
                 self._log("recv", GROUP, self.rank, "reveal", total, _numel_bytes(total) * (n - 1), total)
         return out
 
+    def p2p_round(
+        self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]], tag: str
+    ) -> list[torch.Tensor]:
+        """Point-to-point messages among any subset of the MPC parties in one round
+        (securevfl's addition for the pairwise share layout, :mod:`securevfl.exchange.mpc.pairwise`,
+        whose pairs are not CrypTen groups): every send (dst, tensor) and receive (src, buffer)
+        posted at once. Returns the received tensors, shaped like their buffers; logged as
+        ``mpc.<tag>`` per peer, received payloads kept like every other receive."""
+        for p, _ in [*sends, *recvs]:
+            self._member(None, p)
+        flat = [(d, flat_cat([t])) for d, t in sends]
+        bufs = [(s, torch.empty(b.numel(), dtype=b.dtype)) for s, b in recvs]
+        self.exchange(flat, bufs)
+        for d, t in sends:
+            self._log("sent", self.rank, d, tag, t)
+        out = []
+        for (s, b), (_, got) in zip(recvs, bufs, strict=True):
+            t = got.reshape(b.shape)
+            self._log("recv", s, self.rank, tag, t, payload=t)
+            out.append(t)
+        return out
+
     def gather(self, tensor: torch.Tensor, dst: int) -> list[Any]:
         """Every party's tensor at ``dst`` (in rank order); [None] elsewhere."""
         self._member(None, dst)

@@ -34,17 +34,26 @@ from typing import Any
 
 import torch
 
+from securevfl.errors import ProtocolError
+
 MAX_BUNDLE_ITEMS = 4096
+MAX_PAIR = 1024  # the highest MPC rank a pair triple may name (the dealer checks its own world)
 MAX_BUNDLE_ELEMENTS = 1 << 26  # 512 MiB of ring elements: far above any plan securevfl makes
 
 
 @dataclass(frozen=True)
 class Triple:
-    """A Beaver triple for ``op`` (``mul`` or ``matmul``) of shapes a: size0, b: size1."""
+    """A Beaver triple for ``op`` (``mul`` or ``matmul``) of shapes a: size0, b: size1.
+
+    ``pair`` 0 (CrypTen's triples): shared among all MPC parties. ``pair`` i > 0: a
+    ``matmul`` triple shared between rank 0 and rank i alone (the ``mpc`` backend's
+    pairwise layout, :mod:`securevfl.exchange.mpc.pairwise`): only those two draw
+    their shares, and the dealer computes c from their two streams."""
 
     size0: tuple[int, ...]
     size1: tuple[int, ...]
     op: str = "matmul"
+    pair: int = 0
 
     @property
     def out(self) -> tuple[int, ...]:
@@ -53,7 +62,13 @@ class Triple:
             return tuple(a.matmul(b).shape)
         return tuple(torch.broadcast_shapes(self.size0, self.size1))
 
+    def holders(self, n_mpc: int) -> tuple[int, ...]:
+        """The MPC ranks that hold a share of this triple."""
+        return (0, self.pair) if self.pair else tuple(range(n_mpc))
+
     def to_wire(self) -> list[Any]:
+        if self.pair:
+            return ["pair", self.pair, torch.Size(self.size0), torch.Size(self.size1)]
         return ["additive", torch.Size(self.size0), torch.Size(self.size1), self.op]
 
 
@@ -107,6 +122,14 @@ def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Ite
                 _ = item.out
             except RuntimeError:
                 raise ValueError("bundle item shapes") from None
+        elif a[0] == "pair" and len(a) == 4 and len(sizes) == 2 and type(a[1]) is int:
+            if not 0 < a[1] <= MAX_PAIR:
+                raise ValueError("bundle pair rank")
+            item = Triple(tuple(a[2]), tuple(a[3]), "matmul", a[1])
+            try:
+                _ = item.out
+            except RuntimeError:
+                raise ValueError("bundle item shapes") from None
         elif a[0] == "wraps" and len(a) == 2 and len(sizes) == 1:
             item = Wraps(tuple(a[1]))
         else:
@@ -127,11 +150,31 @@ def dealer_bundle(server: Any, plan: Sequence[Item]) -> torch.Tensor:
     ``wraps`` draw, per party, exactly what the party draws (see module doc)."""
     out = []
     for it in plan:
-        if isinstance(it, Triple):
+        if isinstance(it, Triple) and it.pair:
+            out.append(pair_c0(server.generators, it).reshape(-1))
+        elif isinstance(it, Triple):
             out.append(server.additive(torch.Size(it.size0), torch.Size(it.size1), it.op).reshape(-1))
         else:
             out.append(server.wraps(torch.Size(it.size)).reshape(-1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def pair_c0(generators: Sequence[torch.Generator], it: Triple) -> torch.Tensor:
+    """Rank 0's share c_0 = a b - c_i of a pair triple between ranks 0 and i = it.pair:
+    a = a_0 + a_i and b = b_0 + b_i drawn from those two parties' streams in the
+    order they draw them (a, b; then c_i at rank i), as CrypTen's ``TTPServer.additive``
+    does for all parties. A pair naming a rank the dealer has no stream for is a
+    protocol violation by rank 0."""
+    from crypten.common.rng import generate_random_ring_element
+
+    if not 0 < it.pair < len(generators):
+        raise ProtocolError(f"rank 0 asked the dealer for a triple with rank {it.pair}, not an MPC party")
+    g0, gi = generators[0], generators[it.pair]
+    s0, s1 = torch.Size(it.size0), torch.Size(it.size1)
+    a = generate_random_ring_element(s0, generator=g0) + generate_random_ring_element(s0, generator=gi)
+    b = generate_random_ring_element(s1, generator=g0) + generate_random_ring_element(s1, generator=gi)
+    c = a.matmul(b)
+    return c - generate_random_ring_element(c.size(), generator=gi)
 
 
 # -- the parties' side -----------------------------------------------------------------
@@ -147,7 +190,7 @@ class PooledTTP:
 
     def __init__(self, fallback: Any):
         self.fallback = fallback  # CrypTen's own TrustedThirdParty
-        self.pool: dict[Item, deque[tuple[Any, ...]]] = {}
+        self.pool: dict[Item, deque[tuple[Any, ...] | None]] = {}
         self.offline_s = 0.0  # wall time spent in prefetch (this rank)
         self.bundles = 0
         self.served = 0
@@ -185,6 +228,19 @@ class PooledTTP:
     def stock(self, item: Item) -> int:
         return len(self.pool.get(item, ()))
 
+    def take(self, plan: Sequence[Item]) -> list[tuple[Any, ...] | None]:
+        """Pop one entry per item of ``plan``, in order: every party pops every item
+        (None for a pair triple it does not hold), so all parties' stocks stay equal
+        and :func:`securevfl.exchange.mpc.plan.top_up` decides the same everywhere."""
+        out = []
+        for it in plan:
+            q = self.pool.get(it)
+            if not q:
+                raise ProtocolError(f"the offline pool holds no {it} (the plan and the pool disagree)")
+            out.append(q.popleft())
+        self.served += len(plan)
+        return out
+
     def prefetch(self, plan: Sequence[Item]) -> None:
         """Collective over the MPC parties: fill the pool with ``plan``'s tuples.
         Every party must call it at the same point with the same plan."""
@@ -211,7 +267,9 @@ class PooledTTP:
         at = 0
         for it in plan:
             n = math.prod(it.out)
-            if isinstance(it, Triple):
+            if isinstance(it, Triple) and it.pair and rank not in (0, it.pair):
+                entry: tuple[Any, ...] | None = None  # another pair's: counted, not held
+            elif isinstance(it, Triple) and it.pair:
                 a = generate_random_ring_element(torch.Size(it.size0), generator=gen)
                 b = generate_random_ring_element(torch.Size(it.size1), generator=gen)
                 if rank == 0:
@@ -219,7 +277,16 @@ class PooledTTP:
                     cc = theirs[at : at + n].reshape(it.out)
                 else:
                     cc = generate_random_ring_element(torch.Size(it.out), generator=gen)
-                entry: tuple[Any, ...] = (
+                entry = (a, b, cc)  # raw ring shares: the pairwise layout does its own arithmetic
+            elif isinstance(it, Triple):
+                a = generate_random_ring_element(torch.Size(it.size0), generator=gen)
+                b = generate_random_ring_element(torch.Size(it.size1), generator=gen)
+                if rank == 0:
+                    assert theirs is not None
+                    cc = theirs[at : at + n].reshape(it.out)
+                else:
+                    cc = generate_random_ring_element(torch.Size(it.out), generator=gen)
+                entry = (
                     AST.from_shares(a, precision=0),
                     AST.from_shares(b, precision=0),
                     AST.from_shares(cc, precision=0),

@@ -174,6 +174,7 @@ class Party:
         n_train = len(prep.train_idx)
         self.n_train = n_train
         self.phase_s: dict[str, float] = {}  # training and evaluation seconds, set by run()
+        self.train_cpu_s = 0.0  # CPU seconds of training (no evaluation), set by run()
         self.planned_steps = planned_steps(n_train, self.proto.training)
         self.allowed_steps = allowed_steps(self.proto, n_train)
         self._setup(prep, progress=progress)
@@ -226,6 +227,7 @@ class Party:
         step = 0 if done is None else done.step
         start = 0 if done is None else done.epoch
         t_run, t_eval, t_save = time.perf_counter(), 0.0, 0.0
+        c_run, c_eval, c_save = time.process_time(), 0.0, 0.0
         for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             if epoch < start:  # done before the checkpoint this run resumed from
                 continue
@@ -247,15 +249,16 @@ class Party:
                 row["train_loss"] = float(np.mean(losses))
             if last or (epoch + 1) % tr.eval_every == 0:
                 ch.phase, ch.round = "eval", epoch
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 metrics = self.evaluate() or metrics
                 t_eval += time.perf_counter() - t0
+                c_eval += time.process_time() - c0
                 row.update(metrics)
             history.append(row)
             self.after_epoch(row)
             every = tr.checkpoint_every
             if save is not None and every is not None and not last and (epoch + 1) % every == 0:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 prior = (0.0, 0.0) if done is None else (done.training_s, done.evaluation_s)
                 self.loop = LoopState(
                     epoch=epoch + 1,
@@ -268,6 +271,7 @@ class Party:
                 )
                 save(self.checkpoint_state())
                 t_save += time.perf_counter() - t0
+                c_save += time.process_time() - c0
         self.finish()
         self.steps = step
         self.epochs_done = len(history)
@@ -276,6 +280,7 @@ class Party:
             "evaluation": t_eval,
             **({"checkpoints": t_save} if t_save else {}),
         }
+        self.train_cpu_s = time.process_time() - c_run - c_eval - c_save
         return {
             "train_steps": step,
             "n_train": self.n_train,

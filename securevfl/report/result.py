@@ -83,6 +83,7 @@ def build_result(
             # each rank's wall time per phase and peak resident memory (attacks: added by the harness)
             "phase_s": {str(p.rank): p.phase_s or {} for p in parts},
             "phase_cpu_s": {str(p.rank): p.phase_cpu_s or {} for p in parts},
+            "train_cpu_s": {str(p.rank): p.train_cpu_s for p in parts if p.train_cpu_s is not None},
             "peak_rss_mib": {str(p.rank): p.peak_rss_mib for p in parts},
             "machine": {
                 "host": socket.gethostname(),

@@ -1,10 +1,17 @@
 """``mpc``: the interactive layer inside CrypTen secret sharing (DESIGN §4).
 
 Every passive party P_i secret-shares its (defended) embedding h'_i from its own
-rank; the blocks W_i exist only as shares among the MPC parties (A and every
-P_i); z = sum_i h'_i W_i is computed on shares and revealed to A alone; dL/dz is
-shared by A; dL/dh'_i = dL/dz W_i^T is revealed to P_i alone; the weight
-gradients h'_i^T dL/dz and the SGD-with-momentum update stay in shares.
+rank; the blocks W_i exist only as shares; z = sum_i h'_i W_i is computed on
+shares and revealed to A alone; dL/dz is shared by A; dL/dh'_i = dL/dz W_i^T is
+revealed to P_i alone; the weight gradients h'_i^T dL/dz and the
+SGD-with-momentum update stay in shares.
+
+Two share layouts (``layout``): ``pairwise`` (:mod:`.pairwise`; what ``auto``
+picks with the TTP dealer on CPU) shares W_i and P_i's products between A and
+P_i alone, so a step is k two-party computations and its cost grows linearly in
+k; ``joint`` (this module's ``_MpcRole``) shares every product among all k + 1
+MPC parties with CrypTen's own protocols (TFP, CUDA). What follows describes the
+joint layout; the pairwise one is described in :mod:`.pairwise`.
 
 Who learns what: A learns z (and dL/dz, which it computes); P_i learns
 dL/dh'_i; every other message is a share or a Beaver-masked opening, uniformly
@@ -46,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.errors import CryptoParameterError
+from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import (
     EXCHANGES,
@@ -58,11 +65,10 @@ from securevfl.exchange.base import (
 )
 from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc import ops
-from securevfl.exchange.mpc.plan import step_plan, top_up
+from securevfl.exchange.mpc.pairwise import PairRole
+from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, step_plan, top_up
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
-
-FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
 
 INSECURE_WARNING = (
     "mpc provider TFP: rank 0 generates all Beaver triples in the clear and can unmask "
@@ -77,9 +83,18 @@ class MpcOptions(BaseModel):
     weight_init: Literal["private", "seeded"] = "private"
     # offline phase: the dealer pre-generates this many steps' tuples per request (TTP only)
     offline_steps: int = Field(default=16, ge=1, le=1024)
+    # pairwise: P_i's products shared by A and P_i alone (linear in k; needs TTP and CPU);
+    # joint: every product shared by all k + 1 MPC parties (CrypTen's own protocols);
+    # auto: pairwise where it can run, else joint
+    layout: Literal["auto", "pairwise", "joint"] = "auto"
 
 
-OFFLINE_BYTES = 64 << 20  # bound on one party's pooled tuples
+def layout_of(options: MpcOptions, device: str) -> str:
+    """The share layout a run uses: ``auto`` is ``pairwise`` with the TTP dealer on
+    CPU, ``joint`` otherwise (CrypTen's TFP provider, CUDA shares)."""
+    if options.layout != "auto":
+        return options.layout
+    return "pairwise" if options.provider == "TTP" and device == "cpu" else "joint"
 
 
 class _MpcRole:
@@ -150,14 +165,12 @@ class _MpcRole:
         if self.pool is None:
             return
         plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train)
-        per_step = crypten_pool.pooled_bytes(plan)
-        steps = self.opts.offline_steps
-        max_steps = self.ctx.proto.training.max_steps
-        if train and max_steps:
-            steps = min(steps, max_steps)
-        if batch != self.ctx.proto.training.batch_size:
-            steps = 1  # an epoch's short last batch: its shape comes once per epoch
-        steps = max(1, min(steps, OFFLINE_BYTES // max(1, per_step)))
+        steps = chunk_steps(
+            crypten_pool.pooled_bytes(plan),
+            self.opts.offline_steps,
+            self.ctx.proto.training.max_steps if train else None,
+            full_batch=batch == self.ctx.proto.training.batch_size,
+        )
         stock = {it: self.pool.stock(it) for it in plan}
         bundle = top_up(plan, stock, steps)
         if bundle:
@@ -204,6 +217,14 @@ class _MpcRole:
         self._h = []
         return None if mine is None else (mine / scale).float()
 
+    def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
+        """z at A (revealed by one reduce), None at the passive parties."""
+        z = self.forward_shares(h, batch, train).get_plain_text(dst=0)
+        return z if self.rank == 0 else None
+
+    def backward(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+        return self.backward_shares(g, batch)
+
     def checkpoint_state(self) -> ComponentState:
         """This rank's CrypTen shares of every W_i and of its momentum, with their
         fixed-point precision: a share alone is uniformly random (issue #18 §3)."""
@@ -226,16 +247,25 @@ class _MpcRole:
         stop_crypten()
 
 
+def _role(ctx: ExchangeContext) -> _MpcRole | PairRole:
+    opts: MpcOptions = ctx.options  # type: ignore[assignment]
+    if layout_of(opts, ctx.device.type) == "pairwise":
+        return PairRole(ctx, weight_init=opts.weight_init, offline_steps=opts.offline_steps)
+    return _MpcRole(ctx)
+
+
 class MpcActive(ActiveExchange):
     def __init__(self, ctx: ExchangeContext):
-        self.role = _MpcRole(ctx)
+        self.role = _role(ctx)
+        self.provider = ctx.options.provider  # type: ignore[attr-defined]
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
-        z = self.role.forward_shares(None, batch_size, train)
-        return z.get_plain_text(dst=0).float()
+        z = self.role.forward(None, batch_size, train)
+        assert z is not None
+        return z.float()
 
     def backward(self, grad_z: torch.Tensor) -> None:
-        self.role.backward_shares(grad_z.detach().float().cpu(), grad_z.shape[0])
+        self.role.backward(grad_z.detach().float().cpu(), grad_z.shape[0])
 
     def checkpoint_state(self) -> ComponentState:
         return self.role.checkpoint_state()
@@ -246,7 +276,7 @@ class MpcActive(ActiveExchange):
     def close(self) -> None:
         import crypten.communicator as comm
 
-        if self.role.opts.provider == "TTP":
+        if self.provider == "TTP":
             c = comm.get()
             c.send_obj("terminate", c.get_ttp_rank(), c.ttp_group)
         self.role.finish()
@@ -254,18 +284,18 @@ class MpcActive(ActiveExchange):
 
 class MpcPassive(PassiveExchange):
     def __init__(self, ctx: ExchangeContext):
-        self.role = _MpcRole(ctx)
+        self.role = _role(ctx)
+        self.device = ctx.device
         self._batch = 0
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         self._batch = h.shape[0]
-        z = self.role.forward_shares(h.detach().float().cpu(), self._batch, train)
-        z.get_plain_text(dst=0)  # collective: A receives the others' shares of z
+        self.role.forward(h.detach().float().cpu(), self._batch, train)
 
     def backward(self) -> torch.Tensor:
-        g = self.role.backward_shares(None, self._batch)
+        g = self.role.backward(None, self._batch)
         assert g is not None
-        return g.float().to(self.role.device)
+        return g.float().to(self.device)
 
     def checkpoint_state(self) -> ComponentState:
         return self.role.checkpoint_state()
@@ -319,6 +349,12 @@ class Mpc(ExchangeBackend):
             )
         if options.insecure and options.provider == "TFP":
             warnings.warn(INSECURE_WARNING, stacklevel=2)
+        if options.layout == "pairwise" and (options.provider != "TTP" or proto.training.device != "cpu"):
+            raise ConfigError(
+                "the pairwise share layout needs the TTP dealer (its triples are generated per pair) "
+                "and runs on CPU; use layout: joint (or auto)",
+                path="exchange.params.layout",
+            )
 
     @classmethod
     def active(cls, ctx: ExchangeContext) -> ActiveExchange:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from securevfl._compat import import_crypten
 from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle
-from securevfl.exchange.mpc.plan import step_ops, step_plan
+from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
 
 PING_ROUNDS = 200
 
@@ -115,22 +115,31 @@ def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
     g = torch.Generator().manual_seed(1)
     t0 = time.process_time()
     dealer_bundle(server, plan)
-    for it in plan:
+    for it in plan:  # rank 0's draws: it holds a share of every item in either layout
         sizes = [it.size0, it.size1, it.out] if isinstance(it, Triple) else [it.size, it.size]
         for s in sizes:
             generate_random_ring_element(torch.Size(s), generator=g)
     return time.process_time() - t0
 
 
-def report(batch: int, dims: Sequence[int], out: int, offline_steps: int = 16) -> dict[str, Any]:
-    """Counts, unit costs and floors for one training step at this shape."""
+def report(
+    batch: int, dims: Sequence[int], out: int, offline_steps: int = 16, layout: str = "pairwise"
+) -> dict[str, Any]:
+    """Counts, unit costs and floors for one training step at this shape. In the
+    pairwise layout A's arithmetic (its share of every pair's products) is the
+    critical path's; in the joint one every party computes a share of all products."""
     torch.set_num_threads(1)
     n_mpc = len(dims) + 1
-    plan = step_plan(batch, dims, out, n_mpc, train=True)
-    ops = step_ops(batch, dims, out, n_mpc, offline_steps=offline_steps)
+    if layout == "pairwise":
+        plan = pair_plan(batch, dims, out, range(1, n_mpc), train=True)
+        ops = pair_ops(batch, dims, out, offline_steps=offline_steps)
+    else:
+        plan = step_plan(batch, dims, out, n_mpc, train=True)
+        ops = step_ops(batch, dims, out, n_mpc, offline_steps=offline_steps)
     rtt = round_trip_s()
     arith = beaver_arithmetic_s(plan)
     return {
+        "layout": layout,
         "counts": ops.as_dict(),
         "wraps_pairs": sum(isinstance(it, Wraps) for it in plan),
         "round_trip_s": rtt,

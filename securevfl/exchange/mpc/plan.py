@@ -1,5 +1,6 @@
 """What one step of the ``mpc`` interactive layer consumes and sends: the
-dealer's tuples (the offline plan) and the online protocol's operation counts.
+dealer's tuples (the offline plan) and the online protocol's operation counts,
+for both share layouts (``layout: pairwise``, the default, and ``joint``).
 
 Pure functions of the step's shape, shared by the backend (which asks the
 dealer for exactly this plan), the benchmark's op-count floor and the tests.
@@ -14,6 +15,15 @@ o, N = k + 1 MPC parties (DESIGN §4, the mpc section of README):
   v_i <- trunc(m v_i + h_i^T dL/dz) and the weight update
   W_i <- W_i - trunc(lr' v_i) each one truncation for all i: local with N = 2,
   CrypTen's wraps protocol (a dealer pair and one gather to rank 0) with N > 2.
+
+That is the ``joint`` layout (:func:`step_plan`, :func:`step_ops`): every product
+shared among all N parties. In the ``pairwise`` layout (:func:`pair_plan`,
+:func:`pair_ops`; :mod:`.pairwise`) P_i's three products are shared between A and
+P_i alone, from triples only those two hold; the openings of all pairs run in one
+round, z is revealed to A from every pair's shares (masked by a zero sharing) in
+one round and each dL/dh_i in one, and both truncations are local: 4 rounds for
+any k, and each pair's work and bytes are those of a two-party computation, so a
+step's total grows linearly in k.
 """
 
 from __future__ import annotations
@@ -25,6 +35,20 @@ from dataclasses import dataclass
 from securevfl.exchange.crypten_pool import Item, Triple, Wraps, plan_elements
 
 RING_BYTES = 8
+FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
+OFFLINE_BYTES = 64 << 20  # bound on one party's pooled tuples
+
+
+def chunk_steps(per_step_bytes: int, offline_steps: int, max_steps: int | None, *, full_batch: bool) -> int:
+    """How many steps' tuples one offline bundle holds: ``offline_steps``, no more
+    than the run's ``max_steps``, one for an epoch's short last batch (its shape
+    comes once per epoch), and within :data:`OFFLINE_BYTES` of pooled shares."""
+    steps = offline_steps
+    if max_steps:
+        steps = min(steps, max_steps)
+    if not full_batch:
+        steps = 1
+    return max(1, min(steps, OFFLINE_BYTES // max(1, per_step_bytes)))
 
 
 def step_plan(batch: int, dims: Sequence[int], out: int, n_mpc: int, *, train: bool) -> list[Item]:
@@ -77,6 +101,33 @@ def step_ops(batch: int, dims: Sequence[int], out: int, n_mpc: int, *, offline_s
         matmuls=3 * len(dims),
         openings=6 * len(dims),
         rounds=rounds,
+        truncations=2,
+        dealer_requests=1 / max(1, offline_steps),
+        offline_bytes=RING_BYTES * plan_elements(plan),
+    )
+
+
+def pair_plan(batch: int, dims: Sequence[int], out: int, ranks: Sequence[int], *, train: bool) -> list[Item]:
+    """The pairwise layout's tuples for one step: P_i's (rank ``ranks[i]``) triples
+    with A only, in a fixed order every party agrees on; no truncation pairs."""
+    pairs = list(zip(dims, ranks, strict=True))
+    plan: list[Item] = [Triple((batch, d), (d, out), "matmul", r) for d, r in pairs]
+    if not train:
+        return plan
+    plan += [Triple((batch, out), (out, d), "matmul", r) for d, r in pairs]
+    plan += [Triple((d, batch), (batch, out), "matmul", r) for d, r in pairs]
+    return plan
+
+
+def pair_ops(batch: int, dims: Sequence[int], out: int, *, offline_steps: int = 1) -> StepOps:
+    """Counts for one training step in the pairwise layout: forward opening, reveal
+    of z, backward opening, reveal of every dL/dh_i (4 rounds whatever k); two local
+    truncations."""
+    plan = pair_plan(batch, dims, out, range(1, len(dims) + 1), train=True)
+    return StepOps(
+        matmuls=3 * len(dims),
+        openings=6 * len(dims),
+        rounds=4,
         truncations=2,
         dealer_requests=1 / max(1, offline_steps),
         offline_bytes=RING_BYTES * plan_elements(plan),

@@ -1,0 +1,47 @@
+"""Two-party arithmetic on raw CrypTen ring shares (Z_2^64 as torch int64).
+
+Pure functions used by the pairwise share layout (:mod:`.pairwise`), where each
+passive party's products are shared between A and that party alone, so CrypTen's
+protocols, which always span every MPC party, cannot run them. They are the same
+arithmetic as CrypTen's: fixed-point encoding as ``FixedPointEncoder.encode``,
+Beaver's product as ``crypten.mpc.primitives.beaver.matmul`` (the first party adds
+eps delta), and truncation as CrypTen's two-party ``div_`` (each party divides
+its own share, SecureML's local truncation: off by at most one unit, except with
+probability about |x| / 2^64 per element when the two shares wrap).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def encode(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A float tensor at ``bits`` fractional bits, truncated toward zero as CrypTen does."""
+    return (2**bits * x).long()
+
+
+def decode(share_sum: torch.Tensor, bits: int) -> torch.Tensor:
+    """The float64 value of an opened ring element at ``bits`` fractional bits."""
+    return share_sum.double() / 2**bits
+
+
+def masked(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """This party's share of x - a (x's share minus the triple's mask share)."""
+    return x - a
+
+
+def beaver_share(
+    eps: torch.Tensor, delta: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, first: bool
+) -> torch.Tensor:
+    """This party's share of x @ y from the opened eps = x - a, delta = y - b and its
+    shares of the triple (a, b, c = a b): c + eps b + a delta, plus eps delta at the
+    first party only (Beaver 1991; CrypTen's ``beaver.matmul``). The result carries
+    the operands' precisions added (untruncated)."""
+    z = c + eps.matmul(b) + a.matmul(delta)
+    return z + eps.matmul(delta) if first else z
+
+
+def truncate(share: torch.Tensor, bits: int) -> torch.Tensor:
+    """This party's share of x / 2^bits with two parties: each divides its own share
+    (CrypTen's two-party ``div_``)."""
+    return share.div(2**bits, rounding_mode="trunc")
