@@ -46,7 +46,7 @@ def sealed_size(nbytes: int) -> int:
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's memory as bytes, without a copy."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 @dataclass
@@ -147,7 +147,7 @@ class Link:
         ``sealed_size(t.nbytes)`` elements, ready for ``dist.send``/``isend``."""
         t0 = time.thread_time()
         frame = torch.empty(sealed_size(t.numel() * t.element_size()), dtype=torch.uint8)
-        self._tx.encrypt_into(self._next_tx(), _bytes_of(t), self._aad_tx, memoryview(frame.numpy()))
+        self._tx.encrypt_into(self._next_tx(), _bytes_of(t), self._aad_tx, frame.numpy().data)
         self.meter.add("seal_cpu_s", time.thread_time() - t0, frame.numel())
         return frame
 
@@ -168,14 +168,14 @@ class Link:
         return out
 
     # -- transport ---------------------------------------------------------------------
-    def send(self, t: torch.Tensor, group: object = None) -> int:
+    def send(self, t: torch.Tensor, group: dist.ProcessGroup | None = None) -> int:
         """Seal ``t`` and send it to the peer as one frame; returns the wire bytes.
         Transport errors propagate (the caller names the lost rank)."""
         frame = self.seal_tensor(t.detach().cpu().contiguous())
         dist.send(frame, dst=self.peer, group=group)
         return frame.numel()
 
-    def recv(self, out: torch.Tensor, group: object = None) -> torch.Tensor:
+    def recv(self, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
         """Receive one frame from the peer and open it into ``out`` (its size and
         dtype are what both ends agreed on); returns ``out``."""
         frame = torch.empty(sealed_size(out.numel() * out.element_size()), dtype=torch.uint8)
