@@ -34,8 +34,8 @@ table gives, per backend at each configuration, the payload bytes (the columns a
 the floors compare), the sealed bytes on the wire (headers and 16-byte tags included), the
 sealed frames, and the CPU the seal/open calls took, all ranks together, per training step,
 as a share of the step time (the overhead's upper bound: ranks mostly wait on each other).
-Traffic the channel does not carry (CrypTen's own sends under mpc, until it is routed through
-the links) is in the payload bytes but not in the sealed ones.
+The sealed bytes, frames and seal/open CPU count every sealed frame of the training phase,
+CrypTen's under mpc included (its frames go through the same links).
 
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick]
 """
