@@ -29,7 +29,7 @@ one party's ring arithmetic measured in the same run (securevfl.exchange.mpc.flo
 online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
 drawing the step's tuples) is printed beside it and is not in the x plain ratio.
 
-Secure channel (issue #19): every frame travels sealed (ChaCha20-Poly1305). The channel
+Secure channel (issue #19): every frame travels sealed (AES-256-GCM). The channel
 table gives, per backend at each configuration, the payload bytes (the columns above, which
 the floors compare), the sealed bytes on the wire (headers and 16-byte tags included), the
 sealed frames, and the CPU the seal/open calls took, all ranks together, per training step,
