@@ -39,6 +39,14 @@ one party's ring arithmetic measured in the same run (securevfl.exchange.mpc.flo
 online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
 drawing the step's tuples) is printed beside it and is not in the x plain ratio.
 
+Secure channel (issue #19): every frame travels sealed (AES-256-GCM). The channel
+table gives, per backend at each configuration, the payload bytes (the columns above, which
+the floors compare), the sealed bytes on the wire (headers and 16-byte tags included), the
+sealed frames, and the CPU the seal/open calls took, all ranks together, per training step,
+as a share of the step time (the overhead's upper bound: ranks mostly wait on each other).
+The sealed bytes, frames and seal/open CPU count every sealed frame of the training phase,
+CrypTen's under mpc included (its frames go through the same links).
+
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick]
 """
 
@@ -321,6 +329,9 @@ def main() -> int:
                     "bytes_over_floor": res["bytes_per_step"] / fl,
                     "test_accuracy": res["test_accuracy"],
                     "steps": res["train_steps"],
+                    "sealed_bytes_per_step": res["ledger"].get("sealed_bytes_per_step", 0.0),
+                    "channel_frames_per_step": res["ledger"].get("channel_frames_per_step", 0.0),
+                    "channel_cpu_s_per_step": res["ledger"].get("channel_cpu_s_per_step", 0.0),
                 }
             )
             r = rows[-1]
@@ -332,7 +343,11 @@ def main() -> int:
             )
             print(
                 f"    {t * 1000:9.1f} ms/step  x{r['ratio_to_plain']:.1f} plain  "
-                f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}",
+                f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}; "
+                "channel "
+                f"{r['channel_cpu_s_per_step'] * 1000:.2f} ms CPU/step "
+                f"({100 * r['channel_cpu_s_per_step'] / t:.1f}% of the step), "
+                f"{human_bytes(r['sealed_bytes_per_step'])} sealed/step",
                 file=sys.stderr,
                 flush=True,
             )
@@ -360,6 +375,18 @@ def main() -> int:
             f"{r['s_per_step'] * 1000:.1f} ms | {r['ratio_to_plain']:.1f} | {floor_cells} | "
             f"{human_bytes(r['bytes_per_step'])} | "
             f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} | {cpu} |"
+        )
+    print("\nsecure channel (seal + open CPU, all ranks, per training step; sealed bytes on the wire)")
+    print(
+        "| backend | batch | passive | payload/step | sealed/step | frames/step | seal+open CPU | of step |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['backend']} | {r['batch']} | {r['passive']} | {human_bytes(r['bytes_per_step'])} | "
+            f"{human_bytes(r['sealed_bytes_per_step'])} | {r['channel_frames_per_step']:.0f} | "
+            f"{r['channel_cpu_s_per_step'] * 1000:.2f} ms | "
+            f"{100 * r['channel_cpu_s_per_step'] / r['s_per_step']:.1f}% |"
         )
     for r in rows:
         if "ops" in r:

@@ -176,7 +176,7 @@ class _Sending:
 
 class SealedFrames:
     """Frames sealed on the session's authenticated per-peer links (stream
-    :data:`STREAM`, ChaCha20-Poly1305 under per-direction keys, sequence-numbered:
+    :data:`STREAM`, AES-256-GCM under per-direction keys, sequence-numbered:
     :mod:`securevfl.runtime.secure.link`), moved like :class:`GlooFrames`. A
     frame that fails to open (forged, altered, replayed, reordered, truncated)
     raises :class:`ProtocolError` naming the sender; the link then refuses

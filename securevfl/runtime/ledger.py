@@ -178,7 +178,8 @@ def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str
         "header_bytes_per_message": HEADER_BYTES,
         # the secure channel (issue #19): bytes on the wire (headers and AEAD tags
         # included) and CPU seconds sealing and opening, all ranks together
-        "sealed_bytes_per_step": train["sealed_bytes"] * per,
+        # every sealed frame of the training phase (the channel's and, under mpc, CrypTen's)
+        "sealed_bytes_per_step": ch.get("sealed_bytes", 0) * per,
         "channel_frames_per_step": ch.get("frames", 0) * per,
         "channel_cpu_s_per_step": (ch.get("seal_cpu_s", 0.0) + ch.get("open_cpu_s", 0.0)) * per,
         "channel": {k: {kk: round(vv, 6) for kk, vv in v.items()} for k, v in cpu.items()},

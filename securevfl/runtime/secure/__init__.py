@@ -6,7 +6,7 @@ sealed per-peer links.
 * :mod:`.handshake`: the SIGMA-style authenticated key exchange run through the
   rendezvous store (pure functions: transcript, signatures, key schedule);
 * :mod:`.link`: :class:`Link`, one peer and one stream, sealing and opening
-  frames with ChaCha20-Poly1305 under per-direction keys and sequence numbers,
+  frames with AES-256-GCM under per-direction keys and sequence numbers,
   and :class:`Links`, every peer's links for one rank.
 
 Primitives come from ``cryptography`` (OpenSSL); nothing here invents one.

@@ -17,7 +17,7 @@ pair of ranks through the rendezvous store, whose values are all public:
    (proving it holds the ephemeral secret behind the hello);
 5. a side accepts the peer only if the peer's identity key is the pinned one, its
    signature verifies, and its MAC does; then per-direction, per-stream
-   ChaCha20-Poly1305 keys are ``HKDF-Expand(prk, "key" | stream | sender | receiver)``.
+   AES-256-GCM keys are ``HKDF-Expand(prk, "key" | stream | sender | receiver)``.
 
 Ephemeral and derived secrets stay in the process; nothing secret is published.
 """
@@ -86,7 +86,7 @@ def confirm_ok(prk: bytes, transcript_hash: bytes, sender: int, receiver: int, t
 
 
 def stream_key(prk: bytes, stream: str, sender: int, receiver: int) -> bytes:
-    """The ChaCha20-Poly1305 key for frames ``sender -> receiver`` on ``stream``."""
+    """The AES-256-GCM key for frames ``sender -> receiver`` on ``stream``."""
     if " " in stream or not stream:
         raise ValueError(f"bad stream name {stream!r}")
     return _expand(prk, f"key {stream} {sender}->{receiver}".encode())
