@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | compare | validate | list | criteo``.
+"""Command line: ``securevfl run | party | predict | compare | validate | list | criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -21,6 +21,7 @@ from securevfl.app.comparison import plan as make_plan
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol
 from securevfl.app.outdir import OutputFolder
+from securevfl.app.predict import check_out, parse_data_overrides, predict_local, predict_rank
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.attacks import ATTACKS
@@ -28,7 +29,7 @@ from securevfl.data.criteo import active_feature_columns, split_criteo
 from securevfl.data.datasets import DATASETS
 from securevfl.data.partition import is_builtin, materialize
 from securevfl.defenses import DEFENSES
-from securevfl.errors import PartyFailure, SecureVFLError, show_warning
+from securevfl.errors import ConfigError, PartyFailure, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import print_summary, print_table, write_comparison
@@ -55,6 +56,17 @@ def _add_overwrite(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="PARTY=PATH",
+        help="prediction: the file of new records of party PARTY (repeatable; default: the file "
+        "its party entry names)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="securevfl", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -74,8 +86,31 @@ def build_parser() -> argparse.ArgumentParser:
     party.add_argument("--out", help="output folder (default: runs/<protocol name>-rank<R>)")
     party.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
     party.add_argument("--quiet", action="store_true")
+    party.add_argument(
+        "--predict",
+        metavar="RUN_DIR",
+        help="predict with this rank's model saved in RUN_DIR (its output folder of the training "
+        "run) instead of training; every rank of the prediction is started with --predict",
+    )
+    _add_data(party)
     _add_overwrite(party)
     _add_common(party)
+
+    pred = sub.add_parser(
+        "predict",
+        help="apply a trained model to new records, every rank locally (federated prediction)",
+        description="Every party loads its own saved model from RUN_DIR and its own file of new "
+        "records, the parties align the IDs by PSI and the exchange backend of the run computes the "
+        "scores; the active party writes OUT/predictions.csv.",
+    )
+    pred.add_argument("run_dir", metavar="RUN_DIR", help="output folder of the training run")
+    pred.add_argument("--out", required=True, help="output folder for predictions.csv")
+    pred.add_argument(
+        "--data-dir", help="where built-in datasets are materialized (default: RUN_DIR/data)"
+    )
+    _add_data(pred)
+    _add_overwrite(pred)
+    pred.add_argument("--debug", action="store_true", help="show tracebacks")
 
     cmp_ = sub.add_parser(
         "compare",
@@ -145,6 +180,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_party(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
     role = layout_of(proto).role(args.rank)
+    if args.predict is not None:
+        return _party_predict(args, proto, role.party, role.kind)
+    if args.data:
+        raise ConfigError("--data names the new records of a prediction: use it with --predict", path="--data")
     out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
@@ -169,6 +208,57 @@ def cmd_party(args: argparse.Namespace) -> int:
     if args.rank == 0:
         print(f"result: {out / 'result.json'}")
     return code
+
+
+def _party_predict(args: argparse.Namespace, proto, party: str, kind: str) -> int:
+    """``securevfl party FILE --rank R --predict RUN_DIR``: one rank of a prediction."""
+    run_dir = Path(args.predict)
+    files = parse_data_overrides(args.data, proto)
+    others = sorted(set(files) - {party})
+    if others:
+        raise ConfigError(
+            f"rank {args.rank} is party '{party}'; --data may name only its own file (got {others})",
+            path="--data",
+        )
+    out = Path(args.out or f"runs/{proto.name}-predict-rank{args.rank}")
+    check_out(out, run_dir)
+    data_dir = Path(args.data_dir) if args.data_dir else run_dir / "data"
+    folder = OutputFolder.open(out, overwrite=args.overwrite)
+    code = predict_rank(
+        proto,
+        args.rank,
+        args.rendezvous,
+        run_dir,
+        folder.path,
+        data_dir,
+        data=files.get(party),
+        progress=not args.quiet,
+    )
+    if code != 0:
+        folder.abandon()
+        return code
+    folder.commit()
+    if kind == "active":
+        print(f"predictions: {out / 'predictions.csv'}")
+    return code
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    record, path = predict_local(
+        Path(args.run_dir),
+        out,
+        data=args.data,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"securevfl predict: {record.protocol} [{record.backend}]: {record.rows['aligned']} rows aligned "
+        "and predicted (" + ", ".join(f"{k} {v}" for k, v in record.rows.items() if k != "aligned")
+        + " records)"
+    )
+    print(f"predictions: {path}")
+    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -253,6 +343,7 @@ def cmd_criteo(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "party": cmd_party,
+    "predict": cmd_predict,
     "compare": cmd_compare,
     "validate": cmd_validate,
     "list": cmd_list,

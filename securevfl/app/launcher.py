@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,15 +104,34 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> d
         materialize(proto, data_dir)
     layout = layout_of(proto)
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
-    ctx = mp.get_context("spawn")
     blob = proto.model_dump_json()
+    codes = run_ranks(
+        proto,
+        layout,
+        out_dir,
+        _child,
+        [(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress) for r in layout.roles],
+    )
+    if all(c == 0 for c in codes.values()):
+        if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
+            run_attacks(proto, out_dir)
+        return json.loads((out_dir / "result.json").read_text())
+    raise explain_failure(layout, out_dir, codes)
+
+
+def run_ranks(
+    proto: Protocol,
+    layout: Layout,
+    out_dir: Path,
+    target: Callable[..., None],
+    args: list[tuple[Any, ...]],
+) -> dict[int, int | None]:
+    """Start one spawned process per rank (``target(*args[rank])``), watch them and
+    return their exit codes. Once one fails the others end themselves through
+    their watchdogs; any still alive after a grace period are killed."""
+    ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(
-            target=_child,
-            name=f"{RANK_PROCESS}{r.rank}",
-            args=(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress),
-        )
-        for r in layout.roles
+        ctx.Process(target=target, name=f"{RANK_PROCESS}{r.rank}", args=args[r.rank]) for r in layout.roles
     ]
     for p in procs:
         p.start()
@@ -136,15 +156,10 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> d
         raise
     for p in procs:
         p.join()
-    codes = {r: p.exitcode for r, p in enumerate(procs)}
-    if all(c == 0 for c in codes.values()):
-        if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
-            run_attacks(proto, out_dir)
-        return json.loads((out_dir / "result.json").read_text())
-    raise _explain_failure(layout, out_dir, codes)
+    return {r: p.exitcode for r, p in enumerate(procs)}
 
 
-def _explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
+def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
     """Pick the root cause among the ranks' error files and exit codes."""
     notes: dict[int, ErrorNote] = {}
     for r in codes:

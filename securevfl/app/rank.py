@@ -41,7 +41,7 @@ from securevfl.validation import check_task
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
 
 
-def _install_open_audit() -> list[str]:
+def install_open_audit() -> list[str]:
     """Record every data-like file this process opens (tests use it to prove that
     a party reads only its own file)."""
     opened: list[str] = []
@@ -80,7 +80,7 @@ def run_rank(
     proto: Protocol, rank: int, rendezvous: str, out_dir: Path, data_dir: Path, *, progress: bool
 ) -> int:
     """Run one rank to completion; returns the process exit code."""
-    opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
+    opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
 

@@ -56,6 +56,10 @@ class Hello(BaseModel):
     pid: int
     host: str
     version: str
+    # what the ranks run together: "train" (securevfl run / party) or "predict"
+    # (securevfl predict / party --predict); ranks started for different purposes
+    # would exchange different messages, so they are refused at start-up
+    purpose: str = "train"
 
 
 class Claim(BaseModel):
@@ -186,8 +190,18 @@ def probe(host: str, port: int, timeout: float) -> str | None:
 class Session:
     """Context manager around one rank's life in the run."""
 
-    def __init__(self, proto: Protocol, layout: Layout, rank: int, rendezvous: str, out_dir: Path):
+    def __init__(
+        self,
+        proto: Protocol,
+        layout: Layout,
+        rank: int,
+        rendezvous: str,
+        out_dir: Path,
+        *,
+        purpose: str = "train",
+    ):
         self.proto = proto
+        self.purpose = purpose
         self.layout = layout
         self.role: Role = layout.role(rank)
         self.rank = rank
@@ -361,6 +375,7 @@ class Session:
             pid=os.getpid(),
             host=socket.gethostname(),
             version=__version__,
+            purpose=self.purpose,
         )
         store.set(f"hb/{self.rank}", "0")
         store.set(f"hello/{self.rank}", me.model_dump_json())
@@ -387,6 +402,12 @@ class Session:
                 raise ConfigError(
                     f"{self.who(r)} was started with world size {h.world_size} as rank {h.rank}; "
                     f"this protocol needs world size {self.layout.world_size}"
+                )
+            if h.purpose != me.purpose:
+                raise ConfigError(
+                    f"{self.who(r)} was started to {h.purpose}, this rank to {me.purpose}: start every "
+                    "rank of a prediction with --predict (securevfl party) or all of them with "
+                    "securevfl predict"
                 )
             if h.digest != me.digest:
                 raise ConfigError(
