@@ -20,7 +20,7 @@ from securevfl.app.comparison import execute, read_comparison_file, sources_from
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol
-from securevfl.app.outdir import OutputFolder
+from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.predict import check_out, parse_data_overrides, predict_local, predict_rank
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
@@ -67,6 +67,15 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_resume(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run in --out from the newest checkpoint every rank holds "
+        "(training.checkpoint_every writes them under OUT/ranks/rank<R>/checkpoints)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="securevfl", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -77,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     _add_overwrite(run)
+    _add_resume(run)
     _add_common(run)
 
     party = sub.add_parser("party", help="run one rank (one organization) of a protocol")
@@ -94,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data(party)
     _add_overwrite(party)
+    _add_resume(party)
     _add_common(party)
 
     pred = sub.add_parser(
@@ -171,6 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir) if args.data_dir else None,
         progress=not args.quiet,
         overwrite=args.overwrite,
+        resume=args.resume,
     )
     print_table([result], title=f"securevfl run: {proto.name}")
     print(f"result: {out / 'result.json'}")
@@ -181,12 +193,21 @@ def cmd_party(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
     role = layout_of(proto).role(args.rank)
     if args.predict is not None:
+        if args.resume:
+            raise ConfigError(
+                "--resume continues a training run; a prediction has nothing to resume", path="--resume"
+            )
         return _party_predict(args, proto, role.party, role.kind)
     if args.data:
-        raise ConfigError("--data names the new records of a prediction: use it with --predict", path="--data")
+        raise ConfigError(
+            "--data names the new records of a prediction: use it with --predict", path="--data"
+        )
     out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
-    folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
+    if args.resume:
+        folder = resume_folder(out, overwrite=args.overwrite, ranks=range(args.rank, args.rank + 1))
+    else:
+        folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
     if is_builtin(proto) and role.kind != "helper":
         # Materialize this party's slice in a short-lived child process, so this
         # rank's own process never holds the other parties' columns.
@@ -195,7 +216,9 @@ def cmd_party(args: argparse.Namespace) -> int:
         p.join()
         if p.exitcode != 0:
             raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
-    code = run_rank(proto, args.rank, args.rendezvous, folder.path, data_dir, progress=not args.quiet)
+    code = run_rank(
+        proto, args.rank, args.rendezvous, folder.path, data_dir, progress=not args.quiet, resume=args.resume
+    )
     if code != 0:
         failed = folder.abandon()
         if failed is not None:

@@ -248,6 +248,12 @@ class TrainingSpec(Strict):
         default=None,
         description="regression loss, mse by default (regression only; huber: delta 1 on the scaled target)",
     )
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="every N epochs each rank saves its own state under OUT/ranks/rank<R>/checkpoints/ "
+        "(securevfl run --resume continues from the newest one every rank holds); default: off",
+    )
     local_steps: int = Field(
         default=1,
         ge=1,

@@ -68,6 +68,12 @@ class PartyFailure(SecureVFLError):
         super().__init__(message)
 
 
+class CheckpointError(SecureVFLError):
+    """A checkpoint or saved model cannot be used: missing, corrupted, written for
+    another protocol or rank, or not the one the other ranks hold. The message
+    names the rank, the file or field, and the reason (exit code 2)."""
+
+
 class CryptoParameterError(ConfigError):
     """Crypto parameters below the security floor, refused at load."""
 

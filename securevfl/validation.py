@@ -49,6 +49,16 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
             UnsupportedCombination,
         )
 
+    if proto.training.checkpoint_every is not None and (proto.attacks or proto.runtime.dump_views):
+        # the adversary views recorded before an interruption are not in a checkpoint
+        raise err(
+            "checkpoints hold each rank's training state, not the views recorded for attacks or a "
+            "view dump, so a resumed run would attack only part of the run: run attacks without "
+            "checkpoint_every",
+            "training.checkpoint_every",
+            UnsupportedCombination,
+        )
+
     # dataset and columns
     builtin = proto.dataset.name != "csv"
     if builtin and proto.dataset.name not in DATASETS:

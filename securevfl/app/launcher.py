@@ -23,12 +23,20 @@ from typing import Any
 
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
-from securevfl.app.outdir import OutputFolder
+from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.config import Protocol
 from securevfl.data.partition import is_builtin, materialize
-from securevfl.errors import ConfigError, DataError, Diverged, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    Diverged,
+    PartyFailure,
+    ProtocolError,
+    SecureVFLError,
+)
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.session import ErrorNote
 
@@ -37,6 +45,7 @@ ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "UnsupportedCombination": ConfigError,
     "CryptoParameterError": ConfigError,
     "DataError": DataError,
+    "CheckpointError": CheckpointError,
     "Diverged": Diverged,
     "ProtocolError": ProtocolError,
     "PartyFailure": PartyFailure,
@@ -52,9 +61,12 @@ def free_port() -> int:
 RANK_PROCESS = "securevfl-rank"
 
 
-def _child(proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool) -> None:
+def _child(
+    proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool, resume: bool
+) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
-    sys.exit(run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress))
+    code = run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress, resume=resume)
+    sys.exit(code)
 
 
 def launch(
@@ -64,12 +76,16 @@ def launch(
     data_dir: Path | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run every rank locally; return the result record (also in out_dir/result.json).
 
     An ``out_dir`` that already holds results is refused unless ``overwrite``;
     then the new run is written aside and replaces securevfl's earlier files only
-    once it has finished (:class:`~securevfl.app.outdir.OutputFolder`)."""
+    once it has finished (:class:`~securevfl.app.outdir.OutputFolder`).
+    ``resume``: continue the interrupted run in ``out_dir`` from the newest
+    checkpoint every rank holds (the ranks agree on it at start-up), writing
+    into ``out_dir`` itself."""
     if mp.current_process().name.startswith(RANK_PROCESS):
         # Under the 'spawn' start method each rank re-imports the caller's main
         # module; a script that calls launch() at top level would launch again.
@@ -85,9 +101,12 @@ def launch(
         )
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
-    folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
+    if resume:
+        folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout_of(proto).world_size))
+    else:
+        folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
-        result = _launch(proto, folder.path, data_dir, progress)
+        result = _launch(proto, folder.path, data_dir, progress, resume)
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):
@@ -99,7 +118,7 @@ def launch(
     return result
 
 
-def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> dict[str, Any]:
+def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> dict[str, Any]:
     if is_builtin(proto):
         materialize(proto, data_dir)
     layout = layout_of(proto)
@@ -110,7 +129,7 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool) -> d
         layout,
         out_dir,
         _child,
-        [(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress) for r in layout.roles],
+        [(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress, resume) for r in layout.roles],
     )
     if all(c == 0 for c in codes.values()):
         if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done

@@ -140,7 +140,8 @@ class PartyModel:
         saved_bias = self.tensors.get("bias")
         if not isinstance(saved_bias, torch.Tensor) or saved_bias.shape != bias.shape:
             raise CheckpointError(
-                f"rank {self.role.rank} ({spec.name}): models.pt: field 'bias' does not fit the protocol's model"
+                f"rank {self.role.rank} ({spec.name}): models.pt: field 'bias' does not fit "
+                "the protocol's model"
             )
         exchange = backend.active(ctx)
         exchange.restore(self.exchange_state)  # type: ignore[attr-defined]
@@ -182,4 +183,3 @@ def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.d
     exchange = ComponentState.from_parts(state.tensor("exchange", rank=rank), state.docs.get("exchange", {}))
     task = _task(info, rank) if role.kind == "active" else None
     return PartyModel(proto, role, spec, info, pre, models, exchange, stack, task)
-

@@ -28,6 +28,8 @@ OWN_FILES = re.compile(
     r"^(result\.json|predictions\.csv|prediction\.json"
     r"|ranks/(rank\d+\.[A-Za-z0-9_.]+|launcher_pids\.json)|attacks/[^/]+\.npz)$"
 )
+# each rank's own folder of checkpoints and its final model (securevfl.app.checkpoints)
+OWN_DIRS = re.compile(r"^ranks/rank\d+$")
 
 
 def is_own(relpath: str) -> bool:
@@ -76,6 +78,8 @@ class OutputFolder:
             return
         for old in _own_files(self.out):
             old.unlink()
+        for old_dir in _own_dirs(self.out):  # an earlier run's checkpoints must not mix with these
+            shutil.rmtree(old_dir)
         for new in sorted(p for p in self.path.rglob("*") if p.is_file()):
             dest = self.out / new.relative_to(self.path)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +118,37 @@ def check_available(
             "(the new run is written aside and moves in only once it has finished)",
             path="--out",
         )
+
+
+def resume_folder(out: Path, *, overwrite: bool, ranks: range) -> OutputFolder:
+    """The output folder of an interrupted run to ``--resume``: it is written in
+    place (its checkpoints are what the run continues from, and nothing of an
+    earlier result is replaced until a rank writes its new files). Refused with a
+    ConfigError (path ``--resume``) when it holds no checkpoint of any of
+    ``ranks``, when the run there has finished, or together with ``overwrite``."""
+    out = Path(out)
+    if overwrite:
+        raise ConfigError("--resume continues the run in --out; it cannot be combined with --overwrite",
+                          path="--resume")
+    if not any((out / "ranks" / f"rank{r}" / "checkpoints").is_dir() for r in ranks):
+        raise ConfigError(
+            f"{out} holds no checkpoint to resume from (none under {out / 'ranks'}/rank<R>/checkpoints; "
+            "a run writes them with training.checkpoint_every)",
+            path="--resume",
+        )
+    if (out / "result.json").is_file():
+        raise ConfigError(
+            f"the run in {out} has finished (result.json is there): there is nothing to resume",
+            path="--resume",
+        )
+    return OutputFolder(out, out, staged=False)
+
+
+def _own_dirs(out: Path) -> list[Path]:
+    ranks = out / "ranks"
+    if not ranks.is_dir():
+        return []
+    return [p for p in sorted(ranks.iterdir()) if p.is_dir() and OWN_DIRS.match(f"ranks/{p.name}")]
 
 
 def _own_files(out: Path) -> list[Path]:

@@ -150,9 +150,7 @@ def write_predictions(path: Path, frame: pd.DataFrame) -> None:
 def _contexts(proto: Protocol, layout: Layout, rank: int, channel: Channel) -> ExchangeContext:
     device = torch.device(proto.training.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "device 'cuda' requested but no CUDA device is available", path="training.device"
-        )
+        raise ConfigError("device 'cuda' requested but no CUDA device is available", path="training.device")
     return ExchangeContext(
         channel,
         layout,
@@ -211,7 +209,12 @@ def predict_rank(
             ledger = Ledger(rank, record_views=keep, spill_dir=ranks_dir)
             channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
             ctx = _contexts(proto, layout, rank, channel)
-            summary: dict[str, Any] = {"rank": rank, "party": role.party, "role": role.kind, "pid": os.getpid()}
+            summary: dict[str, Any] = {
+                "rank": rank,
+                "party": role.party,
+                "role": role.kind,
+                "pid": os.getpid(),
+            }
             own: OwnView | None = None
             if model is None:
                 backend.helper(ctx).serve()
@@ -243,7 +246,10 @@ def predict_rank(
                 summary["loaded_columns"] = list(model.inputs)
                 summary["has_labels"] = False
                 summary["n_records"] = len(records.ids)
-                kept = {"embeddings": getattr(predictor, "sent", []), "z": getattr(predictor, "revealed_z", [])}
+                kept = {
+                    "embeddings": getattr(predictor, "sent", []),
+                    "z": getattr(predictor, "revealed_z", []),
+                }
                 own = OwnView(kept)
             if keep:
                 view = View(rank, role.party, ledger.received_view(), own or OwnView({}))
@@ -300,7 +306,13 @@ def _child(
 ) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
     code = predict_rank(
-        proto, rank, rendezvous, Path(run_dir), Path(out_dir), Path(data_dir), data=Path(data) if data else None
+        proto,
+        rank,
+        rendezvous,
+        Path(run_dir),
+        Path(out_dir),
+        Path(data_dir),
+        data=Path(data) if data else None,
     )
     sys.exit(code)
 
@@ -350,7 +362,10 @@ def predict_local(
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):
-            exc.args = (f"{exc} (the earlier predictions in {out_dir} are untouched; this run's files are in {failed})",)
+            exc.args = (
+                f"{exc} (the earlier predictions in {out_dir} are untouched; "
+                f"this prediction's files are in {failed})",
+            )
         raise
     folder.commit()
     out = Path(out_dir)
@@ -360,9 +375,9 @@ def predict_local(
 
 __all__ = [
     "PREDICTIONS_FILE",
-    "check_out",
     "PartyModel",
     "PredictionRecord",
+    "check_out",
     "parse_data_overrides",
     "predict_local",
     "predict_rank",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -20,25 +21,31 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from securevfl.app.checkpoints import checkpoint_dir, list_checkpoints, model_dir, read_state, write_state
 from securevfl.app.ranks import layout_of
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.defenses.base import sends_codes
-from securevfl.errors import ConfigError, ProtocolError, SecureVFLError, show_warning
+from securevfl.errors import CheckpointError, ConfigError, ProtocolError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
 from securevfl.parties.active import ActiveParty
-from securevfl.parties.common import prepare
+from securevfl.parties.common import Party, prepare
 from securevfl.parties.passive import PassiveParty
+from securevfl.parties.state import PartyInfo, PartyState
 from securevfl.records import RankSummary
 from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
+from securevfl.runtime.layout import Role
 from securevfl.runtime.ledger import Ledger
-from securevfl.runtime.session import Session, exit_code_for
+from securevfl.runtime.session import ResumeOffer, Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
 from securevfl.validation import check_task
 
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
+# tests only: "R:K" makes rank R kill itself with SIGKILL right after writing its
+# epoch-K checkpoint (an interruption at a known point, for the resume tests)
+KILL_ENV = "SECUREVFL_KILL_AFTER_CHECKPOINT"
 
 
 def install_open_audit() -> list[str]:
@@ -76,10 +83,74 @@ def _peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSumma
         raise ProtocolError(f"{session.who(rank)} sent a malformed run summary: {exc}") from None
 
 
+def _resume_offer(proto: Protocol, out_dir: Path, role: Role) -> ResumeOffer:
+    """This rank's verified checkpoints for the start-up agreement, or why they
+    cannot be used (every rank then reports it). Helper ranks keep none."""
+    if role.kind == "helper":
+        return ResumeOffer(checkpoints={})
+    try:
+        found = list_checkpoints(out_dir, role.rank, protocol_digest=proto.digest())
+    except CheckpointError as exc:
+        return ResumeOffer(checkpoints={}, error=str(exc))
+    return ResumeOffer(checkpoints={e: m.run_id for e, m in found.items()})
+
+
+def _saver(session: Session, out_dir: Path) -> Callable[[PartyState], None]:
+    """Write this rank's checkpoint of a party state (and, under the test-only
+    ``SECUREVFL_KILL_AFTER_CHECKPOINT``, die right after the named one)."""
+    role = session.role
+    kill = os.environ.get(KILL_ENV, "")
+
+    def save(state: PartyState) -> None:
+        write_state(
+            checkpoint_dir(out_dir, session.rank, state.epoch),
+            tensors=state.tensors,
+            docs=state.docs,
+            kind="checkpoint",
+            protocol_digest=session.proto.digest(),
+            run_id=session.run_id,
+            rank=session.rank,
+            role=role.kind,
+            party=role.party,
+            epoch=state.epoch,
+            step=state.step,
+        )
+        if kill == f"{session.rank}:{state.epoch}":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return save
+
+
+def save_model(session: Session, out_dir: Path, party: Party) -> None:
+    """The rank's final model, ``OUT/ranks/rank<R>/model/`` (securevfl.app.checkpoints)."""
+    state = party.model_state()
+    write_state(
+        model_dir(out_dir, session.rank),
+        tensors=state.tensors,
+        docs=state.docs,
+        kind="model",
+        protocol_digest=session.proto.digest(),
+        run_id=session.run_id,
+        rank=session.rank,
+        role=session.role.kind,
+        party=session.role.party,
+        epoch=state.epoch,
+        step=state.step,
+    )
+
+
 def run_rank(
-    proto: Protocol, rank: int, rendezvous: str, out_dir: Path, data_dir: Path, *, progress: bool
+    proto: Protocol,
+    rank: int,
+    rendezvous: str,
+    out_dir: Path,
+    data_dir: Path,
+    *,
+    progress: bool,
+    resume: bool = False,
 ) -> int:
-    """Run one rank to completion; returns the process exit code."""
+    """Run one rank to completion; returns the process exit code. ``resume``: go
+    on from the newest checkpoint every rank holds (agreed at start-up)."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
@@ -88,7 +159,11 @@ def run_rank(
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     layout = layout_of(proto)
-    session = Session(proto, layout, rank, rendezvous, out_dir)
+    offer = None
+    if resume:
+        (ranks_dir / f"rank{rank}.error.json").unlink(missing_ok=True)  # the interrupted run's
+        offer = _resume_offer(proto, out_dir, layout.role(rank))
+    session = Session(proto, layout, rank, rendezvous, out_dir, resume=offer)
     t_start = time.time()
     clock = PhaseClock()
     note = _note(proto) if progress and rank == 0 else None
@@ -144,8 +219,25 @@ def run_rank(
                     (ranks_dir / f"rank{rank}.preprocess.json").write_text(fitted)
                 cls = ActiveParty if role.kind == "active" else PassiveParty
                 with clock.phase("setup"):
-                    party = cls(session, backend, ctx, prep, progress=progress and rank == 0)
-                summary.update(party.run())
+                    saved = None
+                    if session.resume_epoch is not None:
+                        found = read_state(
+                            checkpoint_dir(out_dir, rank, session.resume_epoch),
+                            rank=rank,
+                            kind="checkpoint",
+                            protocol_digest=proto.digest(),
+                        )
+                        m = found.manifest
+                        saved = PartyState(m.epoch, m.step, found.tensors, found.docs)
+                    seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank).noise_seeds
+                    party = cls(
+                        session, backend, ctx, prep, progress=progress and rank == 0, noise_seeds=seeds
+                    )
+                    if saved is not None:
+                        party.restore(saved)
+                        if note is not None:
+                            note(f"resuming after epoch {saved.epoch} (step {saved.step}), as agreed")
+                summary.update(party.run(_saver(session, out_dir)))
                 for phase, seconds in party.phase_s.items():
                     clock.add(phase, seconds)
                 party.exchange.close()
@@ -155,6 +247,7 @@ def run_rank(
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
                 torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
+                save_model(session, out_dir, party)
                 trace = getattr(party, "trace", None)  # the active party's first steps (tests)
                 if trace:
                     torch.save(trace, ranks_dir / f"rank{rank}.trace.pt")

@@ -80,9 +80,7 @@ def from_saved(fitted: dict[str, object], party: str) -> FittedTransform:
     :meth:`Preprocessor.fitted` document, validated; anything malformed is a
     :class:`DataError` naming the party and the field."""
     try:
-        return FittedTransform.model_validate(
-            {k: fitted.get(k) for k in ("inputs", "outputs", "groups")}
-        )
+        return FittedTransform.model_validate({k: fitted.get(k) for k in ("inputs", "outputs", "groups")})
     except ValidationError as exc:
         e = exc.errors()[0]
         where = ".".join(str(p) for p in e["loc"])

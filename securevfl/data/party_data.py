@@ -257,12 +257,19 @@ def check_test_rows(party: str, n_test: int, classes: list[str] | None) -> None:
         )
 
 
-def standardize(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Party-local z-scoring with training-row statistics; constant columns keep
-    scale 1."""
+def scaling(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The z-scoring statistics of the training rows (mean, scale; 1 x columns):
+    constant columns keep scale 1. Saved with a party's model."""
     mu = x_train.mean(axis=0, keepdims=True)
     sd = x_train.std(axis=0, keepdims=True)
     sd[sd < 1e-12] = 1.0
+    return mu, sd
+
+
+def standardize(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Party-local z-scoring with training-row statistics; constant columns keep
+    scale 1."""
+    mu, sd = scaling(x_train)
     return ((x_train - mu) / sd).astype(np.float32), ((x_test - mu) / sd).astype(np.float32)
 
 

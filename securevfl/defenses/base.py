@@ -50,11 +50,12 @@ from pydantic import BaseModel, ConfigDict
 from securevfl._compat import import_crypten
 from securevfl.components import components_of
 from securevfl.config import ComponentSpec, Protocol
-from securevfl.errors import ProtocolError
+from securevfl.errors import CheckpointError, ProtocolError
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.registry import Registry
 from securevfl.runtime.layout import Layout
 from securevfl.seeding import derive_seed
+from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
 
 
 class DefenseOptions(BaseModel):
@@ -184,6 +185,16 @@ class Defense(Generic[OptionsT]):
         """Trainable parts (their parameters join the party's optimizer)."""
         return []
 
+    def checkpoint_state(self) -> ComponentState:
+        """What this defense needs to go on exactly from a checkpoint: by default
+        its random generators (their positions in the noise stream), counters,
+        tensors and JSON-valued attributes; its modules are saved with the
+        party's models. A defense with other state overrides this pair."""
+        return capture_attributes(self)
+
+    def restore(self, state: ComponentState) -> None:
+        restore_attributes(self, state, owner=f"defense '{self.name}' of party '{self.ctx.party}'")
+
     # collective set-up and load-time checks: class-level, since ranks without the
     # defense take part too
     @classmethod
@@ -283,6 +294,23 @@ class DefenseStack:
     def report(self) -> dict[str, Any]:
         return {d.name: r for d in self.defenses if (r := d.report())}
 
+    def noise_seeds(self) -> list[int]:
+        """Each defense's private noise seed, in stack order (a checkpoint keeps
+        them so a resumed run rebuilds the same stack: set-up draws repeat instead
+        of releasing fresh noise on the same data)."""
+        return [d.ctx.noise_seed for d in self.defenses]
+
+    def checkpoint_state(self) -> list[ComponentState]:
+        return [d.checkpoint_state() for d in self.defenses]
+
+    def restore(self, states: list[ComponentState]) -> None:
+        if len(states) != len(self.defenses):
+            raise CheckpointError(
+                f"the checkpoint holds {len(states)} defense states, this party runs {len(self.defenses)}"
+            )
+        for d, st in zip(self.defenses, states, strict=True):
+            d.restore(st)
+
 
 def collective_defenses(proto: Protocol) -> list[type[Defense[Any]]]:
     """The defense classes whose collective step this protocol needs, in one order
@@ -310,17 +338,29 @@ def sends_codes(proto: Protocol, party: str) -> bool:
 
 
 def build_stack(
-    proto: Protocol, party: str, side: str, specs: list[ComponentSpec] | None = None
+    proto: Protocol,
+    party: str,
+    side: str,
+    specs: list[ComponentSpec] | None = None,
+    *,
+    noise_seeds: list[int] | None = None,
 ) -> DefenseStack:
     """``party``'s defense stack, from the options validated at load (nothing is
     validated here: the budget's search builds stacks many times). ``specs``, when
     given, must be the party's own entries (callers that hold them pass them as a
-    check)."""
+    check). ``noise_seeds``: the private noise seeds of a checkpoint's stack
+    (:meth:`DefenseStack.noise_seeds`), when a run resumes."""
     resolved = components_of(proto).party(party).defenses
     if specs is not None and [s.name for s in specs] != [d.name for d in resolved]:
         raise ProtocolError(f"build_stack: the defenses given are not party '{party}'s own")
+    if noise_seeds is not None and len(noise_seeds) != len(resolved):
+        raise CheckpointError(
+            f"party '{party}': the checkpoint holds {len(noise_seeds)} defense noise seeds, "
+            f"the protocol gives it {len(resolved)} defenses"
+        )
     out = []
-    for d in resolved:
-        ctx = DefenseContext(proto, party, side, proto.training.seed, private_noise_seed(proto, party))
+    for i, d in enumerate(resolved):
+        noise = private_noise_seed(proto, party) if noise_seeds is None else noise_seeds[i]
+        ctx = DefenseContext(proto, party, side, proto.training.seed, noise)
         out.append(d.cls(d.options, ctx))
     return DefenseStack(out)

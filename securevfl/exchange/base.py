@@ -24,9 +24,11 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.config import Protocol
+from securevfl.errors import CheckpointError
 from securevfl.registry import Registry
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout
+from securevfl.snapshot import ComponentState
 
 
 class NoOptions(BaseModel):
@@ -92,6 +94,18 @@ class ActiveExchange(ABC):
         """Plaintext parameters this party holds (for checkpoints and tests)."""
         return {}
 
+    def checkpoint_state(self) -> ComponentState:
+        """What this rank holds of the interactive layer, to continue a run from a
+        checkpoint or to predict with the trained model: its weights or its
+        shares of them, their optimizer state. It never leaves this rank (issue
+        #18 §3). The default holds nothing."""
+        return ComponentState()
+
+    def restore(self, state: ComponentState) -> None:
+        """Take back what :meth:`checkpoint_state` returned (on the same rank, for
+        the same protocol), after construction and before the first step."""
+        _restore_nothing(self, state)
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources at the end of the run."""
 
@@ -119,15 +133,39 @@ class PassiveExchange(ABC):
     def state(self) -> dict[str, torch.Tensor]:
         return {}
 
+    def checkpoint_state(self) -> ComponentState:
+        """What this rank holds of the interactive layer, to continue a run from a
+        checkpoint or to predict with the trained model: its weights or its
+        shares of them, their optimizer state. It never leaves this rank (issue
+        #18 §3). The default holds nothing."""
+        return ComponentState()
+
+    def restore(self, state: ComponentState) -> None:
+        """Take back what :meth:`checkpoint_state` returned (on the same rank, for
+        the same protocol), after construction and before the first step."""
+        _restore_nothing(self, state)
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources at the end of the run."""
 
 
 class HelperExchange(ABC):
-    """A helper rank (e.g. a triple dealer): serves until the parties are done."""
+    """A helper rank (e.g. a triple dealer): serves until the parties are done.
+
+    A helper keeps no state a resumed run needs (a dealer's tuples are fresh
+    randomness per request), so it writes no checkpoint: on ``--resume`` it
+    starts afresh and serves the parties from the agreed epoch on."""
 
     @abstractmethod
     def serve(self) -> None: ...
+
+
+def _restore_nothing(obj: object, state: ComponentState) -> None:
+    if state.tensors or state.meta:
+        keys = sorted([*state.tensors, *state.meta])
+        raise CheckpointError(
+            f"{type(obj).__name__} holds no checkpoint state, but the checkpoint has {keys[:5]}"
+        )
 
 
 class ExchangeBackend(ABC):

@@ -70,6 +70,7 @@ from securevfl.exchange.base import (
 from securevfl.models import build_interactive
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.messages import BYTES, FLOATS, register_tag
+from securevfl.snapshot import ComponentState
 
 HE_PUBLIC = register_tag("he_public", BYTES, "public HE context/key of the sender (no secret key)")
 HE_ENC_H = register_tag("he_enc_h", BYTES, "P_i -> A: Enc_P(h'_i)")
@@ -213,6 +214,17 @@ class _Shares:
         self.v = grad if self.v is None else self.momentum * self.v + grad
         self.w = self.w - self.lr * self.v
 
+    def saved(self) -> dict[str, torch.Tensor]:
+        """The share and its momentum, exactly (float64), for a checkpoint."""
+        out = {"w": torch.from_numpy(self.w.copy())}
+        if self.v is not None:
+            out["v"] = torch.from_numpy(self.v.copy())
+        return out
+
+    def load(self, saved: dict[str, torch.Tensor]) -> None:
+        self.w = saved["w"].double().numpy().copy()
+        self.v = saved["v"].double().numpy().copy() if "v" in saved else None
+
 
 def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """P_i's re-draw (module docstring): with U = u its fresh share, returns (delta,
@@ -287,6 +299,15 @@ class HEActive(ActiveExchange):
             for r, s in zip(self.ctx.layout.passive, self.w, strict=True)
         }
 
+    def checkpoint_state(self) -> ComponentState:
+        """A's shares W^A of every W_i and their momentum (keys are per session:
+        a resumed run exchanges fresh ones)."""
+        return ComponentState({"shares": [s.saved() for s in self.w]})
+
+    def restore(self, state: ComponentState) -> None:
+        for s, saved in zip(self.w, state.tensors["shares"], strict=True):
+            s.load(saved)
+
 
 class HEPassive(PassiveExchange):
     def __init__(self, ctx: ExchangeContext, scheme: HEScheme, weight_init: str):
@@ -344,6 +365,13 @@ class HEPassive(PassiveExchange):
 
     def state(self) -> dict[str, torch.Tensor]:
         return {"interactive_share": torch.from_numpy(self.w.w).float()}
+
+    def checkpoint_state(self) -> ComponentState:
+        """P_i's share W^P of W_i and its momentum."""
+        return ComponentState({"share": self.w.saved()})
+
+    def restore(self, state: ComponentState) -> None:
+        self.w.load(state.tensors["share"])
 
 
 def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[ExchangeBackend]:

@@ -23,6 +23,7 @@ from securevfl.exchange.base import (
 from securevfl.models import build_interactive, interactive_optimizer
 from securevfl.privacy.hashing import pack_codes, unpack_codes
 from securevfl.runtime.messages import EMB_GRAD, EMBEDDING
+from securevfl.snapshot import ComponentState
 
 # Embeddings that are +-1 by construction (ExchangeContext.sends_codes, e.g. HashVFL
 # codes) travel as packed bits: ceil(d/8) bytes per row instead of 4 d. Both ends
@@ -133,6 +134,15 @@ class PlainActive(ActiveExchange):
             f"interactive.{r.party}": blk.weight.detach().cpu()
             for r, blk in zip(self.ctx.layout.passive, self.linears, strict=True)
         }
+
+    def checkpoint_state(self) -> ComponentState:
+        """A holds every W_i in the clear, with its optimizer's momentum."""
+        blocks = {k: v.detach().cpu().clone() for k, v in self.blocks.state_dict().items()}
+        return ComponentState({"blocks": blocks, "optimizer": self.opt.state_dict()})
+
+    def restore(self, state: ComponentState) -> None:
+        self.blocks.load_state_dict(state.tensors["blocks"])
+        self.opt.load_state_dict(state.tensors["optimizer"])
 
 
 class PlainPassive(PassiveExchange):

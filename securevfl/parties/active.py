@@ -11,6 +11,7 @@ import torch
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
+from securevfl.parties.state import module_states
 from securevfl.parties.tasks import TASKS
 from securevfl.records import OwnView
 from securevfl.schedule import eval_batches
@@ -222,6 +223,38 @@ class ActiveParty(Party):
         if self.bottom is None or self.own is None:
             return None
         return self.own(self.bottom(self.x_test.to(self.device))).detach().cpu()
+
+    # -- checkpoints and the saved model ----------------------------------------------
+    def model_tensors(self) -> dict[str, Any]:
+        out = module_states({"bottom": self.bottom, "own": self.own, "top": self.top})
+        out["bias"] = self.bias.detach().cpu().clone()
+        out["defense_modules"] = [module_states({"m": m})["m"] for m in self.stack.modules()]
+        out["held_at_start"] = dict(self.held_at_start)
+        out["trace"] = list(self.trace)
+        return out
+
+    def load_model_tensors(self, saved: dict[str, Any]) -> None:
+        for name, module in (("bottom", self.bottom), ("own", self.own), ("top", self.top)):
+            if module is not None:
+                module.load_state_dict(saved[name])
+        with torch.no_grad():
+            self.bias.copy_(saved["bias"].to(self.device))
+        for m, sd in zip(self.stack.modules(), saved["defense_modules"], strict=True):
+            m.load_state_dict(sd)
+        self.held_at_start = dict(saved["held_at_start"])
+        self.trace = list(saved["trace"])
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.opt
+
+    def task_info(self) -> dict[str, Any] | None:
+        """The task kind, its classes and, for regression, the target's scaling
+        (mean and scale of the training labels), as the task holds them."""
+        info: dict[str, Any] = {"kind": self.task.name, "classes": self.task.classes}
+        for key in ("mean", "scale", "loss_name"):
+            if hasattr(self.task, key):
+                info[key] = getattr(self.task, key)
+        return info
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"top.{k}": v.detach().cpu() for k, v in self.top.state_dict().items()}

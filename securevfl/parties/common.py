@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
@@ -19,20 +20,37 @@ from securevfl.data.party_data import (
     PartyData,
     check_test_rows,
     load_party_data,
+    scaling,
     split_indices,
     standardize,
 )
 from securevfl.data.preprocess import Preprocessor, fit_preprocessor
 from securevfl.defenses.base import CollectiveContext, build_stack, run_collectives
 from securevfl.defenses.budget import allowed_steps
+from securevfl.errors import CheckpointError
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
+from securevfl.parties.state import (
+    LoopState,
+    ModelInfo,
+    PartyInfo,
+    PartyState,
+    PreprocessState,
+    RngState,
+    aligned_digest,
+    join_components,
+    restore_rng,
+    rng_state,
+    split_components,
+)
 from securevfl.privacy.accountant import account
 from securevfl.privacy.budget import plan_for
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
+from securevfl.runtime.ledger import Record
 from securevfl.runtime.session import Session
 from securevfl.schedule import planned_steps, rounds_of, schedule
 from securevfl.seeding import generator
+from securevfl.snapshot import ComponentState
 from securevfl.timing import PhaseClock
 
 
@@ -47,6 +65,8 @@ class Prepared:
     x_train: np.ndarray
     x_test: np.ndarray
     preprocessor: Preprocessor | None = None  # fitted on the training rows only
+    # without a preprocess entry: the z-scoring statistics of the training rows, if scaled
+    scaling: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def party_spec(proto: Protocol, role: Role) -> PartySpec:
@@ -115,10 +135,10 @@ def prepare(
     )
     check_test_rows(role.party, len(test_idx), data.classes)
     with clock.phase("data"):
-        x_tr, x_te, pre = split_features(
-            data, train_idx, test_idx, spec, dataset_standardize(proto, data_dir)
-        )
-    return Prepared(data, train_idx, test_idx, x_tr, x_te, pre)
+        scale = dataset_standardize(proto, data_dir)
+        stats = scaling(data.x[train_idx]) if data.frame is None and scale and data.x.shape[1] else None
+        x_tr, x_te, pre = split_features(data, train_idx, test_idx, spec, scale)
+    return Prepared(data, train_idx, test_idx, x_tr, x_te, pre, stats)
 
 
 class Party:
@@ -136,7 +156,10 @@ class Party:
         prep: Prepared,
         *,
         progress: bool,
+        noise_seeds: list[int] | None = None,
     ):
+        """``noise_seeds``: the defenses' private noise seeds of the checkpoint a
+        run resumes from (:meth:`restore` then puts the rest of its state back)."""
         self.s = session
         self.proto = session.proto
         self.ctx = ctx
@@ -144,7 +167,10 @@ class Party:
         self.device = ctx.device
         self.backend = backend
         self.spec = self._spec()
-        self.stack = build_stack(self.proto, self.spec.name, self.side, self.spec.defenses)
+        self.stack = build_stack(
+            self.proto, self.spec.name, self.side, self.spec.defenses, noise_seeds=noise_seeds
+        )
+        self.loop: LoopState | None = None  # where a resumed run starts (restore)
         n_train = len(prep.train_idx)
         self.n_train = n_train
         self.phase_s: dict[str, float] = {}  # training and evaluation seconds, set by run()
@@ -181,22 +207,28 @@ class Party:
         }
 
     # -- the one training loop -------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self, save: Callable[[PartyState], None] | None = None) -> dict[str, Any]:
         """Train and evaluate on the shared schedule; both sides run this loop.
 
         Every party derives the same epochs, batches and FedBCD rounds from the
         protocol (``securevfl.schedule``), so their messages pair up without any
         coordination; the side-specific work is :meth:`train_step`,
         :meth:`train_round` and :meth:`evaluate`, and what a side reports is
-        :meth:`run_summary`."""
+        :meth:`run_summary`. After every ``training.checkpoint_every`` epochs but
+        the last, ``save`` gets this party's :meth:`checkpoint_state`; a party
+        restored (:meth:`restore`) from one starts after its epoch, on the same schedule."""
         tr = self.proto.training
         ch = self.ctx.channel
-        history: list[dict[str, Any]] = []
-        metrics: dict[str, Any] = {}
-        step_times: list[float] = []
-        step = 0
-        t_run, t_eval = time.perf_counter(), 0.0
+        done = self.loop
+        history: list[dict[str, Any]] = [] if done is None else list(done.history)
+        metrics: dict[str, Any] = {} if done is None else dict(done.metrics)
+        step_times: list[float] = [] if done is None else list(done.step_times)
+        step = 0 if done is None else done.step
+        start = 0 if done is None else done.epoch
+        t_run, t_eval, t_save = time.perf_counter(), 0.0, 0.0
         for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
+            if epoch < start:  # done before the checkpoint this run resumed from
+                continue
             ch.phase = "train"
             losses: list[float] = []
             for rnd in rounds_of(batches, tr.local_steps):
@@ -221,9 +253,29 @@ class Party:
                 row.update(metrics)
             history.append(row)
             self.after_epoch(row)
+            every = tr.checkpoint_every
+            if save is not None and every is not None and not last and (epoch + 1) % every == 0:
+                t0 = time.perf_counter()
+                prior = (0.0, 0.0) if done is None else (done.training_s, done.evaluation_s)
+                self.loop = LoopState(
+                    epoch=epoch + 1,
+                    step=step,
+                    history=history,
+                    metrics=metrics,
+                    step_times=step_times,
+                    training_s=prior[0] + t0 - t_run - t_eval - t_save,
+                    evaluation_s=prior[1] + t_eval,
+                )
+                save(self.checkpoint_state())
+                t_save += time.perf_counter() - t0
         self.finish()
         self.steps = step
-        self.phase_s = {"training": time.perf_counter() - t_run - t_eval, "evaluation": t_eval}
+        self.epochs_done = len(history)
+        self.phase_s = {
+            "training": time.perf_counter() - t_run - t_eval - t_save,
+            "evaluation": t_eval,
+            **({"checkpoints": t_save} if t_save else {}),
+        }
         return {
             "train_steps": step,
             "n_train": self.n_train,
@@ -260,6 +312,118 @@ class Party:
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         raise NotImplementedError
+
+    # -- checkpoints and the saved model (issue #18 §3) --------------------------------
+    def model_tensors(self) -> dict[str, Any]:
+        """This side's models as state dicts (``models.pt``)."""
+        raise NotImplementedError
+
+    def load_model_tensors(self, saved: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The party's own optimizer (bottom/top models and defense modules)."""
+        raise NotImplementedError
+
+    def _common_tensors(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Files both a checkpoint and the final model hold: models, exchange, defenses."""
+        ex = self.exchange_state()
+        d_tensors, d_meta = split_components(self.stack.checkpoint_state())
+        tensors = {"models": self.model_tensors(), "exchange": ex.tensors, "defenses": d_tensors}
+        docs = {"exchange": ex.meta, "defenses": d_meta, "preprocess": self.preprocess_state().model_dump()}
+        return tensors, docs
+
+    def exchange_state(self) -> Any:
+        return self.exchange.checkpoint_state()  # type: ignore[attr-defined]
+
+    def preprocess_state(self) -> PreprocessState:
+        """The fitted transform from this party's raw columns to its model inputs."""
+        prep = self.prep
+        columns = list(getattr(self, "columns", prep.data.columns))
+        if prep.preprocessor is not None:
+            pre = prep.preprocessor
+            return PreprocessState(inputs=list(pre.inputs), columns=columns, fitted=pre.fitted())
+        if prep.scaling is not None:
+            mu, sd = prep.scaling
+            return PreprocessState(
+                inputs=list(prep.data.columns),
+                columns=columns,
+                mean=[float(v) for v in mu.ravel()],
+                scale=[float(v) for v in sd.ravel()],
+            )
+        return PreprocessState(inputs=list(prep.data.columns), columns=columns)
+
+    def party_info(self) -> PartyInfo:
+        return PartyInfo(
+            party=self.spec.name,
+            side=self.side,
+            noise_seeds=self.stack.noise_seeds(),
+            aligned_digest=aligned_digest(list(self.prep.data.ids)),
+            n_train=self.n_train,
+            columns=list(getattr(self, "columns", self.prep.data.columns)),
+        )
+
+    def checkpoint_state(self) -> PartyState:
+        """Everything this party needs to go on from here exactly (module
+        docstring of securevfl.parties.state); nothing of another party's."""
+        assert self.loop is not None, "checkpoint_state outside the training loop"
+        tensors, docs = self._common_tensors()
+        rng_t, rng_d = rng_state()
+        tensors |= {"optimizer": self.optimizer().state_dict(), "rng": rng_t}
+        docs |= {
+            "rng": rng_d,
+            "loop": self.loop.model_dump(),
+            "party": self.party_info().model_dump(),
+            "ledger": [asdict(r) for r in self.ctx.channel.ledger.records],
+        }
+        return PartyState(self.loop.epoch, self.loop.step, tensors, docs)
+
+    def restore(self, state: PartyState) -> None:
+        """Put a checkpoint of this party back, after construction and before
+        :meth:`run`. Its inputs must be what they were: the same aligned IDs and
+        model input columns (a changed data file is refused, naming the field)."""
+        rank = self.s.rank
+        info: PartyInfo = state.doc("party", PartyInfo, rank=rank)
+        now = self.party_info()
+        for field in ("party", "side", "aligned_digest", "n_train", "columns", "noise_seeds"):
+            if getattr(info, field) != getattr(now, field):
+                raise CheckpointError(
+                    f"rank {rank} ({self.spec.name}): party.json: field '{field}' differs from this run's "
+                    "(its data file, or the protocol, changed since the checkpoint was written)"
+                )
+        self.loop = state.doc("loop", LoopState, rank=rank)
+        self.load_model_tensors(state.tensor("models", rank=rank))
+        self.optimizer().load_state_dict(state.tensor("optimizer", rank=rank))
+        ex = state.tensor("exchange", rank=rank), state.docs.get("exchange", {})
+        self.exchange.restore(ComponentState.from_parts(*ex))  # type: ignore[attr-defined]
+        defenses = state.tensor("defenses", rank=rank), state.docs.get("defenses", [])
+        self.stack.restore(join_components(*defenses))
+        restore_rng(state.tensor("rng", rank=rank), state.doc("rng", RngState, rank=rank))
+        ledger = self.ctx.channel.ledger
+        try:
+            old = [Record(**{**r, "shape": tuple(r["shape"])}) for r in state.docs.get("ledger", [])]
+        except TypeError as exc:
+            raise CheckpointError(f"rank {rank}: ledger.json: a malformed record ({exc})") from None
+        ledger.records[:0] = old
+
+    def model_state(self) -> PartyState:
+        """What federated prediction needs of this party (``kind: model``): its
+        models, its exchange state (weights or shares), its defenses' evaluation
+        state, its fitted preprocessing and what the model is (:class:`ModelInfo`)."""
+        tensors, docs = self._common_tensors()
+        info = ModelInfo(
+            party=self.spec.name,
+            side=self.side,
+            task=self.task_info(),
+            columns=list(getattr(self, "columns", self.prep.data.columns)),
+            protocol=self.proto.model_dump(mode="json"),
+        )
+        docs["model"] = info.model_dump()
+        return PartyState(self.epochs_done, self.steps, tensors, docs)
+
+    def task_info(self) -> dict[str, Any] | None:
+        """The active party's task settings; None on a passive party."""
+        return None
 
     def _spec(self) -> PartySpec:
         return party_spec(self.proto, self.s.role)

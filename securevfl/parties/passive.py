@@ -9,6 +9,7 @@ import torch
 
 from securevfl.models import build_bottom, make_optimizer
 from securevfl.parties.common import Party, Prepared
+from securevfl.parties.state import module_states
 from securevfl.records import OwnView
 from securevfl.schedule import eval_batches
 
@@ -135,6 +136,20 @@ class PassiveParty(Party):
             **hs,
         )
         return OwnView(view)
+
+    # -- checkpoints and the saved model ----------------------------------------------
+    def model_tensors(self) -> dict[str, Any]:
+        out: dict[str, Any] = module_states({"bottom": self.bottom})
+        out["defense_modules"] = [module_states({"m": m})["m"] for m in self.stack.modules()]
+        return out
+
+    def load_model_tensors(self, saved: dict[str, Any]) -> None:
+        self.bottom.load_state_dict(saved["bottom"])
+        for m, sd in zip(self.stack.modules(), saved["defense_modules"], strict=True):
+            m.load_state_dict(sd)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.opt
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()}

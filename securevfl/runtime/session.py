@@ -34,7 +34,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from securevfl import __version__
 from securevfl.config import Protocol
-from securevfl.errors import ConfigError, DataError, PartyFailure, ProtocolError, SecureVFLError
+from securevfl.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    PartyFailure,
+    ProtocolError,
+    SecureVFLError,
+)
 from securevfl.runtime.layout import Layout, Role
 
 EXIT_USER_ERROR = 2
@@ -56,10 +63,56 @@ class Hello(BaseModel):
     pid: int
     host: str
     version: str
+    run_id: str  # rank 0's names the run (its checkpoints carry it)
+    # --resume: the epochs of this rank's complete checkpoints and their run ids,
+    # or why its checkpoints cannot be used; None: a fresh run
+    checkpoints: dict[int, str] | None = None
+    checkpoint_error: str | None = None
     # what the ranks run together: "train" (securevfl run / party) or "predict"
     # (securevfl predict / party --predict); ranks started for different purposes
     # would exchange different messages, so they are refused at start-up
     purpose: str = "train"
+
+
+class ResumeOffer(BaseModel):
+    """What a rank started with ``--resume`` brings to the handshake: its complete,
+    verified checkpoints (epoch -> run id), or the error that makes them unusable."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoints: dict[int, str]
+    error: str | None = None
+
+
+def agree_checkpoint(hellos: dict[int, Hello], who: Any) -> tuple[int | None, str]:
+    """The checkpoint every party rank resumes from: the newest epoch that every
+    party rank holds from the same run (helper ranks keep no checkpoints). Returns
+    (epoch or None for a fresh run, the run id). A rank that cannot offer its
+    checkpoints, ranks that were not all started with ``--resume``, or ranks with
+    no checkpoint in common: a CheckpointError naming the rank and the reason,
+    raised alike at every rank."""
+    ranks = sorted(hellos)
+    for r in ranks:
+        if hellos[r].checkpoint_error is not None:
+            raise CheckpointError(str(hellos[r].checkpoint_error))
+    resuming = [r for r in ranks if hellos[r].checkpoints is not None]
+    if not resuming:
+        return None, hellos[ranks[0]].run_id
+    fresh = [r for r in ranks if hellos[r].checkpoints is None]
+    if fresh:
+        raise CheckpointError(
+            f"{who(fresh[0])} was started without --resume while {who(resuming[0])} resumes: "
+            "start every rank with --resume, or none"
+        )
+    held = {r: hellos[r].checkpoints or {} for r in ranks if hellos[r].role != "helper"}
+    common = set.intersection(*({(e, run) for e, run in h.items()} for h in held.values()))
+    if not common:
+        listed = "; ".join(f"{who(r)} holds epochs {sorted(h) or 'none'}" for r, h in held.items())
+        raise CheckpointError(
+            "no checkpoint of the same run and epoch is held by every rank (field 'checkpoints': "
+            f"{listed}): every rank must resume from the same checkpoint"
+        )
+    epoch, run_id = max(common)
+    return epoch, run_id
 
 
 class Claim(BaseModel):
@@ -197,11 +250,16 @@ class Session:
         rank: int,
         rendezvous: str,
         out_dir: Path,
+        resume: ResumeOffer | None = None,
         *,
         purpose: str = "train",
     ):
         self.proto = proto
         self.purpose = purpose
+        self.resume = resume
+        # set by the handshake: the run's id, and the checkpoint epoch every rank resumes from
+        self.run_id = ""
+        self.resume_epoch: int | None = None
         self.layout = layout
         self.role: Role = layout.role(rank)
         self.rank = rank
@@ -376,6 +434,9 @@ class Session:
             host=socket.gethostname(),
             version=__version__,
             purpose=self.purpose,
+            run_id=secrets.token_hex(8),
+            checkpoints=None if self.resume is None else self.resume.checkpoints,
+            checkpoint_error=None if self.resume is None else self.resume.error,
         )
         store.set(f"hb/{self.rank}", "0")
         store.set(f"hello/{self.rank}", me.model_dump_json())
@@ -419,6 +480,7 @@ class Session:
                     f"rank {r} announced itself as {h.role} '{h.party}', expected {expect.label}"
                 )
             self.hellos[r] = h
+        self.resume_epoch, self.run_id = agree_checkpoint(self.hellos, self.who)
 
     @property
     def pids(self) -> dict[int, int]:

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from sklearn.metrics import roc_auc_score
+
 from tests.conftest import cli, party_process, write_yaml
 
 pytestmark = pytest.mark.timeout(600)
@@ -61,7 +61,11 @@ def _protocol(files: dict[str, Path], **training: Any) -> dict[str, Any]:
         "parties": {
             "active": {
                 "name": "bank",
-                "source": {"path": str(files["bank"]), "label_column": "churn", "feature_columns": ["tenure"]},
+                "source": {
+                    "path": str(files["bank"]),
+                    "label_column": "churn",
+                    "feature_columns": ["tenure"],
+                },
                 "model": model,
             },
             "passive": [
@@ -132,8 +136,11 @@ def test_predict_on_the_test_rows_is_the_training_evaluation(trained: dict[str, 
     # the z of the run's last evaluation, batch by batch, equal the prediction's
     result = json.loads((run / "result.json").read_text())
     last = result["epochs"] - 1
-    trained_z = [z for f, z in zip(view["forwards"], view["z"], strict=True)
-                 if f["phase"] == "eval" and f["round"] == last]
+    trained_z = [
+        z
+        for f, z in zip(view["forwards"], view["z"], strict=True)
+        if f["phase"] == "eval" and f["round"] == last
+    ]
     pview = torch.load(out / "ranks" / "rank0.predict_view.pt", weights_only=False)
     assert len(pview["own"]["z"]) == len(trained_z) > 1
     for a, b in zip(trained_z, pview["own"]["z"], strict=True):
@@ -168,9 +175,7 @@ def test_party_predict_gives_the_local_file(trained: dict[str, Any], tmp_path: P
         own = tmp_path / f"host{r}-run"
         (own / "ranks").mkdir(parents=True)
         shutil.copytree(run / "ranks" / f"rank{r}", own / "ranks" / f"rank{r}")
-        procs.append(
-            party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(own), "--quiet")
-        )
+        procs.append(party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(own), "--quiet"))
     errs = []
     for p in procs:
         try:
@@ -186,8 +191,9 @@ def test_party_predict_gives_the_local_file(trained: dict[str, Any], tmp_path: P
     b = pd.read_csv(local / "predictions.csv", dtype={"id": str})
     pd.testing.assert_frame_equal(a, b)
     # every row the three files share, predicted; the passive hosts got no predictions file
-    assert len(a) == len(set.intersection(*(set(pd.read_csv(f, dtype={"id": str})["id"])
-                                            for f in trained["files"].values())))
+    assert len(a) == len(
+        set.intersection(*(set(pd.read_csv(f, dtype={"id": str})["id"]) for f in trained["files"].values()))
+    )
     assert not (tmp_path / "host1" / "predictions.csv").exists()
 
 
@@ -195,7 +201,11 @@ def test_party_predict_gives_the_local_file(trained: dict[str, Any], tmp_path: P
     ("party", "change", "message"),
     [
         ("web", {"d": None}, "party 'web': its prediction file lacks the training column(s) ['d']"),
-        ("shop", {"region": "central"}, "party 'shop': column 'region' holds a category its training rows do not have"),
+        (
+            "shop",
+            {"region": "central"},
+            "party 'shop': column 'region' holds a category its training rows do not have",
+        ),
     ],
 )
 def test_bad_prediction_files_exit_2_naming_party_and_field(

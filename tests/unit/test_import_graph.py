@@ -67,6 +67,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.components",
     "securevfl.config",
     "securevfl.records",
+    "securevfl.snapshot",
     "securevfl.registry",
     "securevfl.errors",
     "securevfl.seeding",

@@ -40,12 +40,21 @@ def _frame(n: int = 200, seed: int = 0) -> pd.DataFrame:
 @pytest.mark.parametrize(
     "declared",
     [
-        {"categorical": {"columns": ["r"], "min_frequency": 5, "other": True}, "log1p": ["b"],
-         "impute": {"strategy": "median", "indicator": True}},
+        {
+            "categorical": {"columns": ["r"], "min_frequency": 5, "other": True},
+            "log1p": ["b"],
+            "impute": {"strategy": "median", "indicator": True},
+        },
         {"categorical": {"columns": ["r"], "other": True}, "impute": {"strategy": "mean"}},
-        {"categorical": {"columns": ["r"], "other": False}, "impute": {"strategy": "constant", "fill_value": -1},
-         "standardize": False},
-        {"impute": {"strategy": "median", "columns": ["a", "b"], "indicator": True}, "categorical": {"columns": ["r"]}},
+        {
+            "categorical": {"columns": ["r"], "other": False},
+            "impute": {"strategy": "constant", "fill_value": -1},
+            "standardize": False,
+        },
+        {
+            "impute": {"strategy": "median", "columns": ["a", "b"], "indicator": True},
+            "categorical": {"columns": ["r"]},
+        },
     ],
 )
 def test_saved_preprocessing_gives_scikit_learns_bits(declared: dict):
@@ -68,18 +77,24 @@ def test_saved_preprocessing_gives_scikit_learns_bits(declared: dict):
 
 def test_saved_preprocessing_refuses_an_unseen_category_without_other():
     f = _frame()
-    pre = fit_preprocessor(PreprocessSpec.model_validate({"categorical": {"columns": ["r"]},
-                                                          "impute": {"strategy": "mean"}}), "lab", f.iloc[:150])
+    pre = fit_preprocessor(
+        PreprocessSpec.model_validate({"categorical": {"columns": ["r"]}, "impute": {"strategy": "mean"}}),
+        "lab",
+        f.iloc[:150],
+    )
     new = f.iloc[150:].copy()
     new.loc[new.index[2], "r"] = "south-west"
-    with pytest.raises(DataError, match="party 'lab': column 'r' holds a category its training rows do not have"):
+    with pytest.raises(
+        DataError, match="party 'lab': column 'r' holds a category its training rows do not have"
+    ):
         apply_fitted(from_saved(pre.fitted(), "lab"), "lab", new)
 
 
 def test_a_malformed_saved_preprocessing_names_the_party_and_field():
     f = _frame()
-    fitted = fit_preprocessor(PreprocessSpec.model_validate({"impute": {"strategy": "mean"}}), "lab",
-                              f[["a", "c"]]).fitted()
+    fitted = fit_preprocessor(
+        PreprocessSpec.model_validate({"impute": {"strategy": "mean"}}), "lab", f[["a", "c"]]
+    ).fitted()
     fitted["groups"][0]["scale"]["mean"] = "zero"
     with pytest.raises(DataError, match=r"party 'lab': its saved preprocessing is malformed at 'groups\.0"):
         from_saved(fitted, "lab")
@@ -91,8 +106,15 @@ def _csv(path: Path, frame: pd.DataFrame) -> Path:
 
 
 def test_new_records_use_only_the_training_columns(tmp_path: Path):
-    f = pd.DataFrame({"id": ["b", "a", "c"], "x2": [1.0, 2.0, 3.0], "extra": [9, 9, 9], "x1": [4, 5, 6],
-                      "label": [0, 1, 0]})
+    f = pd.DataFrame(
+        {
+            "id": ["b", "a", "c"],
+            "x2": [1.0, 2.0, 3.0],
+            "extra": [9, 9, 9],
+            "x1": [4, 5, 6],
+            "label": [0, 1, 0],
+        }
+    )
     src = CsvSource(path=str(_csv(tmp_path / "p.csv", f)), id_column="id", label_column="label")
     data = load_new_records(src, "lab", ["x1", "x2"])
     assert data.ids == ["b", "a", "c"] and data.columns == ["x1", "x2"]
@@ -103,7 +125,9 @@ def test_new_records_use_only_the_training_columns(tmp_path: Path):
 
 def test_new_records_missing_a_training_column_name_the_party_and_column(tmp_path: Path):
     src = CsvSource(path=str(_csv(tmp_path / "p.csv", pd.DataFrame({"id": ["a"], "x1": [1.0]}))))
-    with pytest.raises(DataError, match=r"party 'lab': its prediction file lacks the training column\(s\) \['x2'\]"):
+    with pytest.raises(
+        DataError, match=r"party 'lab': its prediction file lacks the training column\(s\) \['x2'\]"
+    ):
         load_new_records(src, "lab", ["x1", "x2"])
     with pytest.raises(DataError, match="party 'lab': ID column 'key' is not in its prediction file"):
         load_new_records(src.model_copy(update={"id_column": "key"}), "lab", ["x1"])
@@ -139,8 +163,12 @@ def test_the_output_folder_may_not_be_the_run_folder(tmp_path: Path):
     ("kind", "classes", "scores", "want"),
     [
         ("binary", ["no", "yes"], [[0.2, 0.8], [0.7, 0.3]], {"score": [0.8, 0.3], "class": ["yes", "no"]}),
-        ("multiclass", ["a", "b", "c"], [[0.1, 0.2, 0.7], [0.5, 0.3, 0.2]],
-         {"p_a": [0.1, 0.5], "p_b": [0.2, 0.3], "p_c": [0.7, 0.2], "class": ["c", "a"]}),
+        (
+            "multiclass",
+            ["a", "b", "c"],
+            [[0.1, 0.2, 0.7], [0.5, 0.3, 0.2]],
+            {"p_a": [0.1, 0.5], "p_b": [0.2, 0.3], "p_c": [0.7, 0.2], "class": ["c", "a"]},
+        ),
         ("regression", None, [1.5, -2.25], {"value": [1.5, -2.25]}),
     ],
 )

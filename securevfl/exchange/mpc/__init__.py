@@ -60,6 +60,7 @@ from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.plan import step_plan, top_up
 from securevfl.models import build_interactive
+from securevfl.snapshot import ComponentState
 
 FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
 
@@ -203,8 +204,23 @@ class _MpcRole:
         self._h = []
         return None if mine is None else (mine / scale).float()
 
-    def finish(self) -> None:
-        stop_crypten()
+    def checkpoint_state(self) -> ComponentState:
+        """This rank's CrypTen shares of every W_i and of its momentum, with their
+        fixed-point precision: a share alone is uniformly random (issue #18 §3)."""
+
+        def saved(x: Any) -> dict[str, Any]:
+            return {"share": ops.shares(x).cpu().clone(), "precision": ops.precision(x)}
+
+        return ComponentState(
+            {"w": [saved(w) for w in self.w], "v": [None if v is None else saved(v) for v in self.v]}
+        )
+
+    def restore(self, state: ComponentState) -> None:
+        def load(x: dict[str, Any]) -> Any:
+            return ops.from_shares(x["share"].to(self.device), int(x["precision"]))
+
+        self.w = [load(w) for w in state.tensors["w"]]
+        self.v = [None if v is None else load(v) for v in state.tensors["v"]]
 
 
 class MpcActive(ActiveExchange):
@@ -217,6 +233,12 @@ class MpcActive(ActiveExchange):
 
     def backward(self, grad_z: torch.Tensor) -> None:
         self.role.backward_shares(grad_z.detach().float().cpu(), grad_z.shape[0])
+
+    def checkpoint_state(self) -> ComponentState:
+        return self.role.checkpoint_state()
+
+    def restore(self, state: ComponentState) -> None:
+        self.role.restore(state)
 
     def close(self) -> None:
         import crypten.communicator as comm
@@ -241,6 +263,12 @@ class MpcPassive(PassiveExchange):
         g = self.role.backward_shares(None, self._batch)
         assert g is not None
         return g.float().to(self.role.device)
+
+    def checkpoint_state(self) -> ComponentState:
+        return self.role.checkpoint_state()
+
+    def restore(self, state: ComponentState) -> None:
+        self.role.restore(state)
 
     def close(self) -> None:
         self.role.finish()
