@@ -77,9 +77,10 @@ class PartyModel:
         return list(self.preprocess.inputs)
 
     def features(self, data: PartyData) -> np.ndarray:
-        """New records (aligned) as the model's inputs: the saved preprocessing,
+        """New records as the model's inputs, row by row: the saved preprocessing,
         or the training rows' z-scoring, then the defenses' feature selection
-        (passive side), exactly as in training (:func:`securevfl.parties.common.split_features`)."""
+        (passive side), as in training (:func:`securevfl.parties.common.split_features`).
+        Every transform is per row, so the rows can be taken before or after alignment."""
         pre = self.preprocess
         party = self.spec.name
         if pre.fitted is not None:

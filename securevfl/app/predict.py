@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -163,14 +164,16 @@ def _contexts(proto: Protocol, layout: Layout, rank: int, channel: Channel) -> E
     )
 
 
-def _align(channel: Channel, layout: Layout, role: Role, data: PartyData) -> PartyData:
+def _align(channel: Channel, layout: Layout, role: Role, data: PartyData) -> tuple[PartyData, np.ndarray]:
+    """The party's records in the agreed order of the IDs every party holds (the
+    same DH-PSI as training), and their row positions in its file."""
     channel.phase = "psi"
     if role.kind == "active":
         order = align_active(channel, layout, data.ids)
     else:
         order = align_passive(channel, layout, role.rank, data.ids)
     channel.phase = "setup"
-    return data.take(order)
+    return data.take(order), order
 
 
 def predict_rank(
@@ -219,15 +222,16 @@ def predict_rank(
             if model is None:
                 backend.helper(ctx).serve()
             else:
-                with clock.phase("data"):
+                with clock.phase("data"):  # all of the party's own file, checked before any message
                     source = records_source(proto, role.party, data_dir, data)
                     records = load_new_records(
                         source, role.party, model.inputs, preprocess=model.spec.preprocess
                     )
+                    x_all = model.features(records)
                 with clock.phase("alignment"):
-                    aligned = _align(channel, layout, role, records)
+                    aligned, order = _align(channel, layout, role, records)
                 with clock.phase("setup"):
-                    x = torch.as_tensor(model.features(aligned))
+                    x = torch.as_tensor(x_all[order])
                     predictor = model.predictor(backend, ctx, keep_sent=keep)
                 channel.phase = "predict"
                 with clock.phase("prediction"):

@@ -118,17 +118,24 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_predict_on_the_test_rows_is_the_training_evaluation(trained: dict[str, Any], tmp_path: Path):
-    """The passive parties' files cut to the run's test rows: the same batches as
-    the run's last evaluation, so on ``plain`` every z A is revealed and every
-    metric computed from predictions.csv equal the run's bit for bit; the active
-    party's file still holds every ID (PSI aligns), its labels unused."""
-    files, run, view = trained["files"], trained["run"], trained["view"]
-    data = [f"{p}={_only(files[p], trained['test_ids'], tmp_path / f'{p}.csv')}" for p in ("shop", "web")]
-    out = tmp_path / "pred"
-    r = cli("predict", str(run), "--out", str(out), *(f"--data={d}" for d in data))
+@pytest.fixture(scope="module")
+def predicted(trained: dict[str, Any]) -> dict[str, Any]:
+    """``securevfl predict`` with the passive parties' files cut to the run's test
+    rows (the active party's file still holds every ID: PSI aligns)."""
+    files, folder = trained["files"], trained["folder"]
+    data = {p: _only(files[p], trained["test_ids"], folder / f"new-{p}.csv") for p in ("shop", "web")}
+    out = folder / "pred"
+    r = cli("predict", str(trained["run"]), "--out", str(out), *(f"--data={p}={f}" for p, f in data.items()))
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"predictions: {out / 'predictions.csv'}" in r.stdout
+    return {"out": out, "data": data}
+
+
+def test_predict_on_the_test_rows_is_the_training_evaluation(trained, predicted):
+    """The same batches as the run's last evaluation, so on ``plain`` every z A is
+    revealed and every metric computed from predictions.csv equal the run's bit
+    for bit; A's labels are not used."""
+    files, run, view, out = trained["files"], trained["run"], trained["view"], predicted["out"]
     pred = pd.read_csv(out / "predictions.csv", dtype={"id": str})
     assert list(pred.columns) == ["id", "score", "class"]
     assert pred["id"].tolist() == sorted(trained["test_ids"])  # aligned order: sorted IDs
@@ -165,17 +172,18 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_party_predict_gives_the_local_file(trained: dict[str, Any], tmp_path: Path):
+def test_party_predict_gives_the_local_file(trained, predicted, tmp_path: Path):
     """Each organization starts its own rank with its own output folder of the run
     (here: copies holding only that rank's model) and its own file of new records."""
     run, proto = trained["run"], trained["proto"]
     port = _port()
     procs: list[subprocess.Popen[str]] = []
-    for r in range(3):
+    for r, party in enumerate(("bank", "shop", "web")):
         own = tmp_path / f"host{r}-run"
         (own / "ranks").mkdir(parents=True)
         shutil.copytree(run / "ranks" / f"rank{r}", own / "ranks" / f"rank{r}")
-        procs.append(party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(own), "--quiet"))
+        data = [f"--data={party}={predicted['data'][party]}"] if party in predicted["data"] else []
+        procs.append(party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(own), *data))
     errs = []
     for p in procs:
         try:
@@ -184,38 +192,28 @@ def test_party_predict_gives_the_local_file(trained: dict[str, Any], tmp_path: P
             if p.poll() is None:
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
-    local = tmp_path / "local"
-    r = cli("predict", str(run), "--out", str(local))
-    assert r.returncode == 0, r.stderr[-3000:]
     a = pd.read_csv(tmp_path / "host0" / "predictions.csv", dtype={"id": str})
-    b = pd.read_csv(local / "predictions.csv", dtype={"id": str})
+    b = pd.read_csv(predicted["out"] / "predictions.csv", dtype={"id": str})
     pd.testing.assert_frame_equal(a, b)
-    # every row the three files share, predicted; the passive hosts got no predictions file
-    assert len(a) == len(
-        set.intersection(*(set(pd.read_csv(f, dtype={"id": str})["id"]) for f in trained["files"].values()))
-    )
-    assert not (tmp_path / "host1" / "predictions.csv").exists()
+    assert not (tmp_path / "host1" / "predictions.csv").exists()  # passive hosts get no predictions
 
 
-@pytest.mark.parametrize(
-    ("party", "change", "message"),
-    [
-        ("web", {"d": None}, "party 'web': its prediction file lacks the training column(s) ['d']"),
-        (
-            "shop",
-            {"region": "central"},
-            "party 'shop': column 'region' holds a category its training rows do not have",
-        ),
-    ],
-)
-def test_bad_prediction_files_exit_2_naming_party_and_field(
-    trained: dict[str, Any], tmp_path: Path, party: str, change: dict[str, Any], message: str
-):
-    bad = _only(trained["files"][party], trained["test_ids"], tmp_path / f"{party}.csv", **change)
+def test_bad_prediction_files_exit_2_naming_party_and_field(trained: dict[str, Any], tmp_path: Path):
+    """Each party checks its whole file before any message: 'web' lacks a training
+    column, 'shop' holds a category its training rows lack (no "other" bucket)."""
+    files, ids = trained["files"], trained["test_ids"]
+    web = _only(files["web"], ids, tmp_path / "web.csv", d=None)
+    shop = _only(files["shop"], ids, tmp_path / "shop.csv", region="central")
     out = tmp_path / "pred"
-    r = cli("predict", str(trained["run"]), "--out", str(out), "--data", f"{party}={bad}")
+    r = cli("predict", str(trained["run"]), "--out", str(out), f"--data=web={web}", f"--data=shop={shop}")
     assert r.returncode == 2, r.stderr[-3000:]
-    assert message in _flat(r.stderr)
+    want = {
+        1: "party 'shop': column 'region' holds a category its training rows do not have",
+        2: "party 'web': its prediction file lacks the training column(s) ['d']",
+    }
+    assert want[1] in _flat(r.stderr)  # the first rank's error is the run's
+    for rank, message in want.items():
+        assert message in json.loads((out / "ranks" / f"rank{rank}.error.json").read_text())["message"]
     assert not (out / "predictions.csv").exists()
 
 
