@@ -8,7 +8,7 @@ because a saved model is loaded without unpickling anything. This module puts
 those parameters back to work on new records, step for step as the fitted
 ``ColumnTransformer`` applies them:
 
-* numeric groups: the log transform, then ``SimpleImputer`` (NaN -> its
+* numeric groups: the log transform (``log1p``, ``signed_log1p``), then ``SimpleImputer`` (NaN -> its
   statistic, then the missing-indicator columns of the features that had
   missing values when fitted), then ``StandardScaler`` (``x -= mean``,
   ``x /= scale``) over all of the group's outputs, in float64;
@@ -54,7 +54,7 @@ class Scaled(_Doc):
 class NumericGroup(_Doc):
     kind: Literal["numeric"] = "numeric"
     columns: list[str]
-    log: str | None = None  # "log1p"
+    log: Literal["log1p", "signed_log1p"] | None = None
     impute: Imputed | None = None
     scale: Scaled | None = None
 
@@ -94,7 +94,11 @@ def log1p(x: np.ndarray) -> np.ndarray:
         return np.log1p(x)
 
 
-LOGS = {"log1p": log1p}
+def signed_log1p(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+LOGS = {"log1p": log1p, "signed_log1p": signed_log1p}
 
 
 def _numeric(group: NumericGroup, frame: pd.DataFrame) -> np.ndarray:
@@ -147,7 +151,7 @@ def apply_fitted(fitted: FittedTransform, party: str, frame: pd.DataFrame) -> np
             f"party '{party}': its data lacks the training column(s) {missing[:5]} "
             "its preprocessing was fitted on"
         )
-    logged = [c for g in fitted.groups if isinstance(g, NumericGroup) and g.log for c in g.columns]
+    logged = [c for g in fitted.groups if isinstance(g, NumericGroup) and g.log == "log1p" for c in g.columns]
     low = (frame[logged] <= -1).sum() if logged else pd.Series(dtype=int)
     bad = [c for c in logged if low[c]]
     if bad:

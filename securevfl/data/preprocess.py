@@ -240,7 +240,7 @@ class Preprocessor:
             group: dict[str, Any] = {
                 "kind": "numeric",
                 "columns": list(cols),
-                "log": "log1p" if "log1p" in pipe.named_steps else None,
+                "log": next((n for n in ("log1p", "signed_log1p") if n in pipe.named_steps), None),
             }
             if imp is not None:
                 feats = imp.indicator_.features_ if imp.indicator_ is not None else []
