@@ -222,6 +222,9 @@ class _MpcRole:
         self.w = [load(w) for w in state.tensors["w"]]
         self.v = [None if v is None else load(v) for v in state.tensors["v"]]
 
+    def finish(self) -> None:
+        stop_crypten()
+
 
 class MpcActive(ActiveExchange):
     def __init__(self, ctx: ExchangeContext):
