@@ -120,34 +120,50 @@ class PartyModel:
         as at training set-up), restore its trained state, and return the predictor.
         ``keep_sent``: keep what the wire audits read (the h'_i a passive party sends,
         the z the active party is revealed)."""
-        proto, spec, dev = self.proto, self.spec, ctx.device
-        seed = proto.training.seed
-        width = len(self.preprocess.columns)
-        bs = proto.training.batch_size
         if self.role.kind == "passive":
-            assert spec.model is not None
-            bottom = self._module("bottom", build_bottom(spec.model, width, seed=seed, party=spec.name), dev)
-            exchange = backend.passive(ctx)
-            exchange.restore(self.exchange_state)  # type: ignore[attr-defined]
-            return PassivePredictor(exchange, bottom, self.stack, dev, bs, keep_sent=keep_sent)
+            return self._passive(backend, ctx, keep_sent)
+        return self._active(backend, ctx, keep_sent)
+
+    def _passive(self, backend: type[ExchangeBackend], ctx: ExchangeContext, keep: bool) -> PassivePredictor:
+        spec, dev, seed = self.spec, ctx.device, self.proto.training.seed
+        assert spec.model is not None
+        width = len(self.preprocess.columns)
+        bottom = self._module("bottom", build_bottom(spec.model, width, seed=seed, party=spec.name), dev)
+        exchange = backend.passive(ctx)
+        exchange.restore(self.exchange_state)
+        return PassivePredictor(
+            exchange, bottom, self.stack, dev, self.proto.training.batch_size, keep_sent=keep
+        )
+
+    def _active(self, backend: type[ExchangeBackend], ctx: ExchangeContext, keep: bool) -> ActivePredictor:
+        proto, spec, dev, seed = self.proto, self.spec, ctx.device, self.proto.training.seed
         assert self.task is not None
         out = proto.interactive.out
-        bottom = own = None
+        width = len(self.preprocess.columns)
+        bottom: torch.nn.Module | None = None
+        own: torch.nn.Module | None = None
         if spec.model is not None and width:
             bottom = self._module("bottom", build_bottom(spec.model, width, seed=seed, party=spec.name), dev)
             own = self._module("own", build_interactive(spec.model.out, out, seed=seed, party=spec.name), dev)
         top = self._module("top", build_top(proto.top, out, self.task.outputs, seed=seed), dev)
-        bias = build_bias(out)
         saved_bias = self.tensors.get("bias")
-        if not isinstance(saved_bias, torch.Tensor) or saved_bias.shape != bias.shape:
+        if not isinstance(saved_bias, torch.Tensor) or saved_bias.shape != build_bias(out).shape:
             raise CheckpointError(
                 f"rank {self.role.rank} ({spec.name}): models.pt: field 'bias' does not fit "
                 "the protocol's model"
             )
         exchange = backend.active(ctx)
-        exchange.restore(self.exchange_state)  # type: ignore[attr-defined]
+        exchange.restore(self.exchange_state)
         return ActivePredictor(
-            self.task, exchange, top, saved_bias.to(dev), bottom, own, dev, bs, keep_z=keep_sent
+            self.task,
+            exchange,
+            top,
+            saved_bias.to(dev),
+            bottom,
+            own,
+            dev,
+            proto.training.batch_size,
+            keep_z=keep,
         )
 
 

@@ -58,6 +58,7 @@ from securevfl.data.party_data import PartyData, load_new_records
 from securevfl.defenses.base import sends_codes
 from securevfl.errors import ConfigError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
+from securevfl.parties.predict import ActivePredictor
 from securevfl.records import OwnView, RankSummary
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
@@ -235,16 +236,16 @@ def predict_rank(
                     predictor = model.predictor(backend, ctx, keep_sent=keep)
                 channel.phase = "predict"
                 with clock.phase("prediction"):
-                    if role.kind == "active":
-                        scores = predictor.predict(x, len(aligned.ids))  # type: ignore[union-attr]
+                    if isinstance(predictor, ActivePredictor):
+                        scores = predictor.predict(x, len(aligned.ids))
                     else:
-                        predictor.contribute(x)  # type: ignore[union-attr]
+                        predictor.contribute(x)
                 predictor.exchange.close()
-                if role.kind == "active":
-                    frame = predictions_frame(
-                        source.id_column, aligned.ids, model.task.prediction_columns(scores)
+                if isinstance(predictor, ActivePredictor):
+                    columns = predictor.task.prediction_columns(scores)
+                    write_predictions(
+                        out_dir / PREDICTIONS_FILE, predictions_frame(source.id_column, aligned.ids, columns)
                     )
-                    write_predictions(out_dir / PREDICTIONS_FILE, frame)
                 summary["n_aligned"] = len(aligned.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(aligned.ids).encode()).hexdigest()[:16]
                 summary["loaded_columns"] = list(model.inputs)

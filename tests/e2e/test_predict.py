@@ -250,3 +250,21 @@ def test_output_folder_is_never_overwritten_unasked(trained: dict[str, Any], tmp
     r = cli("predict", str(trained["run"]), "--out", str(trained["run"]), "--overwrite")
     assert r.returncode == 2 and "is the training run's folder" in _flat(r.stderr)
     assert (trained["run"] / "result.json").is_file()
+
+
+def test_a_prediction_rank_refuses_peers_started_to_train(trained: dict[str, Any], tmp_path: Path):
+    """Rank 0 started with --predict, ranks 1 and 2 started to train: the start-up
+    handshake stops all three (exit 2), naming what each was started for."""
+    proto, port = trained["proto"], _port()
+    procs = [party_process(proto, 0, port, tmp_path / "host0", "--predict", str(trained["run"]), "--quiet")]
+    procs += [party_process(proto, r, port, tmp_path / f"host{r}", "--quiet") for r in (1, 2)]
+    errs = []
+    for p in procs:
+        try:
+            errs.append(p.communicate(timeout=300)[1])
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [2, 2, 2], [e[-1500:] for e in errs]
+    assert "was started to train, this rank to predict" in _flat(errs[0])
+    assert "was started to predict, this rank to train" in _flat(errs[1])
