@@ -234,7 +234,7 @@ def predict_rank(
                 with clock.phase("setup"):
                     x = torch.as_tensor(x_all[order])
                     predictor = model.predictor(backend, ctx, keep_sent=keep)
-                channel.phase = "predict"
+                channel.phase = "eval"  # an evaluation pass (the ledger and CrypTen know these phases)
                 with clock.phase("prediction"):
                     if isinstance(predictor, ActivePredictor):
                         scores = predictor.predict(x, len(aligned.ids))
