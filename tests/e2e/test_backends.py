@@ -199,12 +199,16 @@ def test_he_public_material_only(crypto_run):
 
 
 # -- federated prediction through each crypto backend (issue #18 point 4) ------------------------
+PREDICT_ROWS = 64  # two batches of 32: keep the crypto runs tiny
+
+
 def _predict_test_rows(out: Path, dest: Path) -> tuple[Path, dict[str, Any]]:
     """``securevfl predict`` on the run in ``out`` with the passive parties' files
-    cut to the run's test rows (the batches of its last evaluation); returns the
-    output folder and the active party's training view."""
+    cut to the run's first test rows (aligned order: sorted IDs), so the batches
+    are the first ones of the run's evaluation; returns the output folder and the
+    active party's training view."""
     view = _view(out, 0)["own"]
-    test_ids = {view["ids"][i] for i in view["test_idx"]}
+    test_ids = set(sorted(view["ids"][i] for i in view["test_idx"])[:PREDICT_ROWS])
     data = []
     for party in ("left", "right"):
         (src,) = (out / "data").glob(f"*/{party}.csv")
@@ -220,8 +224,9 @@ def test_prediction_reveals_no_embedding_and_matches_the_evaluation(crypto_run, 
     """Under each crypto backend the active party receives no embedding while
     predicting (the wire audit above, on the prediction's transcript), and the
     scores equal the run's last evaluation of the same rows within the backend's
-    precision (the z it was revealed then, through its final top model)."""
-    backend, tol, result, _, out = crypto_run
+    precision (the z it was revealed then, through its final top model). Two
+    batches: the audit reads every tensor, the comparison every row."""
+    backend, tol, _, _, out = crypto_run
     pred_dir, view = _predict_test_rows(out, tmp_path)
     pview = torch.load(pred_dir / "ranks" / "rank0.predict_view.pt", weights_only=False)
     assert "embedding" not in pview["received"]
@@ -243,8 +248,9 @@ def test_prediction_reveals_no_embedding_and_matches_the_evaluation(crypto_run, 
         assert examined > 0, "the audit saw no batch-shaped tensor at the active party"
         assert worst < 0.5, (backend, p, worst)
 
-    last = [z for f, z in zip(view["forwards"], view["z"], strict=True) if f["phase"] == "eval"]
-    last = last[-len(pview["own"]["z"]) :]
+    forwards = zip(view["forwards"], view["z"], strict=True)
+    evals = [(f["round"], z) for f, z in forwards if f["phase"] == "eval"]
+    last = [z for r, z in evals if r == max(r for r, _ in evals)][: len(pview["own"]["z"])]
     for a, b in zip(last, pview["own"]["z"], strict=True):
         assert float((a - b).abs().max()) <= tol, backend
     proto = load_protocol_dict(_doc(backend, CRYPTO[backend][0]))
@@ -254,6 +260,4 @@ def test_prediction_reveals_no_embedding_and_matches_the_evaluation(crypto_run, 
         want = torch.softmax(top(torch.cat(last) + view["bias"]), dim=1).numpy()
     pred = pd.read_csv(pred_dir / "predictions.csv", dtype={"id": str})
     got = pred[[f"p_{c}" for c in range(view["classes"])]].to_numpy()
-    assert np.abs(got - want).max() <= tol, backend
-    accuracy = float((got.argmax(1) == view["y_test"].numpy()).mean())
-    assert accuracy == pytest.approx(result["test_accuracy"], abs=0.01)
+    assert len(got) == PREDICT_ROWS and np.abs(got - want).max() <= tol, backend

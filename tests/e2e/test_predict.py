@@ -252,6 +252,7 @@ def test_output_folder_is_never_overwritten_unasked(trained: dict[str, Any], tmp
     assert (trained["run"] / "result.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_prediction_rank_refuses_peers_started_to_train(trained: dict[str, Any], tmp_path: Path):
     """Rank 0 started with --predict, ranks 1 and 2 started to train: the start-up
     handshake stops all three (exit 2), naming what each was started for."""
