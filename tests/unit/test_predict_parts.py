@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.app.predict import check_out, parse_data_overrides, predictions_frame
@@ -186,3 +187,15 @@ def test_prediction_columns_per_task(kind, classes, scores, want, tmp_path: Path
     back = pd.read_csv(path, dtype={"customer": str})
     first = next(iter(want))
     assert back[first].tolist() == want[first]  # full precision round trip
+
+
+def test_a_saved_task_is_restored_without_labels():
+    """The task of a saved model: a regression target's scale comes from what was
+    saved (mean, scale), not from labels, which prediction does not have."""
+    trained = TASKS.get("regression")(np.array([10.0, 20.0, 30.0, 40.0]), None, "mse")
+    saved = {"kind": "regression", "classes": None, "mean": trained.mean, "scale": trained.scale}
+    restored = TASKS.get("regression").restore(None, "mse", saved)
+    out = torch.tensor([[0.5], [-1.0]])
+    assert torch.equal(restored.outputs_to_scores(out), trained.outputs_to_scores(out))
+    binary = TASKS.get("binary").restore(["no", "yes"], "mse", {"kind": "binary"})
+    assert binary.outputs == 2 and binary.classes == ["no", "yes"]
