@@ -14,9 +14,9 @@ largest rank), aligned rows and test accuracy. Then a fitted exponent per
 phase: the slope of log(time) against log(rows) at each party count, and against
 log(parties) at each row count (1.0 = linear).
 
-The alignment floor: DH-PSI over ristretto255 costs A one hash-and-blind per own
-ID plus one unblinding per own ID still in play per passive party, and each P_i
-one hash-and-blind per own ID plus one blinding per A's ID. ``--unit-costs``
+The alignment floor: DH-PSI with X25519 costs A one hash-and-blind per own ID
+plus one blinding per element of each passive party's setup, and each P_i one
+hash-and-blind per own ID plus one blinding per A's ID. ``--unit-costs``
 measures those unit costs now (and openmined-psi's for the same IDs) and prints
 each configuration's floor: total PSI CPU seconds over the cores.
 
@@ -150,9 +150,15 @@ def exponents(rows: list[dict[str, Any]]) -> list[str]:
                     (b["alignment_cpu_s"] - a["alignment_cpu_s"]) / (b["parties"] - a["parties"])
                     for a, b in itertools.pairwise(grp)
                 ]
+                walls = [
+                    (b["phase_s"]["alignment"] - a["phase_s"]["alignment"]) / (b["parties"] - a["parties"])
+                    for a, b in itertools.pairwise(grp)
+                ]
                 lines.append(
-                    f"    alignment CPU s per added passive party (rows={f}): "
+                    f"    alignment per added passive party (rows={f}): CPU s "
                     + ", ".join(f"{v:.1f}" for v in steps)
+                    + "; wall s "
+                    + ", ".join(f"{v:.1f}" for v in walls)
                 )
     return lines
 
@@ -160,10 +166,10 @@ def exponents(rows: list[dict[str, Any]]) -> list[str]:
 def pairwise_share(unit: dict[str, float]) -> float:
     """CPU of one more passive party over the CPU of a whole pairwise alignment,
     from the unit costs: an added P_i costs its own hash-and-blind, its blinding
-    of A's request and A's unblinding; a pairwise run also costs A's
+    of A's request and A's blinding of its setup; a pairwise run also costs A's
     hash-and-blind (shared by every P_i once there are several)."""
-    hb = unit["ristretto255 hash"] + unit["ristretto255 multiply"]
-    m = unit["ristretto255 multiply"]
+    hb = unit["curve25519 hash"] + unit["x25519 multiply"]
+    m = unit["x25519 multiply"]
     return (hb + 2 * m) / (2 * hb + 2 * m)
 
 
@@ -179,12 +185,12 @@ def unit_costs(n: int = 20000) -> dict[str, float]:
     ids = [f"r{i:07d}" for i in range(n)]
     out: dict[str, float] = {}
     t = cpu()
-    h = dh_psi.hash_to_group(ids, threads=1)
-    out["ristretto255 hash"] = (cpu() - t) / n * 1e6
+    h = dh_psi.hash_to_group(ids)
+    out["curve25519 hash"] = (cpu() - t) / n * 1e6
     key = dh_psi.Key.fresh()
     t = cpu()
-    dh_psi.multiply(key.scalar, h, threads=1)
-    out["ristretto255 multiply"] = (cpu() - t) / n * 1e6
+    dh_psi.multiply(key, h, threads=1)
+    out["x25519 multiply"] = (cpu() - t) / n * 1e6
     server = psi.server.CreateWithNewKey(True)
     client = psi.client.CreateWithNewKey(True)
     t = cpu()
@@ -203,10 +209,10 @@ def unit_costs(n: int = 20000) -> dict[str, float]:
 
 
 def psi_floor_s(rows: int, parties: int, unit: dict[str, float], cores: int) -> tuple[float, float]:
-    """(ristretto255 floor, openmined-psi floor) in seconds for full overlap: total
+    """(X25519 floor, openmined-psi floor) in seconds for full overlap: total
     PSI CPU over ``cores``."""
-    hb = unit["ristretto255 hash"] + unit["ristretto255 multiply"]
-    m = unit["ristretto255 multiply"]
+    hb = unit["curve25519 hash"] + unit["x25519 multiply"]
+    m = unit["x25519 multiply"]
     ours = rows * hb + parties * rows * m + parties * (rows * hb + rows * m)
     om = (
         rows * unit["openmined request (hash+encrypt)"]
@@ -326,7 +332,9 @@ def main() -> int:
         print(
             f"    {r['wall_s']:.1f} s end to end, CPU {r['cpu_s']:.0f} s, alignment "
             f"{r['phase_s']['alignment']:.1f} s, {(r['s_per_step'] or 0) * 1e3:.1f} ms/step, "
-            f"peak {r['peak_rss_mib']:.0f} MiB/rank, aligned {r['aligned']}, acc {r['test_accuracy']:.4f}",
+            f"peak {r['peak_rss_mib']:.0f} MiB/rank (by rank: "
+            + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["peak_rss_by_rank_mib"].items()))
+            + f"), aligned {r['aligned']}, acc {r['test_accuracy']:.4f}",
             file=sys.stderr,
             flush=True,
         )
@@ -337,7 +345,7 @@ def main() -> int:
         print(line)
     if unit:
         print(f"an added passive party costs {pairwise_share(unit):.2f} of a pairwise alignment's PSI CPU")
-        print(f"PSI floors over {cores} cores (ristretto255 / openmined-psi, full overlap):")
+        print(f"PSI floors over {cores} cores (X25519 / openmined-psi, full overlap):")
         for (rows, k), (ours, om) in sorted(floors.items()):
             print(f"  rows={rows} passive={k}: {ours:.1f} s / {om:.1f} s")
     return 0

@@ -25,7 +25,7 @@ from securevfl.app.predict import check_out, parse_data_overrides, predict_local
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.attacks import ATTACKS
-from securevfl.data.criteo import active_feature_columns, split_criteo
+from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
 from securevfl.data.datasets import DATASETS
 from securevfl.data.partition import is_builtin, materialize
 from securevfl.defenses import DEFENSES
@@ -329,33 +329,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_criteo(args: argparse.Namespace) -> int:
-    paths = split_criteo(args.file, args.out, top_k=args.top_k, max_rows=args.max_rows)
-    doc = {
-        "name": "criteo",
-        "description": f"Criteo split of {args.file}: media platform (passive) and advertiser (active)",
-        "dataset": {"name": "csv", "test_fraction": 0.2},
-        "parties": {
-            "active": {
-                "name": "advertiser",
-                "source": {
-                    "path": str(paths["active"]),
-                    "label_column": "label",
-                    "feature_columns": active_feature_columns(paths["active"]),
-                },
-                "model": {"kind": "mlp", "hidden": [32], "out": 16},
-            },
-            "passive": [
-                {
-                    "name": "media",
-                    "source": {"path": str(paths["passive"])},
-                    "model": {"kind": "mlp", "hidden": [64], "out": 16},
-                }
-            ],
-        },
-        "exchange": {"backend": "plain"},
-        "interactive": {"out": 16},
-        "training": {"epochs": 5, "batch_size": 64, "lr": 0.003, "optimizer": "adam", "seed": 0},
-    }
+    paths = criteo_paths(args.out)
+    doc = criteo_protocol(paths, top_k=args.top_k, source=args.file)  # checks top_k before writing
+    split_criteo(args.file, args.out, max_rows=args.max_rows)
     proto = Path(args.out) / "protocol.yaml"
     proto.write_text(yaml.safe_dump(doc, sort_keys=False))
     for p in (*paths.values(), proto):

@@ -129,14 +129,22 @@ class CategoricalSpec(Strict):
     min_frequency: int = Field(
         default=1, ge=1, description="training rows a category needs for its own column"
     )
+    max_categories: int | None = Field(
+        default=None,
+        ge=1,
+        description="keep only this many most frequent categories of each column (the training rows' "
+        "top-k), the rest sharing the 'other' column",
+    )
     other: bool = True
 
     @model_validator(mode="after")
     def _other_bucket(self) -> CategoricalSpec:
-        if self.min_frequency > 1 and not self.other:
-            raise ValueError(
-                "min_frequency > 1 groups rare categories into the 'other' bucket: set other: true"
-            )
+        for field, grouped in (
+            ("min_frequency > 1", self.min_frequency > 1),
+            ("max_categories", self.max_categories is not None),
+        ):
+            if grouped and not self.other:
+                raise ValueError(f"{field} groups categories into the 'other' bucket: set other: true")
         return self
 
 
@@ -155,13 +163,18 @@ class ImputeSpec(Strict):
 class PreprocessSpec(Strict):
     """A party's own preprocessing (DESIGN §12), fitted on its aligned training
     rows only and applied unchanged to its test rows. Numeric columns go through
-    ``log1p`` (if listed), imputation (if declared) and standardization (if on), in
-    that order; categorical columns are one-hot encoded. Without a ``preprocess``
+    ``log1p`` or ``signed_log1p`` (if listed), imputation (if declared) and
+    standardization (if on), in that order; categorical columns are one-hot encoded. Without a ``preprocess``
     entry a party's data must be numeric and complete, as before."""
 
     categorical: CategoricalSpec | None = None
     impute: ImputeSpec | None = None
     log1p: list[str] = Field(default_factory=list, description="numeric columns replaced by log(1 + x)")
+    signed_log1p: list[str] = Field(
+        default_factory=list,
+        description="numeric columns replaced by sign(x) log(1 + |x|) (heavy-tailed counts that can be "
+        "negative, e.g. Criteo's I2)",
+    )
     standardize: bool = Field(
         default=True, description="z-score the numeric columns (this replaces dataset.standardize)"
     )
@@ -169,10 +182,14 @@ class PreprocessSpec(Strict):
     @model_validator(mode="after")
     def _disjoint(self) -> PreprocessSpec:
         cats = set(self.categorical.columns) if self.categorical else set()
-        numeric = set(self.log1p) | set(self.impute.columns or [] if self.impute else [])
+        imputed = set(self.impute.columns or [] if self.impute else [])
+        numeric = set(self.log1p) | set(self.signed_log1p) | imputed
         both = sorted(cats & numeric)
         if both:
             raise ValueError(f"columns {both[:5]} are declared both categorical and numeric")
+        twice = sorted(set(self.log1p) & set(self.signed_log1p))
+        if twice:
+            raise ValueError(f"columns {twice[:5]} are listed under both log1p and signed_log1p")
         return self
 
 

@@ -18,7 +18,7 @@ MODULES = [
     ("gmpy2", "gmpy2"),
     ("skfuzzy", "scikit-fuzzy"),
     ("private_set_intersection.python", "openmined-psi"),
-    ("rbcl", "rbcl"),
+    ("cryptography", "cryptography"),
     ("dp_accounting", "dp-accounting"),
     ("onnx", "onnx"),
     ("sklearn", "scikit-learn"),

@@ -1,7 +1,8 @@
 """The local launcher: every rank as its own OS process (spawn), on loopback.
 
-It materializes built-in datasets into per-party files first (so ranks only read
-their own), starts the ranks, and watches them. When a rank fails, the others end
+It starts the ranks, materializes built-in datasets into per-party files while
+they start up (so ranks only read their own; a rank waits for its file,
+:func:`~securevfl.data.partition.await_materialized`), and watches them. When a rank fails, the others end
 themselves through their watchdogs; any still alive after a grace period are
 killed. The error raised names the lost rank and the root cause. After a
 successful run it runs the protocol's attacks on the ranks' saved views
@@ -27,7 +28,7 @@ from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.config import Protocol
-from securevfl.data.partition import is_builtin, materialize
+from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
     CheckpointError,
     ConfigError,
@@ -119,44 +120,51 @@ def launch(
 
 
 def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> dict[str, Any]:
-    if is_builtin(proto):
-        materialize(proto, data_dir)
-    layout = layout_of(proto)
-    rendezvous = f"tcp://127.0.0.1:{free_port()}"
     blob = proto.model_dump_json()
-    codes = run_ranks(
-        proto,
-        layout,
-        out_dir,
-        _child,
-        [(blob, r.rank, rendezvous, str(out_dir), str(data_dir), progress, resume) for r in layout.roles],
-    )
-    if all(c == 0 for c in codes.values()):
-        if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
-            run_attacks(proto, out_dir)
-        return json.loads((out_dir / "result.json").read_text())
-    raise explain_failure(layout, out_dir, codes)
+    with materializing(proto, data_dir) as pending:
+        procs = start_ranks(
+            proto,
+            out_dir,
+            _child,
+            lambda rank, rendezvous: (blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume),
+        )
+        if pending:  # while the ranks start up (interpreter, imports, rendezvous)
+            try:
+                materialize(proto, data_dir)
+            except BaseException:
+                for p in procs:
+                    p.kill()
+                    p.join()
+                raise
+    return _watch(proto, out_dir, procs)
 
 
-def run_ranks(
+def start_ranks(
     proto: Protocol,
-    layout: Layout,
     out_dir: Path,
     target: Callable[..., None],
-    args: list[tuple[Any, ...]],
-) -> dict[int, int | None]:
-    """Start one spawned process per rank (``target(*args[rank])``), watch them and
-    return their exit codes. Once one fails the others end themselves through
-    their watchdogs; any still alive after a grace period are killed."""
+    args: Callable[[int, str], tuple[Any, ...]],
+) -> list[Any]:
+    """Spawn one process per rank, ``target(*args(rank, rendezvous))``, on a free
+    loopback port, and record their pids."""
+    layout = layout_of(proto)
+    rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(target=target, name=f"{RANK_PROCESS}{r.rank}", args=args[r.rank]) for r in layout.roles
+        ctx.Process(target=target, name=f"{RANK_PROCESS}{r.rank}", args=args(r.rank, rendezvous))
+        for r in layout.roles
     ]
     for p in procs:
         p.start()
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     (ranks_dir / "launcher_pids.json").write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
+    return procs
+
+
+def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
+    """Wait for every rank; kill the rest a grace period after the first failure.
+    Returns the exit codes by rank."""
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
     try:
@@ -176,6 +184,16 @@ def run_ranks(
     for p in procs:
         p.join()
     return {r: p.exitcode for r, p in enumerate(procs)}
+
+
+def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
+    """The run's result once every rank has ended, or the root cause of its failure."""
+    codes = watch_ranks(proto, procs)
+    if all(c == 0 for c in codes.values()):
+        if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
+            run_attacks(proto, out_dir)
+        return json.loads((out_dir / "result.json").read_text())
+    raise explain_failure(layout_of(proto), out_dir, codes)
 
 
 def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:

@@ -43,7 +43,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.app.checkpoints import load_model
-from securevfl.app.launcher import explain_failure, free_port, run_ranks
+from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder
@@ -346,22 +346,15 @@ def predict_local(
             load_model(run_dir, role.rank, protocol_digest=proto.digest())
     check_out(Path(out_dir), run_dir)
     folder = OutputFolder.open(Path(out_dir), overwrite=overwrite)
-    rendezvous = f"tcp://127.0.0.1:{free_port()}"
     blob = proto.model_dump_json()
-    args = [
-        (
-            blob,
-            r.rank,
-            rendezvous,
-            str(run_dir),
-            str(folder.path),
-            str(data_dir),
-            str(files[r.party]) if r.party in files else None,
-        )
-        for r in layout.roles
-    ]
+
+    def args(rank: int, rendezvous: str) -> tuple[Any, ...]:
+        party = layout.role(rank).party
+        own = str(files[party]) if party in files else None
+        return (blob, rank, rendezvous, str(run_dir), str(folder.path), str(data_dir), own)
+
     try:
-        codes = run_ranks(proto, layout, folder.path, _child, args)
+        codes = watch_ranks(proto, start_ranks(proto, folder.path, _child, args))
         if any(c != 0 for c in codes.values()):
             raise explain_failure(layout, folder.path, codes)
     except BaseException as exc:

@@ -1,16 +1,17 @@
-"""Entity alignment by private set intersection (Diffie-Hellman PSI, ristretto255).
+"""Entity alignment by private set intersection (Diffie-Hellman PSI, X25519).
 
-The active party A is the PSI client of every passive party P_i; the group
-arithmetic is in :mod:`securevfl.data.dh_psi` (HFHH'99 commutative blinding over
-ristretto255). One run, with fresh secret exponents a (A's) and b_i (P_i's):
+The active party A is the PSI client of every passive party P_i; the curve
+arithmetic is in :mod:`securevfl.data.dh_psi` (HFHH'99 commutative blinding with
+X25519 on Curve25519). One run, with fresh secret scalars a (A's) and b_i (P_i's):
 
-1. every P_i hashes its IDs onto the group and raises them to b_i: its *setup*,
-   sorted, so it carries no trace of P_i's row order;
-2. A hashes its IDs and raises them to a: one *request*, sent to every P_i;
-3. P_i raises each request element to b_i: its *response*, in request order;
+1. every P_i hashes its IDs onto the curve and blinds them with b_i: its
+   *setup*, sorted, so it carries no trace of P_i's row order;
+2. A hashes its IDs and blinds them with a: one *request*, sent to every P_i;
+3. P_i blinds each request element with b_i: its *response*, in request order;
    then it sends A its setup and its response;
-4. A raises each response element to 1/a, getting H(x)^{b_i} for each of its own
-   IDs x, and keeps the IDs whose element appears in P_i's setup;
+4. A blinds each setup element with a, getting H(y)^{b_i a} for each of P_i's
+   IDs y, and keeps its own IDs x whose response element H(x)^{a b_i} is among
+   them (X25519 has no inverse scalar to unblind the response with);
 5. A sends every passive party the final intersection, sorted: the row order.
 
 So (SECURITY.md §3):
@@ -28,8 +29,8 @@ fewer than BATCH elements (possibly empty). Every P_i computes its setup before
 it takes the request, and its response before it sends anything, so all passive
 parties work at the same time while A blinds and then collects in rank order.
 
-A malformed message (wrong length, an element that is not a canonical group
-element) is a :class:`ProtocolError` naming the sender.
+A malformed message (wrong length, an element that is not a canonical
+u-coordinate or is of small order) is a :class:`ProtocolError` naming the sender.
 """
 
 from __future__ import annotations
@@ -109,11 +110,11 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
     A blinds its set once and sends the same request to every passive party.
     Reusing the request is safe in this model: every server sees the same
     pseudorandom blinded elements and the set size, which is what each saw from
-    its own request before; A's key never leaves A (SECURITY.md §3). A unblinds
-    only the elements of its IDs that every earlier passive party also holds:
-    the others cannot reach the final intersection."""
+    its own request before; A's key never leaves A (SECURITY.md §3). A checks
+    only the response elements of its IDs that every earlier passive party also
+    holds: the others cannot reach the final intersection."""
     key = dh_psi.Key.fresh()
-    request = dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids))
+    request = dh_psi.multiply(key, dh_psi.hash_to_group(ids))
     for role in layout.passive:
         channel.send_json(role.rank, PsiHello(client_size=len(ids)), PSI_HELLO)
     for role in layout.passive:
@@ -125,17 +126,20 @@ def align_active(channel: Channel, layout: Layout, ids: list[str]) -> np.ndarray
         who = f"rank {role.rank} ({role.label})"
         setup = _recv_stream(channel, role.rank, PSI_SETUP, who, "setup")
         response = _recv_exact(channel, role.rank, PSI_RESPONSE, len(ids), who, "response")
-        if len(alive) == len(ids):
-            wanted = response
-        else:
-            wanted = b"".join(response[i * E : (i + 1) * E] for i in alive.tolist())
         try:
-            mine = dh_psi.unpack(dh_psi.multiply(key.inverse, wanted))
+            dh_psi.check_canonical(response)
         except dh_psi.InvalidElement as exc:
             raise ProtocolError(f"{who} sent a PSI response that is not a group element: {exc}") from None
-        theirs = set(dh_psi.unpack(setup))
-        del setup, response, wanted
-        alive = alive[np.fromiter((m in theirs for m in mine), dtype=bool, count=len(mine))]
+        try:  # H(y)^{b_i a} for P_i's IDs y: comparable with the response, H(x)^{a b_i}
+            theirs = set(dh_psi.unpack(dh_psi.multiply(key, setup)))
+        except dh_psi.InvalidElement as exc:
+            raise ProtocolError(f"{who} sent a PSI setup that is not a group element: {exc}") from None
+        del setup
+        keep = np.fromiter(
+            (response[i * E : (i + 1) * E] in theirs for i in alive.tolist()), dtype=bool, count=len(alive)
+        )
+        alive = alive[keep]
+        del response, theirs
     final = sorted(ids[i] for i in alive.tolist())
     payload = json.dumps(final).encode()
     for role in layout.passive:
@@ -155,7 +159,7 @@ def align_passive(channel: Channel, layout: Layout, rank: int, ids: list[str]) -
     who = f"rank {active} ({layout.active.label})"
     key = dh_psi.Key.fresh()
     # the setup needs nothing from A: compute it while A blinds its own set
-    setup = dh_psi.sorted_elements(dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids)))
+    setup = dh_psi.sorted_elements(dh_psi.multiply(key, dh_psi.hash_to_group(ids)))
     hello = channel.recv_json(active, PsiHello, PSI_HELLO)
     if not 0 <= hello.client_size <= MAX_IDS:
         raise ProtocolError(f"{who} announced an implausible PSI set size {hello.client_size}")
@@ -163,7 +167,7 @@ def align_passive(channel: Channel, layout: Layout, rank: int, ids: list[str]) -
     # collects any answer, and a transfer completes only once its receiver is ready
     request = _recv_exact(channel, active, PSI_REQUEST, hello.client_size, who, "request")
     try:
-        response = dh_psi.multiply(key.scalar, request)
+        response = dh_psi.multiply(key, request)
     except dh_psi.InvalidElement as exc:
         raise ProtocolError(f"{who} sent a PSI request that is not a group element: {exc}") from None
     del request

@@ -6,25 +6,28 @@ negative) and 26 hashed categorical features C1..C26 (8 hex digits; empty when
 missing). Rows are in time order over 7 days; the spec's stream protocol cuts them
 into 7 equal chunks by row order (``day``).
 
-:func:`read_criteo` parses and transforms; :func:`split_criteo` writes the spec's
-party split as two CSV files that ``dataset: {name: csv}`` protocols read:
+:func:`read_criteo` parses; :func:`split_criteo` writes the spec's party split as
+two CSV files of *raw* fields, and :func:`criteo_protocol` the protocol that trains
+on them, whose per-party ``preprocess`` entries (DESIGN §12,
+:mod:`securevfl.data.preprocess`) do the transforms the spec asks for:
 
-* passive (the media platform): I1..I13, each ``sign(x) log(1 + |x|)`` with a
-  missing value as 0 and a ``_missing`` indicator, plus the one-hot top-k values of
-  C1..C13 (the spec's extended reconstruction target);
+* passive (the media platform): I1..I13 and C1..C13 (the spec's extended
+  reconstruction target). ``signed_log1p`` on I1..I13 (``sign(x) log(1 + |x|)``),
+  a missing count imputed as 0 with a ``missingindicator_`` column, and the
+  one-hot top-k values of C1..C13 with an "other" column;
 * active (the advertiser): the one-hot top-k values of C14..C26 (its wide part),
-  the label, and ``day`` (not a feature unless listed).
+  the label, and ``day`` (not a feature).
 
-Each party encodes only its own fields, from its own file, so the split needs no
-data from the other side. The top-k vocabulary is computed on the file being
-split (a deployment would fix it on a training window).
+Each party's transforms are fitted on its own aligned training rows only, saved
+with its model, and applied unchanged to its test rows and at prediction time; an
+empty categorical field is the category ``missing``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -78,59 +81,77 @@ def read_criteo(path: Path | str, *, max_rows: int | None = None, days: int = 7)
     return frame
 
 
-def dense_transform(x: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """``sign(x) log(1 + |x|)`` (heavy-tailed counts; I2 can be negative) with
-    missing values set to 0, and the missing indicator."""
-    v = x.to_numpy(dtype=np.float64)
-    missing = np.isnan(v)
-    out = np.sign(v) * np.log1p(np.abs(v))
-    out[missing] = 0.0
-    return out, missing.astype(np.float64)
-
-
-def one_hot_top(values: pd.Series, field: str, k: int) -> pd.DataFrame:
-    """One column per the ``k`` most frequent non-missing values (ties by value),
-    plus ``<field>_other`` for the rest and for missing."""
-    counts = Counter(v for v in values if v != "")
-    top = [v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
-    cols = {f"{field}_{v}": (values == v).to_numpy(dtype=np.float64) for v in top}
-    cols[f"{field}_other"] = (~values.isin(top)).to_numpy(dtype=np.float64)
-    return pd.DataFrame(cols, index=values.index)
-
-
-def passive_table(frame: pd.DataFrame, top_k: int) -> pd.DataFrame:
-    parts: dict[str, np.ndarray] = {}
-    for f in DENSE:
-        parts[f], parts[f"{f}_missing"] = dense_transform(frame[f])
-    out = pd.DataFrame({"id": frame["id"], **parts})
-    hots = [one_hot_top(frame[f], f, top_k) for f in PASSIVE_CATEGORICAL]
-    return pd.concat([out, *hots], axis=1)
-
-
-def active_table(frame: pd.DataFrame, top_k: int) -> pd.DataFrame:
-    hots = [one_hot_top(frame[f], f, top_k) for f in ACTIVE_CATEGORICAL]
-    return pd.concat([frame[["id", "day", "label"]], *hots], axis=1)
+def criteo_paths(out_dir: Path | str) -> dict[str, Path]:
+    """Where :func:`split_criteo` writes each party's file under ``out_dir``."""
+    out = Path(out_dir)
+    return {"passive": out / "passive.csv", "active": out / "active.csv"}
 
 
 def split_criteo(
-    path: Path | str, out_dir: Path | str, *, top_k: int = 8, max_rows: int | None = None, days: int = 7
+    path: Path | str, out_dir: Path | str, *, max_rows: int | None = None, days: int = 7
 ) -> dict[str, Path]:
-    """Write ``passive.csv`` and ``active.csv`` (spec 002 §4.4's split) under
-    ``out_dir``; returns their paths. The active file's features are the
-    ``C14_..`` to ``C26_..`` one-hot columns (list them as its ``feature_columns``;
-    ``day`` is for per-day reporting)."""
-    if top_k < 1:
-        raise DataError(f"criteo: top_k must be at least 1, got {top_k}")
+    """Write ``passive.csv`` (id, I1..I13, C1..C13) and ``active.csv`` (id, day,
+    label, C14..C26) under ``out_dir``, raw fields as read (spec 002 §4.4's split);
+    returns their paths. Categorical fields are written as text so that a hash
+    such as ``00a1b2c3`` keeps its leading zeros."""
     frame = read_criteo(path, max_rows=max_rows, days=days)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"passive": out / "passive.csv", "active": out / "active.csv"}
-    passive_table(frame, top_k).to_csv(paths["passive"], index=False)
-    active_table(frame, top_k).to_csv(paths["active"], index=False)
+    paths = criteo_paths(out_dir)
+    paths["passive"].parent.mkdir(parents=True, exist_ok=True)
+    passive = frame[["id", *DENSE, *PASSIVE_CATEGORICAL]].astype(dict.fromkeys(DENSE, "Int64"))
+    passive.to_csv(paths["passive"], index=False)  # counts as integers, '' when missing
+    frame[["id", "day", "label", *ACTIVE_CATEGORICAL]].to_csv(paths["active"], index=False)
     return paths
 
 
-def active_feature_columns(active_csv: Path | str) -> list[str]:
-    """The active file's feature columns (its C14..C26 one-hots)."""
-    header = Path(active_csv).read_text(encoding="utf-8").splitlines()[0].split(",")
-    return [c for c in header if c not in ("id", "day", "label")]
+def criteo_preprocess(top_k: int, *, dense: list[str], categorical: list[str]) -> dict[str, Any]:
+    """A party's ``preprocess`` entry for its Criteo fields: signed log of the
+    counts with missing counts as 0 plus an indicator, one-hot top-``top_k`` of
+    the categorical fields with an "other" column. Counts are not standardized (the
+    signed log already brings them to a few units)."""
+    if top_k < 1:
+        raise DataError(f"criteo: top_k must be at least 1, got {top_k}")
+    entry: dict[str, Any] = {
+        "categorical": {"columns": categorical, "max_categories": top_k, "other": True},
+        "standardize": False,
+    }
+    if dense:
+        entry["signed_log1p"] = dense
+        entry["impute"] = {"strategy": "constant", "fill_value": 0.0, "indicator": True, "columns": dense}
+    return entry
+
+
+def criteo_protocol(paths: dict[str, Path], *, top_k: int = 8, source: str = "") -> dict[str, Any]:
+    """The protocol document that trains on :func:`split_criteo`'s files: the
+    media platform passive, the advertiser active, each with its own
+    :func:`criteo_preprocess` entry."""
+    return {
+        "name": "criteo",
+        "description": f"Criteo split of {source or paths['passive'].parent}: media platform (passive) "
+        "and advertiser (active)",
+        "dataset": {"name": "csv", "test_fraction": 0.2},
+        "parties": {
+            "active": {
+                "name": "advertiser",
+                "source": {
+                    "path": str(paths["active"]),
+                    "label_column": "label",
+                    "feature_columns": list(ACTIVE_CATEGORICAL),
+                },
+                "model": {"kind": "mlp", "hidden": [32], "out": 16},
+                "preprocess": criteo_preprocess(top_k, dense=[], categorical=list(ACTIVE_CATEGORICAL)),
+            },
+            "passive": [
+                {
+                    "name": "media",
+                    "source": {"path": str(paths["passive"])},
+                    "model": {"kind": "mlp", "hidden": [64], "out": 16},
+                    "preprocess": criteo_preprocess(
+                        top_k, dense=list(DENSE), categorical=list(PASSIVE_CATEGORICAL)
+                    ),
+                }
+            ],
+        },
+        "exchange": {"backend": "plain"},
+        "interactive": {"out": 16},
+        "training": {"epochs": 5, "batch_size": 64, "lr": 0.003, "optimizer": "adam", "seed": 0},
+    }

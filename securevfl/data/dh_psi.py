@@ -1,57 +1,76 @@
-"""Diffie-Hellman PSI arithmetic over the ristretto255 group (pure functions).
+"""Diffie-Hellman PSI arithmetic over Curve25519 with X25519 (pure functions).
 
 The protocol is the classic commutative-blinding PSI (Meadows 1986; Huberman,
-Franklin and Hogg 1999): with H a hash onto a prime-order group and secret
-exponents a and b, ``(H(x)^a)^b == (H(x)^b)^a``, so two parties can compare their
-sets in a doubly blinded form while each blinded element is pseudorandom to
-anyone without the exponent (DDH). :mod:`securevfl.data.alignment` runs it on the
-wire; this module only holds the group arithmetic.
+Franklin and Hogg 1999): with H a hash onto the curve and secret scalars a and b,
+``b * (a * H(x)) == a * (b * H(x))``, so two parties can compare their sets in a
+doubly blinded form while each blinded element is pseudorandom to anyone without
+the scalar (DDH). :mod:`securevfl.data.alignment` runs it on the wire; this
+module only holds the arithmetic.
 
-Group and hash: ristretto255 (RFC 9496), a prime-order group built on
-Curve25519, through libsodium (bundled by ``rbcl``). ``hash_to_group`` is RFC
-9380's ``hash_to_ristretto255`` with ``expand_message_xmd`` over SHA-512 and this
-module's domain-separation tag, followed by RFC 9496's one-way map
-(libsodium's ``crypto_core_ristretto255_from_hash``). libsodium's scalar
-multiplication rejects non-canonical encodings and an identity result, so a
-malformed element from a peer fails loudly instead of matching.
+Blinding: X25519 (RFC 7748), the Montgomery-ladder scalar multiplication on
+u-coordinates, computed by OpenSSL through ``cryptography``. Its scalars are
+clamped (a multiple of the cofactor 8, top bit fixed), so blinding commutes and
+also clears any small-order component. This is how SecretFlow's ECDH-PSI uses
+Curve25519 (``psi/cryptor/sodium_curve25519_cryptor.cc``: libsodium's
+``crypto_scalarmult_curve25519`` on 32-byte points). X25519 has no scalar
+inverse, so A blinds each passive party's setup with its own scalar instead of
+unblinding the response (:mod:`~securevfl.data.alignment`).
 
-Measured on the 2-core development box (``benchmarks/scale.py --unit-costs``): a
-hash costs about 15 us and a scalar multiplication about 43 us, against about 81
-us for openmined-psi's hash-and-encrypt and 61 us for its re-encryption (P-256)
-on the same inputs, same load. Both primitives run in C with the GIL released,
-so :func:`hash_to_group` and :func:`multiply` spread a batch over threads.
+Hash: SecretFlow hashes an ID with SHA-256 straight to a u-coordinate. About
+half of all u-coordinates lie on the quadratic twist rather than on the curve,
+and blinding keeps a point on its side, so every blinded element would tell its
+receiver one bit of a public hash of the ID behind it (curve or twist): a leak
+beyond what PSI promises (SECURITY.md §3). securevfl instead hashes with RFC
+9380's Elligator 2 map (suite ``curve25519_XMD:SHA-512_ELL2_NU_``:
+``expand_message_xmd`` over SHA-512 to one field element, then
+``map_to_curve_elligator2``), so every H(x) lies on the curve itself; RFC 9380's
+final ``clear_cofactor`` (times 8) is left to the clamped scalar. The random-
+oracle suite (``_RO_``, two maps and a point addition) needs two square roots
+and costs about 48 us per ID in Python, which would cancel X25519's gain; why
+the one-map encoding is enough for this protocol is argued in SECURITY.md §3.
+The field arithmetic runs on GMP through ``gmpy2``.
 
-Elements travel packed: ``n`` elements are one ``bytes`` of ``32 * n``.
+Measured on the 2-core development box (``benchmarks/scale.py --unit-costs``,
+CPU time, same process, same load): a hash costs about 7 us and a blinding
+about 33 us, against 16 us and 43 us for the ristretto255 engine used before
+(libsodium through ``rbcl``); blindings are five sixths of all PSI operations.
+X25519 runs in C with the GIL released, so :func:`multiply` spreads a batch over
+threads; hashing holds the GIL and runs in one thread.
+
+Elements travel packed: ``n`` elements are one ``bytes`` of ``32 * n``, each a
+little-endian u-coordinate below 2^255 - 19.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
-import rbcl
+import gmpy2
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-# rbcl writes its bundled libsodium to a fresh temporary file on every import and
-# loads it from there, but never removes it: 2.8 MB left in the temp folder per
-# process. The library is mapped by now, so the file can go.
-with contextlib.suppress(OSError, AttributeError, KeyError):
-    os.unlink(sys.modules["rbcl._sodium"].lib_path)
-ELEMENT_BYTES = 32  # a ristretto255 encoding
-SCALAR_BYTES = 32
+ELEMENT_BYTES = 32  # an X25519 u-coordinate, little-endian
 #: RFC 9380 domain-separation tag: the suite id prefixed with this application.
-DST = b"securevfl-psi-v1-ristretto255_XMD:SHA-512_R255MAP_RO_"
+DST = b"securevfl-psi-v2-curve25519_XMD:SHA-512_ELL2_NU_"
 _SHA512_BLOCK = 128
 _SHA512_OUT = 64
 
+# Curve25519 (RFC 7748): v^2 = u^3 + A u^2 + u over GF(P); RFC 9380 §8.5 and §6.7.1
+# for the Elligator 2 constants (Z = 2, L = 48).
+P = gmpy2.mpz(2**255 - 19)
+A = gmpy2.mpz(486662)
+_Z = gmpy2.mpz(2)
+_L = 48
+_A24 = (A + 2) // 4
+
 
 class InvalidElement(ValueError):
-    """A packed element is not a canonical ristretto255 encoding (or would yield
-    the identity); the caller names the peer that sent it."""
+    """A packed element is not a canonical X25519 u-coordinate (or would blind to
+    the all-zero output of a small-order point); the caller names the peer that
+    sent it."""
 
 
 def expand_message_xmd(msg: bytes, dst: bytes, len_in_bytes: int) -> bytes:
@@ -68,15 +87,43 @@ def expand_message_xmd(msg: bytes, dst: bytes, len_in_bytes: int) -> bytes:
     ).digest()
     out = [hashlib.sha512(b0 + b"\x01" + dst_prime).digest()]
     for i in range(2, ell + 1):
-        prev = bytes(x ^ y for x, y in zip(b0, out[-1], strict=True))
+        prev = (int.from_bytes(b0, "big") ^ int.from_bytes(out[-1], "big")).to_bytes(_SHA512_OUT, "big")
         out.append(hashlib.sha512(prev + bytes([i]) + dst_prime).digest())
     return b"".join(out)[:len_in_bytes]
 
 
-def _hash_one(msg: bytes, dst: bytes = DST) -> bytes:
-    """RFC 9380 ``hash_to_ristretto255`` of one message (64 uniform bytes, then the
-    RFC 9496 one-way map)."""
-    return rbcl.crypto_core_ristretto255_from_hash(expand_message_xmd(msg, dst, 64))
+def map_to_curve_elligator2_x(u: gmpy2.mpz) -> gmpy2.mpz:
+    """RFC 9380 §6.7.1 Elligator 2 for Curve25519, u-coordinate only: the x of
+    ``map_to_curve(u)``. No square root is needed for x (X25519 never uses y)."""
+    tv1 = _Z * u * u % P
+    if tv1 == P - 1:
+        tv1 = gmpy2.mpz(0)
+    xd = tv1 + 1  # x1 = -A / (1 + Z u^2) = x1n / xd
+    x1n = P - A
+    gx1 = ((x1n + A * xd) * x1n + xd * xd) * x1n % P  # g(x1) = gx1 / xd^3
+    # x = x1 if g(x1) is square (0 counts as one), else x2 = -x1 - A = x1n Z u^2 / xd
+    xn = x1n if gmpy2.legendre(gx1 * xd % P, P) >= 0 else x1n * tv1 % P
+    return xn * gmpy2.invert(xd, P) % P
+
+
+def clear_cofactor_x(x: int) -> int:
+    """u-coordinate of 8 * (point with u-coordinate ``x``): three x-only doublings
+    (RFC 7748's ladder formulas). RFC 9380's ``clear_cofactor``; PSI leaves it to
+    the clamped X25519 scalar, a multiple of 8, and the tests use it to check this
+    module against RFC 9380's vectors."""
+    X, Zc = gmpy2.mpz(x), gmpy2.mpz(1)
+    for _ in range(3):
+        s, d = (X + Zc) ** 2 % P, (X - Zc) ** 2 % P
+        e = s - d
+        X, Zc = s * d % P, e * (d + _A24 * e) % P
+    return int(X * gmpy2.invert(Zc, P) % P) if Zc else 0
+
+
+def encode_to_curve_x(msg: bytes, dst: bytes = DST) -> int:
+    """RFC 9380 ``encode_to_curve`` (curve25519_XMD:SHA-512_ELL2_NU_) up to its
+    final ``clear_cofactor``: the u-coordinate of ``map_to_curve(hash_to_field(msg))``."""
+    u = gmpy2.mpz(int.from_bytes(expand_message_xmd(msg, dst, _L), "big")) % P
+    return int(map_to_curve_elligator2_x(u))
 
 
 def default_threads() -> int:
@@ -99,13 +146,10 @@ def _chunked(fn: Callable[[int, int], bytes], n: int, threads: int) -> bytes:
     return b"".join(parts)
 
 
-def hash_to_group(ids: Sequence[str], *, threads: int | None = None) -> bytes:
-    """Every ID hashed onto ristretto255, packed in input order."""
-
-    def run(lo: int, hi: int) -> bytes:
-        return b"".join(_hash_one(ids[i].encode("utf-8")) for i in range(lo, hi))
-
-    return _chunked(run, len(ids), threads or default_threads())
+def hash_to_group(ids: Sequence[str]) -> bytes:
+    """Every ID hashed onto the curve, packed in input order. One thread: the
+    field arithmetic holds the GIL."""
+    return b"".join(encode_to_curve_x(i.encode("utf-8")).to_bytes(ELEMENT_BYTES, "little") for i in ids)
 
 
 def count(packed: bytes) -> int:
@@ -115,45 +159,61 @@ def count(packed: bytes) -> int:
     return len(packed) // ELEMENT_BYTES
 
 
+def check_canonical(packed: bytes) -> None:
+    """Refuse any element that is not a canonical u-coordinate: the top bit set
+    (RFC 7748 would silently ignore it) or a value of p or more. Two encodings of
+    one point would otherwise never match."""
+    n = count(packed)
+    if not n:
+        return
+    raw = np.frombuffer(packed, dtype=np.uint8).reshape(n, ELEMENT_BYTES)
+    bad = raw[:, 31] >= 0x80
+    # p = 2^255 - 19 is 0xed, 0xff * 30, 0x7f little-endian: u >= p only just below 2^255
+    bad |= (raw[:, 31] == 0x7F) & (raw[:, 1:31] == 0xFF).all(axis=1) & (raw[:, 0] >= 0xED)
+    if bad.any():
+        raise InvalidElement(f"element {int(np.flatnonzero(bad)[0])} is not a canonical curve25519 encoding")
+
+
 def unpack(packed: bytes) -> list[bytes]:
     """The elements of a packed buffer, each 32 bytes."""
     n = count(packed)
     return [packed[i * ELEMENT_BYTES : (i + 1) * ELEMENT_BYTES] for i in range(n)]
 
 
-@dataclass(frozen=True, repr=False)
 class Key:
-    """A party's secret exponent and its inverse mod the group order. Fresh for
-    every run (``Key.fresh()``) and never serialized: it stays in its owner's
-    process. ``repr`` hides it."""
+    """A party's secret X25519 scalar. Fresh for every run (``Key.fresh()``) and
+    never serialized: it stays in its owner's process. ``repr`` hides it."""
 
-    scalar: bytes
-    inverse: bytes
+    __slots__ = ("_private",)
+
+    def __init__(self, private: X25519PrivateKey):
+        self._private = private
 
     @classmethod
     def fresh(cls) -> Key:
-        s = rbcl.crypto_core_ristretto255_scalar_random()  # uniform in [1, l)
-        return cls(s, rbcl.crypto_core_ristretto255_scalar_invert(s))
+        return cls(X25519PrivateKey.generate())
 
     def __repr__(self) -> str:
         return "Key(<secret>)"
 
 
-def multiply(scalar: bytes, packed: bytes, *, threads: int | None = None) -> bytes:
-    """Every packed element raised to ``scalar`` (written additively: ``scalar *
-    P``), packed in the same order. Raises :class:`InvalidElement` for an element
-    that is not a canonical encoding of a group element."""
+def multiply(key: Key, packed: bytes, *, threads: int | None = None) -> bytes:
+    """Every packed element blinded with ``key`` (X25519), packed in the same
+    order. Raises :class:`InvalidElement` for a non-canonical element or a
+    small-order one (its output would be all zeros)."""
+    check_canonical(packed)
     n = count(packed)
-    mult = rbcl.crypto_scalarmult_ristretto255
+    exchange = key._private.exchange
+    load = X25519PublicKey.from_public_bytes
     E = ELEMENT_BYTES
 
     def run(lo: int, hi: int) -> bytes:
         out = []
         for i in range(lo, hi):
             try:
-                out.append(mult(scalar, packed[i * E : (i + 1) * E]))
-            except RuntimeError:
-                raise InvalidElement(f"element {i} is not a valid ristretto255 encoding") from None
+                out.append(exchange(load(packed[i * E : (i + 1) * E])))
+            except ValueError:
+                raise InvalidElement(f"element {i} is a small-order point") from None
         return b"".join(out)
 
     return _chunked(run, n, threads or default_threads())

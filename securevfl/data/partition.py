@@ -8,10 +8,15 @@ this is what lets tests prove that no rank ever loads another party's columns.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
+import multiprocessing as mp
 import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +25,18 @@ import pandas as pd
 from securevfl.config import ColumnSelect, CsvSource, PartySpec, Protocol
 from securevfl.data.datasets import DATASETS
 from securevfl.data.splits import contiguous_blocks
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, DataError
 
 ID_COLUMN = "id"
 LABEL_COLUMN = "label"
+#: While a file ``PENDING.<pid>`` exists in a dataset folder, launcher ``pid`` is
+#: writing its per-party files (one marker per launcher: concurrent runs sharing a
+#: data folder never clear each other's).
+PENDING = ".materializing"
+PENDING_WAIT_S = 900.0
+#: Below this many values in all, one process writes every party's file (small
+#: data, tests); above it, forked workers write them side by side, one per core.
+PARALLEL_MIN_VALUES = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,7 @@ def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
         assert lay.spec.source is not None  # checked at load
         return lay.spec.source
     path = Path(data_dir) / dataset_key(proto) / f"{party}.csv"
+    await_materialized(path)
     own: list[str] | None = None
     if lay.is_active:  # the active party's file: ID, its own columns (if any), label
         header = list(pd.read_csv(path, nrows=0).columns) if path.is_file() else []
@@ -132,6 +146,46 @@ def party_source(proto: Protocol, party: str, data_dir: Path) -> CsvSource:
     )
 
 
+def await_materialized(path: Path, timeout_s: float = PENDING_WAIT_S) -> None:
+    """Wait while the launcher is still writing the dataset folder of ``path`` (it
+    starts the ranks first, so their start-up overlaps the writing; see
+    :func:`materializing`). Returns at once when nothing is pending; a file that
+    is still missing afterwards is reported by whoever reads it."""
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file() and (pending := _pending(path.parent)):
+        if time.monotonic() > deadline:
+            raise DataError(
+                f"party '{path.stem}': its data file was not written within {timeout_s:.0f} s",
+                detail=f"{pending[0]} is still there and {path} is not",
+            )
+        time.sleep(0.05)
+
+
+def _pending(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"{PENDING}.*"))
+
+
+@contextlib.contextmanager
+def materializing(proto: Protocol, data_dir: Path) -> Iterator[bool]:
+    """Mark a built-in dataset's folder as being written for the duration of the
+    block; yields whether anything is left to write (False: every party's file is
+    already there, or the data are the user's own CSV files)."""
+    if not is_builtin(proto):
+        yield False
+        return
+    folder = Path(data_dir) / dataset_key(proto)
+    if all((folder / f"{lay.name}.csv").is_file() for lay in party_layouts(proto)):
+        yield False
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    pending = folder / f"{PENDING}.{os.getpid()}"
+    pending.write_text(str(os.getpid()))
+    try:
+        yield True
+    finally:
+        pending.unlink(missing_ok=True)
+
+
 def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Path:
     """Write one CSV per party for a built-in dataset (or only party ``only``).
     Idempotent: existing files are kept. Returns the dataset folder."""
@@ -142,17 +196,50 @@ def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Pat
     table = DATASETS.get(proto.dataset.name, path="dataset.name")(proto.dataset, proto.training.seed)
     parts = resolve_partition(proto, list(table.features.columns))
     folder.mkdir(parents=True, exist_ok=True)
-    for lay in targets:
-        frame = table.features[parts[lay.name]].copy()
-        frame.insert(0, ID_COLUMN, table.ids)
-        if lay.is_active:
-            frame[LABEL_COLUMN] = table.labels
-        tmp = folder / f".{lay.name}.{os.getpid()}.tmp"
-        frame.to_csv(tmp, index=False)
-        os.replace(tmp, folder / f"{lay.name}.csv")  # atomic: concurrent ranks are safe
+    # first: a rank reads it once alignment is done, which needs only the party files
     meta = {"standardize": table.standardize, "rows": len(table.ids)}
     (folder / "meta.json").write_text(json.dumps(meta))
+
+    def frames() -> Iterator[tuple[pd.DataFrame, Path, Path]]:
+        for lay in targets:
+            frame = table.features[parts[lay.name]].copy()
+            frame.insert(0, ID_COLUMN, table.ids)
+            if lay.is_active:
+                frame[LABEL_COLUMN] = table.labels
+            yield frame, folder / f".{lay.name}.{os.getpid()}.tmp", folder / f"{lay.name}.csv"
+
+    workers = min(len(targets), _cores())
+    if workers < 2 or table.features.size < PARALLEL_MIN_VALUES:
+        for job in frames():
+            _write_csv(*job)
+        return folder
+    # CSV formatting holds the GIL: forked processes (copy-on-write, nothing
+    # re-imported), at most one party's frame in flight per worker
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+        running: set[Future[None]] = set()
+        for job in frames():
+            if len(running) >= workers:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    f.result()
+            running.add(pool.submit(_write_csv, *job))
+        for f in running:
+            f.result()
     return folder
+
+
+def _write_csv(frame: pd.DataFrame, tmp: Path, final: Path) -> None:
+    """Write one party's file aside, then move it into place: atomic, so a rank
+    waiting for it never reads half a file."""
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, final)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def dataset_standardize(proto: Protocol, data_dir: Path) -> bool:

@@ -130,7 +130,10 @@ def load_party_data(
     Public error messages name the party, the column and a count; the first
     offending lines and IDs go to :attr:`DataError.detail`, which stays with the
     owner (see :class:`~securevfl.errors.DataError`)."""
-    frame = _read_csv(source.path, party, dtype={source.id_column: str}, keep_default_na=True)
+    # IDs and declared categorical columns are labels, read as text: a postcode or
+    # a hashed category such as 00a1b2c3 keeps its leading zeros
+    as_text = dict.fromkeys([source.id_column, *categorical_columns(preprocess)], str)
+    frame = _read_csv(source.path, party, dtype=as_text, keep_default_na=True)
     header = list(frame.columns)
     if source.id_column not in header:
         raise DataError(

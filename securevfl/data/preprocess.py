@@ -7,9 +7,11 @@ What a protocol declares (:class:`~securevfl.config.PreprocessSpec`) becomes one
 * categorical columns: missing values become the category ``missing``
   (``SimpleImputer(strategy="constant")``), then ``OneHotEncoder`` with
   ``min_frequency`` and, when ``other`` is on, ``handle_unknown=
-  "infrequent_if_exist"`` (rare and unseen categories share one column);
+  "infrequent_if_exist"`` (rare and unseen categories share one column;
+  ``max_categories`` keeps only the most frequent ones, Criteo-style top-k);
   ``other: false`` makes an unseen category an error;
-* numeric columns: ``log1p`` (``FunctionTransformer``) where listed, then
+* numeric columns: ``log1p`` or ``signed_log1p`` (``FunctionTransformer``) where
+  listed, then
   ``SimpleImputer`` (mean / median / constant, with ``add_indicator``) where
   declared, then ``StandardScaler`` when ``standardize`` is on.
 
@@ -41,7 +43,7 @@ MISSING_CATEGORY = "missing"
 def check_declared(spec: PreprocessSpec, party: str, columns: list[str]) -> None:
     """Every column the ``preprocess`` entry names must be one of the party's
     feature columns."""
-    named: list[tuple[str, list[str]]] = [("log1p", spec.log1p)]
+    named: list[tuple[str, list[str]]] = [("log1p", spec.log1p), ("signed_log1p", spec.signed_log1p)]
     if spec.categorical is not None:
         named.append(("categorical.columns", spec.categorical.columns))
     if spec.impute is not None and spec.impute.columns is not None:
@@ -74,10 +76,27 @@ def log1p(x: Any) -> Any:
         return np.log1p(x)
 
 
-def _numeric_pipeline(spec: PreprocessSpec, *, log: bool, impute: bool) -> Pipeline:
+def signed_log1p(x: Any) -> Any:
+    """sign(x) log(1 + |x|): log1p for heavy-tailed counts that may be negative
+    (Criteo's I2); defined everywhere, odd, and 0 at 0. NaN stays NaN for the imputer."""
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+LOG_TRANSFORMS = {"log1p": log1p, "signed_log1p": signed_log1p}
+
+
+def _log_kind(spec: PreprocessSpec, column: str) -> str | None:
+    if column in spec.log1p:
+        return "log1p"
+    if column in spec.signed_log1p:
+        return "signed_log1p"
+    return None
+
+
+def _numeric_pipeline(spec: PreprocessSpec, *, log: str | None, impute: bool) -> Pipeline:
     steps: list[tuple[str, Any]] = []
-    if log:
-        steps.append(("log1p", FunctionTransformer(log1p, feature_names_out="one-to-one")))
+    if log is not None:
+        steps.append((log, FunctionTransformer(LOG_TRANSFORMS[log], feature_names_out="one-to-one")))
     if impute:
         imp = spec.impute
         assert imp is not None
@@ -101,13 +120,12 @@ def build_transformer(spec: PreprocessSpec, columns: list[str]) -> ColumnTransfo
     cats = categorical_columns(spec)
     numeric = [c for c in columns if c not in cats]
     imputed = set(imputed_columns(spec, numeric))
-    logged = set(spec.log1p)
     parts: list[tuple[str, Any, list[str]]] = []
-    for log in (True, False):
+    for log in ("log1p", "signed_log1p", None):
         for imp in (True, False):
-            group = [c for c in numeric if (c in logged) == log and (c in imputed) == imp]
+            group = [c for c in numeric if _log_kind(spec, c) == log and (c in imputed) == imp]
             if group:
-                name = f"{'log_' if log else ''}{'imputed' if imp else 'numeric'}"
+                name = f"{log + '_' if log else ''}{'imputed' if imp else 'numeric'}"
                 parts.append((name, _numeric_pipeline(spec, log=log, impute=imp), group))
     if cats:
         assert spec.categorical is not None
@@ -115,6 +133,8 @@ def build_transformer(spec: PreprocessSpec, columns: list[str]) -> ColumnTransfo
         encoder = OneHotEncoder(
             handle_unknown="infrequent_if_exist" if cat.other else "error",
             min_frequency=cat.min_frequency if cat.min_frequency > 1 else None,
+            # sklearn counts the shared "other" column among max_categories
+            max_categories=None if cat.max_categories is None else cat.max_categories + 1,
             sparse_output=False,
             dtype=np.float64,
         )
@@ -189,7 +209,9 @@ class Preprocessor:
             if name == "categorical":
                 enc = pipe.named_steps["onehot"]
                 infrequent = (
-                    enc.infrequent_categories_ if enc.min_frequency is not None else [None] * len(cols)
+                    enc.infrequent_categories_
+                    if enc.min_frequency is not None or enc.max_categories is not None
+                    else [None] * len(cols)
                 )
                 for c, cats, rare in zip(cols, enc.categories_, infrequent, strict=True):
                     rare_set = set() if rare is None else {str(v) for v in rare}
@@ -203,7 +225,10 @@ class Preprocessor:
             imp = pipe.named_steps.get("impute")
             scale = pipe.named_steps.get("scale")
             for j, c in enumerate(cols):
-                rec: dict[str, Any] = {"log1p": "log1p" in pipe.named_steps}
+                rec: dict[str, Any] = {
+                    "log1p": "log1p" in pipe.named_steps,
+                    "signed_log1p": "signed_log1p" in pipe.named_steps,
+                }
                 if imp is not None:
                     rec["impute_value"] = float(imp.statistics_[j])
                 if isinstance(scale, StandardScaler):

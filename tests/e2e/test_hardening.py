@@ -93,22 +93,37 @@ def _quick(tmp_path: Path) -> Path:
     return write_yaml(tmp_path / "p.yaml", small_digits(epochs=1, max_steps=2))
 
 
-def test_rerun_into_a_result_folder_keeps_the_earlier_result(tmp_path):
-    proto = _quick(tmp_path)
-    out = tmp_path / "run"
-    first = cli("run", str(proto), "--out", str(out), "--quiet")
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(protocol, result folder) of one short finished run; each test works on a
+    copy of the folder, so one run serves both re-run tests."""
+    tmp = tmp_path_factory.mktemp("finished")
+    proto = _quick(tmp)
+    first = cli("run", str(proto), "--out", str(tmp / "run"), "--quiet")
     assert first.returncode == 0, first.stderr
+    return proto, tmp / "run"
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+def test_rerun_into_a_result_folder_keeps_the_earlier_result(finished_run, tmp_path):
+    proto, run = finished_run
+    out = _copy_of(run, tmp_path)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert (out / "result.json") in before
     again = cli("run", str(proto), "--out", str(out), "--quiet")
     assert again.returncode == 2, again.stderr
     assert "--out" in again.stderr and "--overwrite" in again.stderr and "Traceback" not in again.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-def test_overwrite_keeps_other_files_and_survives_a_subfolder_in_ranks(tmp_path):
-    proto = _quick(tmp_path)
-    out = tmp_path / "run"
-    assert cli("run", str(proto), "--out", str(out), "--quiet").returncode == 0
+def test_overwrite_keeps_other_files_and_survives_a_subfolder_in_ranks(finished_run, tmp_path):
+    proto, run = finished_run
+    out = _copy_of(run, tmp_path)
     (out / "ranks" / "mine").mkdir()
     (out / "ranks" / "notes.txt").write_text("keep me")
     old = json.loads((out / "result.json").read_text())

@@ -273,7 +273,7 @@ def test_garbage_response_is_a_protocol_error_naming_the_sender():
         peer.recv_json(0, PsiHello, PSI_HELLO)
         peer.recv_bytes(0, PSI_REQUEST)
         key = dh_psi.Key.fresh()
-        setup = dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids[:10]))
+        setup = dh_psi.multiply(key, dh_psi.hash_to_group(ids[:10]))
         peer.send_bytes(0, PSI_SETUP, setup)
         peer.send_bytes(0, PSI_RESPONSE, GARBAGE)
 
@@ -312,7 +312,7 @@ def _honest_client_then(result: bytes, ids: list[str], wire: Wire) -> Callable[[
     def script() -> None:
         key = dh_psi.Key.fresh()
         peer.send_json(1, PsiHello(client_size=len(ids)), PSI_HELLO)
-        peer.send_bytes(1, PSI_REQUEST, dh_psi.multiply(key.scalar, dh_psi.hash_to_group(ids)))
+        peer.send_bytes(1, PSI_REQUEST, dh_psi.multiply(key, dh_psi.hash_to_group(ids)))
         peer.recv_bytes(1, PSI_SETUP)
         peer.recv_bytes(1, PSI_RESPONSE)
         peer.send_bytes(1, PSI_RESULT, result)

@@ -1,5 +1,6 @@
-"""The Criteo TSV loader and its VFL split (spec 002 §4.4), on the checked-in
-300-record fixture in Criteo format (tests/data/criteo_tiny.tsv)."""
+"""The Criteo TSV loader, its VFL split (spec 002 §4.4) and the per-party
+preprocessing that encodes it, on the checked-in 300-record fixture in Criteo
+format (tests/data/criteo_tiny.tsv)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from securevfl.config import CsvSource, PreprocessSpec
 from securevfl.data.criteo import (
     ACTIVE_CATEGORICAL,
     DENSE,
     PASSIVE_CATEGORICAL,
-    dense_transform,
-    one_hot_top,
+    criteo_paths,
+    criteo_preprocess,
+    criteo_protocol,
     read_criteo,
     split_criteo,
 )
+from securevfl.data.party_data import load_party_data
+from securevfl.data.preprocess import fit_preprocessor
 from securevfl.errors import DataError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "criteo_tiny.tsv"
@@ -36,34 +41,69 @@ def test_fixture_parses_into_days_labels_and_missing_values():
     assert read_criteo(FIXTURE, max_rows=50)["day"].max() == 6
 
 
-def test_dense_transform_is_signed_log_with_a_missing_indicator():
-    v, miss = dense_transform(pd.Series([0.0, 3.0, -2.0, np.nan]))
-    assert np.allclose(v, [0.0, np.log(4.0), -np.log(3.0), 0.0])
-    assert miss.tolist() == [0.0, 0.0, 0.0, 1.0]
-
-
-def test_one_hot_keeps_the_top_values_and_an_other_bucket():
-    s = pd.Series(["a", "b", "a", "", "c", "a", "b"])
-    hot = one_hot_top(s, "C1", 2)
-    assert list(hot.columns) == ["C1_a", "C1_b", "C1_other"]
-    assert (hot.sum(axis=1) == 1).all()
-    assert hot["C1_other"].tolist() == [0, 0, 0, 1, 1, 0, 0]  # missing and rare values
-
-
-def test_split_gives_each_party_only_its_own_fields(tmp_path: Path):
-    paths = split_criteo(FIXTURE, tmp_path, top_k=4)
-    p, a = pd.read_csv(paths["passive"]), pd.read_csv(paths["active"])
+def test_split_gives_each_party_only_its_own_raw_fields(tmp_path: Path):
+    paths = split_criteo(FIXTURE, tmp_path)
+    assert paths == criteo_paths(tmp_path)
+    p = pd.read_csv(paths["passive"], dtype=str, keep_default_na=False)
+    a = pd.read_csv(paths["active"], dtype=str, keep_default_na=False)
     assert p["id"].tolist() == a["id"].tolist() and len(p) == 300
-    assert not p.isna().any().any() and not a.isna().any().any()
-    assert "label" not in p and "day" not in p
-    fields_p = {c.split("_")[0] for c in p.columns if c != "id"}
-    fields_a = {c.split("_")[0] for c in a.columns if c not in ("id", "day", "label")}
-    assert fields_p == set(DENSE) | set(PASSIVE_CATEGORICAL)
-    assert fields_a == set(ACTIVE_CATEGORICAL)
-    assert all(f"{d}_missing" in p for d in DENSE)
-    for f in ACTIVE_CATEGORICAL:  # top 4 plus other, one of them set per row
-        cols = [c for c in a.columns if c.startswith(f"{f}_")]
-        assert len(cols) <= 5 and (a[cols].sum(axis=1) == 1).all()
+    assert list(p.columns) == ["id", *DENSE, *PASSIVE_CATEGORICAL]
+    assert list(a.columns) == ["id", "day", "label", *ACTIVE_CATEGORICAL]
+    raw = [line.split("\t") for line in FIXTURE.read_text().splitlines()]
+    assert a["label"].tolist() == [r[0] for r in raw]
+    assert p["C1"].tolist() == [r[14] for r in raw]  # hashes as written, '' when missing
+    assert p["I2"].tolist() == [r[2] for r in raw]
+
+
+def _passive_matrix(tmp_path: Path, top_k: int) -> tuple[list[str], np.ndarray, pd.DataFrame]:
+    paths = split_criteo(FIXTURE, tmp_path)
+    pre = PreprocessSpec.model_validate(
+        criteo_preprocess(top_k, dense=DENSE, categorical=PASSIVE_CATEGORICAL)
+    )
+    data = load_party_data(CsvSource(path=str(paths["passive"])), "media", is_active=False, preprocess=pre)
+    fitted = fit_preprocessor(pre, "media", data.frame)
+    return fitted.columns, fitted.transform(data.frame), read_criteo(FIXTURE)
+
+
+def test_passive_preprocessing_is_the_specs_signed_log_with_missing_indicators(tmp_path: Path):
+    columns, x, raw = _passive_matrix(tmp_path, 4)
+    for field in ("I1", "I2"):
+        v = raw[field].to_numpy()
+        expect = np.where(np.isnan(v), 0.0, np.sign(v) * np.log1p(np.abs(v)))
+        assert np.allclose(x[:, columns.index(field)], expect, atol=1e-6)
+        if np.isnan(v).any():
+            assert (
+                x[:, columns.index(f"missingindicator_{field}")].tolist()
+                == np.isnan(v).astype(float).tolist()
+            )
+
+
+def test_categorical_fields_become_top_k_one_hots_with_an_other_column(tmp_path: Path):
+    columns, x, raw = _passive_matrix(tmp_path, 4)
+    for field in PASSIVE_CATEGORICAL:
+        cols = [j for j, c in enumerate(columns) if c.startswith(f"{field}_")]
+        assert len(cols) <= 5 and (x[:, cols].sum(axis=1) == 1).all()
+    values = raw["C1"].replace("", "missing")
+    top = values.value_counts()
+    kept = [c.removeprefix("C1_") for c in columns if c.startswith("C1_") and "infrequent" not in c]
+    assert len(kept) == min(4, values.nunique())
+    assert min(top[k] for k in kept) >= max([top[v] for v in top.index if v not in kept], default=0)
+
+
+def test_protocol_declares_each_partys_own_preprocessing(tmp_path: Path):
+    doc = criteo_protocol(criteo_paths(tmp_path), top_k=3)
+    active, media = doc["parties"]["active"], doc["parties"]["passive"][0]
+    assert active["source"]["feature_columns"] == ACTIVE_CATEGORICAL  # day is not a feature
+    assert active["preprocess"]["categorical"] == {
+        "columns": ACTIVE_CATEGORICAL,
+        "max_categories": 3,
+        "other": True,
+    }
+    assert "signed_log1p" not in active["preprocess"]
+    assert media["preprocess"]["signed_log1p"] == DENSE
+    assert media["preprocess"]["categorical"]["columns"] == PASSIVE_CATEGORICAL
+    with pytest.raises(DataError, match="top_k must be at least 1"):
+        criteo_protocol(criteo_paths(tmp_path), top_k=0)
 
 
 @pytest.mark.parametrize(

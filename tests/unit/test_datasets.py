@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from securevfl.app.loader import load_protocol_dict
-from securevfl.data.partition import LABEL_COLUMN, dataset_key, materialize, party_source
+from securevfl.data import partition
+from securevfl.data.partition import (
+    LABEL_COLUMN,
+    PENDING,
+    await_materialized,
+    dataset_key,
+    materialize,
+    materializing,
+    party_source,
+)
+from securevfl.errors import DataError
 
 
 def _synthetic(rows=300, features=12, classes=3):
@@ -51,6 +63,41 @@ def test_materialize_one_party_only_and_is_deterministic(tmp_path: Path):
     assert sorted(f.name for f in folder.glob("*.csv")) == ["p1.csv"]
     materialize(proto, tmp_path / "y")
     assert (folder / "p1.csv").read_text() == (tmp_path / "y" / dataset_key(proto) / "p1.csv").read_text()
+
+
+def test_parallel_writers_produce_the_serial_files(tmp_path: Path, monkeypatch):
+    proto = load_protocol_dict(_synthetic())
+    serial = materialize(proto, tmp_path / "serial")
+    monkeypatch.setattr(partition, "PARALLEL_MIN_VALUES", 0)
+    monkeypatch.setattr(partition, "_cores", lambda: 2)
+    forked = materialize(proto, tmp_path / "forked")
+    names = sorted(f.name for f in serial.iterdir())
+    assert names == sorted(f.name for f in forked.iterdir()) == ["a.csv", "meta.json", "p1.csv", "p2.csv"]
+    for name in names:
+        assert (serial / name).read_bytes() == (forked / name).read_bytes(), name
+
+
+def test_a_rank_waits_for_its_file_while_the_launcher_writes_the_folder(tmp_path: Path):
+    proto = load_protocol_dict(_synthetic())
+    folder = tmp_path / dataset_key(proto)
+    with materializing(proto, tmp_path) as pending:
+        assert pending and [p.name for p in folder.glob(f"{PENDING}.*")] == [f"{PENDING}.{os.getpid()}"]
+        writer = threading.Timer(0.3, materialize, args=(proto, tmp_path))
+        writer.start()
+        src = party_source(proto, "a", tmp_path)  # blocks until a.csv is there
+        writer.join()
+    assert (folder / "a.csv").is_file() and src.feature_columns == []  # read once the file existed
+    assert not list(folder.glob(f"{PENDING}.*"))
+    with materializing(proto, tmp_path) as pending:  # every file there: nothing to do
+        assert not pending and not list(folder.glob(f"{PENDING}.*"))
+
+
+def test_waiting_for_a_file_that_never_comes_is_a_data_error(tmp_path: Path):
+    (tmp_path / f"{PENDING}.1").write_text("1")  # another launcher's marker
+    with pytest.raises(DataError, match=r"party 'p1'.*not written within"):
+        await_materialized(tmp_path / "p1.csv", timeout_s=0.2)
+    (tmp_path / f"{PENDING}.1").unlink()
+    await_materialized(tmp_path / "p1.csv", timeout_s=0.2)  # nothing pending: returns at once
 
 
 @pytest.mark.parametrize("name,n,cols,classes", [("digits", 1797, 64, 10), ("breast_cancer", 569, 30, 2)])

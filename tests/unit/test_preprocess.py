@@ -162,3 +162,44 @@ def test_schema_refuses_contradictions():
         spec(categorical={"columns": ["r"], "min_frequency": 3, "other": False})
     with pytest.raises(ValueError, match="both categorical and numeric"):
         spec(categorical={"columns": ["r"]}, log1p=["r"])
+
+
+def test_signed_log1p_is_odd_defined_below_minus_one_and_keeps_nan_for_the_imputer():
+    f = pd.DataFrame({"x": [0.0, 3.0, -2.0, np.nan, 5.0]})
+    pre = fit_preprocessor(
+        spec(signed_log1p=["x"], impute={"strategy": "constant", "fill_value": 0.0}, standardize=False),
+        "lab",
+        f,
+    )
+    out = pre.transform(f)
+    assert pre.columns == ["x", "missingindicator_x"]
+    assert np.allclose(out[:, 0], [0.0, np.log(4.0), -np.log(3.0), 0.0, np.log(6.0)])
+    assert out[:, 1].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert pre.fitted()["numeric"]["x"] == {
+        "log1p": False,
+        "signed_log1p": True,
+        "impute_value": 0.0,
+    }
+
+
+def test_max_categories_keeps_the_top_k_and_sends_the_rest_and_unseen_to_other():
+    train = pd.DataFrame({"c": ["a", "b", "a", "c", "a", "b", "d"]})
+    pre = fit_preprocessor(spec(categorical={"columns": ["c"], "max_categories": 2}), "lab", train)
+    assert pre.columns == ["c_a", "c_b", "c_infrequent_sklearn"]
+    out = pre.transform(pd.DataFrame({"c": ["a", "c", "zzz", None]}))
+    assert out.tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 1], [0, 0, 1]]
+    fitted = pre.fitted()["categorical"]["c"]
+    assert fitted == {"categories": ["a", "b"], "other": ["c", "d"]}
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"categorical": {"columns": ["c"], "max_categories": 2, "other": False}}, "max_categories groups"),
+        ({"log1p": ["x"], "signed_log1p": ["x"]}, "both log1p and signed_log1p"),
+        ({"categorical": {"columns": ["x"]}, "signed_log1p": ["x"]}, "both categorical and numeric"),
+    ],
+)
+def test_contradictory_log_and_category_declarations_are_refused(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        spec(**kw)

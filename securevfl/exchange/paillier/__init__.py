@@ -106,7 +106,11 @@ Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 pa
     ``benchmarks/exchange.py`` prints count x unit cost beside the measured step.
     Decryption (two 1024-bit exponentiations mod p^2 and q^2 per ciphertext,
     ~2.5 ms) has no fixed-base shortcut, so the floor is set by the number of
-    output ciphertexts, i.e. by the slot width. P_i makes its backward products'
+    output ciphertexts, i.e. by the slot width: with the evaluator's obfuscator
+    (~1.5 ms) each output costs ~4 ms of one core, 13 s a step at 3,200 outputs,
+    already more than two cores can do in 900x plain's 5.9 ms (README, "paillier,
+    issue #14 second round"). A multi-exponentiation output squares its
+    accumulator with products, not ``powmod`` (kernels.multiexp). P_i makes its backward products'
     obfuscators while A evaluates its forward product (``prepare_operands``),
     when it would otherwise wait.
 

