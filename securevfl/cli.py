@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | predict | compare | validate | list | criteo``.
+"""Command line: ``securevfl run | party | predict | keygen | compare | validate | list | criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import re
 import sys
 import textwrap
 import warnings
@@ -33,6 +34,7 @@ from securevfl.errors import ConfigError, PartyFailure, SecureVFLError, show_war
 from securevfl.exchange import EXCHANGES
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import print_summary, print_table, write_comparison
+from securevfl.runtime.secure.keys import Identity, fingerprint, key_string
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -102,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict with this rank's model saved in RUN_DIR (its output folder of the training "
         "run) instead of training; every rank of the prediction is started with --predict",
     )
+    party.add_argument(
+        "--key",
+        help="this party's secret key file (securevfl keygen); required when the protocol pins this "
+        "rank's key, otherwise a throw-away key is used and the peers cannot authenticate this rank",
+    )
     _add_data(party)
     _add_overwrite(party)
     _add_resume(party)
@@ -116,12 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pred.add_argument("run_dir", metavar="RUN_DIR", help="output folder of the training run")
     pred.add_argument("--out", required=True, help="output folder for predictions.csv")
-    pred.add_argument(
-        "--data-dir", help="where built-in datasets are materialized (default: RUN_DIR/data)"
-    )
+    pred.add_argument("--data-dir", help="where built-in datasets are materialized (default: RUN_DIR/data)")
     _add_data(pred)
     _add_overwrite(pred)
     pred.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    kg = sub.add_parser(
+        "keygen",
+        help="write a party's long-term identity key pair (PARTY.key, secret, mode 0600; PARTY.pub)",
+    )
+    kg.add_argument("--party", required=True, help="the party (or helper, e.g. dealer) the key is for")
+    kg.add_argument(
+        "--out", required=True, help="folder for the key files (existing files are never overwritten)"
+    )
+    kg.add_argument("--debug", action="store_true", help="show tracebacks")
 
     cmp_ = sub.add_parser(
         "compare",
@@ -192,12 +207,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_party(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
     role = layout_of(proto).role(args.rank)
+    identity = Identity.load(Path(args.key)) if args.key else None
     if args.predict is not None:
         if args.resume:
             raise ConfigError(
                 "--resume continues a training run; a prediction has nothing to resume", path="--resume"
             )
-        return _party_predict(args, proto, role.party, role.kind)
+        return _party_predict(args, proto, role.party, role.kind, identity)
     if args.data:
         raise ConfigError(
             "--data names the new records of a prediction: use it with --predict", path="--data"
@@ -217,7 +233,14 @@ def cmd_party(args: argparse.Namespace) -> int:
         if p.exitcode != 0:
             raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
     code = run_rank(
-        proto, args.rank, args.rendezvous, folder.path, data_dir, progress=not args.quiet, resume=args.resume
+        proto,
+        args.rank,
+        args.rendezvous,
+        folder.path,
+        data_dir,
+        progress=not args.quiet,
+        resume=args.resume,
+        identity=identity,
     )
     if code != 0:
         failed = folder.abandon()
@@ -233,7 +256,9 @@ def cmd_party(args: argparse.Namespace) -> int:
     return code
 
 
-def _party_predict(args: argparse.Namespace, proto, party: str, kind: str) -> int:
+def _party_predict(
+    args: argparse.Namespace, proto, party: str, kind: str, identity: Identity | None
+) -> int:
     """``securevfl party FILE --rank R --predict RUN_DIR``: one rank of a prediction."""
     run_dir = Path(args.predict)
     files = parse_data_overrides(args.data, proto)
@@ -256,6 +281,7 @@ def _party_predict(args: argparse.Namespace, proto, party: str, kind: str) -> in
         data_dir,
         data=files.get(party),
         progress=not args.quiet,
+        identity=identity,
     )
     if code != 0:
         folder.abandon()
@@ -281,6 +307,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
         + " records)"
     )
     print(f"predictions: {path}")
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", args.party):
+        raise SecureVFLError(f"--party {args.party!r}: a party name is a letter then letters, digits, _ or -")
+    identity = Identity.generate()
+    secret, public = identity.write(Path(args.out), args.party)
+    print(f"wrote {secret} (secret key: keep it; mode 0600)")
+    print(f"wrote {public}")
+    print(f"fingerprint: {fingerprint(identity.public)}")
+    print(f"pin it in the protocol file, under the entry of '{args.party}':")
+    print(f"    key: {key_string(identity.public)}")
     return 0
 
 
@@ -343,6 +382,7 @@ COMMANDS = {
     "run": cmd_run,
     "party": cmd_party,
     "predict": cmd_predict,
+    "keygen": cmd_keygen,
     "compare": cmd_compare,
     "validate": cmd_validate,
     "list": cmd_list,

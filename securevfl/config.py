@@ -193,8 +193,19 @@ class PreprocessSpec(Strict):
         return self
 
 
+PIN_PATTERN = r"^(ed25519|sha256):[0-9a-f]{64}$"
+"""A pinned identity: the party's Ed25519 public key (``ed25519:<hex>``) or its
+fingerprint (``sha256:<hex>``), as ``securevfl keygen`` prints them."""
+
+
 class PartySpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    key: str | None = Field(
+        default=None,
+        pattern=PIN_PATTERN,
+        description="the party's pinned identity key or fingerprint (securevfl keygen); its rank "
+        "must present this key at start-up",
+    )
     columns: ColumnSelect | None = None
     source: CsvSource | None = None
     model: ModelSpec | None = None
@@ -318,6 +329,20 @@ class PrivacySpec(Strict):
     )
 
 
+class SecuritySpec(Strict):
+    """Identities of the ranks (issue #19, SECURITY.md §7). Parties pin their keys
+    under their own entries (``parties.*.key``); helper ranks a backend adds (the
+    ``mpc`` backend's TTP ``dealer``) pin theirs here by helper name. With
+    ``require_pinned_keys`` every rank must present a pinned key; without it a rank
+    whose key is not pinned is accepted with whatever key it presents (its frames
+    are still sealed, but it is not authenticated)."""
+
+    require_pinned_keys: bool = False
+    helper_keys: dict[str, Annotated[str, Field(pattern=PIN_PATTERN)]] = Field(
+        default_factory=dict, description="helper name (e.g. 'dealer') -> pinned key or fingerprint"
+    )
+
+
 TaskKind = Literal["binary", "multiclass", "regression"]
 
 
@@ -338,6 +363,7 @@ class Protocol(Strict):
     attacks: list[ComponentSpec] = Field(default_factory=list)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
     # the components with validated options, set once by the checked loader
     # (securevfl.components); not part of the document, its dump or its digest
     _components: Any = PrivateAttr(default=None)
@@ -348,6 +374,13 @@ class Protocol(Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"party names must be unique, repeated: {sorted(dup)}")
+        if self.security.require_pinned_keys:
+            unpinned = [p.name for p in [self.parties.active, *self.parties.passive] if p.key is None]
+            if unpinned:
+                raise ValueError(
+                    f"security.require_pinned_keys is on but parties {unpinned} pin no key "
+                    "(add key: ed25519:... under each party entry; securevfl keygen prints it)"
+                )
         return self
 
     # -- derived layout ------------------------------------------------------
@@ -367,6 +400,10 @@ class Protocol(Strict):
         for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
             if entry.get("source"):
                 entry["source"].pop("path", None)
+            if entry.get("key") is None:  # unset: digests of protocols without keys stay as they were
+                entry.pop("key", None)
+        if doc["security"] == SecuritySpec().model_dump(mode="json"):
+            doc.pop("security")
         blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -19,6 +19,7 @@ MODULES = [
     ("skfuzzy", "scikit-fuzzy"),
     ("private_set_intersection.python", "openmined-psi"),
     ("cryptography", "cryptography"),
+    ("cffi", "cffi"),
     ("dp_accounting", "dp-accounting"),
     ("onnx", "onnx"),
     ("sklearn", "scikit-learn"),

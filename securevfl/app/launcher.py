@@ -39,6 +39,7 @@ from securevfl.errors import (
     SecureVFLError,
 )
 from securevfl.runtime.layout import Layout
+from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import ErrorNote
 
 ERROR_KINDS: dict[str, type[SecureVFLError]] = {
@@ -63,10 +64,29 @@ RANK_PROCESS = "securevfl-rank"
 
 
 def _child(
-    proto_json: str, rank: int, rendezvous: str, out_dir: str, data_dir: str, progress: bool, resume: bool
+    proto_json: str,
+    rank: int,
+    rendezvous: str,
+    out_dir: str,
+    data_dir: str,
+    progress: bool,
+    resume: bool,
+    seed: bytes,
+    pins: dict[int, str],
 ) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
-    code = run_rank(proto, rank, rendezvous, Path(out_dir), Path(data_dir), progress=progress, resume=resume)
+    identity = Identity.from_seed(seed)
+    code = run_rank(
+        proto,
+        rank,
+        rendezvous,
+        Path(out_dir),
+        Path(data_dir),
+        progress=progress,
+        resume=resume,
+        identity=identity,
+        pins=pins,
+    )
     sys.exit(code)
 
 
@@ -145,13 +165,23 @@ def start_ranks(
     target: Callable[..., None],
     args: Callable[[int, str], tuple[Any, ...]],
 ) -> list[Any]:
-    """Spawn one process per rank, ``target(*args(rank, rendezvous))``, on a free
-    loopback port, and record their pids."""
+    """Spawn one process per rank, ``target(*args(rank, rendezvous), seed, pins)``
+    on a free loopback port (``seed``: the rank's throw-away identity key, ``pins``:
+    every rank's public key), and record their pids."""
     layout = layout_of(proto)
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
+    # Throw-away identities for this run (issue #19): every rank gets its own secret
+    # key through its spawn arguments (never a file) and every rank pins all public
+    # keys; keys a protocol pins are for multi-host runs and are not used here.
+    identities = [Identity.generate() for _ in layout.roles]
+    pins = {r.rank: key_string(identities[r.rank].public) for r in layout.roles}
     procs = [
-        ctx.Process(target=target, name=f"{RANK_PROCESS}{r.rank}", args=args(r.rank, rendezvous))
+        ctx.Process(
+            target=target,
+            name=f"{RANK_PROCESS}{r.rank}",
+            args=(*args(r.rank, rendezvous), identities[r.rank].seed(), pins),
+        )
         for r in layout.roles
     ]
     for p in procs:

@@ -63,6 +63,7 @@ from securevfl.records import OwnView, RankSummary
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Ledger
+from securevfl.runtime.secure.keys import Identity
 from securevfl.runtime.session import Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
 
@@ -187,10 +188,13 @@ def predict_rank(
     *,
     data: Path | None = None,
     progress: bool = False,
+    identity: Identity | None = None,
+    pins: dict[int, str] | None = None,
 ) -> int:
     """Run one rank of a prediction to completion; returns the process exit code.
     ``run_dir``: the training run's output folder holding this rank's saved model;
-    ``data``: this party's file of new records (default: its protocol entry's)."""
+    ``data``: this party's file of new records (default: its protocol entry's);
+    ``identity``, ``pins``: as for :func:`~securevfl.app.rank.run_rank`."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
@@ -198,7 +202,7 @@ def predict_rank(
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     layout = layout_of(proto)
-    session = Session(proto, layout, rank, rendezvous, out_dir, purpose=PURPOSE)
+    session = Session(proto, layout, rank, rendezvous, out_dir, identity=identity, pins=pins, purpose=PURPOSE)
     clock = PhaseClock()
     t_start = time.time()
     try:
@@ -307,7 +311,15 @@ def _record(proto: Protocol, parts: list[RankSummary], t_start: float) -> Predic
 
 # -- every rank locally -----------------------------------------------------------------------
 def _child(
-    proto_json: str, rank: int, rendezvous: str, run_dir: str, out_dir: str, data_dir: str, data: str | None
+    proto_json: str,
+    rank: int,
+    rendezvous: str,
+    run_dir: str,
+    out_dir: str,
+    data_dir: str,
+    data: str | None,
+    seed: bytes,
+    pins: dict[int, str],
 ) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
     code = predict_rank(
@@ -318,6 +330,8 @@ def _child(
         Path(out_dir),
         Path(data_dir),
         data=Path(data) if data else None,
+        identity=Identity.from_seed(seed),
+        pins=pins,
     )
     sys.exit(code)
 

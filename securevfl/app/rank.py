@@ -38,6 +38,7 @@ from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Role
 from securevfl.runtime.ledger import Ledger
+from securevfl.runtime.secure.keys import Identity
 from securevfl.runtime.session import ResumeOffer, Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
 from securevfl.validation import check_task
@@ -148,9 +149,13 @@ def run_rank(
     *,
     progress: bool,
     resume: bool = False,
+    identity: Identity | None = None,
+    pins: dict[int, str] | None = None,
 ) -> int:
     """Run one rank to completion; returns the process exit code. ``resume``: go
-    on from the newest checkpoint every rank holds (agreed at start-up)."""
+    on from the newest checkpoint every rank holds (agreed at start-up).
+    ``identity`` and ``pins`` go to the :class:`Session` (its identity key; the
+    keys every rank must present, if not the protocol's)."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
@@ -163,7 +168,7 @@ def run_rank(
     if resume:
         (ranks_dir / f"rank{rank}.error.json").unlink(missing_ok=True)  # the interrupted run's
         offer = _resume_offer(proto, out_dir, layout.role(rank))
-    session = Session(proto, layout, rank, rendezvous, out_dir, resume=offer)
+    session = Session(proto, layout, rank, rendezvous, out_dir, resume=offer, identity=identity, pins=pins)
     t_start = time.time()
     clock = PhaseClock()
     note = _note(proto) if progress and rank == 0 else None
@@ -182,7 +187,9 @@ def run_rank(
                 spill_dir=ranks_dir,
                 spill_bytes=int(proto.runtime.view_memory_mib * (1 << 20)),
             )
-            channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
+            channel = Channel(
+                rank, layout.names(), ledger, on_comm_error=session.diagnose, links=session.links
+            )
             device = torch.device(proto.training.device)
             if device.type == "cuda" and not torch.cuda.is_available():
                 raise ConfigError(

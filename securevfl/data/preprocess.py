@@ -237,7 +237,6 @@ class Preprocessor:
                 out["numeric"][c] = rec
         return out
 
-
     def _groups(self) -> list[dict[str, Any]]:
         """Every fitted parameter, group by group in the transformer's output order
         (:class:`securevfl.data.fitted.FittedTransform`): what prediction applies

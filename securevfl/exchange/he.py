@@ -132,6 +132,10 @@ class HEKey(ABC):
 class HEPeer(ABC):
     """The other party's view of a key: public operations only."""
 
+    #: whether :meth:`prepare_operands` returns at once and works in the background
+    #: (then P_i asks for it before its blocking send of Enc(h'_i), else after it)
+    background_prepare: ClassVar[bool] = False
+
     @abstractmethod
     def matmul(self, blob: bytes, shape: tuple[int, int], w: np.ndarray, mask: np.ndarray) -> bytes:
         """Enc(X) with X of ``shape`` (r x c) -> Enc(X @ w + mask), w plain (c x m)."""
@@ -292,6 +296,9 @@ class HEActive(ActiveExchange):
             for i, r in enumerate(self.peers_rank):
                 shape = (self.ctx.embed_dims[i], self.o)
                 self.w[i].w = self.w[i].w + ch.recv(r, HE_RESHARE, shape=shape, dtype=torch.float64).numpy()
+        for i, peer in enumerate(self.peer):
+            if peer.background_prepare:  # the next forward product's share, while A waits for Enc(h'_i)
+                peer.prepare_operands((b, self.ctx.embed_dims[i]), w=self.w[i].w)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
@@ -330,8 +337,14 @@ class HEPassive(PassiveExchange):
         x = h.detach().double().cpu().numpy()
         self._h = x
         blob = self.key.encrypt_shared(x, ops=frozenset({MATMUL}), share_bits=self._h_bits())
+        # while A evaluates: this step's backward products use h and the current share; a
+        # peer that prepares in the background starts before the send (which waits for A
+        # to take Enc(h), after the products of the parties before this one)
+        early = train and self.peer.background_prepare
+        if early:
+            self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
         ch.send_bytes(self.a, HE_ENC_H, blob)
-        if train:  # while A evaluates: this step's backward products use h and the current share
+        if train and not early:
             self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
         v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
         ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + self.key.shared_copy(x) @ self.w.w))

@@ -1,7 +1,12 @@
-"""The channel: framed tensor and control messages over torch.distributed (gloo).
+"""The channel: sealed, framed tensor and control messages over torch.distributed (gloo).
 
 Every message is a fixed header (int64[12]: magic, tag code, dtype code, ndim,
-round, shape) followed by the payload tensor. The receiver names the tag it
+round, shape) followed by the payload tensor. Both travel sealed on the session's
+link to the peer (:class:`~securevfl.runtime.secure.link.Link`, stream
+``"channel"``): the header as one 112-byte frame, the payload as one frame of its
+size plus 16 bytes, each authenticated with the direction's next sequence number,
+so a forged, replayed, reordered or truncated frame raises :class:`ProtocolError`
+naming the peer before anything in it is used. The receiver names the tag it
 expects and may constrain dtype and shape; a mismatch, an unknown tag or an
 oversized payload raises :class:`ProtocolError` naming the sender and the message
 before any payload is accepted. Control messages are JSON in uint8 tensors,
@@ -21,10 +26,12 @@ from pydantic import BaseModel, ValidationError
 from securevfl.errors import Diverged, PartyFailure, ProtocolError
 from securevfl.runtime.ledger import Ledger, Record
 from securevfl.runtime.messages import CONTROL, DTYPE_CODES, DTYPES, Tag, tag_by_code
+from securevfl.runtime.secure.link import DEFAULT_STREAM, Link, Links, sealed_size
 
 MAGIC = 0x5346_4C01  # "SFL", version 1
 MAX_NDIM = 7
 HEADER_LEN = 5 + MAX_NDIM
+HEADER_FRAME = sealed_size(HEADER_LEN * 8)
 DEFAULT_MAX_BYTES = 1 << 31
 
 M = TypeVar("M", bound=BaseModel)
@@ -36,6 +43,10 @@ class Channel:
     ``names`` maps rank -> human label ("passive 'left'") for error messages;
     ``on_comm_error(peer, exc)`` turns a transport failure into the right
     :class:`PartyFailure` (the session's watchdog knows which rank was lost).
+    ``links`` are the session's authenticated links (:attr:`Session.links`); a
+    channel without them sends and receives nothing (it may still carry the
+    phase, round and ledger for code that moves its own sealed frames).
+    Code holding the channel reaches the link to peer R with :meth:`link`.
     """
 
     def __init__(
@@ -46,6 +57,7 @@ class Channel:
         *,
         on_comm_error: Callable[[int, Exception], PartyFailure] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        links: Links | None = None,
     ):
         self.rank = rank
         self.names = names
@@ -54,6 +66,19 @@ class Channel:
         self.round = -1
         self._on_comm_error = on_comm_error
         self.max_bytes = max_bytes
+        self.links = links
+        if links is not None:  # the links' CPU time and sealed bytes, per phase, in this ledger
+            links.meter.phase_of = lambda: self.phase
+            links.meter.by_phase = ledger.channel
+
+    def link(self, peer: int, stream: str = DEFAULT_STREAM) -> Link:
+        """The sealed link to ``peer`` (a global rank) on ``stream``; other
+        traffic than the channel's own frames takes a stream of its own."""
+        if self.links is None:
+            raise ProtocolError(
+                f"{self._who(self.rank)} has no authenticated links: no session handshake ran"
+            )
+        return self.links.link(peer, stream)
 
     # -- transport ---------------------------------------------------------------
     def _who(self, rank: int) -> str:
@@ -91,17 +116,19 @@ class Channel:
                 f"{self.round}: training diverged (lower training.lr or interactive.lr, or "
                 "standardize the features)"
             )
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        header[0] = MAGIC
-        header[1] = tag.code
-        header[2] = DTYPE_CODES[t.dtype]
-        header[3] = t.dim()
-        header[4] = self.round
-        for i, s in enumerate(t.shape):
-            header[5 + i] = s
-        self._io(dist.send, header, dst)
+        link = self.link(dst)
+        header = torch.tensor(
+            [MAGIC, tag.code, DTYPE_CODES[t.dtype], t.dim(), self.round, *t.shape]
+            + [0] * (MAX_NDIM - t.dim()),
+            dtype=torch.int64,
+        )
+        frame = link.seal_tensor(header)
+        self._io(dist.send, frame, dst)
+        wire = frame.numel()
         if t.numel():
-            self._io(dist.send, t, dst)
+            frame = link.seal_tensor(t)
+            self._io(dist.send, frame, dst)
+            wire += frame.numel()
         nbytes = t.numel() * t.element_size()
         self.ledger.log(
             Record(
@@ -114,6 +141,7 @@ class Channel:
                 tuple(t.shape),
                 str(t.dtype).removeprefix("torch."),
                 nbytes,
+                wire,
             )
         )
 
@@ -131,10 +159,12 @@ class Channel:
         tensor the caller works with (e.g. packed bits into +-1 codes): the ledger
         records the wire's shape, dtype and bytes, the recorded view the decoded
         tensor, which is what is returned."""
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        self._io(dist.recv, header, src)
-        h = header.tolist()
+        link = self.link(src)
         who = self._who(src)
+        frame = torch.empty(HEADER_FRAME, dtype=torch.uint8)
+        self._io(dist.recv, frame, src)
+        header = self._open(link, frame, torch.empty(HEADER_LEN, dtype=torch.int64), tag)
+        h = header.tolist()
         if h[0] != MAGIC:
             raise ProtocolError(f"{who} sent a malformed frame (bad magic) where '{tag.name}' was expected")
         got = tag_by_code(h[1])
@@ -161,8 +191,12 @@ class Channel:
         if nbytes > self.max_bytes:
             raise ProtocolError(f"{who} announced a {nbytes}-byte '{tag.name}' (limit {self.max_bytes})")
         out = torch.empty(shp, dtype=dt)
+        wire = HEADER_FRAME
         if numel:
-            self._io(dist.recv, out, src)
+            frame = torch.empty(sealed_size(nbytes), dtype=torch.uint8)
+            self._io(dist.recv, frame, src)
+            self._open(link, frame, out, tag)
+            wire += frame.numel()
         if dt.is_floating_point and not torch.isfinite(out).all():
             raise ProtocolError(f"{who} sent '{tag.name}' containing NaN or infinite values")
         if decode is not None:
@@ -178,10 +212,18 @@ class Channel:
                 shp,
                 str(dt).removeprefix("torch."),
                 nbytes,
+                wire,
             ),
             out,
         )
         return out
+
+    @staticmethod
+    def _open(link: Link, frame: torch.Tensor, out: torch.Tensor, tag: Tag) -> torch.Tensor:
+        try:
+            return link.open_tensor(frame, out)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{exc} (while receiving '{tag.name}')") from None
 
     # -- bytes and JSON control ------------------------------------------------------
     def send_bytes(self, dst: int, tag: Tag, data: bytes) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 HEADER_BYTES = 12 * 8  # fixed frame header preceding every payload (int64[12])
+SEAL_BYTES = 16  # the AEAD tag each sealed frame adds (a message: header frame + payload frame)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Record:
     shape: tuple[int, ...]
     dtype: str
     bytes: int
+    sealed: int | None = (
+        None  # bytes on the wire, sealed frames of header and payload (None: not sealed here)
+    )
 
 
 SPILL_BYTES = 256 << 20  # received tensors held in memory before they go to disk
@@ -67,6 +71,8 @@ class Ledger:
     received: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
     spilled: list[Spilled] = field(default_factory=list)
     held_bytes: int = 0
+    # the sealed links' CPU seconds, frames and sealed bytes per phase (runtime.secure.link.Meter)
+    channel: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def spill_path(self) -> Path | None:
@@ -124,33 +130,45 @@ class Ledger:
     def summary(self) -> dict[str, Any]:
         """Aggregate of this rank's *sent* messages by phase and by
         (sender, receiver, tag); merged across ranks by :func:`merge_summaries`."""
-        by_key: dict[str, dict[str, int]] = defaultdict(lambda: {"messages": 0, "bytes": 0})
+        by_key: dict[str, dict[str, int]] = defaultdict(
+            lambda: {"messages": 0, "bytes": 0, "sealed_bytes": 0}
+        )
         for r in self.records:
             if r.direction != "sent":
                 continue
             key = f"{r.phase}|{r.sender}|{r.receiver}|{r.tag}"
             by_key[key]["messages"] += 1
             by_key[key]["bytes"] += r.bytes
-        return {"sent": dict(by_key)}
+            by_key[key]["sealed_bytes"] += r.sealed or 0
+        return {"sent": dict(by_key), "channel": {k: dict(v) for k, v in self.channel.items()}}
 
 
 def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str, Any]:
     """Combine per-rank summaries into the run's ledger summary."""
     rows: dict[str, dict[str, int]] = {}
+    cpu: dict[str, dict[str, float]] = {}  # phase -> the sealed links' totals over all ranks
     for p in parts:
         for key, v in p.get("sent", {}).items():
-            acc = rows.setdefault(key, {"messages": 0, "bytes": 0})
+            acc = rows.setdefault(key, {"messages": 0, "bytes": 0, "sealed_bytes": 0})
             acc["messages"] += int(v["messages"])
             acc["bytes"] += int(v["bytes"])
+            acc["sealed_bytes"] += int(v.get("sealed_bytes", 0))
+        for phase, v in p.get("channel", {}).items():
+            c = cpu.setdefault(phase, {"seal_cpu_s": 0.0, "open_cpu_s": 0.0, "frames": 0, "sealed_bytes": 0})
+            for k in c:
+                c[k] += v.get(k, 0)
     by_phase: dict[str, dict[str, int]] = {}
     flows = []
     for key, v in sorted(rows.items()):
         phase, s, r, tag = key.split("|")
-        ph = by_phase.setdefault(phase, {"messages": 0, "bytes": 0})
+        ph = by_phase.setdefault(phase, {"messages": 0, "bytes": 0, "sealed_bytes": 0})
         ph["messages"] += v["messages"]
         ph["bytes"] += v["bytes"]
+        ph["sealed_bytes"] += v["sealed_bytes"]
         flows.append({"phase": phase, "sender": int(s), "receiver": int(r), "tag": tag, **v})
-    train = by_phase.get("train", {"messages": 0, "bytes": 0})
+    train = by_phase.get("train", {"messages": 0, "bytes": 0, "sealed_bytes": 0})
+    ch = cpu.get("train", {})
+    per = 1 / n_train_steps if n_train_steps else 0.0
     return {
         "by_phase": by_phase,
         "flows": flows,
@@ -158,4 +176,10 @@ def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str
         "bytes_per_step": train["bytes"] / n_train_steps if n_train_steps else 0.0,
         "messages_per_step": train["messages"] / n_train_steps if n_train_steps else 0.0,
         "header_bytes_per_message": HEADER_BYTES,
+        # the secure channel (issue #19): bytes on the wire (headers and AEAD tags
+        # included) and CPU seconds sealing and opening, all ranks together
+        "sealed_bytes_per_step": train["sealed_bytes"] * per,
+        "channel_frames_per_step": ch.get("frames", 0) * per,
+        "channel_cpu_s_per_step": (ch.get("seal_cpu_s", 0.0) + ch.get("open_cpu_s", 0.0)) * per,
+        "channel": {k: {kk: round(vv, 6) for kk, vv in v.items()} for k, v in cpu.items()},
     }

@@ -11,6 +11,19 @@ A watchdog thread publishes a heartbeat and watches every peer's: a peer that
 dies, stalls (no heartbeat for ``peer_timeout_s``) or reports an error ends this
 rank with a :class:`PartyFailure` naming it, even while the main thread is
 blocked in a receive. Store values are JSON validated by pydantic, never pickles.
+
+Identities (issue #19, :mod:`securevfl.runtime.secure`): every hello carries the
+rank's Ed25519 identity key and an ephemeral X25519 key; once every hello is in,
+each rank checks every presented identity against the protocol's pins (or the
+throw-away keys the local launcher pins), runs the SIGMA-style authentication
+with every peer through the store (:mod:`.secure.handshake`) and derives the
+sealed links the channel uses. A key that is not the pinned one, or an
+authenticator that does not verify, stops the start-up (exit 2, naming the rank)
+before the process group exists, so nothing of the run's data is sent. What the
+store carries that changes the run is authenticated: claims and error notes are
+signed with the writer's identity key (a note that does not verify is ignored),
+and run summaries travel sealed on the link to rank 0. Heartbeats and ``done``
+flags are not authenticated: forging them affects liveness detection only.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import socket
 import sys
 import threading
 import time
+from base64 import b64decode, b64encode
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +57,10 @@ from securevfl.errors import (
     SecureVFLError,
 )
 from securevfl.runtime.layout import Layout, Role
+from securevfl.runtime.secure import handshake as hs
+from securevfl.runtime.secure import keys
+from securevfl.runtime.secure.keys import Identity
+from securevfl.runtime.secure.link import Links
 
 EXIT_USER_ERROR = 2
 EXIT_PARTY_FAILURE = 3
@@ -51,6 +69,7 @@ PROBE_S = 1.0  # one TCP probe of the rendezvous address waits at most this long
 RETRY_S = 0.25  # pause between probes while rank 0 is not (yet) listening
 STARTUP_GRACE_S = 2.0  # past the start-up deadline, a blocked native call is abandoned
 LISTEN_BACKLOG = 128
+SUMMARY_STREAM = "summary"  # run summaries go to rank 0 sealed on their own stream
 
 
 class Hello(BaseModel):
@@ -64,6 +83,8 @@ class Hello(BaseModel):
     host: str
     version: str
     run_id: str  # rank 0's names the run (its checkpoints carry it)
+    identity: str  # Ed25519 public key, hex
+    ephemeral: str  # X25519 public key, hex (this run only)
     # --resume: the epochs of this rank's complete checkpoints and their run ids,
     # or why its checkpoints cannot be used; None: a fresh run
     checkpoints: dict[int, str] | None = None
@@ -124,6 +145,29 @@ class Claim(BaseModel):
     pid: int
     host: str
     token: str
+    identity: str = ""  # the claimant's Ed25519 public key, hex
+    sig: str = ""  # its signature over (digest, rank, pid, host, token)
+
+    def body(self) -> bytes:
+        return f"{self.pid} {self.host} {self.token} {self.identity}".encode()
+
+
+class SignedNote(BaseModel):
+    """A note a rank publishes in the store for its peers (an error report),
+    signed with its identity key over (protocol digest, rank, kind, body)."""
+
+    model_config = ConfigDict(extra="forbid")
+    body: str
+    sig: str
+
+
+class Authenticators(BaseModel):
+    """One rank's handshake answer to every peer: signature and key-confirmation
+    MAC, hex, keyed by the peer's rank."""
+
+    model_config = ConfigDict(extra="forbid")
+    sig: dict[str, str]
+    mac: dict[str, str]
 
 
 class ErrorNote(BaseModel):
@@ -240,8 +284,32 @@ def probe(host: str, port: int, timeout: float) -> str | None:
         return exc.strerror or str(exc) or type(exc).__name__
 
 
+def pins_of(proto: Protocol, layout: Layout) -> dict[int, str]:
+    """The identity each rank must present, by rank: a party's ``key`` under its
+    entry, a helper's under ``security.helper_keys``. With
+    ``security.require_pinned_keys`` a rank without a pin is a ConfigError."""
+    by_party = {p.name: p.key for p in [proto.parties.active, *proto.parties.passive]}
+    pins: dict[int, str] = {}
+    for role in layout.roles:
+        pin = (
+            proto.security.helper_keys.get(role.party) if role.kind == "helper" else by_party.get(role.party)
+        )
+        if pin is not None:
+            pins[role.rank] = pin
+        elif proto.security.require_pinned_keys:
+            raise ConfigError(
+                f"no key is pinned for {role.label} (rank {role.rank}); security.require_pinned_keys is on",
+                path=f"security.helper_keys.{role.party}" if role.kind == "helper" else "parties",
+            )
+    return pins
+
+
 class Session:
-    """Context manager around one rank's life in the run."""
+    """Context manager around one rank's life in the run.
+
+    ``identity`` is this rank's long-term key (``securevfl party --key``; a
+    throw-away one if None); ``pins`` overrides the protocol's pins (the local
+    launcher pins the throw-away keys it hands its ranks)."""
 
     def __init__(
         self,
@@ -252,6 +320,8 @@ class Session:
         out_dir: Path,
         resume: ResumeOffer | None = None,
         *,
+        identity: Identity | None = None,
+        pins: dict[int, str] | None = None,
         purpose: str = "train",
     ):
         self.proto = proto
@@ -276,6 +346,12 @@ class Session:
         self._report_lock = threading.Lock()
         self._reported = False
         self._watchdog: threading.Thread | None = None
+        self.digest = proto.digest()
+        self.identity = identity if identity is not None else Identity.generate()
+        self.pins = pins if pins is not None else pins_of(proto, layout)
+        self._ephemeral = hs.ephemeral()
+        self.peer_keys: dict[int, bytes] = {}  # rank -> verified identity key
+        self.links: Links | None = None  # set once the handshake has authenticated every peer
 
     # -- naming ---------------------------------------------------------------------
     def who(self, rank: int) -> str:
@@ -391,7 +467,14 @@ class Session:
         anything under it. A rank already claimed is a ``ConfigError`` naming the
         process holding it; this process then writes nothing to the store (its
         error report stays local), so the run of the first claimant goes on."""
-        mine = Claim(pid=os.getpid(), host=socket.gethostname(), token=secrets.token_hex(8))
+        mine = Claim(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            token=secrets.token_hex(8),
+            identity=self.identity.public.hex(),
+        )
+        sig = self.identity.sign(hs.note_message(self.digest, self.rank, "claim", mine.body()))
+        mine = mine.model_copy(update={"sig": sig.hex()})
         raw = mine.model_dump_json()
         try:
             held = store.compare_set(f"claim/{self.rank}", "", raw)
@@ -403,8 +486,8 @@ class Session:
             return
         try:
             owner = Claim.model_validate_json(held)
-            by = f"pid {owner.pid} on host {owner.host}"
-        except ValidationError:
+            by = f"pid {owner.pid} on host {owner.host}{self._claim_key_note(owner)}"
+        except (ValidationError, ValueError):
             by = "an unidentified client"
         raise ConfigError(
             f"rank {self.rank} is already claimed by another process ({by}) at the rendezvous "
@@ -412,24 +495,45 @@ class Session:
             path="--rank",
         )
 
-    def _handshake(self, store: dist.TCPStore, deadline: float) -> None:
-        """Exchange hellos; a store that fails meanwhile is rank 0 lost."""
+    def _claim_key_note(self, owner: Claim) -> str:
+        """What the holder's claim says about its identity, for the refusal message."""
         try:
-            self._exchange_hellos(store, deadline)
+            pub = bytes.fromhex(owner.identity)
+            signed = keys.verify(
+                pub, bytes.fromhex(owner.sig), hs.note_message(self.digest, self.rank, "claim", owner.body())
+            )
+        except ValueError:
+            signed = False
+        if not signed:
+            return ", with no valid signature"
+        pin = self.pins.get(self.rank)
+        if pin is None:
+            return f", key {keys.short(pub)}"
+        verdict = "the pinned key" if keys.matches(pin, pub) else "NOT the pinned key"
+        return f", key {keys.short(pub)}, {verdict}"
+
+    def _handshake(self, store: dist.TCPStore, deadline: float) -> None:
+        """Exchange hellos and authenticators; a store that fails meanwhile is
+        rank 0 lost."""
+        try:
+            raws = self._exchange_hellos(store, deadline)
+            self._authenticate(store, raws, deadline)
         except RuntimeError as exc:  # the store went away mid-handshake
             raise PartyFailure(
                 f"lost the rendezvous host {self.who(0)} during start-up: {native_message(exc)}", rank=0
             ) from exc
 
-    def _exchange_hellos(self, store: dist.TCPStore, deadline: float) -> None:
+    def _exchange_hellos(self, store: dist.TCPStore, deadline: float) -> dict[int, bytes]:
         """Publish this rank's hello, wait for every rank's until the deadline,
-        and check that they all run this protocol in their expected roles."""
+        and check that they all run this protocol in their expected roles with
+        their pinned identity keys. Returns the hellos as published (the
+        handshake's transcripts hash these bytes)."""
         me = Hello(
             rank=self.rank,
             world_size=self.layout.world_size,
             party=self.role.party,
             role=self.role.kind,
-            digest=self.proto.digest(),
+            digest=self.digest,
             pid=os.getpid(),
             host=socket.gethostname(),
             version=__version__,
@@ -437,6 +541,8 @@ class Session:
             run_id=secrets.token_hex(8),
             checkpoints=None if self.resume is None else self.resume.checkpoints,
             checkpoint_error=None if self.resume is None else self.resume.error,
+            identity=self.identity.public.hex(),
+            ephemeral=hs.ephemeral_public(self._ephemeral).hex(),
         )
         store.set(f"hb/{self.rank}", "0")
         store.set(f"hello/{self.rank}", me.model_dump_json())
@@ -452,11 +558,16 @@ class Session:
                     rank=missing[0],
                 )
             time.sleep(0.05)
+        raws: dict[int, bytes] = {}
         for r in range(self.layout.world_size):
             raw = store.get(f"hello/{r}")
+            raws[r] = raw
             try:
                 h = Hello.model_validate_json(raw)
-            except ValidationError:
+                identity, eph = bytes.fromhex(h.identity), bytes.fromhex(h.ephemeral)
+                if len(identity) != 32 or len(eph) != 32:
+                    raise ValueError("key length")
+            except (ValidationError, ValueError):
                 raise ProtocolError(f"{self.who(r)} sent a malformed start-up hello") from None
             expect = self.layout.roles[r]
             if h.rank != r or h.world_size != self.layout.world_size:
@@ -479,8 +590,99 @@ class Session:
                 raise ConfigError(
                     f"rank {r} announced itself as {h.role} '{h.party}', expected {expect.label}"
                 )
+            self._check_pin(r, identity)
             self.hellos[r] = h
         self.resume_epoch, self.run_id = agree_checkpoint(self.hellos, self.who)
+        return raws
+
+    def _check_pin(self, r: int, identity: bytes) -> None:
+        """Refuse a rank whose identity key is not the one pinned for it."""
+        pin = self.pins.get(r)
+        if pin is None or keys.matches(pin, identity):
+            return
+        label = self.layout.roles[r].label
+        if r == self.rank:
+            raise ConfigError(
+                f"this rank's identity key ({keys.short(identity)}) is not the key the protocol pins for "
+                f"{label} ({pin[:23]}...): start it with --key naming that party's secret key file",
+                path="--key",
+            )
+        raise ProtocolError(
+            f"{self.who(r)} presented identity key {keys.short(identity)}, not the key the protocol pins "
+            f"for {label} ({pin[:23]}...): refused at start-up (an impostor, or that party's rank was "
+            "started with the wrong --key); nothing of the run was sent"
+        )
+
+    def _authenticate(self, store: dist.TCPStore, raws: dict[int, bytes], deadline: float) -> None:
+        """SIGMA-style mutual authentication with every peer (:mod:`.secure.handshake`):
+        publish a signature and a key-confirmation MAC per peer, verify every
+        peer's, then derive the sealed links."""
+        me, world = self.rank, self.layout.world_size
+        peers = [r for r in range(world) if r != me]
+        transcripts: dict[int, bytes] = {}
+        prks: dict[int, bytes] = {}
+        sigs: dict[str, str] = {}
+        macs: dict[str, str] = {}
+        for r in peers:
+            a, b = min(me, r), max(me, r)
+            t = hs.transcript(self.digest, a, raws[a], b, raws[b])
+            try:
+                prk = hs.pair_secret(self._ephemeral, bytes.fromhex(self.hellos[r].ephemeral), t)
+            except ValueError:
+                raise ProtocolError(f"{self.who(r)} sent an invalid ephemeral key in its hello") from None
+            transcripts[r], prks[r] = t, prk
+            sigs[str(r)] = self.identity.sign(hs.auth_message(t, me, r)).hex()
+            macs[str(r)] = hs.confirm_tag(prk, t, me, r).hex()
+        store.set(f"auth/{me}", Authenticators(sig=sigs, mac=macs).model_dump_json())
+        waiting = list(peers)
+        while waiting:
+            # every answer present is verified first, so that this rank names an
+            # impostor itself rather than relaying a peer's report of it
+            for r in list(waiting):
+                if store.check([f"auth/{r}"]):
+                    self._verify_peer(r, store.get(f"auth/{r}"), transcripts[r], prks[r])
+                    waiting.remove(r)
+            for r in waiting:
+                if store.check([f"err/{r}"]):
+                    failure = self._peer_error(r, store.get(f"err/{r}"))
+                    if failure is not None:
+                        raise failure
+            if waiting and time.monotonic() > deadline:
+                raise PartyFailure(
+                    f"start-up timed out after {self.rt.startup_timeout_s:g} s: "
+                    + ", ".join(self.who(r) for r in waiting)
+                    + " never completed the handshake",
+                    rank=waiting[0],
+                )
+            if waiting:
+                time.sleep(0.02)
+
+        def keys_for(peer: int, stream: str) -> tuple[bytes, bytes]:
+            return hs.stream_key(prks[peer], stream, me, peer), hs.stream_key(prks[peer], stream, peer, me)
+
+        self.links = Links(me, peers, keys_for, self.who)
+
+    def _verify_peer(self, r: int, raw: bytes, t: bytes, prk: bytes) -> None:
+        """Check peer ``r``'s signature (with the identity key its hello carried,
+        already checked against the pin) and its key-confirmation MAC."""
+        try:
+            auth = Authenticators.model_validate_json(raw)
+            sig, mac = bytes.fromhex(auth.sig[str(self.rank)]), bytes.fromhex(auth.mac[str(self.rank)])
+        except (ValidationError, ValueError, KeyError):
+            raise ProtocolError(f"{self.who(r)} sent a malformed handshake answer") from None
+        identity = bytes.fromhex(self.hellos[r].identity)
+        if not keys.verify(identity, sig, hs.auth_message(t, r, self.rank)):
+            raise ProtocolError(
+                f"{self.who(r)} failed the handshake: its signature does not verify with the identity key "
+                f"{keys.short(identity)} of its hello (a forged hello or answer in the rendezvous store); "
+                "refused at start-up"
+            )
+        if not hs.confirm_ok(prk, t, r, self.rank, mac):
+            raise ProtocolError(
+                f"{self.who(r)} failed the handshake: its key confirmation does not match (its hello's "
+                "ephemeral key was replaced in the rendezvous store); refused at start-up"
+            )
+        self.peer_keys[r] = identity
 
     @property
     def pids(self) -> dict[int, int]:
@@ -502,6 +704,7 @@ class Session:
             return
         peers = [r for r in range(self.layout.world_size) if r != self.rank]
         last: dict[int, tuple[bytes, float]] = {}
+        forged: dict[int, bytes] = {}  # error notes that did not verify, ignored
         beat = 0
         while not self._stop.is_set():
             now = time.monotonic()
@@ -510,8 +713,12 @@ class Session:
                 client.set(f"hb/{self.rank}", str(beat))
                 for r in list(peers):
                     if client.check([f"err/{r}"]):
-                        self._declare(self._peer_error(r, client.get(f"err/{r}")))
-                        return
+                        raw = client.get(f"err/{r}")
+                        failure = self._peer_error(r, raw) if forged.get(r) != raw else None
+                        if failure is not None:
+                            self._declare(failure)
+                            return
+                        forged[r] = raw
                     if client.check([f"done/{r}"]):
                         peers.remove(r)
                         continue
@@ -540,9 +747,29 @@ class Session:
                 return
             self._stop.wait(HEARTBEAT_S)
 
-    def _peer_error(self, r: int, raw: bytes) -> PartyFailure:
+    def _peer_error(self, r: int, raw: bytes) -> PartyFailure | None:
+        """The failure rank ``r``'s error note reports, or None when the note is
+        not signed by ``r``'s identity key (someone else wrote it: ignored)."""
+        identity = bytes.fromhex(self.hellos[r].identity) if r in self.hellos else None
         try:
-            note = ErrorNote.model_validate_json(raw)
+            signed = SignedNote.model_validate_json(raw)
+            ok = identity is not None and keys.verify(
+                identity,
+                bytes.fromhex(signed.sig),
+                hs.note_message(self.digest, r, "error", signed.body.encode()),
+            )
+        except (ValidationError, ValueError):
+            ok = False
+        if not ok:
+            print(
+                f"securevfl: rank {self.rank}: ignoring an error note for {self.who(r)} in the rendezvous "
+                "store that is not signed by its identity key",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+        try:
+            note = ErrorNote.model_validate_json(signed.body)
         except ValidationError:
             return PartyFailure(f"{self.who(r)} failed (its error report was malformed)", rank=r)
         if note.lost_rank is not None and note.lost_rank != self.rank:
@@ -589,11 +816,15 @@ class Session:
             )
         if self.store is not None and self._claimed:
             try:
-                self.store.set(f"err/{self.rank}", note.public().model_dump_json())
+                self.store.set(f"err/{self.rank}", self._signed(note.public().model_dump_json(), "error"))
                 if self.rank == 0:
                     self._linger()
             except Exception:
                 pass
+
+    def _signed(self, body: str, kind: str) -> str:
+        sig = self.identity.sign(hs.note_message(self.digest, self.rank, kind, body.encode()))
+        return SignedNote(body=body, sig=sig.hex()).model_dump_json()
 
     def _linger(self, seconds: float = 5.0) -> None:
         """Rank 0 hosts the store: keep it up briefly so peers can read the error."""
@@ -613,10 +844,11 @@ class Session:
             self._stop.set()
             if self._watchdog is not None:
                 self._watchdog.join(timeout=5)
-            self.store.set(f"summary/{self.rank}", json.dumps(summary))
+            assert self.links is not None
+            sealed = self.links.link(0, SUMMARY_STREAM).seal(json.dumps(summary).encode())
+            self.store.set(f"summary/{self.rank}", b64encode(sealed).decode())
             self.store.set(f"done/{self.rank}", "1")
             return None
-        self.store.set("summary/0", json.dumps(summary))
         deadline = time.monotonic() + self.rt.op_timeout_s
         keys = [f"done/{r}" for r in range(1, self.layout.world_size)]
         while not self.store.check(keys):
@@ -626,10 +858,17 @@ class Session:
                 raise PartyFailure("peers did not finish in time", rank=None)
             time.sleep(0.05)
         self._stop.set()
-        out = []
-        for r in range(self.layout.world_size):
+        out = [json.loads(json.dumps(summary))]  # as the peers' summaries: through JSON
+        assert self.links is not None
+        for r in range(1, self.layout.world_size):
+            raw = self.store.get(f"summary/{r}")
             try:
-                out.append(json.loads(self.store.get(f"summary/{r}")))
+                sealed = b64decode(raw, validate=True)
+            except ValueError:
+                raise ProtocolError(f"{self.who(r)} sent a malformed run summary") from None
+            plain = self.links.link(r, SUMMARY_STREAM).open(sealed)  # ProtocolError naming r if forged
+            try:
+                out.append(json.loads(plain))
             except json.JSONDecodeError:
                 raise ProtocolError(f"{self.who(r)} sent a malformed run summary") from None
         return out

@@ -6,6 +6,8 @@ protocol traffic only)."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.exchange.crypten_comm import CRYPTEN_TAG
 from securevfl.models import build_top
 from tests.conftest import cli, run_doc, small_digits
 
@@ -46,13 +49,27 @@ def plain_trace(tmp_path_factory: pytest.TempPathFactory):
     return result, torch.load(out / "ranks" / "rank0.trace.pt", weights_only=True), out
 
 
+PROBE = Path(__file__).resolve().parents[1] / "support" / "dist_probe"
+
+
 @pytest.fixture(scope="module", params=sorted(CRYPTO))
 def crypto_run(request, tmp_path_factory: pytest.TempPathFactory):
+    """One run per backend, its ranks started with the torch.distributed probe
+    (tests/support/dist_probe) writing beside the run's folder (:func:`_probe_dir`)."""
     backend = request.param
     params, tol = CRYPTO[backend]
     out = tmp_path_factory.mktemp(backend)
-    result = run_doc(_doc(backend, params), out)
+    probe = _probe_dir(out)
+    probe.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
+        mp.setenv("SECUREVFL_DIST_PROBE", str(probe))
+        result = run_doc(_doc(backend, params), out)
     return backend, tol, result, torch.load(out / "ranks" / "rank0.trace.pt", weights_only=True), out
+
+
+def _probe_dir(out: Path) -> Path:
+    return out.with_name(out.name + "-probe")
 
 
 def test_tracks_plain_step_by_step(plain_trace, crypto_run):
@@ -261,3 +278,18 @@ def test_prediction_reveals_no_embedding_and_matches_the_evaluation(crypto_run, 
     pred = pd.read_csv(pred_dir / "predictions.csv", dtype={"id": str})
     got = pred[[f"p_{c}" for c in range(view["classes"])]].to_numpy()
     assert len(got) == PREDICT_ROWS and np.abs(got - want).max() <= tol, backend
+
+
+def test_no_gloo_collective_only_point_to_point_frames(crypto_run):
+    """Every rank of the run (the dealer included) issued torch.distributed
+    point-to-point calls only: no collective and no process sub-group, so under
+    ``mpc`` CrypTen's openings, reveals, dealer traffic and seeds all travel as
+    frames of securevfl's channel (CrypTen's under their own gloo tag)."""
+    backend, _, result, _, out = crypto_run
+    probe = _probe_dir(out)
+    calls = [json.loads(p.read_text()) for p in probe.glob("*.p2p")]
+    assert len(calls) == result["world_size"], "the probe did not run in every rank"
+    collectives = {p.name: p.read_text() for p in probe.glob("*.collectives")}
+    assert not collectives, collectives
+    crypten_frames = sum(n for c in calls for k, n in c.items() if k.endswith(f":{CRYPTEN_TAG}"))
+    assert (crypten_frames > 0) == (backend == "mpc"), (backend, calls)

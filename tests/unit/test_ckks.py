@@ -99,7 +99,17 @@ def test_batch_is_packed_along_slots():
 
 @pytest.mark.parametrize(
     ("r", "d", "o"),
-    [(256, 64, 64), (64, 64, 64), (5, 3, 1), (100, 33, 7), (4, 70, 80), (256, 64, 10)],
+    [
+        (256, 64, 64),
+        (64, 64, 64),
+        (5, 3, 1),
+        (100, 33, 7),
+        (4, 70, 80),
+        (256, 64, 10),
+        (300, 64, 64),  # row chunks, the last one partial
+        (1024, 16, 128),  # row chunks, output columns in groups
+        (200, 30, 64),  # one chunk in, output wider than the input
+    ],
 )
 def test_diagonal_maps_match_numpy(r, d, o):
     """simulate(map) on the packed slots, unpacked, equals numpy's product."""
@@ -119,6 +129,24 @@ def test_reference_step_map_sizes():
     tm = tmatmul_map(np.ones((256, 64)), lin, SLOTS)
     assert (mm.n_out, len(mm.t)) == (2, 64)  # 2 x 2 ciphertexts x 16 block shifts (a and b each)
     assert (tm.n_out, len(tm.t)) == (1, 2 * 191)
+    # an operand of matmul only (Enc(h'_i)) is cut in two row chunks of 128 rows with all 32
+    # complex columns: chunk c -> chunk c, 32 block shifts, the same diagonals in both chunks
+    lin_h = standard_layout(256, 64, SLOTS, tmatmul=False)
+    mm_h = matmul_map(lin_h, _rng(5).normal(size=(64, 64)), SLOTS)
+    assert (lin_h.n_ct, mm_h.n_out, len(mm_h.t)) == (2, 2, 64)
+    assert len({mm_h.diag(g)[0].tobytes() for g in range(len(mm_h.t))}) == 32
+
+
+def test_products_grow_linearly_with_the_batch():
+    """Past 256 rows, row chunks of fixed length: the backward tmatmul's diagonals grow like
+    B (they grew like B^2 with one block per column), matmul's distinct diagonals not at all."""
+    sizes = {}
+    for b in (512, 1024, 2048):
+        lin = standard_layout(b, 64, SLOTS)
+        mm = matmul_map(lin, _rng(5).normal(size=(64, 64)), SLOTS)
+        tm = tmatmul_map(np.ones((b, 64)), lin, SLOTS)
+        sizes[b] = (len(mm.t), len({mm.diag(g)[0].tobytes() for g in range(len(mm.t))}), len(tm.t))
+    assert sizes == {512: (128, 32, 508), 1024: (256, 32, 1016), 2048: (512, 32, 2032)}
 
 
 # -- encrypted products ------------------------------------------------------------------------
@@ -139,6 +167,7 @@ def test_encrypt_decrypt_round_trip(key, shape):
         (5, 3, 1),  # odd, tiny
         (100, 33, 7),  # tmatmul splits rows in slices folded at the end
         (4, 70, 80),  # a > block size: tmatmul output in row chunks
+        (300, 64, 64),  # batch in row chunks of 128, the last one partial
     ],
 )
 def test_products_match_numpy(scheme, key, peer, r, d, o):

@@ -12,8 +12,9 @@ thrown away); nothing here runs in a training run.
 The critical-path floor is A's work plus one P_i's, all of it. In a run, P_i
 encodes its backward operands on a worker thread while A evaluates its forward
 product (:meth:`~securevfl.exchange.ckks.peer.CkksPeer.prepare_operands`), so
-those encodings (about 320 of P_i's 324 at the reference step) overlap A's work
-and a measured step can come out below this floor.
+those encodings (about 320 of P_i's 324 at the reference step) overlap A's work;
+A encodes its next weight share's diagonals (130 of its 134 for two parties) while
+it waits for Enc(h'_i); so a measured step can come out below this floor.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from securevfl.exchange.ckks.key import CkksKey
 from securevfl.exchange.ckks.params import CkksOptions
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, LEN
+from securevfl.exchange.he import MATMUL
 
 
 def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dict[str, dict[str, int]]:
@@ -52,7 +54,8 @@ def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dic
         key_p.ops.reset()
         peer_p.ops.reset()
         peer_a.ops.reset()
-        z = key_p.decrypt(peer_p.matmul(key_p.encrypt(h), (batch, d), w, mask[:batch, :out]), (batch, out))
+        blob_h = key_p.encrypt(h, ops=frozenset({MATMUL}))  # as he.py's P_i encrypts h'_i
+        z = key_p.decrypt(peer_p.matmul(blob_h, (batch, d), w, mask[:batch, :out]), (batch, out))
         gh = peer_a.matmul(blob_g, (batch, out), w.T, mask[:batch, :d])
         gw = peer_a.tmatmul(h, blob_g, (batch, out), mask[:d, :out])
         key_a.decrypt(gh, (batch, d))

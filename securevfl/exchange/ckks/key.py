@@ -23,7 +23,7 @@ from securevfl.exchange.ckks.kernels import Ring
 from securevfl.exchange.ckks.packing import standard_layout
 from securevfl.exchange.ckks.params import CkksOptions, context
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, pack_public, unframe
-from securevfl.exchange.he import BOTH_OPS, HEKey
+from securevfl.exchange.he import BOTH_OPS, TMATMUL, HEKey
 
 
 class CkksKey(HEKey):
@@ -57,11 +57,12 @@ class CkksKey(HEKey):
         return self._public
 
     def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
-        """One packing (:func:`standard_layout`) serves both operations."""
+        """One packing (:func:`standard_layout`) serves the products ``ops`` names
+        (an operand of ``matmul`` only may be cut in row chunks sooner)."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or not np.isfinite(x).all():
             raise ValueError("ckks encrypt: expects a finite 2-D matrix")
-        layout = standard_layout(x.shape[0], x.shape[1], self.ring.slots)
+        layout = standard_layout(x.shape[0], x.shape[1], self.ring.slots, tmatmul=TMATMUL in ops)
         cts = []
         for row in layout.pack(x, self.ring.slots):
             pt = self.ring.encode(row, self.ring.in_level, self.scale)

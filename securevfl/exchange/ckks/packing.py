@@ -132,9 +132,40 @@ class Layout:
         return m
 
 
-def standard_layout(rows: int, cols: int, slots: int) -> Layout:
-    """Blocks of the smallest power of two >= rows, spread so the columns fill
-    each ciphertext evenly (fewer distinct rotations)."""
+#: Largest block (rows) of the spread layout for an operand of ``tmatmul``
+#: (see :func:`standard_layout`).
+TMATMUL_SPREAD_ROWS = 256
+
+
+def standard_layout(rows: int, cols: int, slots: int, *, tmatmul: bool = True) -> Layout:
+    """The key owner's layout of a (rows x cols) matrix; ``tmatmul``: whether the
+    matrix is also the encrypted operand of a ``tmatmul`` (else only of ``matmul``).
+
+    When it fits in one ciphertext: :func:`spread_layout`. Otherwise, when every
+    complex column fits in one ciphertext, row chunks, one per ciphertext, each
+    holding all columns in blocks of bp = slots / pow2(ncc) rows. Every
+    ciphertext then has the same block structure, so ``matmul``'s diagonals are
+    the same plaintexts for every chunk (encoded once whatever the batch: 32 for
+    B=256 x 64 instead of 2 x 2 x 16) and ``tmatmul`` sums row chunks of fixed
+    length (its cost grows linearly with the rows; on a spread layout it needs
+    about rows/2 + a diagonals per ciphertext, so it grows like rows^2). A
+    ``tmatmul`` operand keeps the spread layout up to TMATMUL_SPREAD_ROWS rows:
+    there its ``matmul`` shares baby steps between output ciphertexts (the
+    reference step: 20 key switchings instead of 28)."""
+    if rows < 1 or cols < 1:
+        raise ValueError(f"ckks: a {rows}x{cols} matrix does not fit blocks of {slots} slots")
+    ncc = (cols + 1) // 2
+    chunked = ncc * pow2(rows) > slots and pow2(ncc) <= slots // 2
+    if chunked and (not tmatmul or pow2(rows) > TMATMUL_SPREAD_ROWS):
+        nb = pow2(ncc)
+        bp = slots // nb
+        return Layout(rows, cols, nb, bp, bp)
+    return spread_layout(rows, cols, slots)
+
+
+def spread_layout(rows: int, cols: int, slots: int) -> Layout:
+    """One row chunk: blocks of pow2(rows) slots, spread so the columns fill
+    each ciphertext evenly (also the output of a product on such an input)."""
     if not 1 <= rows <= slots or cols < 1:
         raise ValueError(f"ckks: a {rows}x{cols} matrix does not fit blocks of {slots} slots")
     ncc = (cols + 1) // 2
@@ -166,35 +197,46 @@ class LinearMap:
 
 
 def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
-    """Enc(X) -> Enc(X w) for X laid out as ``lin`` (w real, cols x m)."""
+    """Enc(X) -> Enc(X w) for X laid out as ``lin`` (w real, cols x m). With row
+    chunks, the output keeps the input's blocks and chunks (chunk c of X gives
+    chunk c of X w), so the shift between an input and an output column is the
+    same in every chunk and the chunks share their diagonals."""
     r, c = lin.rows, lin.cols
     m = w.shape[1]
-    lout = standard_layout(r, m, slots)
+    lout = spread_layout(r, m, slots) if lin.row_chunks == 1 else Layout(r, m, lin.nb, lin.bp, lin.chunk)
     wp = np.zeros((2 * lin.ncc, 2 * lout.ncc))
     wp[:c, :m] = w
     u, v, u2, v2 = wp[0::2, 0::2], wp[1::2, 0::2], wp[0::2, 1::2], wp[1::2, 1::2]
     # (x + i y) -> a (x + i y) + b (x - i y): the complex form of a real 2x2 block
     coef_a = (u + v2 + 1j * (u2 - v)) / 2
     coef_b = (u - v2 + 1j * (u2 + v)) / 2
-    t_in, b_in = (x[0] for x in lin.bases())
-    s_out, b_out = (x[0] for x in lout.bases())
+    t_in, b_in = lin.bases()  # (row chunks, ncc)
+    s_out, b_out = lout.bases()
+    c_idx: np.ndarray
     k_idx: np.ndarray
     l_idx: np.ndarray
-    k_idx, l_idx = np.meshgrid(np.arange(lin.ncc), np.arange(lout.ncc), indexing="ij")
-    k_idx, l_idx = k_idx.ravel(), l_idx.ravel()
-    delta = (b_in[k_idx] - b_out[l_idx]) % slots
-    key = (t_in[k_idx] * lout.n_ct + s_out[l_idx]) * slots + delta
+    c_idx, k_idx, l_idx = np.meshgrid(
+        np.arange(lin.row_chunks), np.arange(lin.ncc), np.arange(lout.ncc), indexing="ij"
+    )
+    c_idx, k_idx, l_idx = c_idx.ravel(), k_idx.ravel(), l_idx.ravel()
+    t_g, s_g = t_in[c_idx, k_idx], s_out[c_idx, l_idx]
+    delta = (b_in[c_idx, k_idx] - b_out[c_idx, l_idx]) % slots
+    key = (t_g * lout.n_ct + s_g) * slots + delta
     uniq, inv = np.unique(key, return_inverse=True)
-    members = [np.flatnonzero(inv == gi) for gi in range(len(uniq))]
-    rows = np.arange(r)
+    inv = inv.ravel()
+    order = np.argsort(inv, kind="stable")
+    members = np.split(order, np.flatnonzero(np.diff(inv[order])) + 1)
+    ch = lin.chunk
 
     def diag(gi: int) -> tuple[np.ndarray, np.ndarray]:
-        ks, ls = k_idx[members[gi]], l_idx[members[gi]]
-        pos = (b_out[ls][:, None] + rows[None, :]).ravel()
+        mem = members[gi]
+        ks, ls, cs = k_idx[mem], l_idx[mem], c_idx[mem]
+        n_rows = np.minimum(ch, r - cs * ch)  # rows of each member's chunk
+        pos = np.concatenate([b_out[c, col] + np.arange(n) for c, col, n in zip(cs, ls, n_rows, strict=True)])
         da = np.zeros(slots, dtype=np.complex128)
         db = np.zeros(slots, dtype=np.complex128)
-        da[pos] = np.repeat(coef_a[ks, ls], r)
-        db[pos] = np.repeat(coef_b[ks, ls], r)
+        da[pos] = np.repeat(coef_a[ks, ls], n_rows)
+        db[pos] = np.repeat(coef_b[ks, ls], n_rows)
         return da, db
 
     return LinearMap(
@@ -208,11 +250,15 @@ def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
 
 
 def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
-    """Enc(Y) -> Enc(p^T Y) for Y laid out as ``lin`` (p real, rows x a)."""
+    """Enc(Y) -> Enc(p^T Y) for Y laid out as ``lin`` (p real, rows x a). Each row
+    chunk of Y is a term p_c^T Y_c with the same output positions, so the chunks'
+    products add up before any giant step or fold: the cost per row chunk is
+    fixed, and the whole grows linearly with the rows."""
     r, m = lin.rows, lin.cols
     a = p.shape[1]
-    big_a, t2 = pow2(a), pow2(lin.n_ct)
-    n_part, stride, length = 1, 0, r
+    big_a, t2 = pow2(a), pow2(lin.groups)
+    rows_per = min(lin.chunk, r)  # rows of a full input chunk
+    n_part, stride, length = 1, 0, rows_per
     # Keep the input's block stride and put the a-vector of column group t in
     # chunk t (or, when a > bp, row chunk c of it in ciphertext c*T + t): the
     # shift of the term (i, alpha) is then i - alpha - t*A, the same in every block.
@@ -221,34 +267,41 @@ def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
         # spare chunks: split the rows into n_part slices summed into chunks
         # t + h*t2 and folded at the end; the slices share their diagonals
         stride = t2 * big_a
-        n_part = pow2(-(-r // stride))
-        length = stride if n_part > 1 else r
-    t_in, b_in = lin.bases()
-    s_out, b_out = lout.bases()  # (row chunks, ncc)
+        n_part = pow2(-(-rows_per // stride))
+        length = stride if n_part > 1 else rows_per
+    t_in, b_in = lin.bases()  # (input row chunks, ncc)
+    s_out, b_out = lout.bases()  # (output row chunks, ncc)
     ch = lout.chunk
-    # (row chunk, column) pairs with the same (t, s, base offset) share every diagonal
+    # (input chunk, output row chunk, column) triples with the same (t, s, base
+    # offset) share every diagonal
+    ic: np.ndarray
     rc: np.ndarray
     lc: np.ndarray
-    rc, lc = np.meshgrid(np.arange(lout.row_chunks), np.arange(lin.ncc), indexing="ij")
-    rc, lc = rc.ravel(), lc.ravel()
-    cls_key = np.stack([t_in[0, lc], s_out[rc, lc], (b_in[0, lc] - b_out[rc, lc]) % slots, rc], axis=1)
+    ic, rc, lc = np.meshgrid(
+        np.arange(lin.row_chunks), np.arange(lout.row_chunks), np.arange(lin.ncc), indexing="ij"
+    )
+    ic, rc, lc = ic.ravel(), rc.ravel(), lc.ravel()
+    cls_key = np.stack([t_in[ic, lc], s_out[rc, lc], (b_in[ic, lc] - b_out[rc, lc]) % slots, rc, ic], axis=1)
     cls, cls_inv = np.unique(cls_key, axis=0, return_inverse=True)
     cls_inv = cls_inv.ravel()
     offs = np.arange(-(ch - 1), length)  # e = i - alpha' within a slice (alpha' < chunk)
-    members = [np.flatnonzero(cls_inv == ci) for ci in range(len(cls))]
+    order = np.argsort(cls_inv, kind="stable")
+    members = np.split(order, np.flatnonzero(np.diff(cls_inv[order])) + 1)
 
     def diag(gi: int) -> tuple[np.ndarray, None]:
         ci, k = divmod(gi, len(offs))
-        e, c = int(offs[k]), int(cls[ci, 3])
+        e, c, i_c = int(offs[k]), int(cls[ci, 3]), int(cls[ci, 4])
         base = b_out[rc[members[ci]], lc[members[ci]]]
         rows_c = min(ch, a - c * ch)
+        r0 = i_c * lin.chunk  # first row of this input chunk
+        r_in = min(lin.chunk, r - r0)
         dg = np.zeros(slots)
         for h in range(n_part):
-            top = min(rows_c, length - e, r - h * length - e)
+            top = min(rows_c, length - e, r_in - h * length - e)
             al = np.arange(max(0, -e), top)
             if len(al) == 0:
                 continue
-            vals = p[h * length + al + e, c * ch + al]
+            vals = p[r0 + h * length + al + e, c * ch + al]
             dg[(base[:, None] + h * stride + al[None, :]).ravel()] = np.tile(vals, len(base))
         return dg, None
 

@@ -41,6 +41,8 @@ from securevfl.exchange.he import HEPeer
 class CkksPeer(HEPeer):
     """The other party's public key, Galois keys and the products under them."""
 
+    background_prepare = True  # prepare_operands() encodes on a worker thread
+
     def __init__(self, opts: CkksOptions, public: bytes, sender: str):
         self.opts, self.sender = opts, sender
         self.ops = OpCounter()
@@ -91,7 +93,9 @@ class CkksPeer(HEPeer):
         what = f"{self.sender}: ckks ciphertext"
         try:
             layout, cts = unframe(blob, self.io, what)
-            if layout != standard_layout(shape[0], shape[1], self.ring.slots):
+            # either standard layout of the shape (for matmul only, or for both products)
+            known = {standard_layout(shape[0], shape[1], self.ring.slots, tmatmul=t) for t in (False, True)}
+            if layout not in known:
                 raise ValueError(f"{what}: layout {layout} does not match a {shape[0]}x{shape[1]} matrix")
             check_level(cts, [self.ring.in_level], self.scale, what)
         except ValueError as exc:
@@ -133,19 +137,19 @@ class CkksPeer(HEPeer):
             raise ValueError(f"ckks {name}: expected a finite {shape} matrix, got {a.shape}")
         return a
 
-    def _map(self, op: str, shape: tuple[int, int], operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
-        """The linear map of a product, and its encoded diagonals when :meth:`prepare_operands`
-        made them for exactly this operand (taken: each is used once)."""
+    def _map(self, op: str, lin: Layout, operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
+        """The linear map of a product on an input laid out as ``lin``, and its encoded
+        diagonals when :meth:`prepare_operands` made them for exactly this operand and
+        layout (taken: each is used once)."""
         self._collect()
-        hit = self._prepared.pop(self._key(op, shape, operand), None)
-        return hit if hit is not None else (self._build(op, shape, operand), None)
+        hit = self._prepared.pop(self._key(op, lin, operand), None)
+        return hit if hit is not None else (self._build(op, lin, operand), None)
 
     @staticmethod
-    def _key(op: str, shape: tuple[int, int], x: np.ndarray) -> tuple[Any, ...]:
-        return (op, tuple(shape), x.shape, x.tobytes())
+    def _key(op: str, lin: Layout, x: np.ndarray) -> tuple[Any, ...]:
+        return (op, lin, x.shape, x.tobytes())
 
-    def _build(self, op: str, shape: tuple[int, int], x: np.ndarray) -> LinearMap:
-        lin = standard_layout(shape[0], shape[1], self.ring.slots)
+    def _build(self, op: str, lin: Layout, x: np.ndarray) -> LinearMap:
         return matmul_map(lin, x, self.ring.slots) if op == "matmul" else tmatmul_map(x, lin, self.ring.slots)
 
     def _collect(self) -> None:
@@ -169,7 +173,10 @@ class CkksPeer(HEPeer):
         return at once: the caller goes on to wait for the other party's reply and
         the encoding runs meanwhile (:mod:`~securevfl.exchange.ckks.worker`). The
         products wait for the worker before they use its encodings. Only this
-        party's own operands are touched; nothing is sent."""
+        party's own operands are touched; nothing is sent. The input is expected in
+        the standard layout of an operand of both products when ``p`` is given (the
+        backward pass's Enc(dL/dz)), of ``matmul`` only otherwise; a product on
+        another layout encodes its own diagonals."""
         self._settle()
         self._prepared.clear()
         jobs = []
@@ -181,15 +188,16 @@ class CkksPeer(HEPeer):
                 continue  # left to the product's own checks
             jobs.append((op, x))
         if jobs:
-            self._prep = Worker(self._encode_jobs, tuple(shape), jobs, name="ckks-prepare")
+            lin = standard_layout(shape[0], shape[1], self.ring.slots, tmatmul=p is not None)
+            self._prep = Worker(self._encode_jobs, lin, jobs, name="ckks-prepare")
 
     def _encode_jobs(
-        self, shape: tuple[int, int], jobs: list[tuple[str, np.ndarray]]
+        self, lin: Layout, jobs: list[tuple[str, np.ndarray]]
     ) -> dict[tuple[Any, ...], tuple[LinearMap, Encoded]]:
         out = {}
         for op, x in jobs:
-            lmap = self._build(op, shape, x)
-            out[self._key(op, shape, x)] = (lmap, self.kernels.encode_map(lmap, self._prep_ring))
+            lmap = self._build(op, lin, x)
+            out[self._key(op, lin, x)] = (lmap, self.kernels.encode_map(lmap, self._prep_ring))
         return out
 
     # -- the two operations
@@ -201,13 +209,13 @@ class CkksPeer(HEPeer):
         left factor, and adds its own mask then. Nothing leaves this party early."""
         self._settle()
         r, c = shape
-        _, cts = self._input(blob, shape)
+        lin, cts = self._input(blob, shape)
         m = np.asarray(w).shape[1] if np.ndim(w) == 2 else -1
         w = self._checked("matmul weight", w, (c, m))
         mask = self._checked("matmul mask", mask, (r, m))
-        lmap, enc = self._map("matmul", shape, w)
+        lmap, enc = self._map("matmul", lin, w)
         out = self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
-        ahead = next((k for k in self._prepared if k[0] == "tmatmul" and k[1] == tuple(shape)), None)
+        ahead = next((k for k in self._prepared if k[0] == "tmatmul" and k[1] == lin), None)
         if ahead is not None:
             lmap_t, enc_t = self._prepared.pop(ahead)
             worker = Worker(self.kernels.apply, cts, lmap_t, enc_t, name="ckks-tmatmul")
@@ -223,10 +231,10 @@ class CkksPeer(HEPeer):
             if ahead[0] == blob:  # the input matmul() validated and started this product on
                 p = self._checked("tmatmul left factor", p, (r, a))
                 mask = self._checked("tmatmul mask", mask, (a, m))
-                if ahead[1] == self._key("tmatmul", shape, p):
+                if ahead[1] == self._key("tmatmul", ahead[1][1], p):  # same blob: same layout
                     return self._finish(outs, ahead[2].out, mask)
-        _, cts = self._input(blob, shape)
+        lin, cts = self._input(blob, shape)
         p = self._checked("tmatmul left factor", p, (r, a))
         mask = self._checked("tmatmul mask", mask, (a, m))
-        lmap, enc = self._map("tmatmul", shape, p)
+        lmap, enc = self._map("tmatmul", lin, p)
         return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)

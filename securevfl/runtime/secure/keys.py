@@ -1,0 +1,154 @@
+"""Party identities: long-term Ed25519 key pairs, their files and their pins.
+
+A party's identity is an Ed25519 key pair (RFC 8032). The secret key lives in a
+PKCS#8 PEM file readable by its owner only (mode 0600; a file others may read is
+refused); the public key is written as a key string ``ed25519:<64 hex>`` and
+identified by its fingerprint ``sha256:<64 hex>`` (SHA-256 of the 32 raw public
+key bytes). A protocol pins a party's key under its party entry (``key:``) with
+either form; :func:`matches` checks a presented public key against a pin.
+
+Local runs use throw-away identities (:func:`Identity.generate`) that never
+touch the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from securevfl.config import PIN_PATTERN
+from securevfl.errors import ConfigError
+
+KEY_PREFIX = "ed25519:"
+FINGERPRINT_PREFIX = "sha256:"
+_PIN = re.compile(PIN_PATTERN)
+
+
+def key_string(public: bytes) -> str:
+    """``ed25519:<hex>`` of 32 raw public key bytes."""
+    return KEY_PREFIX + public.hex()
+
+
+def fingerprint(public: bytes) -> str:
+    """``sha256:<hex>``: SHA-256 of the raw public key."""
+    return FINGERPRINT_PREFIX + hashlib.sha256(public).hexdigest()
+
+
+def matches(pin: str, public: bytes) -> bool:
+    """Whether ``public`` (raw bytes) is the key ``pin`` names (key string or fingerprint)."""
+    if not _PIN.match(pin):
+        return False
+    if pin.startswith(KEY_PREFIX):
+        return pin == key_string(public)
+    return pin == fingerprint(public)
+
+
+def short(public: bytes) -> str:
+    """A fingerprint short enough for an error message."""
+    return fingerprint(public)[:23]
+
+
+def verify(public: bytes, signature: bytes, message: bytes) -> bool:
+    """Ed25519 verification; False for a bad key, signature or message."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+@dataclass(frozen=True, repr=False)
+class Identity:
+    """A party's long-term signing key. ``repr`` never shows the secret."""
+
+    _secret: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> Identity:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> Identity:
+        """A deterministic identity from 32 seed bytes (tests, throw-away keys
+        handed to a child process)."""
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    @property
+    def public(self) -> bytes:
+        return self._secret.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+    def seed(self) -> bytes:
+        """The 32 secret bytes, for handing a throw-away identity to a local child."""
+        return self._secret.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
+    def sign(self, message: bytes) -> bytes:
+        return self._secret.sign(message)
+
+    def __repr__(self) -> str:
+        return f"Identity({short(self.public)})"
+
+    # -- files ------------------------------------------------------------------------
+    def write(self, out_dir: Path, party: str) -> tuple[Path, Path]:
+        """Write ``PARTY.key`` (secret, mode 0600) and ``PARTY.pub``; an existing
+        file is never overwritten."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        secret_path, public_path = out_dir / f"{party}.key", out_dir / f"{party}.pub"
+        for p in (secret_path, public_path):
+            if p.exists():
+                raise ConfigError(f"{p} exists: refusing to overwrite a key file", path="--out")
+        pem = self._secret.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        public_path.write_text(f"{key_string(self.public)} {party}\n")
+        return secret_path, public_path
+
+    @classmethod
+    def load(cls, path: Path) -> Identity:
+        """Read a secret key file written by ``securevfl keygen``; refuse a file
+        that group or others may read, or anything but an Ed25519 key."""
+        path = Path(path)
+        try:
+            mode = path.stat().st_mode
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the key file {path}: {exc.strerror or exc}", path="--key"
+            ) from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(
+                f"the key file {path} may be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 {path}",
+                path="--key",
+            )
+        try:
+            key = serialization.load_pem_private_key(raw, password=None)
+        except (ValueError, TypeError):
+            raise ConfigError(
+                f"{path} is not a securevfl secret key file (PKCS#8 PEM)", path="--key"
+            ) from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ConfigError(f"{path} holds a {type(key).__name__}, not an Ed25519 key", path="--key")
+        return cls(key)
+
+
+def read_public(path: Path) -> bytes:
+    """The raw public key in a ``PARTY.pub`` file."""
+    first = Path(path).read_text().split()
+    if not first or not re.fullmatch(r"ed25519:[0-9a-f]{64}", first[0]):
+        raise ConfigError(f"{path} is not a securevfl public key file")
+    return bytes.fromhex(first[0][len(KEY_PREFIX) :])

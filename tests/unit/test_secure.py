@@ -1,0 +1,221 @@
+"""The secure channel's parts without processes (issue #19): key files and pins,
+the handshake's key schedule, and sealed links refusing forged, replayed,
+reordered, truncated and misdirected frames."""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from securevfl.app.loader import load_protocol_dict
+from securevfl.errors import ConfigError, ProtocolError
+from securevfl.runtime.ledger import Ledger, merge_summaries
+from securevfl.runtime.secure import handshake as hs
+from securevfl.runtime.secure.keys import Identity, fingerprint, key_string, matches, read_public, verify
+from securevfl.runtime.secure.link import TAG_BYTES, Link, Links, sealed_size
+from tests.conftest import small_digits
+
+SEED = bytes(range(32))
+
+
+# -- identities and key files ---------------------------------------------------------
+
+
+def test_keygen_files_secret_is_owner_only_and_never_overwritten(tmp_path: Path):
+    ident = Identity.from_seed(SEED)
+    secret, public = ident.write(tmp_path, "left")
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert read_public(public) == ident.public
+    assert Identity.load(secret).public == ident.public
+    with pytest.raises(ConfigError, match="refusing to overwrite"):
+        Identity.generate().write(tmp_path, "left")
+    assert Identity.load(secret).public == ident.public  # untouched
+    os.chmod(secret, 0o644)
+    with pytest.raises(ConfigError, match="may be read by others"):
+        Identity.load(secret)
+
+
+def test_load_refuses_what_is_not_an_ed25519_key(tmp_path: Path):
+    f = tmp_path / "x.key"
+    f.write_text("not a key")
+    os.chmod(f, 0o600)
+    with pytest.raises(ConfigError, match="not a securevfl secret key file"):
+        Identity.load(f)
+
+
+def test_pins_match_key_string_or_fingerprint_only():
+    a, b = Identity.from_seed(SEED), Identity.from_seed(bytes(32))
+    assert matches(key_string(a.public), a.public)
+    assert matches(fingerprint(a.public), a.public)
+    assert not matches(key_string(a.public), b.public)
+    assert not matches(fingerprint(a.public), b.public)
+    assert not matches("ed25519:" + "0" * 63, a.public)  # malformed pin
+    assert "Identity(sha256:" in repr(a) and SEED.hex() not in repr(a)
+
+
+def test_signatures_verify_with_the_signer_only():
+    a, b = Identity.from_seed(SEED), Identity.from_seed(bytes(32))
+    sig = a.sign(b"m")
+    assert verify(a.public, sig, b"m")
+    assert not verify(b.public, sig, b"m")
+    assert not verify(a.public, sig, b"n")
+    assert not verify(a.public, b"\0" * 64, b"m")
+
+
+# -- handshake key schedule ------------------------------------------------------------
+
+
+def _pair(hello_a: bytes = b"hello-a", hello_b: bytes = b"hello-b", digest: str = "d" * 16):
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    ea, eb = X25519PrivateKey.from_private_bytes(SEED), X25519PrivateKey.from_private_bytes(bytes(31) + b"\1")
+    t = hs.transcript(digest, 0, hello_a, 1, hello_b)
+    prk_a = hs.pair_secret(ea, hs.ephemeral_public(eb), t)
+    prk_b = hs.pair_secret(eb, hs.ephemeral_public(ea), t)
+    return t, prk_a, prk_b
+
+
+def test_both_ends_derive_the_same_direction_keys_and_confirmations():
+    t, prk_a, prk_b = _pair()
+    assert prk_a == prk_b
+    assert hs.stream_key(prk_a, "channel", 0, 1) == hs.stream_key(prk_b, "channel", 0, 1)
+    # per direction and per stream keys differ
+    keys = {hs.stream_key(prk_a, s, x, y) for s in ("channel", "crypten") for x, y in ((0, 1), (1, 0))}
+    assert len(keys) == 4
+    tag = hs.confirm_tag(prk_a, t, 0, 1)
+    assert hs.confirm_ok(prk_b, t, 0, 1, tag)
+    assert not hs.confirm_ok(prk_b, t, 1, 0, tag)
+
+
+def test_transcript_binds_hellos_and_digest():
+    t, prk, _ = _pair()
+    for other in (_pair(hello_a=b"hello-A"), _pair(hello_b=b"hello-B"), _pair(digest="e" * 16)):
+        assert other[0] != t and other[1] != prk
+    with pytest.raises(ValueError):
+        hs.transcript("d", 1, b"", 0, b"")
+
+
+def test_low_order_ephemeral_is_refused():
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    with pytest.raises(ValueError):
+        hs.pair_secret(X25519PrivateKey.from_private_bytes(SEED), bytes(32), b"t" * 32)
+
+
+# -- sealed links ---------------------------------------------------------------------------
+
+
+def _links(stream: str = "channel") -> tuple[Link, Link]:
+    _, prk, _ = _pair()
+    a = Link(0, 1, stream, hs.stream_key(prk, stream, 0, 1), hs.stream_key(prk, stream, 1, 0), "rank 1 (B)")
+    b = Link(1, 0, stream, hs.stream_key(prk, stream, 1, 0), hs.stream_key(prk, stream, 0, 1), "rank 0 (A)")
+    return a, b
+
+
+def test_link_round_trips_bytes_and_tensors():
+    a, b = _links()
+    assert b.open(a.seal(b"abc")) == b"abc"
+    for t in (
+        torch.randn(5, 3),
+        torch.arange(7, dtype=torch.int64),
+        torch.tensor([True, False]),
+        torch.zeros(0),
+    ):
+        frame = a.seal_tensor(t)
+        assert frame.dtype == torch.uint8 and frame.numel() == sealed_size(t.numel() * t.element_size())
+        out = b.open_tensor(frame, torch.empty_like(t))
+        assert torch.equal(out, t)
+    assert (a.sent, b.received) == (5, 5)
+    assert TAG_BYTES == 16
+
+
+def test_frame_hides_the_plaintext():
+    a, _ = _links()
+    t = torch.randn(64, 16)
+    frame = a.seal_tensor(t).numpy().tobytes()
+    plain = t.numpy().tobytes()
+    assert all(plain[i : i + 16] not in frame for i in range(0, len(plain), 64))
+
+
+@pytest.mark.parametrize("attack", ["flip", "replay", "reorder", "truncate", "reflect", "other_stream"])
+def test_tampered_frames_are_refused_naming_the_peer(attack: str):
+    a, b = _links()
+    f1, f2 = bytearray(a.seal(b"first frame")), a.seal(b"second frame")
+    if attack == "flip":
+        f1[3] ^= 0x01
+        bad = bytes(f1)
+    elif attack == "replay":
+        assert b.open(bytes(f1)) == b"first frame"
+        bad = bytes(f1)
+    elif attack == "reorder":
+        bad = f2
+    elif attack == "truncate":
+        bad = bytes(f1[:-1])
+    elif attack == "reflect":  # A's own frame handed back to A
+        with pytest.raises(ProtocolError, match=r"rank 1 \(B\) sent a frame that failed authentication"):
+            a.open(bytes(f1))
+        return
+    else:
+        bad = _links("crypten")[0].seal(b"first frame")
+    with pytest.raises(ProtocolError, match=r"rank 0 \(A\) sent a frame that failed authentication"):
+        b.open(bad)
+    with pytest.raises(ProtocolError, match="failed earlier"):
+        b.open(f2)
+
+
+def test_tensor_frame_of_the_wrong_size_is_refused():
+    a, b = _links()
+    frame = a.seal_tensor(torch.randn(4))
+    with pytest.raises(ProtocolError, match="rank 0"):
+        b.open_tensor(frame[:-1], torch.empty(4))
+
+
+def test_links_are_per_stream_and_only_to_authenticated_peers():
+    _, prk, _ = _pair()
+    links = Links(0, [1], lambda p, s: (hs.stream_key(prk, s, 0, p), hs.stream_key(prk, s, p, 0)), str)
+    assert links.link(1) is links.link(1, "channel")
+    assert links.link(1, "crypten") is not links.link(1)
+    with pytest.raises(ProtocolError, match="no authenticated link to rank 2"):
+        links.link(2)
+
+
+def test_meter_counts_per_phase_into_the_ledger_summary():
+    a, b = _links()
+    ledger = Ledger(0)
+    a.meter.by_phase = ledger.channel
+    a.meter.phase_of = lambda: "train"
+    b.open_tensor(a.seal_tensor(torch.zeros(10)), torch.empty(10))
+    row = ledger.summary()["channel"]["train"]
+    assert row["frames"] == 1 and row["sealed_bytes"] == 40 + 16 and row["seal_cpu_s"] >= 0
+    merged = merge_summaries([ledger.summary()], 1)
+    assert merged["channel_frames_per_step"] == 1
+
+
+# -- protocol pins ------------------------------------------------------------------------
+
+
+def test_protocol_pins_validated_and_required_when_asked():
+    doc = small_digits()
+    base = load_protocol_dict(copy.deepcopy(doc)).digest()
+    pub = key_string(Identity.from_seed(SEED).public)
+    doc2 = copy.deepcopy(doc)
+    doc2["parties"]["passive"][0]["key"] = pub
+    pinned = load_protocol_dict(doc2)
+    assert pinned.parties.passive[0].key == pub and pinned.digest() != base
+    explicit = copy.deepcopy(doc)
+    explicit["parties"]["active"]["key"] = None
+    explicit["security"] = {"require_pinned_keys": False}
+    assert load_protocol_dict(explicit).digest() == base  # defaults leave the digest as it was
+    bad = copy.deepcopy(doc)
+    bad["parties"]["passive"][0]["key"] = "ed25519:xyz"
+    with pytest.raises(ConfigError, match=r"parties\.passive\[0\]\.key"):
+        load_protocol_dict(bad)
+    req = copy.deepcopy(doc2)
+    req["security"] = {"require_pinned_keys": True}
+    with pytest.raises(ConfigError, match="require_pinned_keys is on but parties"):
+        load_protocol_dict(req)
