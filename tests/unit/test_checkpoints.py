@@ -164,6 +164,8 @@ def hello(
         host="h",
         version="0",
         run_id=f"fresh{rank}",
+        identity="00" * 32,  # the authenticated hello's keys (not read by the agreement)
+        ephemeral="00" * 32,
         checkpoints=checkpoints,
         checkpoint_error=error,
     )
