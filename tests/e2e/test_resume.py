@@ -162,10 +162,13 @@ def test_resume_without_a_checkpoint_is_a_clear_error(plain_runs, tmp_path) -> N
     assert "--resume" in proc.stderr
 
 
+@pytest.mark.slow  # three runs, ~70 CPU s
 def test_budget_limited_dp_run_stops_at_the_same_step_when_resumed(tmp_path, monkeypatch) -> None:
-    """Embedding DP with a budget that runs out in epoch 2 (after 18 of 36 steps):
-    killed after epoch 1 and resumed, the run stops at the same step, with the same
-    epsilon and the same final model, as the run never interrupted."""
+    """Vanilla embedding DP releases each row once per epoch; a budget between the
+    cost of two and of three epochs stops the run after 24 of 36 steps. Killed after
+    epoch 1 and resumed, the run stops at the same step, with the same epsilon and
+    the same final model, as the run never interrupted: the releases before the
+    interruption count after it."""
     from securevfl.app.loader import load_protocol_dict
     from securevfl.defenses.budget import spent
     from securevfl.privacy.budget import plan_for
@@ -175,30 +178,36 @@ def test_budget_limited_dp_run_stops_at_the_same_step_when_resumed(tmp_path, mon
     for p in doc["parties"]["passive"]:
         p["defenses"] = [dp]
     proto = load_protocol_dict(copy.deepcopy(doc))
-    at = [spent(proto, plan_for(n, 1437, proto.training))["left"]["total"]["epsilon"] for n in (18, 19)]
+    at = [spent(proto, plan_for(n, 1437, proto.training))["left"]["total"]["epsilon"] for n in (24, 25)]
     assert at[0] < at[1]
     doc["privacy"]["budget"] = {"epsilon": sum(at) / 2}
     full = run_doc(doc, tmp_path / "full")
     interrupted(doc, tmp_path / "resumed", monkeypatch, rank=2)
     resumed = run_doc(doc, tmp_path / "resumed", resume=True)
     for res in (full, resumed):
-        assert res["train_steps"] == 18
+        assert res["train_steps"] == 24
         priv = res["privacy"]
-        assert priv["stopped_by_budget"] is True and priv["steps_run"] == 18
+        assert priv["stopped_by_budget"] is True and priv["steps_run"] == 24
         assert priv["parties"]["left"]["total"]["epsilon"] == pytest.approx(at[0], rel=1e-9)
     for a, b in zip(ranks_state(tmp_path / "full", 3), ranks_state(tmp_path / "resumed", 3), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("backend", ["mpc", pytest.param("ckks", marks=pytest.mark.slow)])
+@pytest.mark.slow  # three runs each, ~70 CPU s
+@pytest.mark.parametrize("backend", ["mpc", "ckks"])
 def test_crypto_resume_reaches_the_same_test_accuracy(tmp_path, monkeypatch, backend: str) -> None:
+    """Under crypto a run is not bit-for-bit repeatable even uninterrupted (CrypTen's
+    truncation and the HE masks draw fresh randomness; two uninterrupted seeded
+    ``mpc`` runs measured 2 test rows apart after epoch 1), so the resumed run is
+    held to that precision: the same losses to 1e-3 and the same test accuracy
+    within 2 test rows (it was equal when measured)."""
     doc = resumable(small_digits(), epochs=2)
     doc["exchange"] = {"backend": backend, "params": {"weight_init": "seeded"}}
     full = run_doc(doc, tmp_path / "full")
     interrupted(doc, tmp_path / "resumed", monkeypatch)
     resumed = run_doc(doc, tmp_path / "resumed", resume=True)
     assert resumed["train_steps"] == full["train_steps"] == 24
-    assert resumed["test_accuracy"] == full["test_accuracy"]
-    a, b = ranks_state(tmp_path / "full", 3)[0], ranks_state(tmp_path / "resumed", 3)[0]
-    for k in a:  # A's top model: equal within the backend's fixed-point / CKKS precision
-        assert torch.allclose(a[k], b[k], atol=2e-3), k
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2]
+    for a, b in zip(full["history"], resumed["history"], strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+    assert abs(resumed["test_accuracy"] - full["test_accuracy"]) <= 2 / full["rows"]["test"] + 1e-12
