@@ -215,7 +215,9 @@ def predict_rank(
             backend = components_of(proto).exchange.cls
             keep = proto.runtime.record_views and proto.runtime.dump_views
             ledger = Ledger(rank, record_views=keep, spill_dir=ranks_dir)
-            channel = Channel(rank, layout.names(), ledger, on_comm_error=session.diagnose)
+            channel = Channel(
+                rank, layout.names(), ledger, on_comm_error=session.diagnose, links=session.links
+            )
             ctx = _contexts(proto, layout, rank, channel)
             summary: dict[str, Any] = {
                 "rank": rank,
