@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | keygen | compare | validate | list | criteo``.
+"""Command line: ``securevfl run | party | predict | keygen | compare | validate | list | criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -22,6 +22,7 @@ from securevfl.app.comparison import plan as make_plan
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol
 from securevfl.app.outdir import OutputFolder, resume_folder
+from securevfl.app.predict import check_out, parse_data_overrides, predict_local, predict_rank
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
 from securevfl.attacks import ATTACKS
@@ -29,7 +30,7 @@ from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
 from securevfl.data.datasets import DATASETS
 from securevfl.data.partition import is_builtin, materialize
 from securevfl.defenses import DEFENSES
-from securevfl.errors import PartyFailure, SecureVFLError, show_warning
+from securevfl.errors import ConfigError, PartyFailure, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import print_summary, print_table, write_comparison
@@ -54,6 +55,17 @@ def _add_overwrite(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace securevfl's earlier results in the output folder (once the new run has "
         "finished; other files are left alone); without it a non-empty folder is refused",
+    )
+
+
+def _add_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="PARTY=PATH",
+        help="prediction: the file of new records of party PARTY (repeatable; default: the file "
+        "its party entry names)",
     )
 
 
@@ -87,13 +99,34 @@ def build_parser() -> argparse.ArgumentParser:
     party.add_argument("--data-dir", help="where built-in datasets are materialized (default: OUT/data)")
     party.add_argument("--quiet", action="store_true")
     party.add_argument(
+        "--predict",
+        metavar="RUN_DIR",
+        help="predict with this rank's model saved in RUN_DIR (its output folder of the training "
+        "run) instead of training; every rank of the prediction is started with --predict",
+    )
+    party.add_argument(
         "--key",
         help="this party's secret key file (securevfl keygen); required when the protocol pins this "
         "rank's key, otherwise a throw-away key is used and the peers cannot authenticate this rank",
     )
+    _add_data(party)
     _add_overwrite(party)
     _add_resume(party)
     _add_common(party)
+
+    pred = sub.add_parser(
+        "predict",
+        help="apply a trained model to new records, every rank locally (federated prediction)",
+        description="Every party loads its own saved model from RUN_DIR and its own file of new "
+        "records, the parties align the IDs by PSI and the exchange backend of the run computes the "
+        "scores; the active party writes OUT/predictions.csv.",
+    )
+    pred.add_argument("run_dir", metavar="RUN_DIR", help="output folder of the training run")
+    pred.add_argument("--out", required=True, help="output folder for predictions.csv")
+    pred.add_argument("--data-dir", help="where built-in datasets are materialized (default: RUN_DIR/data)")
+    _add_data(pred)
+    _add_overwrite(pred)
+    pred.add_argument("--debug", action="store_true", help="show tracebacks")
 
     kg = sub.add_parser(
         "keygen",
@@ -175,6 +208,16 @@ def cmd_party(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
     role = layout_of(proto).role(args.rank)
     identity = Identity.load(Path(args.key)) if args.key else None
+    if args.predict is not None:
+        if args.resume:
+            raise ConfigError(
+                "--resume continues a training run; a prediction has nothing to resume", path="--resume"
+            )
+        return _party_predict(args, proto, role.party, role.kind, identity)
+    if args.data:
+        raise ConfigError(
+            "--data names the new records of a prediction: use it with --predict", path="--data"
+        )
     out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     if args.resume:
@@ -196,8 +239,8 @@ def cmd_party(args: argparse.Namespace) -> int:
         folder.path,
         data_dir,
         progress=not args.quiet,
-        identity=identity,
         resume=args.resume,
+        identity=identity,
     )
     if code != 0:
         failed = folder.abandon()
@@ -211,6 +254,60 @@ def cmd_party(args: argparse.Namespace) -> int:
     if args.rank == 0:
         print(f"result: {out / 'result.json'}")
     return code
+
+
+def _party_predict(
+    args: argparse.Namespace, proto, party: str, kind: str, identity: Identity | None
+) -> int:
+    """``securevfl party FILE --rank R --predict RUN_DIR``: one rank of a prediction."""
+    run_dir = Path(args.predict)
+    files = parse_data_overrides(args.data, proto)
+    others = sorted(set(files) - {party})
+    if others:
+        raise ConfigError(
+            f"rank {args.rank} is party '{party}'; --data may name only its own file (got {others})",
+            path="--data",
+        )
+    out = Path(args.out or f"runs/{proto.name}-predict-rank{args.rank}")
+    check_out(out, run_dir)
+    data_dir = Path(args.data_dir) if args.data_dir else run_dir / "data"
+    folder = OutputFolder.open(out, overwrite=args.overwrite)
+    code = predict_rank(
+        proto,
+        args.rank,
+        args.rendezvous,
+        run_dir,
+        folder.path,
+        data_dir,
+        data=files.get(party),
+        progress=not args.quiet,
+        identity=identity,
+    )
+    if code != 0:
+        folder.abandon()
+        return code
+    folder.commit()
+    if kind == "active":
+        print(f"predictions: {out / 'predictions.csv'}")
+    return code
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    record, path = predict_local(
+        Path(args.run_dir),
+        out,
+        data=args.data,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"securevfl predict: {record.protocol} [{record.backend}]: {record.rows['aligned']} rows aligned "
+        "and predicted (" + ", ".join(f"{k} {v}" for k, v in record.rows.items() if k != "aligned")
+        + " records)"
+    )
+    print(f"predictions: {path}")
+    return 0
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -284,6 +381,7 @@ def cmd_criteo(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "party": cmd_party,
+    "predict": cmd_predict,
     "keygen": cmd_keygen,
     "compare": cmd_compare,
     "validate": cmd_validate,

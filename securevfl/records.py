@@ -62,7 +62,8 @@ class RankSummary(_Record):
     classes: int | None = None
     # a passive party's feature count (PassiveParty.run_summary)
     columns: int | None = None
-    # what the party loaded and aligned
+    # what the party loaded and aligned (n_records: rows of its file, at prediction)
+    n_records: int | None = None
     loaded_columns: list[str] | None = None
     has_labels: bool | None = None
     aligned_digest: str | None = None

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,9 @@ def _child(
     out_dir: str,
     data_dir: str,
     progress: bool,
+    resume: bool,
     seed: bytes,
     pins: dict[int, str],
-    resume: bool,
 ) -> None:
     proto = resolve_protocol(Protocol.model_validate_json(proto_json))
     identity = Identity.from_seed(seed)
@@ -82,9 +83,9 @@ def _child(
         Path(out_dir),
         Path(data_dir),
         progress=progress,
+        resume=resume,
         identity=identity,
         pins=pins,
-        resume=resume,
     )
     sys.exit(code)
 
@@ -139,8 +140,14 @@ def launch(
 
 
 def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> dict[str, Any]:
+    blob = proto.model_dump_json()
     with materializing(proto, data_dir) as pending:
-        procs = _start(proto, out_dir, data_dir, progress, resume)
+        procs = start_ranks(
+            proto,
+            out_dir,
+            _child,
+            lambda rank, rendezvous: (blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume),
+        )
         if pending:  # while the ranks start up (interpreter, imports, rendezvous)
             try:
                 materialize(proto, data_dir)
@@ -152,12 +159,18 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resu
     return _watch(proto, out_dir, procs)
 
 
-def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> list[Any]:
-    """Spawn one process per rank and record their pids."""
+def start_ranks(
+    proto: Protocol,
+    out_dir: Path,
+    target: Callable[..., None],
+    args: Callable[[int, str], tuple[Any, ...]],
+) -> list[Any]:
+    """Spawn one process per rank, ``target(*args(rank, rendezvous), seed, pins)``
+    on a free loopback port (``seed``: the rank's throw-away identity key, ``pins``:
+    every rank's public key), and record their pids."""
     layout = layout_of(proto)
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
-    blob = proto.model_dump_json()
     # Throw-away identities for this run (issue #19): every rank gets its own secret
     # key through its spawn arguments (never a file) and every rank pins all public
     # keys; keys a protocol pins are for multi-host runs and are not used here.
@@ -165,19 +178,9 @@ def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resum
     pins = {r.rank: key_string(identities[r.rank].public) for r in layout.roles}
     procs = [
         ctx.Process(
-            target=_child,
+            target=target,
             name=f"{RANK_PROCESS}{r.rank}",
-            args=(
-                blob,
-                r.rank,
-                rendezvous,
-                str(out_dir),
-                str(data_dir),
-                progress,
-                identities[r.rank].seed(),
-                pins,
-                resume,
-            ),
+            args=(*args(r.rank, rendezvous), identities[r.rank].seed(), pins),
         )
         for r in layout.roles
     ]
@@ -189,9 +192,9 @@ def _start(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resum
     return procs
 
 
-def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
-    """Wait for every rank; kill the rest a grace period after the first failure."""
-    layout = layout_of(proto)
+def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
+    """Wait for every rank; kill the rest a grace period after the first failure.
+    Returns the exit codes by rank."""
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
     try:
@@ -210,15 +213,20 @@ def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
         raise
     for p in procs:
         p.join()
-    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    return {r: p.exitcode for r, p in enumerate(procs)}
+
+
+def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
+    """The run's result once every rank has ended, or the root cause of its failure."""
+    codes = watch_ranks(proto, procs)
     if all(c == 0 for c in codes.values()):
         if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
             run_attacks(proto, out_dir)
         return json.loads((out_dir / "result.json").read_text())
-    raise _explain_failure(layout, out_dir, codes)
+    raise explain_failure(layout_of(proto), out_dir, codes)
 
 
-def _explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
+def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
     """Pick the root cause among the ranks' error files and exit codes."""
     notes: dict[int, ErrorNote] = {}
     for r in codes:

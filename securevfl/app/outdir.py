@@ -1,7 +1,8 @@
 """A run's output folder: never lose an earlier result.
 
 A run writes ``result.json``, ``ranks/rank<R>.*`` and ``attacks/*.npz`` under its
-output folder. An existing folder that already holds anything (other than the
+output folder (a prediction ``predictions.csv``, ``prediction.json`` and
+``ranks/rank<R>.predict_*``). An existing folder that already holds anything (other than the
 materialized-data cache the run itself uses) is refused unless the user asks to
 overwrite. With ``overwrite`` the new run is written to a staging folder inside
 the output folder; only when it has finished are securevfl's own earlier files
@@ -24,7 +25,8 @@ STAGING_PREFIX = ".securevfl-staging-"
 FAILED_RUN = "failed-run"
 # what securevfl writes under an output folder (paths relative to it)
 OWN_FILES = re.compile(
-    r"^(result\.json|ranks/(rank\d+\.[A-Za-z0-9_.]+|launcher_pids\.json)|attacks/[^/]+\.npz)$"
+    r"^(result\.json|predictions\.csv|prediction\.json"
+    r"|ranks/(rank\d+\.[A-Za-z0-9_.]+|launcher_pids\.json)|attacks/[^/]+\.npz)$"
 )
 # each rank's own folder of checkpoints and its final model (securevfl.app.checkpoints)
 OWN_DIRS = re.compile(r"^ranks/rank\d+$")

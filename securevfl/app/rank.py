@@ -49,7 +49,7 @@ AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
 KILL_ENV = "SECUREVFL_KILL_AFTER_CHECKPOINT"
 
 
-def _install_open_audit() -> list[str]:
+def install_open_audit() -> list[str]:
     """Record every data-like file this process opens (tests use it to prove that
     a party reads only its own file)."""
     opened: list[str] = []
@@ -148,15 +148,15 @@ def run_rank(
     data_dir: Path,
     *,
     progress: bool,
+    resume: bool = False,
     identity: Identity | None = None,
     pins: dict[int, str] | None = None,
-    resume: bool = False,
 ) -> int:
-    """Run one rank to completion; returns the process exit code. ``identity``
-    and ``pins`` go to the :class:`Session` (its identity key; the keys every
-    rank must present, if not the protocol's). ``resume``: go on from the newest
-    checkpoint every rank holds (agreed at start-up)."""
-    opened = _install_open_audit() if os.environ.get(AUDIT_ENV) else None
+    """Run one rank to completion; returns the process exit code. ``resume``: go
+    on from the newest checkpoint every rank holds (agreed at start-up).
+    ``identity`` and ``pins`` go to the :class:`Session` (its identity key; the
+    keys every rank must present, if not the protocol's)."""
+    opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
 
@@ -168,7 +168,7 @@ def run_rank(
     if resume:
         (ranks_dir / f"rank{rank}.error.json").unlink(missing_ok=True)  # the interrupted run's
         offer = _resume_offer(proto, out_dir, layout.role(rank))
-    session = Session(proto, layout, rank, rendezvous, out_dir, identity=identity, pins=pins, resume=offer)
+    session = Session(proto, layout, rank, rendezvous, out_dir, resume=offer, identity=identity, pins=pins)
     t_start = time.time()
     clock = PhaseClock()
     note = _note(proto) if progress and rank == 0 else None
@@ -214,10 +214,7 @@ def run_rank(
                 "pid": os.getpid(),
             }
             if role.kind == "helper":
-                helper = backend.helper(ctx)
-                c0 = time.process_time()  # its serving only, not its set-up (a dealer's imports)
-                helper.serve()
-                summary["train_cpu_s"] = round(time.process_time() - c0, 4)
+                backend.helper(ctx).serve()
                 party = None
             else:
                 prep = prepare(proto, layout, role, channel, data_dir, clock, note)
@@ -250,7 +247,6 @@ def run_rank(
                 summary.update(party.run(_saver(session, out_dir)))
                 for phase, seconds in party.phase_s.items():
                     clock.add(phase, seconds)
-                summary["train_cpu_s"] = round(party.train_cpu_s, 4)
                 party.exchange.close()
                 t_write = time.perf_counter()
                 summary["loaded_columns"] = prep.data.columns

@@ -85,6 +85,31 @@ def _first_rows(mask: np.ndarray, ids: pd.Series, k: int = 3) -> str:
     return ", ".join(f"line {int(r) + 2} (ID {ids.iloc[int(r)]!r})" for r in rows)
 
 
+def _check_ids(frame: pd.DataFrame, source: CsvSource, party: str) -> pd.Series:
+    """The ID column of a party's non-empty file, every ID present and unique."""
+    if frame.empty:
+        raise DataError(
+            f"party '{party}': its data file has a header but no rows", detail=f"{source.path} is empty"
+        )
+    ids = frame[source.id_column]
+    missing_id = ids.isna().to_numpy()
+    if missing_id.any():
+        rows = ", ".join(f"line {int(r) + 2}" for r in np.flatnonzero(missing_id)[:3])
+        raise DataError(
+            f"party '{party}': missing ID in column '{source.id_column}' on {int(missing_id.sum())} rows",
+            detail=f"first at {rows} of {source.path}",
+        )
+    dup = ids.duplicated(keep=False).to_numpy()
+    if dup.any():
+        n_dup = int(ids[dup].nunique())
+        raise DataError(
+            f"party '{party}': {n_dup} duplicate IDs in column '{source.id_column}' "
+            "(each occurs more than once)",
+            detail=f"first at {_first_rows(dup, ids)} of {source.path}",
+        )
+    return ids
+
+
 def load_party_data(
     source: CsvSource,
     party: str,
@@ -131,27 +156,7 @@ def load_party_data(
         feats = [c for c in header if c != source.id_column]
     if not is_active and not feats:
         raise DataError(f"party '{party}': its data file has no feature columns")
-    if frame.empty:
-        raise DataError(
-            f"party '{party}': its data file has a header but no rows", detail=f"{source.path} is empty"
-        )
-
-    ids = frame[source.id_column]
-    missing_id = ids.isna().to_numpy()
-    if missing_id.any():
-        rows = ", ".join(f"line {int(r) + 2}" for r in np.flatnonzero(missing_id)[:3])
-        raise DataError(
-            f"party '{party}': missing ID in column '{source.id_column}' on {int(missing_id.sum())} rows",
-            detail=f"first at {rows} of {source.path}",
-        )
-    dup = ids.duplicated(keep=False).to_numpy()
-    if dup.any():
-        n_dup = int(ids[dup].nunique())
-        raise DataError(
-            f"party '{party}': {n_dup} duplicate IDs in column '{source.id_column}' "
-            "(each occurs more than once)",
-            detail=f"first at {_first_rows(dup, ids)} of {source.path}",
-        )
+    ids = _check_ids(frame, source, party)
     if preprocess is not None:
         check_declared(preprocess, party, feats)
     cats = categorical_columns(preprocess)
@@ -269,3 +274,34 @@ def standardize(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np
     scale 1."""
     mu, sd = scaling(x_train)
     return ((x_train - mu) / sd).astype(np.float32), ((x_test - mu) / sd).astype(np.float32)
+
+
+def load_new_records(
+    source: CsvSource, party: str, columns: list[str], *, preprocess: PreprocessSpec | None = None
+) -> PartyData:
+    """A party's file of new records for prediction (``securevfl predict``): its ID
+    column and exactly the raw feature ``columns`` its model was trained on (in
+    that order), validated as at training. Other columns, the active party's label
+    column included, are neither needed nor read; a training column the file lacks
+    is a :class:`DataError` naming the party and the column."""
+    header = list(_read_csv(source.path, party, nrows=0).columns)
+    if source.id_column not in header:
+        raise DataError(
+            f"party '{party}': ID column '{source.id_column}' is not in its prediction file",
+            detail=f"columns of {source.path}: {header[:20]}",
+        )
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise DataError(
+            f"party '{party}': its prediction file lacks the training column(s) {missing[:5]} "
+            "its model was trained on",
+            detail=f"columns of {source.path}: {header[:20]}",
+        )
+    if not columns:  # a label-only active party: its IDs alone
+        frame = _read_csv(source.path, party, dtype={source.id_column: str}, usecols=[source.id_column])
+        ids_only = CsvSource(path=source.path, id_column=source.id_column, feature_columns=[])
+        _check_ids(frame, ids_only, party)
+        ids = frame[source.id_column].tolist()
+        return PartyData(party, ids, [], np.zeros((len(ids), 0), np.float32))
+    own = CsvSource(path=source.path, id_column=source.id_column, feature_columns=list(columns))
+    return load_party_data(own, party, is_active=False, preprocess=preprocess)

@@ -203,6 +203,7 @@ class Preprocessor:
             "outputs": self.columns,
             "numeric": {},
             "categorical": {},
+            "groups": self._groups(),
         }
         for name, pipe, cols in self.transformer.transformers_:
             if name == "categorical":
@@ -235,6 +236,49 @@ class Preprocessor:
                     rec["scale"] = float(scale.scale_[j])
                 out["numeric"][c] = rec
         return out
+
+    def _groups(self) -> list[dict[str, Any]]:
+        """Every fitted parameter, group by group in the transformer's output order
+        (:class:`securevfl.data.fitted.FittedTransform`): what prediction applies
+        to new records without the scikit-learn objects."""
+        groups: list[dict[str, Any]] = []
+        for name, pipe, cols in self.transformer.transformers_:
+            if not isinstance(pipe, Pipeline):
+                continue  # the dropped remainder
+            if name == "categorical":
+                enc = pipe.named_steps["onehot"]
+                enabled = enc.min_frequency is not None or enc.max_categories is not None
+                rare = enc.infrequent_categories_ if enabled else [None] * len(cols)
+                groups.append(
+                    {
+                        "kind": "categorical",
+                        "columns": list(cols),
+                        "categories": [[str(v) for v in cats] for cats in enc.categories_],
+                        "infrequent": [None if r is None else [str(v) for v in r] for r in rare],
+                        "handle_unknown": enc.handle_unknown,
+                    }
+                )
+                continue
+            imp = pipe.named_steps.get("impute")
+            scale = pipe.named_steps.get("scale")
+            group: dict[str, Any] = {
+                "kind": "numeric",
+                "columns": list(cols),
+                "log": next((n for n in ("log1p", "signed_log1p") if n in pipe.named_steps), None),
+            }
+            if imp is not None:
+                feats = imp.indicator_.features_ if imp.indicator_ is not None else []
+                group["impute"] = {
+                    "statistics": [float(v) for v in imp.statistics_],
+                    "indicator": [int(j) for j in feats],
+                }
+            if isinstance(scale, StandardScaler):
+                group["scale"] = {
+                    "mean": [float(v) for v in scale.mean_],
+                    "scale": [float(v) for v in scale.scale_],
+                }
+            groups.append(group)
+        return groups
 
 
 def check_log_domain(spec: PreprocessSpec, party: str, frame: pd.DataFrame) -> None:

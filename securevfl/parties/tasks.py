@@ -40,6 +40,19 @@ class Task:
         self.classes = classes
         self.loss_name = loss
 
+    @classmethod
+    def restore(cls, classes: list[str] | None, loss: str, fitted: dict[str, Any]) -> Task:
+        """The task of a saved model (``securevfl predict``): what it fitted on the
+        training targets comes from ``fitted`` (its saved attributes), not from
+        labels, which prediction does not have."""
+        task = cls.__new__(cls)
+        Task.__init__(task, np.zeros(0), classes, loss)
+        task._restore(fitted)
+        return task
+
+    def _restore(self, fitted: dict[str, Any]) -> None:
+        """Set what :meth:`__init__` fits on the training targets (nothing here)."""
+
     @property
     def outputs(self) -> int:
         """Width of the top model's output."""
@@ -58,6 +71,11 @@ class Task:
         raise NotImplementedError
 
     def metrics(self, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def prediction_columns(self, scores: np.ndarray) -> dict[str, list[Any]]:
+        """The columns of ``predictions.csv`` after the ID (``securevfl predict``),
+        from :meth:`outputs_to_scores` of the rows, in order."""
         raise NotImplementedError
 
     def headline(self, row: dict[str, Any]) -> str:
@@ -88,9 +106,28 @@ class Classification(Task):
     def metrics(self, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         return classification_metrics(scores, np.asarray(y))
 
+    def prediction_columns(self, scores: np.ndarray) -> dict[str, list[Any]]:
+        """One probability column per class (``p_<class>``, the label column's own
+        values) and the most probable ``class``."""
+        assert self.classes is not None
+        scores = np.asarray(scores, dtype=np.float64)
+        cols: dict[str, list[Any]] = {f"p_{c}": scores[:, k].tolist() for k, c in enumerate(self.classes)}
+        cols["class"] = [self.classes[k] for k in scores.argmax(axis=1)]
+        return cols
+
 
 class Binary(Classification):
     name = "binary"
+
+    def prediction_columns(self, scores: np.ndarray) -> dict[str, list[Any]]:
+        """``score``: the probability of the second class (the positive one, as
+        ``test_auc`` scores it), then the most probable ``class``."""
+        assert self.classes is not None
+        scores = np.asarray(scores, dtype=np.float64)
+        return {
+            "score": scores[:, 1].tolist(),
+            "class": [self.classes[k] for k in scores.argmax(axis=1)],
+        }
 
 
 class Multiclass(Classification):
@@ -108,6 +145,10 @@ class Regression(Task):
         self.mean = float(y.mean())
         sd = float(y.std())
         self.scale = sd if sd > 1e-12 else 1.0
+
+    def _restore(self, fitted: dict[str, Any]) -> None:
+        self.mean = float(fitted["mean"])
+        self.scale = float(fitted["scale"])
 
     @property
     def outputs(self) -> int:
@@ -128,6 +169,10 @@ class Regression(Task):
 
     def metrics(self, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         return regression_metrics(scores, y)
+
+    def prediction_columns(self, scores: np.ndarray) -> dict[str, list[Any]]:
+        """``value``: the prediction in the target's own units."""
+        return {"value": np.asarray(scores, dtype=np.float64).reshape(-1).tolist()}
 
 
 TASKS: Registry[type[Task]] = Registry("task")

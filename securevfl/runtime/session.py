@@ -82,13 +82,17 @@ class Hello(BaseModel):
     pid: int
     host: str
     version: str
+    run_id: str  # rank 0's names the run (its checkpoints carry it)
     identity: str  # Ed25519 public key, hex
     ephemeral: str  # X25519 public key, hex (this run only)
-    run_id: str  # rank 0's names the run (its checkpoints carry it)
     # --resume: the epochs of this rank's complete checkpoints and their run ids,
     # or why its checkpoints cannot be used; None: a fresh run
     checkpoints: dict[int, str] | None = None
     checkpoint_error: str | None = None
+    # what the ranks run together: "train" (securevfl run / party) or "predict"
+    # (securevfl predict / party --predict); ranks started for different purposes
+    # would exchange different messages, so they are refused at start-up
+    purpose: str = "train"
 
 
 class ResumeOffer(BaseModel):
@@ -314,12 +318,14 @@ class Session:
         rank: int,
         rendezvous: str,
         out_dir: Path,
+        resume: ResumeOffer | None = None,
         *,
         identity: Identity | None = None,
         pins: dict[int, str] | None = None,
-        resume: ResumeOffer | None = None,
+        purpose: str = "train",
     ):
         self.proto = proto
+        self.purpose = purpose
         self.resume = resume
         # set by the handshake: the run's id, and the checkpoint epoch every rank resumes from
         self.run_id = ""
@@ -480,13 +486,12 @@ class Session:
             return
         try:
             owner = Claim.model_validate_json(held)
-            by = f"pid {owner.pid} on host {owner.host}"
-            signer = self._claim_key_note(owner)
+            by = f"pid {owner.pid} on host {owner.host}{self._claim_key_note(owner)}"
         except (ValidationError, ValueError):
-            by, signer = "an unidentified client", ""
+            by = "an unidentified client"
         raise ConfigError(
             f"rank {self.rank} is already claimed by another process ({by}) at the rendezvous "
-            f"{self.host}:{self.port}{signer}: start each rank exactly once per run",
+            f"{self.host}:{self.port}: start each rank exactly once per run",
             path="--rank",
         )
 
@@ -500,12 +505,12 @@ class Session:
         except ValueError:
             signed = False
         if not signed:
-            return "; its claim carries no valid signature"
+            return ", with no valid signature"
         pin = self.pins.get(self.rank)
         if pin is None:
-            return f"; its claim is signed with key {keys.short(pub)}"
-        verdict = "the pinned key" if keys.matches(pin, pub) else "NOT the key the protocol pins"
-        return f"; its claim is signed with key {keys.short(pub)}, {verdict}"
+            return f", key {keys.short(pub)}"
+        verdict = "the pinned key" if keys.matches(pin, pub) else "NOT the pinned key"
+        return f", key {keys.short(pub)}, {verdict}"
 
     def _handshake(self, store: dist.TCPStore, deadline: float) -> None:
         """Exchange hellos and authenticators; a store that fails meanwhile is
@@ -532,11 +537,12 @@ class Session:
             pid=os.getpid(),
             host=socket.gethostname(),
             version=__version__,
-            identity=self.identity.public.hex(),
-            ephemeral=hs.ephemeral_public(self._ephemeral).hex(),
+            purpose=self.purpose,
             run_id=secrets.token_hex(8),
             checkpoints=None if self.resume is None else self.resume.checkpoints,
             checkpoint_error=None if self.resume is None else self.resume.error,
+            identity=self.identity.public.hex(),
+            ephemeral=hs.ephemeral_public(self._ephemeral).hex(),
         )
         store.set(f"hb/{self.rank}", "0")
         store.set(f"hello/{self.rank}", me.model_dump_json())
@@ -568,6 +574,12 @@ class Session:
                 raise ConfigError(
                     f"{self.who(r)} was started with world size {h.world_size} as rank {h.rank}; "
                     f"this protocol needs world size {self.layout.world_size}"
+                )
+            if h.purpose != me.purpose:
+                raise ConfigError(
+                    f"{self.who(r)} was started to {h.purpose}, this rank to {me.purpose}: start every "
+                    "rank of a prediction with --predict (securevfl party) or all of them with "
+                    "securevfl predict"
                 )
             if h.digest != me.digest:
                 raise ConfigError(

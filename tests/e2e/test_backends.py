@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
+from securevfl.app.loader import load_protocol_dict
 from securevfl.exchange.crypten_comm import CRYPTEN_TAG
-from tests.conftest import run_doc, small_digits
+from securevfl.models import build_top
+from tests.conftest import cli, run_doc, small_digits
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -210,6 +213,71 @@ def test_he_public_material_only(crypto_run):
     for p in (1, 2):
         ((_, blob),) = _view(out, p)["received"]["he_public"]
         scheme.peer(blob.numpy().tobytes(), sender="test")
+
+
+# -- federated prediction through each crypto backend (issue #18 point 4) ------------------------
+PREDICT_ROWS = 64  # two batches of 32: keep the crypto runs tiny
+
+
+def _predict_test_rows(out: Path, dest: Path) -> tuple[Path, dict[str, Any]]:
+    """``securevfl predict`` on the run in ``out`` with the passive parties' files
+    cut to the run's first test rows (aligned order: sorted IDs), so the batches
+    are the first ones of the run's evaluation; returns the output folder and the
+    active party's training view."""
+    view = _view(out, 0)["own"]
+    test_ids = set(sorted(view["ids"][i] for i in view["test_idx"])[:PREDICT_ROWS])
+    data = []
+    for party in ("left", "right"):
+        (src,) = (out / "data").glob(f"*/{party}.csv")
+        frame = pd.read_csv(src, dtype={"id": str})
+        frame[frame["id"].isin(test_ids)].to_csv(dest / f"{party}.csv", index=False)
+        data.append(f"--data={party}={dest / f'{party}.csv'}")
+    r = cli("predict", str(out), "--out", str(dest / "pred"), *data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dest / "pred", view
+
+
+def test_prediction_reveals_no_embedding_and_matches_the_evaluation(crypto_run, tmp_path: Path):
+    """Under each crypto backend the active party receives no embedding while
+    predicting (the wire audit above, on the prediction's transcript), and the
+    scores equal the run's last evaluation of the same rows within the backend's
+    precision (the z it was revealed then, through its final top model). Two
+    batches: the audit reads every tensor, the comparison every row."""
+    backend, tol, _, _, out = crypto_run
+    pred_dir, view = _predict_test_rows(out, tmp_path)
+    pview = torch.load(pred_dir / "ranks" / "rank0.predict_view.pt", weights_only=False)
+    assert "embedding" not in pview["received"]
+    held = [v.double().numpy() for v in view["held_at_start"].values()]
+    for p in (1, 2):
+        sent = torch.load(pred_dir / "ranks" / f"rank{p}.predict_view.pt", weights_only=False)
+        h = {b: t.double().numpy() for b, t in sent["own"]["embeddings"]}
+        assert len(h) == len(pview["own"]["z"]) > 1
+        examined, worst = 0, -np.inf
+        for msgs in pview["received"].values():
+            for _, t in msgs:
+                arr = _as_float(t)
+                if arr is None or arr.ndim != 2:
+                    continue
+                for hb in h.values():  # any batch's embedding, read off any tensor of that size
+                    if arr.shape[0] == hb.shape[0]:
+                        examined += 1
+                        worst = max(worst, linear_recovery(arr, hb, held))
+        assert examined > 0, "the audit saw no batch-shaped tensor at the active party"
+        assert worst < 0.5, (backend, p, worst)
+
+    forwards = zip(view["forwards"], view["z"], strict=True)
+    evals = [(f["round"], z) for f, z in forwards if f["phase"] == "eval"]
+    last = [z for r, z in evals if r == max(r for r, _ in evals)][: len(pview["own"]["z"])]
+    for a, b in zip(last, pview["own"]["z"], strict=True):
+        assert float((a - b).abs().max()) <= tol, backend
+    proto = load_protocol_dict(_doc(backend, CRYPTO[backend][0]))
+    top = build_top(proto.top, proto.interactive.out, view["classes"], seed=0)
+    top.load_state_dict(view["top"])
+    with torch.no_grad():
+        want = torch.softmax(top(torch.cat(last) + view["bias"]), dim=1).numpy()
+    pred = pd.read_csv(pred_dir / "predictions.csv", dtype={"id": str})
+    got = pred[[f"p_{c}" for c in range(view["classes"])]].to_numpy()
+    assert len(got) == PREDICT_ROWS and np.abs(got - want).max() <= tol, backend
 
 
 def test_no_gloo_collective_only_point_to_point_frames(crypto_run):

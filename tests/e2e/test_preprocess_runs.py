@@ -117,6 +117,21 @@ def test_four_csv_parties_train_with_declared_preprocessing(exports, tmp_path: P
     shop = json.loads((ranks / "rank3.preprocess.json").read_text())
     assert shop["numeric"]["proline"]["log1p"] is True
 
+    # the walk-through's prediction step: every party's new export (new IDs, reordered
+    # and extra columns, missing values, an unseen region), scored with this model
+    new = _exports_module().write_new_records(tmp_path / "new")
+    data = [f"--data={p}={f}" for p, f in new.items()]
+    r = cli("predict", str(tmp_path / "out"), "--out", str(tmp_path / "pred"), *data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pred = pd.read_csv(tmp_path / "pred" / "predictions.csv", dtype={"id": str})
+    assert list(pred.columns) == ["id", "p_c0", "p_c1", "p_c2", "class"]
+    held = set.intersection(*(set(pd.read_csv(f, dtype={"id": str})["id"]) for f in new.values()))
+    assert pred["id"].tolist() == sorted(held)
+    assert np.allclose(pred[["p_c0", "p_c1", "p_c2"]].sum(axis=1), 1.0, atol=1e-5)
+    truth = pd.read_csv(tmp_path / "new" / "answers.csv", dtype={"id": str}).set_index("id")["cultivar"]
+    accuracy = float((pred["class"].to_numpy() == truth.loc[pred["id"]].to_numpy()).mean())
+    assert accuracy >= 0.8, accuracy  # near-copies of wines the model has seen
+
 
 def test_unseen_category_without_other_bucket_exits_2(exports, tmp_path: Path):
     doc = protocol(exports, epochs=1)

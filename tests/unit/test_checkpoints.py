@@ -163,9 +163,9 @@ def hello(
         pid=1,
         host="h",
         version="0",
-        identity="00" * 32,
-        ephemeral="00" * 32,
         run_id=f"fresh{rank}",
+        identity="00" * 32,  # the authenticated hello's keys (not read by the agreement)
+        ephemeral="00" * 32,
         checkpoints=checkpoints,
         checkpoint_error=error,
     )

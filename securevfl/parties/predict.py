@@ -1,0 +1,94 @@
+"""The parties' side of federated prediction (DESIGN §12, issue #18 point 4): a
+trained split model applied to new, aligned rows.
+
+Each side does exactly what it does in an evaluation pass of training
+(:meth:`ActiveParty.evaluate`, :meth:`PassiveParty.evaluate`), in the same
+batches (:func:`securevfl.schedule.eval_batches` of ``training.batch_size``)
+through the same exchange backend in eval mode, so what each party learns at
+prediction is what it learns at evaluation:
+
+* a passive party P_i runs its bottom model and its embedding defenses in eval
+  mode (``embed(h, train=False)``) and contributes h'_i to the exchange; it
+  receives no gradient and no output;
+* the active party A receives what the backend reveals to it at evaluation
+  (z = sum_i h'_i W_i under ``plain`` from the h'_i it sees, z alone under ``mpc``,
+  the z_i under ``ckks``/``paillier``), adds its own part and the bias, and turns
+  the top model's outputs into the task's scores.
+
+Nothing here saves or loads models: the caller hands over the restored parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from securevfl.defenses.base import DefenseStack
+from securevfl.exchange.base import ActiveExchange, PassiveExchange
+from securevfl.parties.tasks import Task
+from securevfl.schedule import eval_batches
+
+
+@dataclass
+class ActivePredictor:
+    """A's trained parts: the task (its classes or target scale), the exchange's
+    active role restored to the trained interactive layer (or A's shares of it),
+    the bias, the top model and, for an active party with features, its bottom
+    model and own block."""
+
+    task: Task
+    exchange: ActiveExchange
+    top: torch.nn.Module
+    bias: torch.Tensor
+    bottom: torch.nn.Module | None
+    own: torch.nn.Module | None
+    device: torch.device
+    batch_size: int
+    keep_z: bool = False  # keep every z the exchange reveals (runtime.dump_views: wire audits)
+
+    def __post_init__(self) -> None:
+        self.revealed_z: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, n_rows: int) -> np.ndarray:
+        """The task's scores for the ``n_rows`` aligned rows (``x``: A's own model
+        inputs for them, zero columns for a label-only party), one exchange forward
+        per batch, in row order."""
+        scores = []
+        for idx in eval_batches(n_rows, self.batch_size):
+            z = self.exchange.forward(len(idx), train=False).to(self.device)
+            if self.keep_z:
+                self.revealed_z.append(z.detach().cpu().clone())
+            if self.bottom is not None and self.own is not None:
+                z = z + self.own(self.bottom(x[idx].to(self.device)))
+            z = z + self.bias
+            scores.append(self.task.outputs_to_scores(self.top(z)).cpu())
+        return torch.cat(scores).numpy()
+
+
+@dataclass
+class PassivePredictor:
+    """P_i's trained parts: its bottom model, its defense stack (restored to its
+    trained state) and the exchange's passive role with its trained share."""
+
+    exchange: PassiveExchange
+    bottom: torch.nn.Module
+    stack: DefenseStack
+    device: torch.device
+    batch_size: int
+    keep_sent: bool = False  # keep every h'_i it sends (runtime.dump_views: wire audits)
+
+    def __post_init__(self) -> None:
+        self.sent: list[tuple[int, torch.Tensor]] = []
+
+    @torch.no_grad()
+    def contribute(self, x: torch.Tensor) -> None:
+        """Send h'_i of every aligned row, batch by batch, in row order."""
+        for b, idx in enumerate(eval_batches(x.shape[0], self.batch_size)):
+            h = self.bottom(x[idx].to(self.device))
+            h2 = self.stack.embed(h, train=False)
+            if self.keep_sent:
+                self.sent.append((b, h2.detach().cpu().clone()))
+            self.exchange.forward(h2, train=False)
