@@ -256,9 +256,7 @@ def cmd_party(args: argparse.Namespace) -> int:
     return code
 
 
-def _party_predict(
-    args: argparse.Namespace, proto, party: str, kind: str, identity: Identity | None
-) -> int:
+def _party_predict(args: argparse.Namespace, proto, party: str, kind: str, identity: Identity | None) -> int:
     """``securevfl party FILE --rank R --predict RUN_DIR``: one rank of a prediction."""
     run_dir = Path(args.predict)
     files = parse_data_overrides(args.data, proto)
@@ -303,7 +301,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     )
     print(
         f"securevfl predict: {record.protocol} [{record.backend}]: {record.rows['aligned']} rows aligned "
-        "and predicted (" + ", ".join(f"{k} {v}" for k, v in record.rows.items() if k != "aligned")
+        "and predicted ("
+        + ", ".join(f"{k} {v}" for k, v in record.rows.items() if k != "aligned")
         + " records)"
     )
     print(f"predictions: {path}")
