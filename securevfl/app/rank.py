@@ -214,7 +214,10 @@ def run_rank(
                 "pid": os.getpid(),
             }
             if role.kind == "helper":
-                backend.helper(ctx).serve()
+                helper = backend.helper(ctx)
+                c0 = time.process_time()  # its serving only, not its set-up (a dealer's imports)
+                helper.serve()
+                summary["train_cpu_s"] = round(time.process_time() - c0, 4)
                 party = None
             else:
                 prep = prepare(proto, layout, role, channel, data_dir, clock, note)
@@ -247,6 +250,7 @@ def run_rank(
                 summary.update(party.run(_saver(session, out_dir)))
                 for phase, seconds in party.phase_s.items():
                     clock.add(phase, seconds)
+                summary["train_cpu_s"] = round(party.train_cpu_s, 4)
                 party.exchange.close()
                 t_write = time.perf_counter()
                 summary["loaded_columns"] = prep.data.columns

@@ -486,12 +486,13 @@ class Session:
             return
         try:
             owner = Claim.model_validate_json(held)
-            by = f"pid {owner.pid} on host {owner.host}{self._claim_key_note(owner)}"
+            by = f"pid {owner.pid} on host {owner.host}"
+            signer = self._claim_key_note(owner)
         except (ValidationError, ValueError):
-            by = "an unidentified client"
+            by, signer = "an unidentified client", ""
         raise ConfigError(
             f"rank {self.rank} is already claimed by another process ({by}) at the rendezvous "
-            f"{self.host}:{self.port}: start each rank exactly once per run",
+            f"{self.host}:{self.port}{signer}: start each rank exactly once per run",
             path="--rank",
         )
 
@@ -505,12 +506,12 @@ class Session:
         except ValueError:
             signed = False
         if not signed:
-            return ", with no valid signature"
+            return "; its claim carries no valid signature"
         pin = self.pins.get(self.rank)
         if pin is None:
-            return f", key {keys.short(pub)}"
-        verdict = "the pinned key" if keys.matches(pin, pub) else "NOT the pinned key"
-        return f", key {keys.short(pub)}, {verdict}"
+            return f"; its claim is signed with key {keys.short(pub)}"
+        verdict = "the pinned key" if keys.matches(pin, pub) else "NOT the key the protocol pins"
+        return f"; its claim is signed with key {keys.short(pub)}, {verdict}"
 
     def _handshake(self, store: dist.TCPStore, deadline: float) -> None:
         """Exchange hellos and authenticators; a store that fails meanwhile is
