@@ -288,6 +288,7 @@ def test_extra_process_with_the_pinned_public_key_is_refused(tmp_path: Path, key
         "pid": 1,
         "host": "intruder",
         "version": __version__,
+        "run_id": "0123456789abcdef",
         "identity": keyed["pins"]["left"].split(":")[1],
         "ephemeral": hs.ephemeral_public(hs.ephemeral()).hex(),
     }
