@@ -571,15 +571,7 @@ class FramedCommunicator:
             return [None]
         bufs = {p: torch.empty_like(flat) for p in self._others(self.main_group.ranks)}
         self.exchange([], list(bufs.items()))
-        out = []
-        for src in self.main_group.ranks:
-            if src == self.rank:
-                out.append(tensor)
-                continue
-            t = bufs[src].reshape(tensor.shape).to(tensor.device)
-            self._log("recv", src, self.rank, "gather", t, payload=t)
-            out.append(t)
-        return out
+        return self._in_group_order(tensor, bufs, "gather")
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         flat = flat_cat([tensor])
@@ -587,13 +579,20 @@ class FramedCommunicator:
         bufs = {p: torch.empty_like(flat) for p in peers}
         self.exchange([(p, flat) for p in peers], list(bufs.items()))
         self._log("sent", self.rank, GROUP, "all_gather", tensor, _numel_bytes(tensor) * len(peers))
+        return self._in_group_order(tensor, bufs, "all_gather")
+
+    def _in_group_order(
+        self, tensor: torch.Tensor, bufs: dict[int, torch.Tensor], op: str
+    ) -> list[torch.Tensor]:
+        """This rank's ``tensor`` and every peer's received buffer, shaped like it,
+        in the MPC group's rank order (each received one logged under ``op``)."""
         out = []
         for src in self.main_group.ranks:
             if src == self.rank:
                 out.append(tensor)
                 continue
             t = bufs[src].reshape(tensor.shape).to(tensor.device)
-            self._log("recv", src, self.rank, "all_gather", t, payload=t)
+            self._log("recv", src, self.rank, op, t, payload=t)
             out.append(t)
         return out
 
