@@ -27,7 +27,7 @@ from securevfl.app.launcher import free_port
 from securevfl.runtime.ledger import SEAL_BYTES
 from securevfl.runtime.secure.keys import Identity
 from tests.conftest import ROOT, write_yaml
-from tests.threat_model.wire_tap import read_frames
+from tests.threat_model.wire_tap import read_frames, write_party_files
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -35,14 +35,7 @@ RANKS = ("active", "left", "right", "dealer")
 
 
 def _protocol(folder: Path, pins: dict[str, str]) -> Path:
-    tables = {
-        "active": (["label"], lambda i: [i % 2]),
-        "left": (["a", "b"], lambda i: [i % 7, i % 5]),
-        "right": (["c", "d"], lambda i: [i % 3, i % 11]),
-    }
-    for party, (cols, values) in tables.items():
-        rows = [",".join(map(str, [f"id-{i:03d}", *values(i)])) for i in range(64)]
-        (folder / f"{party}.csv").write_text("\n".join([",".join(["id", *cols]), *rows]) + "\n")
+    write_party_files(folder)
     model = {"kind": "mlp", "hidden": [4], "out": 4}
     doc: dict[str, Any] = {
         "name": "mpc-wiretap",

@@ -40,7 +40,7 @@ from securevfl.runtime.ledger import SEAL_BYTES
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure.keys import Identity
 from tests.conftest import ROOT, cli, write_yaml
-from tests.threat_model.wire_tap import read_frames
+from tests.threat_model.wire_tap import read_frames, write_party_files
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,14 +55,7 @@ def _protocol(
     """A tiny CSV protocol (active with labels, passive 'left' and 'right' or
     those named), pinning ``keys`` (party -> key string) and then requiring
     pinned keys."""
-    tables = {
-        "active": (["label"], lambda i: [i % 2]),
-        "left": (["a", "b"], lambda i: [i % 7, i % 5]),
-        "right": (["c", "d"], lambda i: [i % 3, i % 11]),
-    }
-    for party, (cols, values) in tables.items():
-        rows = [",".join(map(str, [f"id-{i:03d}", *values(i)])) for i in range(64)]
-        (folder / f"{party}.csv").write_text("\n".join([",".join(["id", *cols]), *rows]) + "\n")
+    write_party_files(folder)
     model = {"kind": "mlp", "hidden": [4], "out": 4}
     keys = keys or {}
 

@@ -27,6 +27,19 @@ def _raw(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def write_party_files(folder: Path) -> None:
+    """The tap tests' tiny CSV files: 64 shared IDs, the active party's label and
+    two columns for each of 'left' and 'right'."""
+    tables: dict[str, tuple[list[str], Any]] = {
+        "active": (["label"], lambda i: [i % 2]),
+        "left": (["a", "b"], lambda i: [i % 7, i % 5]),
+        "right": (["c", "d"], lambda i: [i % 3, i % 11]),
+    }
+    for party, (cols, values) in tables.items():
+        rows = [",".join(map(str, [f"id-{i:03d}", *values(i)])) for i in range(64)]
+        (folder / f"{party}.csv").write_text("\n".join([",".join(["id", *cols]), *rows]) + "\n")
+
+
 def read_frames(path: Path) -> list[tuple[int, bytes]]:
     """(peer, bytes) of every frame recorded in a ``.frames`` file."""
     out, data, i = [], path.read_bytes() if path.exists() else b"", 0
