@@ -189,7 +189,7 @@ def unit_costs(n: int = 20000) -> dict[str, float]:
     out["curve25519 hash"] = (cpu() - t) / n * 1e6
     key = dh_psi.Key.fresh()
     t = cpu()
-    dh_psi.multiply(key, h, threads=1)
+    dh_psi.multiply(key, h)
     out["x25519 multiply"] = (cpu() - t) / n * 1e6
     server = psi.server.CreateWithNewKey(True)
     client = psi.client.CreateWithNewKey(True)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 class PhaseClock:
     """Seconds spent per named phase; a phase entered twice accumulates.
 
-    ``cpu`` holds the process's CPU seconds (all its threads) in the phases timed
-    with :meth:`phase`: on a shared machine wall time depends on the load, CPU
-    time much less, so a benchmark can compare runs taken under different loads."""
+    ``cpu`` holds the CPU seconds of the process (all its threads) and of the
+    worker processes it started and reaped (PSI's blinding workers) in the phases
+    timed with :meth:`phase`: on a shared machine wall time depends on the load,
+    CPU time much less, so a benchmark can compare runs taken under different loads."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
@@ -33,18 +34,24 @@ class PhaseClock:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), cpu_s()
         try:
             yield
         finally:
             self.add(name, time.perf_counter() - t0)
-            self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
+            self.cpu[name] = self.cpu.get(name, 0.0) + cpu_s() - c0
 
     def rounded(self) -> dict[str, float]:
         return {k: round(v, 4) for k, v in self.seconds.items()}
 
     def rounded_cpu(self) -> dict[str, float]:
         return {k: round(v, 4) for k, v in self.cpu.items()}
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and of its reaped child processes."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def peak_rss_mib() -> float:

@@ -34,8 +34,9 @@ Measured on the 2-core development box (``benchmarks/scale.py --unit-costs``,
 CPU time, same process, same load): a hash costs about 7 us and a blinding
 about 33 us, against 16 us and 43 us for the ristretto255 engine used before
 (libsodium through ``rbcl``); blindings are five sixths of all PSI operations.
-X25519 runs in C with the GIL released, so :func:`multiply` spreads a batch over
-threads; hashing holds the GIL and runs in one thread.
+``cryptography``'s X25519 holds the GIL (two threads blind no faster than one:
+53 against 50 us an element, measured), so :class:`Blinder` spreads large
+batches over worker processes of the party that owns the key instead.
 
 Elements travel packed: ``n`` elements are one ``bytes`` of ``32 * n``, each a
 little-endian u-coordinate below 2^255 - 19.
@@ -44,9 +45,11 @@ little-endian u-coordinate below 2^255 - 19.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 
 import gmpy2
 import numpy as np
@@ -126,24 +129,12 @@ def encode_to_curve_x(msg: bytes, dst: bytes = DST) -> int:
     return int(map_to_curve_elligator2_x(u))
 
 
-def default_threads() -> int:
-    """Threads for a batch: the cores this process may run on."""
+def default_workers() -> int:
+    """Worker processes for a large batch: the cores this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-def _chunked(fn: Callable[[int, int], bytes], n: int, threads: int) -> bytes:
-    """Run ``fn(start, stop)`` over ``threads`` contiguous slices of ``range(n)``
-    and concatenate the results in order."""
-    threads = max(1, min(threads, n // 256 or 1))
-    if threads == 1:
-        return fn(0, n)
-    bounds = [n * k // threads for k in range(threads + 1)]
-    with ThreadPoolExecutor(threads) as pool:
-        parts = list(pool.map(fn, bounds[:-1], bounds[1:]))
-    return b"".join(parts)
 
 
 def hash_to_group(ids: Sequence[str]) -> bytes:
@@ -197,26 +188,120 @@ class Key:
         return "Key(<secret>)"
 
 
-def multiply(key: Key, packed: bytes, *, threads: int | None = None) -> bytes:
+def _blind(private: X25519PrivateKey, packed: bytes, offset: int = 0) -> bytes:
+    """Every packed element blinded with ``private``; element numbers in errors
+    count from ``offset`` (the slice's place in the caller's batch)."""
+    check_canonical(packed)
+    exchange = private.exchange
+    load = X25519PublicKey.from_public_bytes
+    E = ELEMENT_BYTES
+    out = []
+    for i in range(count(packed)):
+        try:
+            out.append(exchange(load(packed[i * E : (i + 1) * E])))
+        except ValueError:
+            raise InvalidElement(f"element {offset + i} is a small-order point") from None
+    return b"".join(out)
+
+
+def multiply(key: Key, packed: bytes) -> bytes:
     """Every packed element blinded with ``key`` (X25519), packed in the same
     order. Raises :class:`InvalidElement` for a non-canonical element or a
     small-order one (its output would be all zeros)."""
-    check_canonical(packed)
-    n = count(packed)
-    exchange = key._private.exchange
-    load = X25519PublicKey.from_public_bytes
-    E = ELEMENT_BYTES
+    return _blind(key._private, packed)
 
-    def run(lo: int, hi: int) -> bytes:
-        out = []
-        for i in range(lo, hi):
+
+def _blind_slice(private_raw: bytes, packed: bytes, offset: int) -> bytes:
+    """:func:`_blind` in a worker process (the scalar arrives as raw bytes from
+    the process that owns it)."""
+    return _blind(X25519PrivateKey.from_private_bytes(private_raw), packed, offset)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A batch being blinded: its slices, in order."""
+
+    parts: list[Future[bytes]]
+
+    def result(self) -> bytes:
+        """The blinded batch, once every slice is done; a slice's error is raised."""
+        return b"".join(p.result() for p in self.parts)
+
+
+class Blinder:
+    """Blinds batches with one party's key on ``workers`` processes of that party.
+
+    X25519 holds the GIL, so a party that must blind millions of elements while
+    another core idles (A blinding every passive party's setup) needs processes,
+    not threads. The workers are spawned children of the key's owner: the scalar
+    goes to them over a local pipe and never leaves the party's machine or its
+    process tree (SECURITY.md §3); they exit with the ``with`` block. Batches
+    below ``min_parallel`` elements, or ``workers == 1``, are blinded in this
+    process. :meth:`submit` returns at once, so the caller can receive messages
+    while the workers blind.
+    """
+
+    def __init__(
+        self,
+        key: Key,
+        workers: int | None = None,
+        *,
+        min_parallel: int = 50_000,
+        slice_elements: int = 1 << 16,
+    ):
+        """``min_parallel``: elements below which a batch is blinded in the calling
+        process (a spawned worker costs about half a second to start: imports).
+        ``slice_elements``: elements per task, small enough to balance the
+        workers, large enough that a task's pickling is noise (2 MiB)."""
+        if slice_elements < 1:
+            raise ValueError("slice_elements must be positive")
+        self._key = key
+        self._workers = workers or default_workers()
+        self._min_parallel = min_parallel
+        self._slice = slice_elements
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Blinder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def submit(self, packed: bytes) -> Pending:
+        """Start blinding ``packed``; :meth:`Pending.result` gives :func:`multiply`'s
+        result (and raises what it would raise)."""
+        check_canonical(packed)  # here, so that an element's number is its place in the batch
+        n = count(packed)
+        if self._workers == 1 or n < self._min_parallel:
+            done: Future[bytes] = Future()
             try:
-                out.append(exchange(load(packed[i * E : (i + 1) * E])))
-            except ValueError:
-                raise InvalidElement(f"element {i} is a small-order point") from None
-        return b"".join(out)
+                done.set_result(multiply(self._key, packed))
+            except InvalidElement as exc:
+                done.set_exception(exc)
+            return Pending([done])
+        raw = self._key._private.private_bytes_raw()
+        pool = self._executor()
+        E = ELEMENT_BYTES
+        return Pending(
+            [
+                pool.submit(_blind_slice, raw, packed[lo * E : min(lo + self._slice, n) * E], lo)
+                for lo in range(0, n, self._slice)
+            ]
+        )
 
-    return _chunked(run, n, threads or default_threads())
+    def multiply(self, packed: bytes) -> bytes:
+        """:func:`multiply` with this blinder's key, on its workers when large."""
+        return self.submit(packed).result()
 
 
 def sorted_elements(packed: bytes) -> bytes:

@@ -201,12 +201,13 @@ def test_no_party_receives_a_foreign_or_non_intersection_id(party_ids):
         assert all(v.encode() in blob for v in expected)
         tags = [tag for _, tag, _ in wire.received[r]]
         assert tags == [PSI_HELLO.name, PSI_REQUEST.name, PSI_RESULT.name]
-    # the active party receives only blinded PSI messages from each passive party
+    # the active party receives only blinded PSI messages from each passive party:
+    # every setup (sent as soon as it is ready), then every response
     tags = [(src, tag) for src, tag, _ in wire.received[0]]
     assert tags == [
         (1, PSI_SETUP.name),
-        (1, PSI_RESPONSE.name),
         (2, PSI_SETUP.name),
+        (1, PSI_RESPONSE.name),
         (2, PSI_RESPONSE.name),
     ]
 
@@ -253,9 +254,7 @@ def test_garbage_setup_is_a_protocol_error_naming_the_sender():
     wire = Wire(3)
     peer = wire.channel(1)
 
-    def script() -> None:
-        peer.recv_json(0, PsiHello, PSI_HELLO)
-        peer.recv_bytes(0, PSI_REQUEST)
+    def script() -> None:  # the setup comes first, before A sends anything
         peer.send_bytes(0, PSI_SETUP, GARBAGE)
 
     with pytest.raises(ProtocolError) as info:
@@ -270,11 +269,12 @@ def test_garbage_response_is_a_protocol_error_naming_the_sender():
     peer = wire.channel(1)
 
     def script() -> None:
-        peer.recv_json(0, PsiHello, PSI_HELLO)
-        peer.recv_bytes(0, PSI_REQUEST)
         key = dh_psi.Key.fresh()
         setup = dh_psi.multiply(key, dh_psi.hash_to_group(ids[:10]))
         peer.send_bytes(0, PSI_SETUP, setup)
+        wire.channel(2).send_bytes(0, PSI_SETUP, b"")  # rank 2: an empty set
+        peer.recv_json(0, PsiHello, PSI_HELLO)
+        peer.recv_bytes(0, PSI_REQUEST)
         peer.send_bytes(0, PSI_RESPONSE, GARBAGE)
 
     with pytest.raises(ProtocolError) as info:
@@ -312,8 +312,8 @@ def _honest_client_then(result: bytes, ids: list[str], wire: Wire) -> Callable[[
     def script() -> None:
         key = dh_psi.Key.fresh()
         peer.send_json(1, PsiHello(client_size=len(ids)), PSI_HELLO)
-        peer.send_bytes(1, PSI_REQUEST, dh_psi.multiply(key, dh_psi.hash_to_group(ids)))
         peer.recv_bytes(1, PSI_SETUP)
+        peer.send_bytes(1, PSI_REQUEST, dh_psi.multiply(key, dh_psi.hash_to_group(ids)))
         peer.recv_bytes(1, PSI_RESPONSE)
         peer.send_bytes(1, PSI_RESULT, result)
 
@@ -419,9 +419,10 @@ def test_a_response_element_off_the_group_is_a_protocol_error():
     peer = wire.channel(1)
 
     def script() -> None:
+        peer.send_bytes(0, PSI_SETUP, b"")
+        wire.channel(2).send_bytes(0, PSI_SETUP, b"")
         peer.recv_json(0, PsiHello, PSI_HELLO)
         request = peer.recv_bytes(0, PSI_REQUEST)
-        peer.send_bytes(0, PSI_SETUP, b"")
         peer.send_bytes(0, PSI_RESPONSE, request[:-32] + b"\xff" * 32)
 
     with pytest.raises(ProtocolError, match=r"rank 1 .*shop.*response.*not a group element"):

@@ -85,7 +85,7 @@ def test_blinding_commutes_and_stays_on_the_curve():
     h = dh_psi.hash_to_group([f"x{i}" for i in range(300)])
     a, b = dh_psi.Key.fresh(), dh_psi.Key.fresh()
     ab = dh_psi.multiply(b, dh_psi.multiply(a, h))
-    ba = dh_psi.multiply(a, dh_psi.multiply(b, h), threads=1)
+    ba = dh_psi.multiply(a, dh_psi.multiply(b, h))
     assert ab == ba
     assert dh_psi.multiply(a, h) != dh_psi.multiply(b, h)  # fresh keys differ
     assert all(_on_curve(int.from_bytes(e, "little")) for e in dh_psi.unpack(ab)[:50])
@@ -106,6 +106,32 @@ def test_malformed_elements_are_refused():
     with pytest.raises(dh_psi.InvalidElement, match="whole number"):
         dh_psi.multiply(key, good[:-1])
     dh_psi.check_canonical((int(dh_psi.P) - 1).to_bytes(32, "little"))  # p - 1 is canonical
+
+
+def test_blinder_workers_give_what_multiply_gives_in_order():
+    h = dh_psi.hash_to_group([f"w{i}" for i in range(300)])
+    key = dh_psi.Key.fresh()
+    with dh_psi.Blinder(key, workers=2, min_parallel=0, slice_elements=64) as blinder:
+        pending = [blinder.submit(h), blinder.submit(h[: 32 * 10])]  # 5 slices, then 1
+        assert [len(p.parts) for p in pending] == [5, 1]
+        assert pending[0].result() == dh_psi.multiply(key, h)
+        assert pending[1].result() == dh_psi.multiply(key, h[: 32 * 10])
+    # below min_parallel, or with one worker, the batch is blinded here, at once
+    with dh_psi.Blinder(key, workers=2, min_parallel=1000) as inline:
+        done = inline.submit(h)
+        assert all(p.done() for p in done.parts) and done.result() == dh_psi.multiply(key, h)
+
+
+def test_blinder_names_a_bad_element_by_its_place_in_the_batch():
+    key = dh_psi.Key.fresh()
+    h = dh_psi.hash_to_group([f"w{i}" for i in range(200)])
+    small = h[: 32 * 150] + (1).to_bytes(32, "little") + h[32 * 151 :]  # u = 1 in the third slice
+    with dh_psi.Blinder(key, workers=2, min_parallel=0, slice_elements=64) as blinder:
+        pending = blinder.submit(small)
+        with pytest.raises(dh_psi.InvalidElement, match="element 150 "):
+            pending.result()
+        with pytest.raises(dh_psi.InvalidElement, match="element 70 "):  # refused before any work
+            blinder.submit(h[: 32 * 70] + b"\xff" * 32 + h[32 * 71 :])
 
 
 def test_sorted_elements_hide_the_input_order():
