@@ -47,7 +47,23 @@ as a share of the step time (the overhead's upper bound: ranks mostly wait on ea
 The sealed bytes, frames and seal/open CPU count every sealed frame of the training phase,
 CrypTen's under mpc included (its frames go through the same links).
 
-Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick]
+Channel A/B (``--channel-ab PAIRS``, plain and mpc at the reference point): the channel's
+cost in wall time, measured directly. Each pair is two runs of the same configuration, one
+sealed (the product) and one unsealed, in alternating order (sealed first in even pairs);
+a run's step time is its median step, each arm's the median over its runs, and the cost is
+the median of the pairs' differences (sealed - unsealed), as a share of the sealed step.
+The unsealed arm is benchmark-only: the launcher starts ranks with ``spawn``, so every rank
+re-imports this script as ``__mp_main__``; when it finds ``SECUREVFL_BENCH_UNSEALED=1``
+(set by this script around that arm's launch, read by nothing else) it replaces the links'
+class with :class:`UnsealedLink`, which sends every frame as the tensor's own bytes and
+receives it straight into the caller's tensor, as an unsealed gloo transport would: same
+frames (the channel's header and payload, CrypTen's frames), same order, same code around
+them, no cipher, tag or frame buffer. The handshake still runs, and the ranks' closing
+summaries stay sealed (bytes, outside the steps). Each arm's CPU per step (all ranks) is
+printed too; an unsealed run that sealed a frame, or a sealed run that sealed none, stops
+the benchmark.
+
+Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick] [--channel-ab PAIRS]
 """
 
 from __future__ import annotations
@@ -56,6 +72,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import platform
 import sys
 import tempfile
@@ -63,6 +80,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -80,8 +99,38 @@ from securevfl.exchange.paillier import PaillierOptions  # noqa: E402
 from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step  # noqa: E402
 from securevfl.exchange.paillier.profile import bytes_floor as paillier_bytes_floor  # noqa: E402
 from securevfl.report.compare import human_bytes  # noqa: E402
+from securevfl.runtime.secure import link as link_module  # noqa: E402
 
 KIB = 1024
+UNSEALED_ENV = "SECUREVFL_BENCH_UNSEALED"
+
+
+class UnsealedLink(link_module.Link):
+    """The channel A/B's unsealed arm (benchmark-only, never in the product): a frame
+    is the tensor's own bytes, sent from its memory and received into the caller's
+    tensor, as an unsealed gloo transport moves it; the sequence counters still count."""
+
+    def seal_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        self.sent += 1
+        return t.reshape(-1).view(torch.uint8)
+
+    def frame_for(self, out: torch.Tensor) -> torch.Tensor:
+        return out.reshape(-1).view(torch.uint8)
+
+    def open_tensor(self, frame: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if frame.data_ptr() != out.data_ptr() or frame.numel() != out.numel() * out.element_size():
+            raise RuntimeError(f"unsealed arm: a frame from {self.who} was not received into its tensor")
+        self.received += 1
+        return out
+
+    def release(self, frame: torch.Tensor) -> None:
+        return None
+
+
+if os.environ.get(UNSEALED_ENV) == "1":
+    # a rank of the A/B's unsealed arm (spawned by this script, which re-imports it):
+    # Links.link makes every link of this process through this module global
+    link_module.Link = UnsealedLink  # type: ignore[misc]
 
 
 TEST_FRACTION = 0.2
@@ -168,12 +217,22 @@ def floor_bytes(
     raise ValueError(backend)
 
 
-def run(doc: dict[str, Any], data_dir: Path) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
-        res["_wall"] = time.perf_counter() - t0
-        return res
+def run(doc: dict[str, Any], data_dir: Path, *, unsealed: bool = False) -> dict[str, Any]:
+    """One launch of ``doc``; ``unsealed``: the channel A/B's unsealed arm (its ranks
+    inherit :data:`UNSEALED_ENV`, set for this launch only)."""
+    if unsealed:
+        os.environ[UNSEALED_ENV] = "1"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
+            res["_wall"] = time.perf_counter() - t0
+    finally:
+        os.environ.pop(UNSEALED_ENV, None)
+    frames = res["ledger"].get("channel_frames_per_step", 0.0)
+    if unsealed == bool(frames):  # the arm is not what it claims to be
+        raise RuntimeError(f"{'unsealed' if unsealed else 'sealed'} run sealed {frames} frames per step")
+    return res
 
 
 def cpu_per_step(res: dict[str, Any]) -> tuple[float, float]:
@@ -192,6 +251,64 @@ def cpu_per_step(res: dict[str, Any]) -> tuple[float, float]:
 def step_time(res: dict[str, Any]) -> float:
     st = res.get("step_time_s") or {}
     return st.get("median") or res["time_per_step_s"]
+
+
+def median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+
+def channel_ab(backend: str, doc: dict[str, Any], data_dir: Path, pairs: int) -> dict[str, Any]:
+    """The channel's wall-time cost for one configuration: ``pairs`` pairs of runs,
+    sealed and unsealed in alternating order (module docstring, "Channel A/B")."""
+    arms: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    for i in range(pairs):
+        for sealed in (True, False) if i % 2 == 0 else (False, True):
+            print(
+                f"  channel A/B {backend}: pair {i + 1}/{pairs}, {'sealed' if sealed else 'unsealed'} ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            arms[sealed].append(run(doc, data_dir, unsealed=not sealed))
+    steps = {k: [step_time(r) for r in v] for k, v in arms.items()}
+    cpu = {k: [sum(cpu_per_step(r)) for r in v] for k, v in arms.items()}
+    diffs = [a - b for a, b in zip(steps[True], steps[False], strict=True)]
+    meter = [r["ledger"]["channel_cpu_s_per_step"] for r in arms[True]]
+    return {
+        "backend": backend,
+        "pairs": pairs,
+        "steps_per_run": int(arms[True][0]["train_steps"]),
+        "sealed_s": median(steps[True]),
+        "unsealed_s": median(steps[False]),
+        "cost_s": median(diffs),
+        "cost_min_s": min(diffs),
+        "cost_max_s": max(diffs),
+        "cpu_sealed_s": median(cpu[True]),
+        "cpu_unsealed_s": median(cpu[False]),
+        "meter_cpu_s": median(meter),
+    }
+
+
+def print_channel_ab(rows: list[dict[str, Any]]) -> None:
+    print(
+        "\nchannel A/B (wall: median step of each run, median over runs; cost: median of the pairs' "
+        "sealed - unsealed, [min, max]; CPU: all ranks per training step)"
+    )
+    print(
+        "| backend | pairs x steps | sealed step | unsealed step | channel cost | of sealed step "
+        "| CPU sealed | CPU unsealed | seal+open CPU (meter) | of sealed step |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ms = {k: v * 1000 for k, v in r.items() if k.endswith("_s")}
+        print(
+            f"| {r['backend']} | {r['pairs']} x {r['steps_per_run']} | {ms['sealed_s']:.2f} ms | "
+            f"{ms['unsealed_s']:.2f} ms | {ms['cost_s']:+.2f} ms [{ms['cost_min_s']:+.2f}, "
+            f"{ms['cost_max_s']:+.2f}] | {100 * r['cost_s'] / r['sealed_s']:.1f}% | "
+            f"{ms['cpu_sealed_s']:.2f} ms | {ms['cpu_unsealed_s']:.2f} ms | {ms['meter_cpu_s']:.2f} ms | "
+            f"{100 * r['meter_cpu_s'] / r['sealed_s']:.1f}% |"
+        )
 
 
 def paillier_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> tuple[str, float]:
@@ -281,9 +398,17 @@ def main() -> int:
         help="run plain at the reference point only (the sweeps' absolute times and CPU, not "
         "their x plain, show how a backend scales)",
     )
-    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--json", help="also write the rows and the channel A/B here")
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
     ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
+    ap.add_argument(
+        "--channel-ab",
+        type=int,
+        default=3,
+        metavar="PAIRS",
+        help="pairs of sealed/unsealed runs of plain and mpc (those of --backends) at the reference "
+        "point for the channel's wall-time cost (0: none)",
+    )
     args = ap.parse_args()
 
     backends = [b for b in args.backends.split(",") if b]
@@ -391,8 +516,16 @@ def main() -> int:
     for r in rows:
         if "ops" in r:
             print(f"\n{r['backend']}, measured {r['s_per_step']:.2f} s/step:\n{r['ops']}")
+    ab = []
+    if args.channel_ab > 0:
+        batch, k, _ = configs[0]
+        for backend in [b for b in ("plain", "mpc") if b in ["plain", *backends]]:
+            steps = args.plain_steps if backend == "plain" else args.max_steps
+            doc = workload(backend, batch, k, extra.get(backend), max_steps=steps)
+            ab.append(channel_ab(backend, doc, data_dir, args.channel_ab))
+        print_channel_ab(ab)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "channel_ab": ab}, indent=2))
     return 0
 
 

@@ -58,7 +58,7 @@ import torch.distributed as dist
 from securevfl.errors import PartyFailure, ProtocolError
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
-from securevfl.runtime.secure.link import Link, sealed_size
+from securevfl.runtime.secure.link import Link
 
 GROUP = -1  # ledger peer for collectives: "the MPC group"
 CRYPTEN_TAG = 0x4372  # gloo tag of CrypTen's frames ("Cr"); the Channel uses tag 0
@@ -156,7 +156,8 @@ class GlooFrames:
 
 class _Opening:
     """A posted receive of a sealed frame: waits for it, then opens it into the
-    caller's buffer (in the order the receives were posted, as the link needs)."""
+    caller's buffer (in the order the receives were posted, as the link needs)
+    and gives the frame's buffer back to the link's pool."""
 
     def __init__(self, pending: Pending, link: Link, frame: torch.Tensor, out: torch.Tensor):
         self.pending, self.link, self.frame, self.out = pending, link, frame, out
@@ -164,14 +165,19 @@ class _Opening:
     def wait(self) -> None:
         self.pending.wait()
         self.link.open_tensor(self.frame, self.out)
+        self.link.release(self.frame)
 
 
 class _Sending:
-    def __init__(self, pending: Pending, frame: torch.Tensor):
-        self.pending, self.frame = pending, frame  # the frame lives until it is sent
+    """A posted send of a sealed frame: the frame's buffer goes back to the
+    link's pool only once the send has completed."""
+
+    def __init__(self, pending: Pending, link: Link, frame: torch.Tensor):
+        self.pending, self.link, self.frame = pending, link, frame
 
     def wait(self) -> None:
         self.pending.wait()
+        self.link.release(self.frame)
 
 
 class SealedFrames:
@@ -181,18 +187,21 @@ class SealedFrames:
     frame that fails to open (forged, altered, replayed, reordered, truncated)
     raises :class:`ProtocolError` naming the sender; the link then refuses
     everything from it. Every CrypTen frame between two ranks is sealed and
-    opened in the order posted, which is the order gloo delivers one (peer, tag)."""
+    opened in the order posted, which is the order gloo delivers one (peer, tag).
+    Frame buffers come from the links' pool and go back to it when the send has
+    completed or the frame has been opened (:mod:`securevfl.runtime.secure.frames`)."""
 
     def __init__(self, channel: Channel):
         self.channel = channel
 
     def post_send(self, peer: int, tensor: torch.Tensor) -> Pending:
-        frame = self.channel.link(peer, STREAM).seal_tensor(tensor)
-        return _Sending(_posted(dist.isend(frame, dst=peer, tag=CRYPTEN_TAG)), frame)
+        link = self.channel.link(peer, STREAM)
+        frame = link.seal_tensor(tensor)
+        return _Sending(_posted(dist.isend(frame, dst=peer, tag=CRYPTEN_TAG)), link, frame)
 
     def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
         link = self.channel.link(peer, STREAM)
-        frame = torch.empty(sealed_size(tensor.numel() * tensor.element_size()), dtype=torch.uint8)
+        frame = link.frame_for(tensor)
         return _Opening(_posted(dist.irecv(frame, src=peer, tag=CRYPTEN_TAG)), link, frame, tensor)
 
 

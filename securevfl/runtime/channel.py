@@ -26,12 +26,11 @@ from pydantic import BaseModel, ValidationError
 from securevfl.errors import Diverged, PartyFailure, ProtocolError
 from securevfl.runtime.ledger import Ledger, Record
 from securevfl.runtime.messages import CONTROL, DTYPE_CODES, DTYPES, Tag, tag_by_code
-from securevfl.runtime.secure.link import DEFAULT_STREAM, Link, Links, sealed_size
+from securevfl.runtime.secure.link import DEFAULT_STREAM, Link, Links
 
 MAGIC = 0x5346_4C01  # "SFL", version 1
 MAX_NDIM = 7
 HEADER_LEN = 5 + MAX_NDIM
-HEADER_FRAME = sealed_size(HEADER_LEN * 8)
 DEFAULT_MAX_BYTES = 1 << 31
 
 M = TypeVar("M", bound=BaseModel)
@@ -122,13 +121,9 @@ class Channel:
             + [0] * (MAX_NDIM - t.dim()),
             dtype=torch.int64,
         )
-        frame = link.seal_tensor(header)
-        self._io(dist.send, frame, dst)
-        wire = frame.numel()
+        wire = self._send_frame(link, header, dst)
         if t.numel():
-            frame = link.seal_tensor(t)
-            self._io(dist.send, frame, dst)
-            wire += frame.numel()
+            wire += self._send_frame(link, t, dst)
         nbytes = t.numel() * t.element_size()
         self.ledger.log(
             Record(
@@ -161,9 +156,8 @@ class Channel:
         tensor, which is what is returned."""
         link = self.link(src)
         who = self._who(src)
-        frame = torch.empty(HEADER_FRAME, dtype=torch.uint8)
-        self._io(dist.recv, frame, src)
-        header = self._open(link, frame, torch.empty(HEADER_LEN, dtype=torch.int64), tag)
+        header = torch.empty(HEADER_LEN, dtype=torch.int64)
+        wire = self._recv_frame(link, header, src, tag)
         h = header.tolist()
         if h[0] != MAGIC:
             raise ProtocolError(f"{who} sent a malformed frame (bad magic) where '{tag.name}' was expected")
@@ -191,12 +185,8 @@ class Channel:
         if nbytes > self.max_bytes:
             raise ProtocolError(f"{who} announced a {nbytes}-byte '{tag.name}' (limit {self.max_bytes})")
         out = torch.empty(shp, dtype=dt)
-        wire = HEADER_FRAME
         if numel:
-            frame = torch.empty(sealed_size(nbytes), dtype=torch.uint8)
-            self._io(dist.recv, frame, src)
-            self._open(link, frame, out, tag)
-            wire += frame.numel()
+            wire += self._recv_frame(link, out, src, tag)
         if dt.is_floating_point and not torch.isfinite(out).all():
             raise ProtocolError(f"{who} sent '{tag.name}' containing NaN or infinite values")
         if decode is not None:
@@ -218,12 +208,26 @@ class Channel:
         )
         return out
 
-    @staticmethod
-    def _open(link: Link, frame: torch.Tensor, out: torch.Tensor, tag: Tag) -> torch.Tensor:
+    def _send_frame(self, link: Link, t: torch.Tensor, dst: int) -> int:
+        """Seal ``t`` and send it as one frame (the send blocks until the frame is
+        on its way, so its buffer goes back to the link's pool); returns its bytes."""
+        frame = link.seal_tensor(t)
+        self._io(dist.send, frame, dst)
+        link.release(frame)
+        return frame.numel()
+
+    def _recv_frame(self, link: Link, out: torch.Tensor, src: int, tag: Tag) -> int:
+        """Receive one frame and open it into ``out`` (whose size the header fixed
+        and checked); returns its bytes. A frame that fails to open raises
+        :class:`ProtocolError` naming the sender and the message."""
+        frame = link.frame_for(out)
+        self._io(dist.recv, frame, src)
         try:
-            return link.open_tensor(frame, out)
+            link.open_tensor(frame, out)
         except ProtocolError as exc:
             raise ProtocolError(f"{exc} (while receiving '{tag.name}')") from None
+        link.release(frame)
+        return frame.numel()
 
     # -- bytes and JSON control ------------------------------------------------------
     def send_bytes(self, dst: int, tag: Tag, data: bytes) -> None:

@@ -4,10 +4,13 @@ The ranks are threads and the transport an in-memory queue per (sender,
 receiver) pair, a test double that records every frame: each collective must
 give CrypTen's result, move one frame per peer per round, never carry another
 party's destination data, and name the peer when a frame is lost. The sealed
-transport over real processes is covered by the e2e and wire-tap tests."""
+transport's frame buffers are checked with torch.distributed's isend/irecv
+replaced by recorders; the sealed transport over real processes is covered by
+the e2e and wire-tap tests."""
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 from collections import Counter
@@ -21,14 +24,17 @@ import torch.distributed as dist
 
 from securevfl.errors import PartyFailure, ProtocolError
 from securevfl.exchange.crypten_comm import (
+    CRYPTEN_TAG,
     FramedCommunicator,
     RankSet,
+    SealedFrames,
     combine,
     flat_cat,
     split_like,
 )
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
+from securevfl.runtime.secure.link import Links
 
 
 class QueueFrames:
@@ -290,3 +296,75 @@ def test_a_lost_peer_is_named():
     with pytest.raises(PartyFailure) as err:
         comms[0].all_reduce(torch.zeros(3, dtype=torch.long))
     assert err.value.rank == 2 and "rank 2 (r2)" in str(err.value)
+
+
+# -- the sealed transport's frame buffers ---------------------------------------------------
+
+
+class _Posted:
+    """A posted isend/irecv of the patched torch.distributed: holds the tensor it
+    was given; ``wait`` marks it complete."""
+
+    def __init__(self, tensor: torch.Tensor, peer: int, tag: int):
+        self.tensor, self.peer, self.tag, self.done = tensor, peer, tag, False
+
+    def wait(self) -> bool:
+        self.done = True
+        return True
+
+
+def _sealed_channel(rank: int) -> Channel:
+    def key(a: int, b: int, stream: str) -> bytes:
+        return hashlib.sha256(f"test {stream} {a}->{b}".encode()).digest()
+
+    links = Links(rank, [1 - rank], lambda p, st: (key(rank, p, st), key(p, rank, st)), lambda p: f"rank {p}")
+    return Channel(rank, {0: "A", 1: "B"}, Ledger(rank), links=links)
+
+
+def test_sealed_frames_give_a_buffer_back_only_once_sent_or_opened(monkeypatch: pytest.MonkeyPatch):
+    """Frames in flight keep their buffers: two sends posted at once seal into two
+    buffers and the first frame's bytes stay as posted; a sender's buffer goes back
+    to the pool when its send completes, a receiver's when its frame is opened, and
+    the next frame of that size reuses it."""
+    posted: list[_Posted] = []
+
+    def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> _Posted:
+        posted.append(_Posted(tensor, dst, tag))
+        return posted[-1]
+
+    def irecv(tensor: torch.Tensor, src: int, tag: int = 0) -> _Posted:
+        posted.append(_Posted(tensor, src, tag))
+        return posted[-1]
+
+    monkeypatch.setattr(dist, "isend", isend)
+    monkeypatch.setattr(dist, "irecv", irecv)
+    a, b = _sealed_channel(0), _sealed_channel(1)
+    ta, tb = SealedFrames(a), SealedFrames(b)
+    x, y = torch.arange(32, dtype=torch.long), -torch.arange(32, dtype=torch.long)
+    s1, s2 = ta.post_send(1, x), ta.post_send(1, y)
+    w1, w2 = posted[0], posted[1]
+    assert w1.tag == w2.tag == CRYPTEN_TAG and w1.tensor.data_ptr() != w2.tensor.data_ptr()
+    first = w1.tensor.clone()
+    assert a.links is not None and b.links is not None
+    assert a.links.pool.outstanding == 2
+    out1, out2 = torch.empty(32, dtype=torch.long), torch.empty(32, dtype=torch.long)
+    o1, o2 = tb.post_recv(0, out1), tb.post_recv(0, out2)
+    r1, r2 = posted[2], posted[3]
+    assert r1.tensor.data_ptr() != r2.tensor.data_ptr() and b.links.pool.outstanding == 2
+    r1.tensor.copy_(w1.tensor)  # the wire
+    r2.tensor.copy_(w2.tensor)
+    o1.wait()
+    assert torch.equal(out1, x) and b.links.pool.outstanding == 1
+    o2.wait()
+    assert torch.equal(out2, y) and b.links.pool.outstanding == 0
+    assert torch.equal(w1.tensor, first)  # not overwritten while its send was pending
+    s2.wait()
+    assert a.links.pool.outstanding == 1
+    ta.post_send(1, x)
+    assert posted[-1].tensor is w2.tensor  # s2's buffer, free again
+    ta.post_send(1, y)
+    assert posted[-1].tensor is not w1.tensor and torch.equal(w1.tensor, first)  # s1 still pending
+    s1.wait()
+    assert a.links.pool.outstanding == 2
+    tb.post_recv(0, torch.empty(32, dtype=torch.long))
+    assert posted[-1].tensor is r2.tensor  # the last buffer given back is handed out first

@@ -16,6 +16,7 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, ProtocolError
 from securevfl.runtime.ledger import Ledger, merge_summaries
 from securevfl.runtime.secure import handshake as hs
+from securevfl.runtime.secure.frames import FramePool
 from securevfl.runtime.secure.keys import Identity, fingerprint, key_string, matches, read_public, verify
 from securevfl.runtime.secure.link import TAG_BYTES, Link, Links, sealed_size
 from tests.conftest import small_digits
@@ -168,11 +169,93 @@ def test_tampered_frames_are_refused_naming_the_peer(attack: str):
         b.open(f2)
 
 
-def test_tensor_frame_of_the_wrong_size_is_refused():
+def test_tensor_frame_of_the_wrong_size_is_refused_before_anything_is_opened():
     a, b = _links()
     frame = a.seal_tensor(torch.randn(4))
-    with pytest.raises(ProtocolError, match="rank 0"):
-        b.open_tensor(frame[:-1], torch.empty(4))
+    out = torch.full((4,), 7.0)
+    with pytest.raises(ProtocolError, match=r"rank 0 \(A\) sent a frame .*31 bytes where 32 were expected"):
+        b.open_tensor(frame[:-1], out)
+    assert torch.equal(out, torch.full((4,), 7.0))  # nothing was decrypted into it
+    # a pooled receive buffer sized for another tensor is refused the same way
+    c, d = _links()
+    bigger = d.frame_for(torch.empty(5))
+    bigger[: frame.numel()] = c.seal_tensor(torch.randn(4))
+    with pytest.raises(ProtocolError, match="36 bytes where 32 were expected"):
+        d.open_tensor(bigger, out)
+    assert torch.equal(out, torch.full((4,), 7.0))
+    with pytest.raises(ProtocolError, match="failed earlier"):
+        d.open_tensor(bigger[:32], out)
+
+
+# -- frame buffers ----------------------------------------------------------------------
+
+
+def test_frame_pool_hands_a_buffer_out_once_until_it_is_given_back():
+    pool = FramePool()
+    a, b = pool.take(100), pool.take(100)
+    assert a.dtype == torch.uint8 and a.numel() == 100
+    assert a.data_ptr() != b.data_ptr() and pool.outstanding == 2
+    pool.give(a)
+    c = pool.take(100)
+    assert c is a and (pool.allocated, pool.reused) == (2, 1)
+    d = pool.take(100)  # b and c are out: a fresh one, sharing no memory with them
+    assert d.data_ptr() not in (b.data_ptr(), c.data_ptr()) and pool.allocated == 3
+    assert pool.take(50).numel() == 50  # sizes are pooled apart
+    pool.give(c)
+    with pytest.raises(ValueError, match="given back twice"):
+        pool.give(c)
+    with pytest.raises(ValueError, match="not out of this pool"):
+        pool.give(torch.empty(100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="not out of this pool"):
+        pool.give(b[:50])  # a view is not the buffer
+
+
+def test_frame_pool_keeps_at_most_its_bound_and_forgets_lost_buffers():
+    pool = FramePool(max_free_bytes=150)
+    a, b = pool.take(100), pool.take(100)
+    pool.give(a)
+    pool.give(b)  # over the bound: dropped, not kept
+    assert pool.free_bytes == 100
+    assert pool.take(100) is a and pool.take(100) is not b
+    lost = pool.take(10)
+    n = pool.outstanding
+    del lost  # never given back (a failed send): collected, no longer out
+    assert pool.outstanding == n - 1
+
+
+def test_sealed_frames_reuse_buffers_only_once_released():
+    """A frame still in flight is never handed out again: a second frame of the
+    same size gets its own buffer and the first frame's bytes stay as sealed;
+    once released, the next frame of that size reuses the buffer."""
+    a, b = _links()
+    x, y = torch.randn(64, 8), torch.randn(64, 8)
+    f1 = a.seal_tensor(x)
+    sent1 = f1.clone()
+    f2 = a.seal_tensor(y)
+    assert f2.data_ptr() != f1.data_ptr() and torch.equal(f1, sent1)
+    # the receiver's buffers: one per frame in flight, reused once opened
+    r1, r2 = b.frame_for(x), b.frame_for(y)
+    assert r1.data_ptr() != r2.data_ptr()
+    r1.copy_(f1)
+    r2.copy_(f2)
+    assert torch.equal(b.open_tensor(r1, torch.empty_like(x)), x)
+    assert torch.equal(b.open_tensor(r2, torch.empty_like(y)), y)
+    a.release(f1)
+    b.release(r1)
+    z = torch.randn(64, 8)
+    f3 = a.seal_tensor(z)
+    assert f3 is f1 and not torch.equal(f3, sent1)
+    r3 = b.frame_for(z)
+    assert r3 is r1
+    r3.copy_(f3)
+    assert torch.equal(b.open_tensor(r3, torch.empty_like(z)), z)
+    # a replayed old frame, even in a reused buffer, still fails as a replay
+    r3.copy_(sent1)
+    with pytest.raises(ProtocolError, match=r"rank 0 \(A\) sent a frame that failed authentication"):
+        b.open_tensor(r3, torch.empty_like(z))
+    a.release(f2)
+    with pytest.raises(ValueError, match="given back twice"):
+        a.release(f2)
 
 
 def test_links_are_per_stream_and_only_to_authenticated_peers():
@@ -180,6 +263,7 @@ def test_links_are_per_stream_and_only_to_authenticated_peers():
     links = Links(0, [1], lambda p, s: (hs.stream_key(prk, s, 0, p), hs.stream_key(prk, s, p, 0)), str)
     assert links.link(1) is links.link(1, "channel")
     assert links.link(1, "crypten") is not links.link(1)
+    assert links.link(1).pool is links.link(1, "crypten").pool is links.pool  # one rank, one pool
     with pytest.raises(ProtocolError, match="no authenticated link to rank 2"):
         links.link(2)
 

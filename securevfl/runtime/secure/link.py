@@ -16,9 +16,13 @@ order (CrypTen's, on its own process groups) takes a stream of its own, so that
 each stream's frames are opened in the order they were sealed.
 
 A sealed frame is ``len(plaintext) + 16`` bytes (:data:`TAG_BYTES`). The tensor
-helpers seal straight from a tensor's memory into a new uint8 tensor and open
+helpers seal straight from a tensor's memory into a frame buffer and open
 straight into the caller's tensor (no intermediate ``bytes``), reusing one AEAD
-object per direction. AES-256-GCM rather than ChaCha20-Poly1305: with AES-NI
+object per direction. Frame buffers come from the rank's
+:class:`~securevfl.runtime.secure.frames.FramePool` (shared by its links) and go
+back to it once their send has completed or their frame has been opened
+(:meth:`Link.release`): fresh buffers, faulted in page by page, cost more than
+the cipher. AES-256-GCM rather than ChaCha20-Poly1305: with AES-NI
 and carry-less multiply (every x86-64 server of the last decade) OpenSSL seals
 2.7x faster here (8.6 vs 3.2 GB/s on 1 MiB), which is most of the channel's
 cost under ``mpc``.
@@ -36,6 +40,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from securevfl.errors import ProtocolError
+from securevfl.runtime.secure.frames import FramePool
 
 TAG_BYTES = 16
 NONCE_BYTES = 12
@@ -74,9 +79,12 @@ class Link:
     """This rank's sealed link to one peer on one stream.
 
     ``seal``/``open`` work on bytes; ``seal_tensor``/``open_tensor`` on tensors
-    (for ``isend``/``irecv``); ``send``/``recv`` seal and move one frame over
-    torch.distributed (default group unless ``group`` is given; ``peer`` is a
-    global rank). Both ends must open frames in the order they were sealed.
+    (for ``isend``/``irecv``), with frame buffers from ``pool`` (the rank's,
+    shared by its links; a pool of its own if none): a frame from
+    ``seal_tensor`` or ``frame_for`` goes back with ``release`` once its send has
+    completed or it has been opened. ``send``/``recv`` seal and move one frame
+    over torch.distributed (default group unless ``group`` is given; ``peer`` is
+    a global rank). Both ends must open frames in the order they were sealed.
     """
 
     def __init__(
@@ -88,6 +96,7 @@ class Link:
         recv_key: bytes,
         who: str,
         meter: Meter | None = None,
+        pool: FramePool | None = None,
     ):
         self.rank = rank
         self.peer = peer
@@ -101,6 +110,7 @@ class Link:
         self.received = 0  # sequence number of the next frame opened
         self.broken = False
         self.meter = meter or Meter()
+        self.pool = pool or FramePool()
 
     def __repr__(self) -> str:
         return f"Link({self.rank}->{self.peer} {self.stream!r}, sent={self.sent}, received={self.received})"
@@ -146,22 +156,37 @@ class Link:
 
     # -- tensors -----------------------------------------------------------------------
     def seal_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """A contiguous CPU tensor sealed into a new uint8 tensor of
-        ``sealed_size(t.nbytes)`` elements, ready for ``dist.send``/``isend``."""
+        """A contiguous CPU tensor sealed into a uint8 frame of
+        ``sealed_size(t.nbytes)`` elements from the pool, ready for
+        ``dist.send``/``isend``; :meth:`release` it once the send has completed."""
         t0 = time.thread_time()
-        frame = torch.empty(sealed_size(t.numel() * t.element_size()), dtype=torch.uint8)
+        frame = self.pool.take(sealed_size(t.numel() * t.element_size()))
         self._tx.encrypt_into(self._next_tx(), _bytes_of(t), self._aad_tx, frame.numpy().data)
         self.meter.add("seal_cpu_s", time.thread_time() - t0, frame.numel())
         return frame
 
+    def frame_for(self, out: torch.Tensor) -> torch.Tensor:
+        """A uint8 buffer from the pool for the frame that will carry ``out``'s
+        bytes: receive into it, :meth:`open_tensor` it into ``out``, then
+        :meth:`release` it."""
+        return self.pool.take(sealed_size(out.numel() * out.element_size()))
+
+    def release(self, frame: torch.Tensor) -> None:
+        """Give a frame from :meth:`seal_tensor` or :meth:`frame_for` back to the pool:
+        only once its send has completed or it has been opened (a buffer in the
+        pool is handed out again)."""
+        self.pool.give(frame)
+
     def open_tensor(self, frame: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Open a received uint8 ``frame`` into the contiguous CPU tensor ``out``
-        (whose size fixes the plaintext length); returns ``out``."""
+        (whose size fixes the plaintext length); returns ``out``. A frame of any
+        other size is refused before anything is decrypted."""
         self._check_open()
         t0 = time.thread_time()
         nonce = self.received.to_bytes(NONCE_BYTES, "little")
-        if frame.numel() != sealed_size(out.numel() * out.element_size()):
-            raise self._refuse(f"{frame.numel()} bytes where {sealed_size(out.nbytes)} were expected")
+        expected = sealed_size(out.numel() * out.element_size())
+        if frame.numel() != expected:
+            raise self._refuse(f"{frame.numel()} bytes where {expected} were expected")
         try:
             self._rx.decrypt_into(nonce, _bytes_of(frame), self._aad_rx, _bytes_of(out))
         except InvalidTag:
@@ -175,15 +200,18 @@ class Link:
         """Seal ``t`` and send it to the peer as one frame; returns the wire bytes.
         Transport errors propagate (the caller names the lost rank)."""
         frame = self.seal_tensor(t.detach().cpu().contiguous())
-        dist.send(frame, dst=self.peer, group=group)
+        dist.send(frame, dst=self.peer, group=group)  # blocking: the frame is on its way
+        self.release(frame)
         return frame.numel()
 
     def recv(self, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
         """Receive one frame from the peer and open it into ``out`` (its size and
         dtype are what both ends agreed on); returns ``out``."""
-        frame = torch.empty(sealed_size(out.numel() * out.element_size()), dtype=torch.uint8)
+        frame = self.frame_for(out)
         dist.recv(frame, src=self.peer, group=group)
-        return self.open_tensor(frame, out)
+        self.open_tensor(frame, out)
+        self.release(frame)
+        return out
 
 
 KeyFn = Callable[[int, str], tuple[bytes, bytes]]
@@ -193,7 +221,8 @@ class Links:
     """Every sealed link of one rank, created on first use per (peer, stream).
 
     ``keys(peer, stream)`` returns the (send, receive) keys for that stream, from
-    the handshake's per-pair secret; ``who(peer)`` names a peer for errors."""
+    the handshake's per-pair secret; ``who(peer)`` names a peer for errors. The
+    links share one meter and one frame pool."""
 
     def __init__(self, rank: int, peers: list[int], keys: KeyFn, who: Callable[[int], str]):
         self.rank = rank
@@ -202,6 +231,7 @@ class Links:
         self._who = who
         self._links: dict[tuple[int, str], Link] = {}
         self.meter = Meter()
+        self.pool = FramePool()  # every link's frame buffers
 
     def link(self, peer: int, stream: str = DEFAULT_STREAM) -> Link:
         """The link to ``peer`` (a global rank) on ``stream``."""
@@ -211,6 +241,6 @@ class Links:
         if peer not in self.peers:
             raise ProtocolError(f"rank {self.rank} has no authenticated link to rank {peer}")
         tx, rx = self._keys(peer, stream)
-        got = Link(self.rank, peer, stream, tx, rx, self._who(peer), self.meter)
+        got = Link(self.rank, peer, stream, tx, rx, self._who(peer), self.meter, self.pool)
         self._links[(peer, stream)] = got
         return got
