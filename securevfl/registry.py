@@ -3,24 +3,40 @@
 Registration is by name; a duplicate name is refused unless ``force=True``, and an
 unknown name raises with the list of known names, so a typo in a protocol file
 never falls back silently.
+
+An entry is either the object itself (:meth:`Registry.add`) or where it lives, a
+``"package.module:attribute"`` path (:meth:`Registry.add_path`) that is imported
+on its first lookup. The built-in backends, defenses and attacks are registered
+by path in their package's ``__init__``, so a process pays for the imports of
+the components its protocol names and no others: a ``plain`` rank never loads
+the HE libraries, CrypTen's helpers, the DP accountants of defenses it does not
+run or the scikit-learn models of attacks it does not run. Listing the names
+(``securevfl list``, the "known: ..." of an error) imports nothing.
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from securevfl.errors import ConfigError
 
 T = TypeVar("T")
 
+#: ``package.module:attribute``: where a registered object lives.
+PATH = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*)$")
+
 
 class Registry(Generic[T]):
-    """A name -> object mapping with strict registration and helpful lookups."""
+    """A name -> object mapping with strict registration and helpful lookups;
+    entries registered by path are imported on first lookup."""
 
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._paths: dict[str, str] = {}  # registered by path, not imported yet
 
     def register(self, name: str, *, force: bool = False) -> Callable[[T], T]:
         """Decorator: ``@REGISTRY.register("name")``."""
@@ -32,25 +48,68 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T, *, force: bool = False) -> None:
-        if name in self._items and not force:
-            raise ValueError(f"{self.kind} '{name}' is already registered")
+        self._refuse_duplicate(name, force)
+        self._paths.pop(name, None)
         self._items[name] = obj
+
+    def add_path(self, name: str, path: str, *, force: bool = False) -> None:
+        """Register ``name`` as the object at ``path`` (``"package.module:attribute"``),
+        imported on the first :meth:`get` of ``name``."""
+        if not PATH.match(path):
+            raise ValueError(f"{self.kind} '{name}': {path!r} is not a 'package.module:attribute' path")
+        self._refuse_duplicate(name, force)
+        self._items.pop(name, None)
+        self._paths[name] = path
+
+    def _refuse_duplicate(self, name: str, force: bool) -> None:
+        if name in self and not force:
+            raise ValueError(f"{self.kind} '{name}' is already registered")
 
     def remove(self, name: str) -> None:
         self._items.pop(name, None)
+        self._paths.pop(name, None)
 
     def get(self, name: str, *, path: str | None = None) -> T:
-        try:
+        if name in self._items:
             return self._items[name]
-        except KeyError:
-            known = ", ".join(sorted(self._items)) or "none"
-            raise ConfigError(f"unknown {self.kind} '{name}' (known: {known})", path=path) from None
+        if name in self._paths:
+            obj = self._load(name, self._paths[name], path)
+            del self._paths[name]
+            self._items[name] = obj
+            return obj
+        known = ", ".join(self.names()) or "none"
+        raise ConfigError(f"unknown {self.kind} '{name}' (known: {known})", path=path)
+
+    def _load(self, name: str, target: str, path: str | None) -> T:
+        """Import the object registered at ``target``. A third-party module that is
+        not installed (an optional extra) is the user's ConfigError; a securevfl
+        module or attribute that is missing, or an object whose own ``name`` is
+        not the one it is registered under, is a bug in the registration."""
+        module, _, attr = target.partition(":")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or "?"
+            if missing == "securevfl" or missing.startswith("securevfl."):
+                raise
+            raise ConfigError(
+                f"{self.kind} '{name}' needs the Python package '{missing.partition('.')[0]}', which is "
+                "not installed (the optional extras: pip install 'securevfl[crypto,dp]')",
+                path=path,
+            ) from exc
+        obj = getattr(mod, attr, None)
+        if obj is None:
+            raise LookupError(f"{self.kind} '{name}' is registered at {target}, which does not exist")
+        own = getattr(obj, "name", name)
+        if isinstance(own, str) and own != name:
+            raise LookupError(f"{self.kind} '{name}' is registered at {target}, which is named '{own}'")
+        return cast(T, obj)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._paths
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted({*self._items, *self._paths})

@@ -45,10 +45,13 @@ def run_doc(doc: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
 def cli(
     *args: str, timeout: float = 300, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``securevfl ARGS`` in a fresh interpreter."""
+    """Run ``securevfl ARGS`` in a fresh interpreter, as ``python -m securevfl``:
+    under the 'spawn' start method a rank re-runs its parent's main module first
+    unless that module is a package's ``__main__`` (``python -m securevfl.cli``
+    would make every rank import the whole command line again)."""
     e = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "securevfl.cli", *args],
+        [sys.executable, "-m", "securevfl", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -63,7 +66,7 @@ def party_process(
     """One rank as its own ``securevfl party`` process (multi-host mode on one machine)."""
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "securevfl.cli", "party", str(proto), "--rank", str(rank)),
+            *(sys.executable, "-m", "securevfl", "party", str(proto), "--rank", str(rank)),
             *("--rendezvous", f"tcp://{host}:{port}", "--out", str(out), *extra),
         ],
         stdout=subprocess.PIPE,

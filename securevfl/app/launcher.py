@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ def free_port() -> int:
 
 
 RANK_PROCESS = "securevfl-rank"
+KILL_REAP_S = 0.1  # after killing the ranks left, how long one wait for them lasts at most
 
 
 def _child(
@@ -194,18 +196,25 @@ def start_ranks(
 
 def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
     """Wait for every rank; kill the rest a grace period after the first failure.
-    Returns the exit codes by rank."""
+    Returns the exit codes by rank.
+
+    Event-driven: it sleeps on the ranks' process sentinels, so it wakes the moment
+    a rank ends (no polling slice added to every run); while a failure's grace
+    period runs it wakes at the latest when the period is over."""
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
     try:
-        while any(p.is_alive() for p in procs):
+        while alive := [p for p in procs if p.is_alive()]:
             if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_failure = time.monotonic()
-            if first_failure is not None and time.monotonic() - first_failure > grace:
-                for p in procs:
-                    if p.is_alive():
+            timeout = None
+            if first_failure is not None:
+                left = first_failure + grace - time.monotonic()
+                if left <= 0:
+                    for p in alive:
                         p.kill()
-            time.sleep(0.1)
+                timeout = max(left, KILL_REAP_S)
+            wait_for([p.sentinel for p in alive], timeout=timeout)
     except KeyboardInterrupt:
         for p in procs:
             if p.is_alive():

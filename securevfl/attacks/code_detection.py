@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.code_reconstruction import class_codes as majority_codes
 from securevfl.attacks.server import received_test_embeddings, server_check, server_from_view
 from securevfl.attacks.targeted_pgd import hash_options, pick_rows, targeted_pgd, view_presign
@@ -369,6 +369,3 @@ class CodeDetection(Attack[CodeDetectionOptions]):
                 "asr": 100 * float(hit.mean()),
             }
         return out
-
-
-ATTACKS.add(CodeDetection.name, CodeDetection)

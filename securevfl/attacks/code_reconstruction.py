@@ -29,7 +29,7 @@ import torch
 from pydantic import Field
 
 from securevfl.attacks import metrics
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.models import build_bottom
 from securevfl.runtime.messages import EMBEDDING
@@ -245,6 +245,3 @@ def _sample_scores(recon: np.ndarray, true: np.ndarray, mean_img: np.ndarray, rn
         "n_records": len(true),
         "ap": max(0.0, float(ssim.mean())),
     }
-
-
-ATTACKS.add(CodeReconstruction.name, CodeReconstruction)

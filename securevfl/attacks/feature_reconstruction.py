@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 
 from securevfl.attacks import metrics
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_regressor
 from securevfl.attacks.views import active_source, active_tensors, per_row
 
@@ -140,6 +140,3 @@ class FeatureReconstruction(Attack[FeatureReconstructionOptions]):
             c, h, w = spec.model.input_shape
             return (h, w) if c == 1 else None
         return None
-
-
-ATTACKS.add(FeatureReconstruction.name, FeatureReconstruction)

@@ -44,7 +44,7 @@ from pydantic import Field
 from sklearn.cluster import KMeans
 
 from securevfl.attacks import metrics
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.errors import ProtocolError
 
 
@@ -165,6 +165,3 @@ class GradientClusters(Attack[GradientClustersOptions]):
         acc = metrics.matched_accuracy(y, guess["clusters"])
         chance = float(np.bincount(y).max() / len(y)) if len(y) else float("nan")
         return {"ami": ami, "accuracy": acc, "chance": chance, "n_points": len(y), "ap": max(0.0, ami)}
-
-
-ATTACKS.add(GradientClusters.name, GradientClusters)

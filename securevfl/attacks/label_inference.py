@@ -44,7 +44,7 @@ import torch
 from pydantic import Field
 
 from securevfl.attacks import metrics
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_classifier
 from securevfl.attacks.mixmatch import fit_mixmatch
 from securevfl.attacks.views import steps_per_row
@@ -269,7 +269,3 @@ def own_embedding(view: View, proto: Any, *, sent: bool):
             return stack.embed(h, train=False).float() if sent else h.float()
 
     return embed
-
-
-for _cls in (LabelNorm, LabelDirection, ModelCompletion):
-    ATTACKS.add(_cls.name, _cls)

@@ -31,7 +31,7 @@ from pydantic import Field
 from sklearn.ensemble import GradientBoostingClassifier
 
 from securevfl.attacks import metrics
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row
 from securevfl.models import build_bias, build_top, make_optimizer
 
@@ -174,6 +174,3 @@ class MembershipInference(Attack[MembershipOptions]):
             "ap": acc,
             "n_eval": len(truth),
         }
-
-
-ATTACKS.add(MembershipInference.name, MembershipInference)

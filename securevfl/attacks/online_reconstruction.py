@@ -32,7 +32,7 @@ import torch
 from pydantic import Field
 
 from securevfl.attacks import metrics
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.stream import OnlineReconstructor
 from securevfl.attacks.views import active_source, active_tensors
 from securevfl.errors import ProtocolError
@@ -159,6 +159,3 @@ class OnlineReconstruction(Attack[OnlineReconstructionOptions]):
             "ap": max(0.0, 1.0 - float(np.mean(nmse))),
             "n_test": int(seen.sum()),
         }
-
-
-ATTACKS.add(OnlineReconstruction.name, OnlineReconstruction)

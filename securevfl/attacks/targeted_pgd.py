@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.server import ServerModel, server_check, server_from_view
 from securevfl.components import components_of
 from securevfl.config import Protocol
@@ -274,6 +274,3 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
     @staticmethod
     def knowledge_server(world: World) -> ServerModel:
         return server_from_view(world.proto, world.layout, world.active.own)
-
-
-ATTACKS.add(TargetedPGD.name, TargetedPGD)

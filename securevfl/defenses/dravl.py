@@ -47,7 +47,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
+from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, DataError
 from securevfl.models import mlp
 from securevfl.privacy.dcor import batched_metrics, dcor_loss, v_dcor
@@ -347,9 +347,6 @@ class Dravl(Defense[DravlOptions]):
         return out
 
 
-DEFENSES.add("dravl", Dravl)
-
-
 # -- embedding-noise baseline ---------------------------------------------------
 
 
@@ -400,6 +397,3 @@ class GaussianNoise(Defense[GaussianNoiseOptions]):
         if self.p.eval_metrics:
             out["eval"] = self.probe.report()
         return out
-
-
-DEFENSES.add("gaussian_noise", GaussianNoise)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from securevfl.defenses.base import DEFENSES, Defense
+from securevfl.defenses.base import Defense
 from securevfl.privacy.accountant import EpsDeltaRelease, Mechanism, NonPrivateRelease, Plan
 from securevfl.privacy.randomized_response import randomize
 from securevfl.seeding import generator
@@ -65,6 +65,3 @@ class LabelDP(Defense[LabelDPOptions]):
 
     def report(self) -> dict[str, float]:
         return {} if self.flipped is None else {"labels_changed": self.flipped}
-
-
-DEFENSES.add(LabelDP.name, LabelDP)

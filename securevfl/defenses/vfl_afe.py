@@ -30,7 +30,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from securevfl.defenses import _afe
-from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
+from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError
 from securevfl.privacy import gaussian as gm
 from securevfl.privacy.accountant import GaussianRelease, Mechanism, Plan
@@ -291,6 +291,3 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
             if vals:
                 out[f"{key}_mean"] = sum(vals) / len(vals)
         return out
-
-
-DEFENSES.add(EmbeddingDP.name, EmbeddingDP)

@@ -61,7 +61,6 @@ from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.exchange.base import (
-    EXCHANGES,
     ActiveExchange,
     ExchangeBackend,
     ExchangeContext,
@@ -388,7 +387,8 @@ class HEPassive(PassiveExchange):
 
 
 def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[ExchangeBackend]:
-    """Register an exchange backend running the two-party protocol with a scheme.
+    """An exchange backend running the two-party protocol with a scheme (its
+    package registers it in EXCHANGES by path, :mod:`securevfl.exchange`).
     The scheme's options model must have a ``weight_init`` field."""
 
     class _Backend(ExchangeBackend):
@@ -417,5 +417,4 @@ def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[
     _Backend.name = name
     _Backend.description = description
     _Backend.__name__ = _Backend.__qualname__ = f"{name.capitalize()}Backend"
-    EXCHANGES.add(name, _Backend)
     return _Backend

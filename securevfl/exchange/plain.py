@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from securevfl.exchange.base import (
-    EXCHANGES,
     ActiveExchange,
     ExchangeBackend,
     ExchangeContext,
@@ -170,7 +169,6 @@ class PlainPassive(PassiveExchange):
         return list(torch.split(g.to(self.ctx.device), sizes))
 
 
-@EXCHANGES.register("plain")
 class Plain(ExchangeBackend):
     name = "plain"
     capabilities = frozenset({"active_sees_embeddings", "cuda", "local_steps"})

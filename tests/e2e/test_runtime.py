@@ -98,7 +98,7 @@ def test_launcher_reports_killed_rank(tmp_path: Path):
     proto = write_yaml(tmp_path / "p.yaml", doc)
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "securevfl.cli", "run", str(proto), "--out", str(out)],
+        [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

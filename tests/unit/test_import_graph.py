@@ -8,6 +8,11 @@ out (they never run), relative imports are resolved, and ``from pkg import name`
 points at the submodule ``pkg.name`` when there is one, else at ``pkg``. The
 implicit import of a module's parent packages is not an edge (every submodule of
 a registration package would otherwise close a cycle through its ``__init__``).
+
+A registration by path, ``REGISTRY.add_path(name, "securevfl.pkg.mod:Attr")``
+(:mod:`securevfl.registry`), imports ``securevfl.pkg.mod`` on the name's first
+lookup: it is an edge too (marked ``by path``), from the registering module to the
+registered one, held to the same rules as an import statement.
 """
 
 from __future__ import annotations
@@ -90,9 +95,14 @@ class Edge:
     target: str
     line: int
     local: bool  # the import statement sits inside a function
+    by_path: bool = False  # a registration by path (Registry.add_path), imported on lookup
 
     def where(self) -> str:
         return f"{self.source}:{self.line}"
+
+    def says(self) -> str:
+        """``source:line imports target`` (or ``registers`` for an edge by path)."""
+        return f"{self.where()} {'registers' if self.by_path else 'imports'} {self.target}"
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -138,6 +148,22 @@ def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]
     yield from walk(tree, False)
 
 
+def _registrations(tree: ast.AST) -> Iterator[tuple[ast.Call, str, str]]:
+    """Every ``X.add_path(name, "module:attribute")`` call with a literal path, as
+    (call, module, attribute)."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_path"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            module, _, attr = node.args[1].value.partition(":")
+            yield node, module, attr
+
+
 def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
     """The absolute module names an import statement refers to."""
     if isinstance(node, ast.Import):
@@ -176,6 +202,10 @@ def build_graph() -> tuple[dict[str, list[Edge]], list[tuple[str, int, str]]]:
                         external_local.append((module, node.lineno, target))
                 elif owner != module:
                     graph[module].append(Edge(module, owner, node.lineno, local))
+        for call, target, _ in _registrations(tree):
+            owner = _owner(target, known)
+            if owner is not None and owner != module:
+                graph[module].append(Edge(module, owner, call.lineno, False, by_path=True))
     return graph, external_local
 
 
@@ -246,8 +276,12 @@ def one_cycle(graph: dict[str, list[Edge]], component: list[str]) -> list[Edge]:
     raise AssertionError(f"no cycle found through {start}")
 
 
+def _how(e: Edge) -> str:
+    return ", in a function" if e.local else ", by path" if e.by_path else ""
+
+
 def _show(cycle: list[Edge]) -> str:
-    hops = [f"{e.source} -> {e.target} (line {e.line}{', in a function' if e.local else ''})" for e in cycle]
+    hops = [f"{e.source} -> {e.target} (line {e.line}{_how(e)})" for e in cycle]
     return "\n    ".join(hops)
 
 
@@ -265,6 +299,47 @@ def test_the_builder_sees_imports_and_cycles() -> None:
     assert any(e.target == "securevfl.config" for e in graph["securevfl.models"])
     # `from securevfl.privacy import budget` names the submodule, not the package
     assert any(e.target == "securevfl.privacy.budget" for e in graph["securevfl.defenses.budget"])
+    # a registration by path is an edge to the registered module
+    assert any(
+        e.target == "securevfl.exchange.plain" and e.by_path for e in graph["securevfl.exchange"]
+    )
+    tree = ast.parse('R.add_path("x", "securevfl.models:mlp")\nR.add("y", 1)\n')
+    assert [(m, a) for _, m, a in _registrations(tree)] == [("securevfl.models", "mlp")]
+
+
+def test_registrations_by_path_name_existing_objects() -> None:
+    """Every ``add_path`` in securevfl names a module of the package and a name
+    that module defines at its top level (checked from the source, importing
+    nothing): a typo would otherwise surface only when a protocol names the entry."""
+    modules = _modules()
+    bad = []
+    found = 0
+    for module, path in modules.items():
+        for call, target, attr in _registrations(ast.parse(path.read_text(encoding="utf-8"))):
+            found += 1
+            where = f"{module}:{call.lineno}"
+            if target not in modules:
+                bad.append(f"{where} registers {target}:{attr}, but there is no module {target}")
+                continue
+            if attr not in _top_level_names(ast.parse(modules[target].read_text(encoding="utf-8"))):
+                bad.append(f"{where} registers {target}:{attr}, but {target} defines no '{attr}'")
+    assert found >= 20, f"only {found} registrations by path found: is the registration call still add_path?"
+    assert not bad, "registrations by path that name nothing:\n" + "\n".join(bad)
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level: classes, functions, assignments, imports."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+    return names
 
 
 def test_no_import_cycles() -> None:
@@ -284,12 +359,12 @@ def test_layers() -> None:
         for layer, forbidden in FORBIDDEN.items():
             if _under(module, layer):
                 bad += [
-                    f"{e.where()} imports {e.target}"
+                    e.says()
                     for e in edges
                     if any(_under(e.target, f) for f in forbidden)
                 ]
         if not any(_under(module, m) for m in APP_IMPORTERS):
-            bad += [f"{e.where()} imports {e.target}" for e in edges if _under(e.target, "securevfl.app")]
+            bad += [e.says() for e in edges if _under(e.target, "securevfl.app")]
     assert not bad, "layer violations:\n" + "\n".join(bad)
 
 
@@ -302,7 +377,7 @@ def _floor(module: str) -> int:
 def test_imports_go_down_the_house() -> None:
     graph, _ = build_graph()
     up = [
-        f"{e.where()} imports {e.target}, which sits above it"
+        f"{e.says()}, which sits above it"
         for edges in graph.values()
         for e in edges
         if _floor(e.target) < _floor(e.source)

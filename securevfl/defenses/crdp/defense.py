@@ -14,7 +14,7 @@ from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.data.datasets import feature_columns
 from securevfl.data.partition import resolve_partition
-from securevfl.defenses.base import DEFENSES, CollectiveContext, Defense, DefenseContext
+from securevfl.defenses.base import CollectiveContext, Defense, DefenseContext
 from securevfl.defenses.crdp import collective
 from securevfl.defenses.crdp.accounting import crdp_mechanisms
 from securevfl.defenses.crdp.options import CrdpOptions
@@ -303,6 +303,3 @@ def _party_width(ctx: DefenseContext) -> int | None:
     if cols is None:
         return None
     return len(resolve_partition(proto, cols)[ctx.party])
-
-
-DEFENSES.add("crdp", Crdp)

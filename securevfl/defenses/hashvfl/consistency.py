@@ -10,7 +10,7 @@ import torch
 
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.defenses.base import DEFENSES, Defense, DefenseContext
+from securevfl.defenses.base import Defense, DefenseContext
 from securevfl.defenses.hashvfl.detector import Detector
 from securevfl.defenses.hashvfl.options import ConsistencyOptions, HashOptions
 from securevfl.errors import ConfigError, UnsupportedCombination
@@ -18,7 +18,6 @@ from securevfl.privacy import hashing
 from securevfl.seeding import generator
 
 
-@DEFENSES.register("hashvfl_consistency")
 class HashVFLConsistency(Defense[ConsistencyOptions]):
     """Active side of HashVFL (spec 004 §2.5, §2.6, §2.9): adds
     weight * (1/N) sum_i mean_u (1 - <h_i, o_y>/d) to the loss, whose gradient

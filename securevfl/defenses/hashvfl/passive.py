@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from securevfl.defenses.base import DEFENSES, Defense, DefenseContext
+from securevfl.defenses.base import Defense, DefenseContext
 from securevfl.defenses.hashvfl.balance import MedianThreshold, _BalanceCounter
 from securevfl.defenses.hashvfl.options import HashOptions
 from securevfl.errors import ConfigError, ProtocolError
@@ -25,7 +25,6 @@ def _passive_index(ctx: DefenseContext) -> int:
     raise ConfigError(f"party '{ctx.party}' is not a passive party", path="parties.passive")
 
 
-@DEFENSES.register("hashvfl")
 class HashVFL(Defense[HashOptions]):
     """Passive side of HashVFL (spec 004 §2.2-2.4, §2.10): the party sends
     Sign(BN(f_i(x))) in {-1, +1}^d and trains through the sign with a

@@ -56,7 +56,6 @@ from securevfl.config import Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import (
-    EXCHANGES,
     ActiveExchange,
     ExchangeBackend,
     ExchangeContext,
@@ -325,7 +324,6 @@ class MpcDealer(HelperExchange):
         stop_crypten()
 
 
-@EXCHANGES.register("mpc")
 class Mpc(ExchangeBackend):
     name = "mpc"
     capabilities = frozenset({"cuda", "mpc"})
