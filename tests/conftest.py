@@ -4,9 +4,11 @@ launcher (one OS process per rank), call the CLI as a subprocess."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +151,28 @@ def write_yaml(path: Path, doc: dict[str, Any]) -> Path:
 @pytest.fixture
 def digits_doc() -> dict[str, Any]:
     return small_digits()
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """A finished ``securevfl run``: its protocol file, the CLI process (stderr holds
+    the progress lines), result.json and the output folder."""
+
+    proto: Path
+    proc: subprocess.CompletedProcess[str]
+    result: dict[str, Any]
+    out: Path
+
+
+@pytest.fixture(scope="session")
+def small_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """One short undefended plain run (3 steps of small digits) through the CLI with
+    progress on, shared by every test that only reads a finished run or works on a
+    copy of its folder (phases, re-runs into a result folder, party commands that
+    reproduce it, a run without a privacy record): one launch instead of one each.
+    Tests must not write into ``out``; copy it first."""
+    tmp = tmp_path_factory.mktemp("small_cli_run")
+    proto = write_yaml(tmp / "p.yaml", small_digits(epochs=1, max_steps=3))
+    proc = cli("run", str(proto), "--out", str(tmp / "run"))  # progress on
+    assert proc.returncode == 0, proc.stderr
+    return CliRun(proto, proc, json.loads((tmp / "run" / "result.json").read_text()), tmp / "run")
