@@ -35,6 +35,17 @@ def small_digits(**training: Any) -> dict[str, Any]:
     return doc
 
 
+def short_sgd_digits(steps: int) -> dict[str, Any]:
+    """``steps`` training steps of batch 32 on small digits with SGD, A tracing z and
+    the loss of every step and every rank dumping its view: the run that defense
+    comparisons hold step by step against an undefended one. SGD, not Adam: Adam
+    divides by the root of the second moment, which turns any rounding difference in
+    a near-zero gradient into a step of size lr."""
+    doc = small_digits(epochs=1, batch_size=32, max_steps=steps, optimizer="sgd", lr=0.05)
+    doc["runtime"] = {"trace_steps": steps, "dump_views": True}
+    return doc
+
+
 def run_doc(doc: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     """Validate a protocol mapping and run it with the real launcher."""
     from securevfl.app.launcher import launch
@@ -151,6 +162,19 @@ def write_yaml(path: Path, doc: dict[str, Any]) -> Path:
 @pytest.fixture
 def digits_doc() -> dict[str, Any]:
     return small_digits()
+
+
+#: training steps of the shared undefended run (:func:`undefended_short_run`)
+SHORT_STEPS = 4
+
+
+@pytest.fixture(scope="session")
+def undefended_short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """``short_sgd_digits(SHORT_STEPS)`` without any defense: (result, output folder).
+    The vanilla run DRAVL's and embedding_dp's identity checks compare with, launched
+    once for both."""
+    out = tmp_path_factory.mktemp("undefended_short")
+    return run_doc(short_sgd_digits(SHORT_STEPS), out), out
 
 
 @dataclass(frozen=True)
