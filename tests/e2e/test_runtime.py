@@ -20,6 +20,10 @@ from tests.conftest import ROOT, CliRun, party_process, small_digits, write_yaml
 
 pytestmark = pytest.mark.timeout(300)
 
+# a killed or stopped rank is noticed after this many seconds without its heartbeat
+# (sent every 0.5 s); the default is 15, each test below waits it out once
+PEER_TIMEOUT_S = 5
+
 
 def test_party_commands_reproduce_run(small_cli_run: CliRun, tmp_path: Path):
     """The three ranks of the shared ``securevfl run`` (tests/conftest.py), started
@@ -64,7 +68,7 @@ def _wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
 @pytest.mark.parametrize("victim", [2, 0])
 def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
     doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
@@ -94,7 +98,7 @@ def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
 def test_launcher_reports_killed_rank(tmp_path: Path):
     """Under ``securevfl run`` the launcher's own message names the killed rank."""
     doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -126,7 +130,7 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
     """A rank that stops responding (SIGSTOP: alive, connections open, silent) is
     declared lost by every other rank's watchdog after peer_timeout_s."""
     doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
