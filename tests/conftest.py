@@ -4,9 +4,11 @@ launcher (one OS process per rank), call the CLI as a subprocess."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,17 @@ def small_digits(**training: Any) -> dict[str, Any]:
     doc["training"].update({"epochs": 2, "batch_size": 128, **training})
     # tests compare runs and use fixed seeds: pin the defenses' private noise too
     doc["privacy"] = {"noise_seed": 0}
+    return doc
+
+
+def short_sgd_digits(steps: int) -> dict[str, Any]:
+    """``steps`` training steps of batch 32 on small digits with SGD, A tracing z and
+    the loss of every step and every rank dumping its view: the run that defense
+    comparisons hold step by step against an undefended one. SGD, not Adam: Adam
+    divides by the root of the second moment, which turns any rounding difference in
+    a near-zero gradient into a step of size lr."""
+    doc = small_digits(epochs=1, batch_size=32, max_steps=steps, optimizer="sgd", lr=0.05)
+    doc["runtime"] = {"trace_steps": steps, "dump_views": True}
     return doc
 
 
@@ -152,3 +165,41 @@ def write_yaml(path: Path, doc: dict[str, Any]) -> Path:
 @pytest.fixture
 def digits_doc() -> dict[str, Any]:
     return small_digits()
+
+
+#: training steps of the shared undefended run (:func:`undefended_short_run`)
+SHORT_STEPS = 4
+
+
+@pytest.fixture(scope="session")
+def undefended_short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """``short_sgd_digits(SHORT_STEPS)`` without any defense: (result, output folder).
+    The vanilla run DRAVL's and embedding_dp's identity checks compare with, launched
+    once for both."""
+    out = tmp_path_factory.mktemp("undefended_short")
+    return run_doc(short_sgd_digits(SHORT_STEPS), out), out
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """A finished ``securevfl run``: its protocol file, the CLI process (stderr holds
+    the progress lines), result.json and the output folder."""
+
+    proto: Path
+    proc: subprocess.CompletedProcess[str]
+    result: dict[str, Any]
+    out: Path
+
+
+@pytest.fixture(scope="session")
+def small_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """One short undefended plain run (3 steps of small digits) through the CLI with
+    progress on, shared by every test that only reads a finished run or works on a
+    copy of its folder (phases, re-runs into a result folder, party commands that
+    reproduce it, a run without a privacy record): one launch instead of one each.
+    Tests must not write into ``out``; copy it first."""
+    tmp = tmp_path_factory.mktemp("small_cli_run")
+    proto = write_yaml(tmp / "p.yaml", small_digits(epochs=1, max_steps=3))
+    proc = cli("run", str(proto), "--out", str(tmp / "run"))  # progress on
+    assert proc.returncode == 0, proc.stderr
+    return CliRun(proto, proc, json.loads((tmp / "run" / "result.json").read_text()), tmp / "run")

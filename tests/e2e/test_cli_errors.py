@@ -1,15 +1,33 @@
 """User errors through the command line (``python -m securevfl.cli``): exit code 2,
 a one-paragraph message naming the YAML path (or party and column), and no
-traceback unless ``--debug``."""
+traceback unless ``--debug``.
+
+Protocol errors that stop the command before any rank starts run in-process
+through :func:`securevfl.cli.main` (the console script's code path minus the
+interpreter start-up, as in test_protocol_fuzz.py); a missing file under each
+command, ``--debug``, a valid file and a data error in a rank run as real
+subprocesses, for the exit code and output the shell sees."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import PROTOCOLS, cli, load_yaml, write_yaml
+
+from securevfl.cli import main
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``securevfl ARGS`` through :func:`securevfl.cli.main` in this process, with its
+    exit code and output as :func:`conftest.cli` reports a subprocess's."""
+    capsys.readouterr()  # drop anything printed before
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["securevfl", *args], code, out.out, out.err)
 
 
 def error_text(proc) -> str:
@@ -47,12 +65,12 @@ CASES = {
 
 @pytest.mark.parametrize("command", ["validate", "run"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_protocol_exits_2_with_yaml_path(tmp_path, command, case):
+def test_bad_protocol_exits_2_with_yaml_path(tmp_path, capsys, command, case):
     make, expected = CASES[case]
     f = write_yaml(tmp_path / "bad.yaml", make())
     out = tmp_path / "out"
     args = [command, str(f)] + (["--out", str(out), "--quiet"] if command == "run" else [])
-    proc = cli(*args, timeout=120)
+    proc = in_process(capsys, *args)
     assert_clean_user_error(proc, str(f), *expected)
     assert not out.exists(), "no rank may start for an invalid protocol"
 
@@ -66,8 +84,8 @@ def test_debug_shows_the_traceback(tmp_path):
     assert "parties.passive[0].model.foo" in proc.stderr
 
 
-def test_bad_override_exits_2(tmp_path):
-    proc = cli("validate", str(PROTOCOLS / "plain.yaml"), "--set", "training.epochs=ten", timeout=120)
+def test_bad_override_exits_2(capsys):
+    proc = in_process(capsys, "validate", str(PROTOCOLS / "plain.yaml"), "--set", "training.epochs=ten")
     assert_clean_user_error(proc, "training.epochs")
 
 
@@ -85,10 +103,10 @@ def test_missing_file_exits_2(tmp_path, command):
         ("- just\n- a list\n", "mapping"),
     ],
 )
-def test_malformed_yaml_exits_2(tmp_path, text, expected):
+def test_malformed_yaml_exits_2(tmp_path, capsys, text, expected):
     f = tmp_path / "broken.yaml"
     f.write_text(text)
-    proc = cli("validate", str(f), timeout=120)
+    proc = in_process(capsys, "validate", str(f))
     assert_clean_user_error(proc, str(f), expected)
 
 

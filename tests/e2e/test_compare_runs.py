@@ -11,6 +11,8 @@ import json
 import pytest
 from conftest import cli, small_digits, write_yaml
 
+from securevfl.cli import main
+
 EPS = "parties.active.defenses[0].params.epsilon"
 
 
@@ -62,9 +64,12 @@ def test_seeds_grid_cache_and_rerun_of_one_deleted_run(tmp_path) -> None:
     assert changed == {gone.relative_to(out)}
 
 
-def test_unknown_grid_key_is_refused_with_its_path_before_any_run(tmp_path) -> None:
+def test_unknown_grid_key_is_refused_with_its_path_before_any_run(tmp_path, capsys) -> None:
+    """In-process through :func:`securevfl.cli.main` (the console script's code path
+    minus the interpreter start-up): the refusal comes before any run."""
     out = tmp_path / "cmp"
-    proc = cli("compare", str(_tiny(tmp_path)), "--grid", "training.epochz=1,2", "--out", str(out))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "training.epochz" in proc.stderr and "unknown key" in proc.stderr
+    code = main(["compare", str(_tiny(tmp_path)), "--grid", "training.epochz=1,2", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "training.epochz" in err and "unknown key" in err
     assert not out.exists()

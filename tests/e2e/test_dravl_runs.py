@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import run_doc, small_digits
+from tests.conftest import SHORT_STEPS, run_doc, short_sgd_digits
 
 pytestmark = pytest.mark.timeout(600)
 
-STEPS = 4
+STEPS = SHORT_STEPS
 DEFENDED = {
     "left": [
         {"name": "dravl", "params": {"alpha_r": 0.1, "alpha_n": 0.1, "alpha_d": 0.1, "ar_inner_steps": 2}}
@@ -34,10 +34,10 @@ CRYPTO = {"mpc": ({"weight_init": "seeded"}, 5e-4), "ckks": ({"weight_init": "se
 
 def _doc(backend: str = "plain", params: dict[str, Any] | None = None, defenses=None) -> dict[str, Any]:
     """STEPS training steps of batch 32 on small digits with SGD (as the backend
-    tests do: Adam would turn rounding differences into full steps)."""
-    doc = small_digits(epochs=1, batch_size=32, max_steps=STEPS, optimizer="sgd", lr=0.05)
+    tests do: Adam would turn rounding differences into full steps), the same run
+    as the shared undefended one (tests/conftest.py) but for the defenses."""
+    doc = short_sgd_digits(STEPS)
     doc["exchange"] = {"backend": backend, "params": params or {}}
-    doc["runtime"] = {"trace_steps": STEPS, "dump_views": True}
     # the runs compared here must draw the same Gaussian noise: pin the private noise seed
     doc["privacy"] = {"noise_seed": 0}
     for p in doc["parties"]["passive"]:
@@ -51,8 +51,9 @@ def _run(tmp: pytest.TempPathFactory, name: str, doc: dict[str, Any]) -> tuple[d
 
 
 @pytest.fixture(scope="module")
-def vanilla(tmp_path_factory):
-    return _run(tmp_path_factory, "vanilla", _doc())
+def vanilla(undefended_short_run):
+    """``_doc()`` without defenses: the session's shared undefended run."""
+    return undefended_short_run
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, cli, party_process, small_digits, write_yaml
+from conftest import ROOT, CliRun, cli, party_process, small_digits, write_yaml
 from test_psi import csv_protocol, make_ids
 
 from securevfl.app.launcher import free_port
@@ -89,30 +89,15 @@ def test_identical_protocols_in_different_folders_agree(tmp_path):
     assert json.loads((hosts[0] / "out" / "result.json").read_text())["rows"]["aligned"] == 150
 
 
-def _quick(tmp_path: Path) -> Path:
-    return write_yaml(tmp_path / "p.yaml", small_digits(epochs=1, max_steps=2))
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> tuple[Path, Path]:
-    """(protocol, result folder) of one short finished run; each test works on a
-    copy of the folder, so one run serves both re-run tests."""
-    tmp = tmp_path_factory.mktemp("finished")
-    proto = _quick(tmp)
-    first = cli("run", str(proto), "--out", str(tmp / "run"), "--quiet")
-    assert first.returncode == 0, first.stderr
-    return proto, tmp / "run"
-
-
 def _copy_of(run: Path, tmp_path: Path) -> Path:
     out = tmp_path / "run"
     shutil.copytree(run, out)
     return out
 
 
-def test_rerun_into_a_result_folder_keeps_the_earlier_result(finished_run, tmp_path):
-    proto, run = finished_run
-    out = _copy_of(run, tmp_path)
+def test_rerun_into_a_result_folder_keeps_the_earlier_result(small_cli_run: CliRun, tmp_path):
+    proto = small_cli_run.proto
+    out = _copy_of(small_cli_run.out, tmp_path)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert (out / "result.json") in before
     again = cli("run", str(proto), "--out", str(out), "--quiet")
@@ -121,30 +106,31 @@ def test_rerun_into_a_result_folder_keeps_the_earlier_result(finished_run, tmp_p
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-def test_overwrite_keeps_other_files_and_survives_a_subfolder_in_ranks(finished_run, tmp_path):
-    proto, run = finished_run
-    out = _copy_of(run, tmp_path)
+def test_overwrite_keeps_other_files_and_survives_a_subfolder_in_ranks(small_cli_run: CliRun, tmp_path):
+    proto = small_cli_run.proto
+    out = _copy_of(small_cli_run.out, tmp_path)
     (out / "ranks" / "mine").mkdir()
     (out / "ranks" / "notes.txt").write_text("keep me")
     old = json.loads((out / "result.json").read_text())
     proc = cli(
-        "run", str(proto), "--out", str(out), "--quiet", "--overwrite", "--set", "training.max_steps=3"
+        "run", str(proto), "--out", str(out), "--quiet", "--overwrite", "--set", "training.max_steps=2"
     )
     assert proc.returncode == 0, proc.stderr
     new = json.loads((out / "result.json").read_text())
-    assert (old["train_steps"], new["train_steps"]) == (2, 3)
+    assert (old["train_steps"], new["train_steps"]) == (3, 2)
     assert (out / "ranks" / "mine").is_dir() and (out / "ranks" / "notes.txt").read_text() == "keep me"
     assert not list(out.glob(".securevfl-staging-*"))
 
 
-def test_a_failing_overwrite_leaves_the_earlier_result(tmp_path):
+def test_a_failing_overwrite_leaves_the_earlier_result(small_cli_run: CliRun, tmp_path):
+    """A copy of a finished run, overwritten by a run whose 'telco' file holds a
+    duplicate ID: the new run fails at rank 2 and the earlier result stays."""
+    out = _copy_of(small_cli_run.out, tmp_path)
+    before = (out / "result.json").read_bytes()
     ids = make_ids(100, seed=5)
     doc = csv_protocol(tmp_path, {"bank": ids, "shop": ids, "telco": ids})
     doc["training"] = {"epochs": 1, "batch_size": 64}
     proto = write_yaml(tmp_path / "p.yaml", doc)
-    out = tmp_path / "run"
-    assert cli("run", str(proto), "--out", str(out), "--quiet").returncode == 0
-    before = (out / "result.json").read_bytes()
     (tmp_path / "telco.csv").write_text((tmp_path / "telco.csv").read_text() + f"{ids[0]},1,2,3\n")
     proc = cli("run", str(proto), "--out", str(out), "--quiet", "--overwrite")
     assert proc.returncode == 2, proc.stderr

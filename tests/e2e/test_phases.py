@@ -4,32 +4,18 @@ peak memory, and the progress display announces entity alignment."""
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
-from typing import Any
 
-import pytest
 import torch
-from conftest import cli, run_doc, small_digits, write_yaml
+from conftest import CliRun, run_doc, small_digits
 
 from securevfl.app.harness import _VIEW_GLOBALS
 
 PHASES = {"startup", "data", "alignment", "setup", "training", "evaluation", "write_out"}
 
 
-@pytest.fixture(scope="module")
-def progress_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
-    """One short run through the CLI with progress on and neither attacks nor a view
-    dump, shared by the tests that read its result, summaries and progress lines."""
-    tmp = tmp_path_factory.mktemp("phases")
-    proto = write_yaml(tmp / "p.yaml", small_digits(epochs=1, max_steps=3))
-    proc = cli("run", str(proto), "--out", str(tmp / "run"))  # progress on
-    assert proc.returncode == 0, proc.stderr
-    return proc, json.loads((tmp / "run" / "result.json").read_text()), tmp / "run"
-
-
-def test_result_reports_phases_and_memory_per_rank(progress_run):
-    proc, result, _ = progress_run
+def test_result_reports_phases_and_memory_per_rank(small_cli_run: CliRun):
+    """On the shared short CLI run (progress on, neither attacks nor a view dump)."""
+    proc, result = small_cli_run.proc, small_cli_run.result
     assert set(result["phase_s"]) == {"0", "1", "2"}
     for rank, phases in result["phase_s"].items():
         assert set(phases) == PHASES, rank
@@ -46,8 +32,8 @@ def test_result_reports_phases_and_memory_per_rank(progress_run):
     assert f"entity alignment: {result['rows']['aligned']} rows in common" in err
 
 
-def test_a_run_without_attacks_or_dump_keeps_no_received_tensor(progress_run):
-    _, result, run = progress_run
+def test_a_run_without_attacks_or_dump_keeps_no_received_tensor(small_cli_run: CliRun):
+    result, run = small_cli_run.result, small_cli_run.out
     ranks = run / "ranks"
     for rank in result["phase_s"]:
         summary = json.loads((ranks / f"rank{rank}.summary.json").read_text())

@@ -23,6 +23,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
+from securevfl.cli import main
 from tests.conftest import cli, party_process, write_yaml
 
 pytestmark = pytest.mark.timeout(600)
@@ -217,19 +218,34 @@ def test_bad_prediction_files_exit_2_naming_party_and_field(trained: dict[str, A
     assert not (out / "predictions.csv").exists()
 
 
-def test_corrupted_missing_or_mismatched_models_exit_2(trained: dict[str, Any], tmp_path: Path):
+def _predict_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``securevfl predict ARGS`` through :func:`securevfl.cli.main` in this process
+    (the console script's code path minus the interpreter start-up), for refusals
+    that come before any rank starts: the exit code and stderr."""
+    capsys.readouterr()
+    code = main(["predict", *args])
+    return code, capsys.readouterr().err
+
+
+def test_corrupted_missing_or_mismatched_models_exit_2(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Every rank's model is verified before any rank starts (so in-process here);
+    a rank started on its own checks its own."""
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     models = run / "ranks" / "rank2" / "model" / "models.pt"
     blob = bytearray(models.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     models.write_bytes(bytes(blob))
-    r = cli("predict", str(run), "--out", str(tmp_path / "a"))
-    assert r.returncode == 2 and "rank 2" in r.stderr and "models.pt" in r.stderr, r.stderr[-2000:]
+    code, err = _predict_in_process(capsys, str(run), "--out", str(tmp_path / "a"))
+    assert code == 2 and "rank 2" in err and "models.pt" in err, err[-2000:]
+    assert not (tmp_path / "a").exists()
 
     shutil.rmtree(run / "ranks" / "rank2" / "model")
-    r = cli("predict", str(run), "--out", str(tmp_path / "b"))
-    assert r.returncode == 2 and "rank 2" in r.stderr, r.stderr[-2000:]
+    code, err = _predict_in_process(capsys, str(run), "--out", str(tmp_path / "b"))
+    assert code == 2 and "rank 2" in err, err[-2000:]
+    assert not (tmp_path / "b").exists()
 
     # a protocol that is not the one the model was trained under: refused at once,
     # before this rank joins any peer
@@ -240,15 +256,17 @@ def test_corrupted_missing_or_mismatched_models_exit_2(trained: dict[str, Any], 
     assert "rank 1" in err and "digest" in _flat(err), err[-2000:]
 
 
-def test_output_folder_is_never_overwritten_unasked(trained: dict[str, Any], tmp_path: Path):
+def test_output_folder_is_never_overwritten_unasked(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     out = tmp_path / "pred"
     out.mkdir()
     (out / "predictions.csv").write_text("id,score,class\nmine,0.5,1\n")
-    r = cli("predict", str(trained["run"]), "--out", str(out))
-    assert r.returncode == 2 and "--overwrite" in _flat(r.stderr)
+    code, err = _predict_in_process(capsys, str(trained["run"]), "--out", str(out))
+    assert code == 2 and "--overwrite" in _flat(err)
     assert (out / "predictions.csv").read_text().startswith("id,score,class\nmine")
-    r = cli("predict", str(trained["run"]), "--out", str(trained["run"]), "--overwrite")
-    assert r.returncode == 2 and "is the training run's folder" in _flat(r.stderr)
+    code, err = _predict_in_process(capsys, str(trained["run"]), "--out", str(trained["run"]), "--overwrite")
+    assert code == 2 and "is the training run's folder" in _flat(err)
     assert (trained["run"] / "result.json").is_file()
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_doc, small_digits
+from tests.conftest import CliRun, run_doc, small_digits
 
 
 def test_label_dp_run_carries_its_privacy_record(tmp_path) -> None:
@@ -24,9 +24,9 @@ def test_label_dp_run_carries_its_privacy_record(tmp_path) -> None:
     assert res["test_accuracy"] is not None
 
 
-def test_run_without_dp_has_no_privacy_record(tmp_path) -> None:
-    run_doc(small_digits(epochs=1), tmp_path)
-    assert json.loads((tmp_path / "result.json").read_text())["privacy"] == {}
+def test_run_without_dp_has_no_privacy_record(small_cli_run: CliRun) -> None:
+    """The shared short undefended run (tests/conftest.py)."""
+    assert json.loads((small_cli_run.out / "result.json").read_text())["privacy"] == {}
 
 
 def test_budget_stops_training_at_the_last_step_within_it(tmp_path) -> None:

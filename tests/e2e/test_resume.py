@@ -24,8 +24,9 @@ from tests.conftest import cli, run_doc, small_digits, write_yaml
 def resumable(doc: dict[str, Any], epochs: int = 3) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     doc["training"].update({"epochs": epochs, "checkpoint_every": 1})
-    # a killed peer is noticed after this many seconds (the default is 15)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    # a killed peer is noticed after this many seconds without its heartbeat (sent
+    # every 0.5 s; the default is 15): each interrupted run waits it out once
+    doc["runtime"] = {"peer_timeout_s": 5}
     return doc
 
 

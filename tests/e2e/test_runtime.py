@@ -16,28 +16,32 @@ import pytest
 import torch
 
 from securevfl.app.launcher import free_port
-from tests.conftest import ROOT, cli, party_process, small_digits, write_yaml
+from tests.conftest import ROOT, CliRun, party_process, small_digits, write_yaml
 
 pytestmark = pytest.mark.timeout(300)
 
+# a killed or stopped rank is noticed after this many seconds without its heartbeat
+# (sent every 0.5 s); the default is 15, each test below waits it out once
+PEER_TIMEOUT_S = 5
 
-def test_party_commands_reproduce_run(tmp_path: Path):
-    doc = small_digits(epochs=2)
-    proto = write_yaml(tmp_path / "p.yaml", doc)
-    ran = cli("run", str(proto), "--out", str(tmp_path / "run"), "--quiet")
-    assert ran.returncode == 0, ran.stderr
+
+def test_party_commands_reproduce_run(small_cli_run: CliRun, tmp_path: Path):
+    """The three ranks of the shared ``securevfl run`` (tests/conftest.py), started
+    again as three ``securevfl party`` commands, end where that run ended."""
+    proto, run = small_cli_run.proto, small_cli_run.out
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}", "--quiet") for r in range(3)]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
-    a = json.loads((tmp_path / "run" / "result.json").read_text())
+    a = small_cli_run.result
     b = json.loads((tmp_path / "host0" / "result.json").read_text())
+    assert a["train_steps"] > 1
     for key in ("test_accuracy", "train_steps", "bytes_per_step", "digest", "rows", "history"):
         hist = lambda r: [{k: v for k, v in e.items()} for e in r["history"]]  # noqa: E731
         assert (hist(a) if key == "history" else a[key]) == (hist(b) if key == "history" else b[key]), key
     # every rank ended with identical parameters (bitwise: same seeds, same batches)
     for r in range(3):
-        sa = torch.load(tmp_path / "run" / "ranks" / f"rank{r}.state.pt", weights_only=True)
+        sa = torch.load(run / "ranks" / f"rank{r}.state.pt", weights_only=True)
         sb = torch.load(tmp_path / f"host{r}" / "ranks" / f"rank{r}.state.pt", weights_only=True)
         assert sa.keys() == sb.keys()
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -64,7 +68,7 @@ def _wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
 @pytest.mark.parametrize("victim", [2, 0])
 def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
     doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
@@ -94,7 +98,7 @@ def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
 def test_launcher_reports_killed_rank(tmp_path: Path):
     """Under ``securevfl run`` the launcher's own message names the killed rank."""
     doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -126,7 +130,7 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
     """A rank that stops responding (SIGSTOP: alive, connections open, silent) is
     declared lost by every other rank's watchdog after peer_timeout_s."""
     doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": 10}
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
     proto = write_yaml(tmp_path / "p.yaml", doc)
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]

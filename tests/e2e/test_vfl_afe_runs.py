@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from securevfl.privacy.gaussian import classic_sigma, gdp_composed_epsilon
-from tests.conftest import load_yaml, run_doc, small_digits
+from tests.conftest import SHORT_STEPS, load_yaml, run_doc, short_sgd_digits, small_digits
 
 pytestmark = pytest.mark.timeout(900)  # two launches per test; slow only on a loaded machine
 
@@ -50,13 +50,18 @@ def _check_privacy(result: dict[str, Any]) -> None:
         assert rec["epsilon"] == pytest.approx(gdp_composed_epsilon(z, 1, 0.01), abs=0.01)
 
 
-@pytest.mark.parametrize(
-    "backend",
-    # the crypto backends start slower (CrypTen / CKKS keys): marked slow, run with -m slow
-    ["plain", pytest.param("mpc", marks=pytest.mark.slow), pytest.param("ckks", marks=pytest.mark.slow)],
-)
-def test_runs_under_backend_and_reports_privacy(tmp_path: Path, backend: str):
-    result = run_doc(_doc(backend), tmp_path)
+@pytest.fixture(scope="module")
+def plain_afe(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """One ``plain`` run with the defense on both passive parties and the views
+    dumped (recording them changes nothing in training), shared by the privacy
+    record and the wire checks."""
+    out = tmp_path_factory.mktemp("afe_plain")
+    doc = _doc("plain")
+    doc["runtime"] = {"dump_views": True}
+    return run_doc(doc, out), out
+
+
+def _check_run(result: dict[str, Any], backend: str) -> None:
     assert result["backend"] == backend and result["train_steps"] == STEPS
     assert result["defenses"] == {"left": ["embedding_dp"], "right": ["embedding_dp"]}
     _check_privacy(result)
@@ -65,18 +70,27 @@ def test_runs_under_backend_and_reports_privacy(tmp_path: Path, backend: str):
     assert "cl_mean" in rep and "kl_mean" in rep
 
 
-def test_wire_carries_only_noised_embeddings_and_gradients(tmp_path: Path):
-    doc = _doc("plain")
-    doc["runtime"] = {"dump_views": True}
-    result = run_doc(doc, tmp_path)
+def test_runs_under_plain_and_reports_privacy(plain_afe: tuple[dict[str, Any], Path]):
+    _check_run(plain_afe[0], "plain")
+
+
+# the crypto backends start slower (CrypTen / CKKS keys): marked slow, run with -m slow
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mpc", "ckks"])
+def test_runs_under_crypto_backend_and_reports_privacy(tmp_path: Path, backend: str):
+    _check_run(run_doc(_doc(backend), tmp_path), backend)
+
+
+def test_wire_carries_only_noised_embeddings_and_gradients(plain_afe: tuple[dict[str, Any], Path]):
+    result, out = plain_afe
     train = [f for f in result["ledger"]["flows"] if f["phase"] == "train"]
     to_active = {f["tag"] for f in train if f["receiver"] == 0}
     to_passive = {f["tag"] for f in train if f["receiver"] != 0}
     assert to_active == {"embedding"}, to_active
     assert len(to_passive) == 1 and "embedding" not in to_passive, to_passive
-    view = torch.load(tmp_path / "ranks" / "rank0.view.pt", weights_only=False)
+    view = torch.load(out / "ranks" / "rank0.view.pt", weights_only=False)
     got = view["received"]["embedding"]
-    sent = torch.load(tmp_path / "ranks" / "rank1.view.pt", weights_only=False)["own"]["embeddings"]
+    sent = torch.load(out / "ranks" / "rank1.view.pt", weights_only=False)["own"]["embeddings"]
     assert got and all(t.shape == (32, 16) and t.dtype == torch.float32 for _, t in got[:STEPS])
     # what arrives is what the passive party sent after its noise: the rows are far outside
     # the clip ball (noise std 2*sigma*t = 12.4 per coordinate, 16 coordinates -> norm ~50)
@@ -85,17 +99,21 @@ def test_wire_carries_only_noised_embeddings_and_gradients(tmp_path: Path):
     assert any(torch.equal(t, s) for _, t in got for _, s in sent)
 
 
-def test_identity_configuration_matches_unprotected(tmp_path: Path):
-    """eps = inf, no clipping, adjustments off: z and the loss equal the undefended run's."""
-    plain = small_digits(epochs=1, batch_size=32, max_steps=STEPS)
-    plain["runtime"] = {"trace_steps": STEPS}
-    ident = _doc("plain", {"variant": "vanilla", "epsilon": None, "clip": None})  # null: no noise
-    ident["runtime"] = {"trace_steps": STEPS}
-    run_doc(plain, tmp_path / "a")
-    result = run_doc(ident, tmp_path / "b")
+def test_identity_configuration_matches_unprotected(undefended_short_run, tmp_path: Path):
+    """eps = inf, no clipping, adjustments off: z and the loss equal the undefended
+    run's (the session's shared one, tests/conftest.py) at every step."""
+    _, plain_out = undefended_short_run
+    ident = short_sgd_digits(SHORT_STEPS)
+    for p in ident["parties"]["passive"]:  # null: no noise
+        p["defenses"] = [
+            {"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": None, "clip": None}}
+        ]
+    result = run_doc(ident, tmp_path)
+    assert result["defenses"] == {"left": ["embedding_dp"], "right": ["embedding_dp"]}
     assert result["privacy"] == {}
-    ta = torch.load(tmp_path / "a" / "ranks" / "rank0.trace.pt", weights_only=True)
-    tb = torch.load(tmp_path / "b" / "ranks" / "rank0.trace.pt", weights_only=True)
+    ta = torch.load(plain_out / "ranks" / "rank0.trace.pt", weights_only=True)
+    tb = torch.load(tmp_path / "ranks" / "rank0.trace.pt", weights_only=True)
+    assert len(ta) == len(tb) == SHORT_STEPS
     for a, b in zip(ta, tb, strict=True):
         assert torch.equal(a["z"], b["z"])
         assert np.asarray(a["loss"]) == np.asarray(b["loss"])
