@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "criteo_tiny.tsv"
 
 
+@pytest.mark.slow  # the Criteo reader and splitter stay covered by tests/unit/test_criteo.py
 def test_criteo_split_trains_as_a_two_party_run(tmp_path: Path):
     split = cli("criteo", str(FIXTURE), "--out", str(tmp_path / "criteo"), "--top-k", "4")
     assert split.returncode == 0, split.stderr

@@ -140,7 +140,9 @@ def test_zero_weights_are_vanilla_bit_for_bit(vanilla, tmp_path_factory):
     assert r1["test_accuracy"] == r0["test_accuracy"]
 
 
-@pytest.mark.parametrize("backend", sorted(CRYPTO))
+@pytest.mark.parametrize(
+    "backend", [pytest.param(b, marks=pytest.mark.slow) if b == "ckks" else b for b in sorted(CRYPTO)]
+)  # mpc in the default suite, ckks in the slow one
 def test_runs_under_crypto_backends_like_plain(backend, defended, tmp_path_factory):
     params, tol = CRYPTO[backend]
     _, p_out = defended

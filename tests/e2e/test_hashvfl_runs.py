@@ -172,7 +172,7 @@ def test_ablation_runs_send_what_they_declare(tmp_path: Path, hash_params: dict[
         assert rep["quantization_weight"] == 1.0 and 0 < rep["quantization_norm_last"] < math.inf
 
 
-@pytest.mark.parametrize("backend", ["mpc", "ckks"])
+@pytest.mark.parametrize("backend", ["mpc", pytest.param("ckks", marks=pytest.mark.slow)])
 def test_hash_alone_runs_under_crypto_backends(tmp_path: Path, backend: str):
     doc = _fast(backend, consistency=False)
     doc["exchange"]["params"] = {"weight_init": "seeded"}

@@ -441,6 +441,9 @@ def test_detector_against_predicted_code_is_linear_in_parties(monkeypatch):
     assert not det["to_pred_flag"].any()
 
 
+# Table VI arithmetic stays in the default suite:
+# test_hash_evaluators::test_table_vi_on_a_case_computed_by_hand
+@pytest.mark.slow
 def test_table_vi_protocol_on_a_toy_model():
     """Spec 004 §2.9: train a small top model on noisy class codes of 2 parties,
     then fix party A to o_i, enumerate all 2^d codes for party B, and compare the
