@@ -300,9 +300,7 @@ def test_the_builder_sees_imports_and_cycles() -> None:
     # `from securevfl.privacy import budget` names the submodule, not the package
     assert any(e.target == "securevfl.privacy.budget" for e in graph["securevfl.defenses.budget"])
     # a registration by path is an edge to the registered module
-    assert any(
-        e.target == "securevfl.exchange.plain" and e.by_path for e in graph["securevfl.exchange"]
-    )
+    assert any(e.target == "securevfl.exchange.plain" and e.by_path for e in graph["securevfl.exchange"])
     tree = ast.parse('R.add_path("x", "securevfl.models:mlp")\nR.add("y", 1)\n')
     assert [(m, a) for _, m, a in _registrations(tree)] == [("securevfl.models", "mlp")]
 
@@ -358,11 +356,7 @@ def test_layers() -> None:
     for module, edges in graph.items():
         for layer, forbidden in FORBIDDEN.items():
             if _under(module, layer):
-                bad += [
-                    e.says()
-                    for e in edges
-                    if any(_under(e.target, f) for f in forbidden)
-                ]
+                bad += [e.says() for e in edges if any(_under(e.target, f) for f in forbidden)]
         if not any(_under(module, m) for m in APP_IMPORTERS):
             bad += [e.says() for e in edges if _under(e.target, "securevfl.app")]
     assert not bad, "layer violations:\n" + "\n".join(bad)
