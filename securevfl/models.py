@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from securevfl import optim
 from securevfl.config import InteractiveSpec, ModelSpec, TopSpec, TrainingSpec
 from securevfl.seeding import seeded
 
@@ -79,13 +80,13 @@ def build_top(spec: TopSpec, in_features: int, classes: int, *, seed: int) -> To
         return Top(spec, in_features, classes)
 
 
-def interactive_optimizer(params, spec: InteractiveSpec) -> torch.optim.Optimizer:
+def interactive_optimizer(params, spec: InteractiveSpec) -> optim.Optimizer:
     """SGD with momentum for the passive blocks W_i (see InteractiveSpec)."""
-    return torch.optim.SGD(list(params), lr=spec.lr, momentum=spec.momentum)
+    return optim.SGD(list(params), lr=spec.lr, momentum=spec.momentum)
 
 
-def make_optimizer(params, training: TrainingSpec) -> torch.optim.Optimizer:
+def make_optimizer(params, training: TrainingSpec) -> optim.Optimizer:
     params = list(params)
     if training.optimizer == "adam":
-        return torch.optim.Adam(params, lr=training.lr)
-    return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum)
+        return optim.Adam(params, lr=training.lr)
+    return optim.SGD(params, lr=training.lr, momentum=training.momentum)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from securevfl import optim
 from securevfl.attacks import metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row, received_per_forward
@@ -75,7 +76,7 @@ def invert(
 ) -> torch.Tensor:
     """Gradient descent on the input: MSE(f(x), target) + tv * TV(x)."""
     x = torch.full((target.shape[0], *shape), init, requires_grad=True)
-    opt = torch.optim.Adam([x], lr=lr, amsgrad=True)
+    opt = optim.Adam([x], lr=lr, amsgrad=True)
     for _ in range(iterations):
         opt.zero_grad()
         out = f(x.reshape(x.shape[0], -1))

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from securevfl import optim
+
 
 def _mlp(d_in: int, hidden: list[int], d_out: int) -> nn.Sequential:
     layers: list[nn.Module] = []
@@ -59,7 +61,7 @@ def fit_regressor(
     xv, yv = sx(x[va]), sy(y[va])
     torch.manual_seed(seed)
     net = _mlp(x.shape[1], hidden, y.shape[1])
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=1e-5)
+    opt = optim.Adam(net.parameters(), lr=lr, weight_decay=1e-5)
     best, best_state, wait = float("inf"), None, 0
     for _ in range(max_epochs):
         net.train()
@@ -108,7 +110,7 @@ def fit_classifier(
     sx = Standardizer(x)
     torch.manual_seed(seed)
     net = _mlp(x.shape[1], hidden, classes)
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     xt, yt = sx(x), y.long()
     for _ in range(epochs):
         opt.zero_grad()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from securevfl import optim
 from securevfl.attacks.learners import Standardizer, _mlp, proba_of
 
 
@@ -81,7 +82,7 @@ def fit_mixmatch(
     sx = Standardizer(x_pool)
     torch.manual_seed(seed)
     net = _mlp(x_pool.shape[1], hidden, classes)
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     y_known = nn.functional.one_hot(known_labels.long(), classes).float()
     n = len(x_pool)
     steps = epochs * max(1, -(-n // batch_size))

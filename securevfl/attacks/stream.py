@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from securevfl import optim
+
 
 class OnlineReconstructor:
     """R_I: an MLP from the sent embedding to ``phi(x)``, one Adam step per
@@ -47,7 +49,7 @@ class OnlineReconstructor:
                     bound = layer.in_features**-0.5
                     for p in (layer.weight, layer.bias):
                         p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=lr)
+        self.opt = optim.Adam(self.net.parameters(), lr=lr)
         self.steps = 0
 
     def observe(self, z_sent: torch.Tensor, x: torch.Tensor) -> float:

@@ -47,6 +47,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from securevfl import optim
 from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, DataError
 from securevfl.models import mlp
@@ -232,7 +233,7 @@ class Dravl(Defense[DravlOptions]):
         self.q = embedding_dim(ctx)
         self.d_x: int | None = None
         self.r: nn.Module | None = None
-        self.inner_opt: torch.optim.Optimizer | None = None
+        self.inner_opt: optim.Optimizer | None = None
         self.noise_gen = generator(ctx.seed, "dravl-nr", ctx.party)
         self.fixed_noise: dict[bytes, torch.Tensor] = {}
         self.probe = _EvalProbe(ctx.seed, ctx.party, params.eval_rows)
@@ -294,7 +295,7 @@ class Dravl(Defense[DravlOptions]):
         r = self.reconstructor()
         if self.inner_opt is None:
             lr = self.p.inner_lr or self.ctx.proto.training.lr
-            self.inner_opt = torch.optim.Adam(r.parameters(), lr=lr)
+            self.inner_opt = optim.Adam(r.parameters(), lr=lr)
         z = h.detach()
         for _ in range(self.p.ar_inner_steps):
             self.inner_opt.zero_grad(set_to_none=True)

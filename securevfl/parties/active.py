@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from securevfl import optim
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
@@ -244,7 +245,7 @@ class ActiveParty(Party):
         self.held_at_start = dict(saved["held_at_start"])
         self.trace = list(saved["trace"])
 
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> optim.Optimizer:
         return self.opt
 
     def task_info(self) -> dict[str, Any] | None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from securevfl import optim
 from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
@@ -326,7 +326,7 @@ class Party:
     def load_model_tensors(self, saved: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> optim.Optimizer:
         """The party's own optimizer (bottom/top models and defense modules)."""
         raise NotImplementedError
 

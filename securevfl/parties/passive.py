@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from securevfl import optim
 from securevfl.models import build_bottom, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.state import module_states
@@ -148,7 +149,7 @@ class PassiveParty(Party):
         for m, sd in zip(self.stack.modules(), saved["defense_modules"], strict=True):
             m.load_state_dict(sd)
 
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> optim.Optimizer:
         return self.opt
 
     def state(self) -> dict[str, torch.Tensor]:
