@@ -52,9 +52,10 @@ cost in wall time, measured directly. Each pair is two runs of the same configur
 sealed (the product) and one unsealed, in alternating order (sealed first in even pairs);
 a run's step time is its median step, each arm's the median over its runs, and the cost is
 the median of the pairs' differences (sealed - unsealed), as a share of the sealed step.
-The unsealed arm is benchmark-only: the launcher starts ranks with ``spawn``, so every rank
-re-imports this script as ``__mp_main__``; when it finds ``SECUREVFL_BENCH_UNSEALED=1``
-(set by this script around that arm's launch, read by nothing else) it replaces the links'
+The unsealed arm is benchmark-only: this script has the launcher start ranks with
+``spawn`` (``SECUREVFL_START_METHOD``), so every rank re-imports it as ``__mp_main__``;
+when it finds ``SECUREVFL_BENCH_UNSEALED=1`` (set by this script around that arm's
+launch, read by nothing else) it replaces the links'
 class with :class:`UnsealedLink`, which sends every frame as the tensor's own bytes and
 receives it straight into the caller's tensor, as an unsealed gloo transport would: same
 frames (the channel's header and payload, CrypTen's frames), same order, same code around
@@ -88,7 +89,7 @@ sys.path.insert(0, str(ROOT))
 
 # The benchmark runs from a checkout without installing: securevfl is importable
 # only once ROOT is on the path.
-from securevfl.app.launcher import launch  # noqa: E402
+from securevfl.app.launcher import START_METHOD_ENV, launch  # noqa: E402
 from securevfl.app.loader import load_protocol_dict  # noqa: E402
 from securevfl.exchange import EXCHANGES  # noqa: E402
 from securevfl.exchange.ckks import CkksOptions  # noqa: E402
@@ -369,6 +370,9 @@ OP_FLOORS = {"paillier": paillier_floor, "ckks": ckks_floor, "mpc": mpc_floor}
 
 
 def main() -> int:
+    # every rank a fresh interpreter that re-imports this script: the channel A/B's
+    # unsealed arm is chosen there (a fork server's ranks would not re-read the variable)
+    os.environ.setdefault(START_METHOD_ENV, "spawn")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="plain,mpc,ckks,paillier")
     ap.add_argument("--quick", action="store_true", help="reference point only, no scaling sweeps")

@@ -64,6 +64,8 @@ def crypto_run(request, tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
         mp.setenv("SECUREVFL_DIST_PROBE", str(probe))
+        # the probe is a sitecustomize: it needs every rank to be a fresh interpreter
+        mp.setenv("SECUREVFL_START_METHOD", "spawn")
         result = run_doc(_doc(backend, params), out)
     return backend, tol, result, torch.load(out / "ranks" / "rank0.trace.pt", weights_only=True), out
 

@@ -1,0 +1,54 @@
+"""How the launcher starts ranks (securevfl.app.launcher.rank_context): forked from a
+fork server by default, fresh interpreters on request, and either way with the
+environment of the launch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from securevfl.app.launcher import START_METHOD_ENV, _rank_main, rank_context
+from securevfl.errors import ConfigError
+
+
+def report(path: str, key: str) -> None:
+    """A stand-in rank: writes what it sees (the variable, its parent pid)."""
+    Path(path).write_text(f"{os.environ.get(key, '<unset>')} {os.getppid()}")
+
+
+def start(tmp_path: Path, name: str) -> tuple[str, int]:
+    ctx = rank_context()
+    out = tmp_path / name
+    p = ctx.Process(target=_rank_main, args=(report, dict(os.environ), str(out), "SVFL_PROBE_VALUE"))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    value, ppid = out.read_text().split()
+    return value, int(ppid)
+
+
+def test_ranks_are_forked_from_a_fork_server_and_see_the_environment_of_their_launch(tmp_path, monkeypatch):
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    assert rank_context().get_start_method() == "forkserver"
+    monkeypatch.setenv("SVFL_PROBE_VALUE", "first")
+    first, server = start(tmp_path, "a")
+    monkeypatch.setenv("SVFL_PROBE_VALUE", "second")  # after the server started
+    second, server_again = start(tmp_path, "b")
+    assert (first, second) == ("first", "second")
+    assert server == server_again != os.getpid()  # the same server forked both
+
+
+def test_spawn_on_request_starts_children_of_the_launcher(tmp_path, monkeypatch):
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    monkeypatch.setenv("SVFL_PROBE_VALUE", "x")
+    assert rank_context().get_start_method() == "spawn"
+    assert start(tmp_path, "c") == ("x", os.getpid())
+
+
+@pytest.mark.parametrize("value", ["fork", "threads"])
+def test_an_unknown_start_method_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(START_METHOD_ENV, value)
+    with pytest.raises(ConfigError, match=f"{START_METHOD_ENV}='{value}'.*forkserver"):
+        rank_context()
