@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# autograd's first backward with an explicit gradient (every party's, from the first
+# training step on) imports this module, and with it sympy: 0.7 CPU s, which would land
+# inside the first training step. Imported with the rank's code instead (a fork
+# server's ranks then have it for free).
+import torch.fx.experimental.symbolic_shapes
 from pydantic import ValidationError
 
 from securevfl.app.checkpoints import checkpoint_dir, list_checkpoints, model_dir, read_state, write_state
