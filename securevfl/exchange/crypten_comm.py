@@ -30,8 +30,9 @@ a set of point-to-point frames through one :class:`FrameTransport`:
   sets of :class:`RankSet` (no torch process sub-group is created), so a peer
   outside the group is refused;
 * **the dealer's seeds** (the PRG seed it shares with each MPC party, from which
-  the party draws its triple shares) travel as frames too (:func:`client_seed`,
-  :func:`dealer_seeds`), drawn from ``os.urandom``.
+  the party draws its triple shares) travel as frames too (:func:`dealer_seeds`
+  here, ``client_seed`` in :mod:`securevfl.exchange.crypten_runtime`), drawn from
+  ``os.urandom``.
 
 The transport decides what a frame looks like on the wire. :class:`SealedFrames`
 (every rank of a run) seals each frame on the session's authenticated link to
@@ -671,7 +672,7 @@ class FramedCommunicator:
 # -- the dealer's PRG seeds -----------------------------------------------------------------
 
 
-def _seeded(seed: int) -> tuple[torch.Generator, torch.Generator | None]:
+def seeded_generators(seed: int) -> tuple[torch.Generator, torch.Generator | None]:
     cpu = torch.Generator(device="cpu")
     cpu.manual_seed(seed)
     cuda = None
@@ -686,22 +687,6 @@ def random_seed() -> int:
     return int.from_bytes(os.urandom(8), "big") - 2**63
 
 
-def client_seed(comm: FramedCommunicator) -> None:
-    """At an MPC party: receive the PRG seed the dealer shares with it and install
-    CrypTen's ``TTPClient`` with it (CrypTen's own client set-up would receive it
-    with a raw ``dist.irecv`` and a gloo barrier)."""
-    from crypten.mpc.provider.ttp_provider import TTPClient
-
-    seed = torch.zeros(1, dtype=torch.int64)
-    comm.exchange([], [(comm.get_ttp_rank(), seed)])
-    comm._log("recv", comm.get_ttp_rank(), comm.rank, "seed", seed)  # the seed itself is not kept
-    inner = TTPClient._TTPClient__TTPClient
-    client = inner.__new__(inner)
-    client.ttp_group, client.comm_group = comm.ttp_group, comm.ttp_comm_group
-    client.generator, client.generator_cuda = _seeded(int(seed[0]))
-    TTPClient._TTPClient__instance = client
-
-
 def dealer_seeds(server: Any, comm: FramedCommunicator) -> None:
     """At the dealer: draw one PRG seed per MPC party, send each to its party
     alone (one frame each) and seed ``server``'s per-party generators with them."""
@@ -710,6 +695,6 @@ def dealer_seeds(server: Any, comm: FramedCommunicator) -> None:
     server.generators, server.generators_cuda = [], []
     for party, s in enumerate(seeds):
         comm._log("sent", comm.rank, party, "seed", s)
-        cpu, cuda = _seeded(int(s[0]))
+        cpu, cuda = seeded_generators(int(s[0]))
         server.generators.append(cpu)
         server.generators_cuda.append(cuda)

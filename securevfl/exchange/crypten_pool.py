@@ -35,6 +35,8 @@ from typing import Any
 import torch
 
 from securevfl.errors import ProtocolError
+from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
+from securevfl.exchange.crypten_api import TTPClient, comm, generate_random_ring_element, mpc
 
 MAX_BUNDLE_ITEMS = 4096
 MAX_PAIR = 1024  # the highest MPC rank a pair triple may name (the dealer checks its own world)
@@ -165,8 +167,6 @@ def pair_c0(generators: Sequence[torch.Generator], it: Triple) -> torch.Tensor:
     order they draw them (a, b; then c_i at rank i), as CrypTen's ``TTPServer.additive``
     does for all parties. A pair naming a rank the dealer has no stream for is a
     protocol violation by rank 0."""
-    from crypten.common.rng import generate_random_ring_element
-
     if not 0 < it.pair < len(generators):
         raise ProtocolError(f"rank 0 asked the dealer for a triple with rank {it.pair}, not an MPC party")
     g0, gi = generators[0], generators[it.pair]
@@ -244,11 +244,6 @@ class PooledTTP:
     def prefetch(self, plan: Sequence[Item]) -> None:
         """Collective over the MPC parties: fill the pool with ``plan``'s tuples.
         Every party must call it at the same point with the same plan."""
-        import crypten.communicator as comm
-        from crypten.common.rng import generate_random_ring_element
-        from crypten.mpc.primitives import ArithmeticSharedTensor as AST
-        from crypten.mpc.provider.ttp_provider import TTPClient
-
         if not plan:
             return
         t0 = time.perf_counter()
@@ -308,8 +303,6 @@ class PooledTTP:
 def install() -> PooledTTP:
     """Register a fresh :class:`PooledTTP` as CrypTen's ``TTP`` provider (on an MPC
     party, after the TTP client is initialised); :func:`uninstall` restores CrypTen's."""
-    import crypten.mpc as mpc
-
     table = vars(mpc)["__SUPPORTED_PROVIDERS"]
     current = table["TTP"]
     fallback = current.fallback if isinstance(current, PooledTTP) else current
@@ -319,8 +312,6 @@ def install() -> PooledTTP:
 
 
 def uninstall() -> None:
-    import crypten.mpc as mpc
-
     table = vars(mpc)["__SUPPORTED_PROVIDERS"]
     if isinstance(table["TTP"], PooledTTP):
         table["TTP"] = table["TTP"].fallback
@@ -328,7 +319,5 @@ def uninstall() -> None:
 
 def current() -> PooledTTP | None:
     """The installed pooled provider, if any."""
-    import crypten.mpc as mpc
-
     p = vars(mpc)["__SUPPORTED_PROVIDERS"]["TTP"]
     return p if isinstance(p, PooledTTP) else None

@@ -24,16 +24,17 @@ from typing import Any
 
 import torch
 
-from securevfl._compat import import_crypten
 from securevfl.errors import PartyFailure, ProtocolError
 from securevfl.exchange import crypten_pool
+from securevfl.exchange.crypten_api import DistributedCommunicator, TTPClient, TTPServer, crypten
+from securevfl.exchange.crypten_api import comm as crypten_comm_module
 from securevfl.exchange.crypten_comm import (
     FramedCommunicator,
     FrameTransport,
-    client_seed,
     dealer_seeds,
     decode_obj,
     encode_obj,
+    seeded_generators,
     transport_for,
 )
 from securevfl.runtime.channel import Channel
@@ -68,18 +69,14 @@ def start_crypten(
     dealer's, which the dealer sends at the start of :func:`serve_dealer`. No
     process sub-group is created.
     """
-    crypten = import_crypten()
-    import crypten.communicator as comm_mod
-    from crypten.communicator import DistributedCommunicator as DC
-
     use_ttp = provider == "TTP"
     assert world_size == n_mpc + (1 if use_ttp else 0)
     crypten.cfg.mpc.provider = provider
     comm = FramedCommunicator(transport or transport_for(channel), channel, n_mpc, world_size, on_failure)
     # CrypTen's comm.get() returns DistributedCommunicator.instance once the
     # default process group (the session's) is up
-    DC.instance = comm
-    comm_mod._init(use_threads=False)  # marks the distributed communicator as in use
+    DistributedCommunicator.instance = comm
+    crypten_comm_module._init(use_threads=False)  # marks the distributed communicator as in use
     if channel.rank < n_mpc:
         crypten._setup_prng()  # prev/next seeds to neighbours, the global seed from rank 0
         if use_ttp:
@@ -90,13 +87,10 @@ def start_crypten(
 
 def stop_crypten() -> None:
     """Forget CrypTen's communicator (the session tears down the process group)."""
-    crypten = import_crypten()
-    from crypten.communicator import DistributedCommunicator as DC
-
     if crypten.cfg.mpc.provider == "TTP":
-        crypten.mpc.provider.ttp_provider.TTPClient.uninit()
+        TTPClient.uninit()
         crypten_pool.uninstall()
-    DC.instance = None
+    DistributedCommunicator.instance = None
 
 
 # -- the dealer -----------------------------------------------------------------------
@@ -147,34 +141,47 @@ def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
     return fn, args, device
 
 
+def client_seed(comm: FramedCommunicator) -> None:
+    """At an MPC party: receive the PRG seed the dealer shares with it and install
+    CrypTen's ``TTPClient`` with it (CrypTen's own client set-up would receive it
+    with a raw ``dist.irecv`` and a gloo barrier)."""
+    seed = torch.zeros(1, dtype=torch.int64)
+    comm.exchange([], [(comm.get_ttp_rank(), seed)])
+    comm._log("recv", comm.get_ttp_rank(), comm.rank, "seed", seed)  # the seed itself is not kept
+    inner = TTPClient._TTPClient__TTPClient
+    client = inner.__new__(inner)
+    client.ttp_group, client.comm_group = comm.ttp_group, comm.ttp_comm_group
+    client.generator, client.generator_cuda = seeded_generators(int(seed[0]))
+    TTPClient._TTPClient__instance = client
+
+
 def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyFailure]) -> int:
     """The trusted dealer's loop: answer rank 0's requests for correlated
     randomness until it says ``terminate``. Requests are validated against a
     whitelist of functions, operations and sizes. Returns the number served."""
-    import crypten.communicator as comm
-    from crypten.mpc.provider.ttp_provider import TTPServer
-
-    c = comm.get()
+    c = crypten_comm_module.get()
     assert isinstance(c, FramedCommunicator)
     server = TTPServer.__new__(TTPServer)
     server.ttp_group = c.ttp_group
     server.comm_group = c.ttp_comm_group
     server.device = "cpu"
     dealer_seeds(server, c)
-    me = comm.get().get_ttp_rank()
+    me = crypten_comm_module.get().get_ttp_rank()
     served = 0
     while True:
-        msg = comm.get().recv_obj(0, server.ttp_group)
+        msg = crypten_comm_module.get().recv_obj(0, server.ttp_group)
         if msg == "terminate":
             return served
         fn, args, device = parse_dealer_request(msg)
         server.device = device or "cpu"
         if fn == "bundle":
             # one broadcast for the whole plan; its size follows from the plan
-            comm.get().broadcast(crypten_pool.dealer_bundle(server, args), me, server.comm_group)
+            crypten_comm_module.get().broadcast(
+                crypten_pool.dealer_bundle(server, args), me, server.comm_group
+            )
             served += len(args)
             continue
         result = getattr(server, fn)(*args)
-        comm.get().send_obj(result.size(), 0, server.ttp_group)
-        comm.get().broadcast(result, me, server.comm_group)
+        crypten_comm_module.get().send_obj(result.size(), 0, server.ttp_group)
+        crypten_comm_module.get().broadcast(result, me, server.comm_group)
         served += 1

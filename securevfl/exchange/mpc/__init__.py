@@ -62,6 +62,7 @@ from securevfl.exchange.base import (
     HelperExchange,
     PassiveExchange,
 )
+from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm
 from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.pairwise import PairRole
@@ -134,8 +135,6 @@ class _MpcRole:
         self._h: list[Any] = []
 
     def _share(self, value: torch.Tensor | None, shape: tuple[int, ...], src: int) -> Any:
-        from crypten.mpc.primitives import ArithmeticSharedTensor
-
         t = value.to(self.device) if self.rank == src and value is not None else None
         return ArithmeticSharedTensor(t, size=shape, src=src, device=self.device)
 
@@ -273,8 +272,6 @@ class MpcActive(ActiveExchange):
         self.role.restore(state)
 
     def close(self) -> None:
-        import crypten.communicator as comm
-
         if self.provider == "TTP":
             c = comm.get()
             c.send_obj("terminate", c.get_ttp_rank(), c.ttp_group)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from securevfl._compat import import_crypten
+from securevfl.exchange.crypten_api import TTPServer, generate_random_ring_element
 from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
 
@@ -95,9 +95,6 @@ class _Dealer:
     """The dealer's generation alone (CrypTen's TTPServer without a process group)."""
 
     def __new__(cls, n_mpc: int) -> Any:
-        import_crypten()
-        from crypten.mpc.provider.ttp_provider import TTPServer
-
         server = TTPServer.__new__(TTPServer)
         server.device = "cpu"
         server.generators = [torch.Generator().manual_seed(i) for i in range(n_mpc)]
@@ -108,9 +105,6 @@ class _Dealer:
 def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
     """CPU time of one step's offline phase: the dealer's bundle plus one party's
     draws of its own shares (a, b, c per triple; r, theta per wraps pair)."""
-    import_crypten()
-    from crypten.common.rng import generate_random_ring_element
-
     server = _Dealer(n_mpc)
     g = torch.Generator().manual_seed(1)
     t0 = time.process_time()

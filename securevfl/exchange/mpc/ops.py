@@ -31,7 +31,9 @@ from typing import Any
 
 import torch
 
-# CrypTen's ArithmeticSharedTensor; typed loosely because crypten is imported lazily
+from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm, crypten, torch_cat
+
+# CrypTen's ArithmeticSharedTensor; typed loosely (CrypTen ships no type information)
 Shared = Any
 
 
@@ -51,8 +53,6 @@ def shares(x: Shared) -> torch.Tensor:
 
 
 def from_shares(t: torch.Tensor, precision: int) -> Shared:
-    from crypten.mpc.primitives import ArithmeticSharedTensor
-
     return ArithmeticSharedTensor.from_shares(t, precision=precision)
 
 
@@ -81,15 +81,11 @@ def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tenso
 
 def _cat(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Flat concatenation (CrypTen's torch_cat: also for its CUDALongTensor shares)."""
-    from crypten.common.util import torch_cat
-
     return torch_cat([v.reshape(-1) for v in values])
 
 
 def open_all(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Sum every party's share of each value: one all-reduce of their concatenation."""
-    import crypten.communicator as comm
-
     flat = _cat(values)
     return _split(comm.get().all_reduce(flat), values)
 
@@ -100,9 +96,6 @@ def beaver_matmuls(pairs: Sequence[tuple[Shared, Shared]]) -> list[Shared]:
     z = c + eps @ b + a @ delta + eps @ delta (the last term added by rank 0
     only), eps = x - a and delta = y - b opened together. The result is not
     truncated: its precision is the sum of the operands'."""
-    import crypten
-    import crypten.communicator as comm
-
     provider = crypten.mpc.get_default_provider()
     triples = [
         provider.generate_additive_triple(x.size(), y.size(), "matmul", device=x.device) for x, y in pairs
@@ -136,8 +129,6 @@ def truncate(values: Sequence[Shared], bits: int) -> list[Shared]:
 def reveal_to(values: Sequence[Shared], dsts: Sequence[int]) -> torch.Tensor | None:
     """Open values[j] to rank dsts[j] alone, all in one round; returns the decoded
     (float64) value this rank is the destination of, or None."""
-    import crypten.communicator as comm
-
     got = comm.get().reveal_many([v.share for v in values], list(dsts))
     me = comm.get().get_rank()
     for v, dst, t in zip(values, dsts, got, strict=True):

@@ -37,6 +37,8 @@ import torch
 from securevfl.errors import CheckpointError, ConfigError
 from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import ExchangeContext
+from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
+from securevfl.exchange.crypten_api import comm
 from securevfl.exchange.crypten_runtime import start_crypten, stop_crypten
 from securevfl.exchange.mpc import ring
 from securevfl.exchange.mpc.ops import fixed_scalar
@@ -144,8 +146,6 @@ class PairRole:
     ) -> dict[int, list[torch.Tensor]]:
         """Beaver products of every pair this rank is in, all openings in one round:
         ``ops[i]`` lists pair i's (x share, y share), ``triples[i]`` its (a, b, c)."""
-        import crypten.communicator as comm
-
         mine = {}
         for i, pairs in ops.items():
             masked = []
@@ -177,9 +177,6 @@ class PairRole:
 
     def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
         """One forward: A gets z (float64, B x out); P_i gets None."""
-        import crypten.communicator as comm
-        from crypten.mpc.primitives import ArithmeticSharedTensor as AST
-
         self._offline(batch, train)
         plan = self._plan(batch, train)[: len(self.dims)]
         triples = self._triples(plan)
@@ -205,8 +202,6 @@ class PairRole:
     def backward(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """dL/dz from A (scaled by the nominal batch size, as in the joint layout);
         returns dL/dh'_i at P_i, None at A. SGD with momentum in each pair's shares."""
-        import crypten.communicator as comm
-
         k = len(self.dims)
         plan = self._plan(batch, True)[k:]
         triples = self._triples(plan)  # per pair: [g W^T, h^T g]
