@@ -10,10 +10,13 @@ import argparse
 import multiprocessing as mp
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
 import warnings
 from pathlib import Path
+from types import FrameType
 
 import yaml
 
@@ -389,6 +392,18 @@ COMMANDS = {
 }
 
 
+LAUNCHING = frozenset({"run", "predict", "compare"})  # commands that start every rank locally
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the command (``kill``, ``timeout``, a job scheduler): it stops
+    as on Ctrl-C, and the launcher stops every rank it started (no orphaned ranks)."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = show_warning
@@ -398,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         # (its own native logs stay on torch's default level), the ranks the local
         # launcher spawns inherit it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    # the commands that start ranks themselves stop them on SIGTERM; elsewhere (one
+    # `party` rank, which may sit in a transport call) SIGTERM keeps its default action
+    stops_ranks = args.command in LAUNCHING and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if stops_ranks else None
     try:
         return COMMANDS[args.command](args)
     except SecureVFLError as exc:
@@ -408,9 +427,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(msg, file=sys.stderr)
         return 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2
+    except Terminated:
+        print("securevfl: terminated (SIGTERM); every rank this command started was stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("securevfl: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ START_METHODS = ("forkserver", "spawn")
 # what the fork server imports once, before it forks any rank: the ranks' entry points
 RANK_MODULES = ["securevfl.app.launcher", "securevfl.app.predict"]
 KILL_REAP_S = 0.1  # after killing the ranks left, how long one wait for them lasts at most
+STOP_GRACE_S = 2.0  # a stopped launch's ranks get this long to end on SIGTERM before SIGKILL
 
 
 def _child(
@@ -261,14 +262,27 @@ def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
                         p.kill()
                 timeout = max(left, KILL_REAP_S)
             wait_for([p.sentinel for p in alive], timeout=timeout)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+    except BaseException:  # Ctrl-C, SIGTERM (securevfl.cli), an error here: no rank outlives it
+        stop_ranks(procs)
         raise
     for p in procs:
         p.join()
     return {r: p.exitcode for r, p in enumerate(procs)}
+
+
+def stop_ranks(procs: list[Any], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every rank still running, SIGKILL those alive ``grace_s`` later, and
+    reap them all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(KILL_REAP_S)
 
 
 def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:

@@ -170,3 +170,44 @@ def test_launch_from_a_script_without_a_main_guard_says_so(tmp_path: Path):
     assert "launch() was called inside a rank process" in proc.stderr
     assert "before writing an error report" in proc.stderr and "__main__" in proc.stderr
     assert not (tmp_path / "out" / "result.json").exists()
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path: Path):
+    """``kill`` (SIGTERM, as ``timeout`` or a job scheduler sends it) to ``securevfl
+    run`` stops the ranks it started, as Ctrl-C does: none outlives the command,
+    which exits 143 and says so."""
+    doc = small_digits(epochs=400, batch_size=32)
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        _wait_for(proc, "epoch 2/400", timeout=120)
+        pids = list(json.loads((out / "ranks" / "launcher_pids.json").read_text()).values())
+        assert all(_running(p) for p in pids)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-1500:]
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err, err[-1500:]
+    deadline = time.monotonic() + 10
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(p) for p in pids), [p for p in pids if _running(p)]
+    assert not (out / "result.json").exists()
