@@ -167,9 +167,7 @@ def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resu
             try:
                 materialize(proto, data_dir)
             except BaseException:
-                for p in procs:
-                    p.kill()
-                    p.join()
+                stop_ranks(procs)
                 raise
     return _watch(proto, out_dir, procs)
 
