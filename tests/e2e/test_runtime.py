@@ -65,6 +65,22 @@ def _wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
     raise AssertionError(f"never saw {needle!r}: {''.join(seen)[-2000:]}")
 
 
+def _long_cli_run(tmp_path: Path, out: Path, **runtime: float) -> subprocess.Popen[str]:
+    """``securevfl run`` of a 400-epoch small protocol into ``out``, in the background
+    (its stderr piped, for :func:`_wait_for`)."""
+    doc = small_digits(epochs=400, batch_size=32)
+    if runtime:
+        doc["runtime"] = runtime
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    return subprocess.Popen(
+        [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
 @pytest.mark.parametrize("victim", [2, 0])
 def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
     doc = small_digits(epochs=400, batch_size=32)
@@ -97,17 +113,8 @@ def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
 
 def test_launcher_reports_killed_rank(tmp_path: Path):
     """Under ``securevfl run`` the launcher's own message names the killed rank."""
-    doc = small_digits(epochs=400, batch_size=32)
-    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
-    proto = write_yaml(tmp_path / "p.yaml", doc)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = _long_cli_run(tmp_path, out, peer_timeout_s=PEER_TIMEOUT_S)
     try:
         _wait_for(proc, "epoch 2/400", timeout=120)
         pids = json.loads((out / "ranks" / "launcher_pids.json").read_text())
@@ -185,16 +192,8 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path: Path):
     """``kill`` (SIGTERM, as ``timeout`` or a job scheduler sends it) to ``securevfl
     run`` stops the ranks it started, as Ctrl-C does: none outlives the command,
     which exits 143 and says so."""
-    doc = small_digits(epochs=400, batch_size=32)
-    proto = write_yaml(tmp_path / "p.yaml", doc)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = _long_cli_run(tmp_path, out)
     try:
         _wait_for(proc, "epoch 2/400", timeout=120)
         pids = list(json.loads((out / "ranks" / "launcher_pids.json").read_text()).values())
