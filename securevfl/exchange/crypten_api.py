@@ -6,9 +6,10 @@ the top of the module. CrypTen 0.4.1 must not be imported before
 torch module that torch 2.x removed), which is why the CrypTen imports below come
 after that call rather than first in the file.
 
-Only the ``mpc`` backend's modules, and the defenses whose collective steps run on
-CrypTen, import this module; securevfl's registries load those by name on first use,
-so a process that runs no MPC never imports CrypTen (tests/unit/test_registry.py).
+Only the ``mpc`` backend's modules import this module (and, through their options,
+the CRDP defense); securevfl's registries load those by name on first use, so a
+process that runs no MPC never imports CrypTen (tests/unit/test_registry.py). The
+defenses' collective steps still call :func:`securevfl._compat.import_crypten`.
 """
 
 from __future__ import annotations
