@@ -51,7 +51,6 @@ into ciphertexts is the scheme's own business, behind ``encrypt``/``matmul``/
 
 from __future__ import annotations
 
-import secrets
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -60,6 +59,7 @@ import torch
 from pydantic import BaseModel
 
 from securevfl.config import Protocol
+from securevfl.csprng import SecretStream
 from securevfl.exchange.base import (
     ActiveExchange,
     ExchangeBackend,
@@ -169,8 +169,9 @@ class HEScheme(ABC):
         ``sender``; one that carries a secret key is refused."""
 
     @abstractmethod
-    def mask(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-        """Fresh random mask values (float64) within the scheme's safe range."""
+    def mask(self, stream: SecretStream, shape: tuple[int, ...]) -> np.ndarray:
+        """Fresh random mask values (float64) within the scheme's safe range, drawn
+        from ``stream`` (the party's secret stream, :mod:`securevfl.csprng`)."""
 
     def share_bits(self) -> int | None:
         """k: P_i re-draws its weight share uniform in [-2^k, 2^k) every step (module
@@ -187,11 +188,9 @@ class HEScheme(ABC):
         return {}
 
 
-def _rng() -> np.random.Generator:
-    return np.random.default_rng(secrets.randbits(128))
-
-
-def _init_shares(ctx: ExchangeContext, i: int, side: str, weight_init: str) -> np.ndarray:
+def _init_shares(
+    ctx: ExchangeContext, i: int, side: str, weight_init: str, stream: SecretStream
+) -> np.ndarray:
     """This side's share of W_i (d x o). ``private``: two independent Gaussian
     halves (nobody knows W_i); ``seeded``: A starts from plain's W_i^0, P_i from 0."""
     d, o = ctx.embed_dims[i], ctx.proto.interactive.out
@@ -201,7 +200,7 @@ def _init_shares(ctx: ExchangeContext, i: int, side: str, weight_init: str) -> n
             blk = build_interactive(d, o, seed=ctx.proto.training.seed, party=role.party)
             return blk.weight.detach().double().T.numpy().copy()
         return np.zeros((d, o))
-    return _rng().normal(0.0, (1.0 / (3.0 * d * 2)) ** 0.5, size=(d, o))
+    return stream.normal_np((d, o)) * (1.0 / (3.0 * d * 2)) ** 0.5
 
 
 class _Shares:
@@ -247,6 +246,7 @@ class HEActive(ActiveExchange):
         ch = ctx.channel
         self.peers_rank = [r.rank for r in ctx.layout.passive]
         self.key = scheme.new_key()
+        self.stream = SecretStream.fresh()  # masks and this side's share initialisation
         pub = self.key.public()
         self.peer: list[HEPeer] = []
         for r in ctx.layout.passive:
@@ -254,7 +254,7 @@ class HEActive(ActiveExchange):
             self.peer.append(_recv_public(scheme, ch, r.rank, f"rank {r.rank} ({r.label})"))
         ip = ctx.proto.interactive
         self.w = [
-            _Shares(_init_shares(ctx, i, "active", weight_init), ip.lr, ip.momentum)
+            _Shares(_init_shares(ctx, i, "active", weight_init, self.stream), ip.lr, ip.momentum)
             for i in range(len(self.peers_rank))
         ]
         self.o = ip.out
@@ -262,7 +262,6 @@ class HEActive(ActiveExchange):
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
         ch = self.ctx.channel
-        rng = _rng()
         z = np.zeros((batch_size, self.o))
         # Each pair runs the same messages in the same order; the pairs overlap: P_i
         # decrypts its reply while A evaluates the next party's product.
@@ -270,7 +269,7 @@ class HEActive(ActiveExchange):
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
             blob = ch.recv_bytes(r, HE_ENC_H)
-            eps.append(self.scheme.mask(rng, (batch_size, self.o)))
+            eps.append(self.scheme.mask(self.stream, (batch_size, self.o)))
             ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps[i]))
         for i, r in enumerate(self.peers_rank):
             s = ch.recv(r, HE_ZSHARE, shape=(batch_size, self.o), dtype=torch.float64).numpy()
@@ -323,10 +322,11 @@ class HEPassive(PassiveExchange):
         self.i = role.index
         self.a = ctx.layout.active.rank
         self.key = scheme.new_key()
+        self.stream = SecretStream.fresh()  # masks, re-drawn shares, share initialisation
         self.peer = _recv_public(scheme, ch, self.a, f"rank {self.a} ({ctx.layout.active.label})")
         ch.send_bytes(self.a, HE_PUBLIC, self.key.public())
         ip = ctx.proto.interactive
-        self.w = _Shares(_init_shares(ctx, self.i, "passive", weight_init), ip.lr, ip.momentum)
+        self.w = _Shares(_init_shares(ctx, self.i, "passive", weight_init, self.stream), ip.lr, ip.momentum)
         self.o = ip.out
         self.share_bits = scheme.share_bits()
         self._h: np.ndarray | None = None
@@ -358,19 +358,19 @@ class HEPassive(PassiveExchange):
         h = self._h
         assert h is not None
         b, d = h.shape
-        rng = _rng()
         # while A encrypts dL/dz: the randomness of this party's next Enc(h'_i) (same batch size)
         self.key.prepare_encryption((b, d), ops=frozenset({MATMUL}), share_bits=self._h_bits())
         blob_g = ch.recv_bytes(self.a, HE_ENC_G)
-        mu = self.scheme.mask(rng, (b, d))
-        r_mask = self.scheme.mask(rng, (d, self.o))
+        mu = self.scheme.mask(self.stream, (b, d))
+        r_mask = self.scheme.mask(self.stream, (d, self.o))
         ch.send_bytes(self.a, HE_ENC_GH, self.peer.matmul(blob_g, (b, self.o), self.w.w.T, mu))
         ch.send_bytes(self.a, HE_ENC_GW, self.peer.tmatmul(h, blob_g, (b, self.o), -r_mask))
         masked = ch.recv(self.a, HE_GH_MASKED, shape=(b, d), dtype=torch.float64).numpy()
         self.w.step(r_mask)
         if self.share_bits is not None:  # re-draw: A's share becomes W_i - U (module docstring)
             lim = 2.0**self.share_bits
-            delta, self.w.w = redraw_share(self.w.w, rng.uniform(-lim, lim, size=self.w.w.shape))
+            u = lim * (2.0 * self.stream.uniform_np(self.w.w.shape) - 1.0)
+            delta, self.w.w = redraw_share(self.w.w, u)
             ch.send(self.a, HE_RESHARE, torch.from_numpy(delta))
         self._h = None
         return torch.from_numpy(masked - mu).float().to(self.ctx.device)

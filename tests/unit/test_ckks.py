@@ -18,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
 from tests.conftest import load_yaml, small_digits
@@ -41,6 +42,8 @@ TOL = 1e-7
 OPTS = CkksOptions()
 SLOTS = OPTS.poly_modulus_degree // 2
 SENDER = "rank 1 (left)"
+
+MASKS = SecretStream.from_seed(0, "test-masks")  # reproducible masks for the products under test
 
 
 @pytest.fixture(scope="module")
@@ -176,16 +179,16 @@ def test_products_match_numpy(scheme, key, peer, r, d, o):
     w = rng.normal(scale=0.3, size=(d, o))
     g = rng.normal(scale=1e-2, size=(r, o))
 
-    eps = scheme.mask(rng, (r, o))
+    eps = scheme.mask(MASKS, (r, o))
     z = key.decrypt(peer.matmul(key.encrypt(h), (r, d), w, eps), (r, o))
     assert np.abs(z - eps - h @ w).max() < TOL
 
     blob_g = key.encrypt(g)
-    mu = scheme.mask(rng, (r, d))
+    mu = scheme.mask(MASKS, (r, d))
     gh = key.decrypt(peer.matmul(blob_g, (r, o), w.T, mu), (r, d))
     assert np.abs(gh - mu - g @ w.T).max() < TOL
 
-    big_r = scheme.mask(rng, (d, o))
+    big_r = scheme.mask(MASKS, (d, o))
     gw = key.decrypt(peer.tmatmul(h, blob_g, (r, o), -big_r), (d, o))
     assert np.abs(gw + big_r - h.T @ g).max() < TOL
 
@@ -197,7 +200,7 @@ def test_prepared_products_match_and_encode_nothing_more(scheme, key, peer):
     r, d, o = 64, 16, 8
     h, w, g = rng.normal(size=(r, d)), rng.normal(size=(o, d)), rng.normal(size=(r, o))
     blob_g = key.encrypt(g)
-    mu, big_r = scheme.mask(rng, (r, d)), scheme.mask(rng, (d, o))
+    mu, big_r = scheme.mask(MASKS, (r, d)), scheme.mask(MASKS, (d, o))
     peer.prepare_operands((r, o), w=w, p=h)
     peer.ops.reset()
     gh = key.decrypt(peer.matmul(blob_g, (r, o), w, mu), (r, d))
@@ -215,7 +218,7 @@ def test_zero_weights_give_the_mask(scheme, key, peer, value):
     """A zero share (weight_init: seeded starts P_i at 0), or one so small that its
     diagonals round to zero, multiplies nothing (SEAL refuses such products)."""
     rng = _rng(3)
-    eps = scheme.mask(rng, (8, 4))
+    eps = scheme.mask(MASKS, (8, 4))
     w = np.full((5, 4), value)
     out = key.decrypt(peer.matmul(key.encrypt(rng.normal(size=(8, 5))), (8, 5), w, eps), (8, 4))
     assert np.abs(out - eps).max() < TOL
@@ -225,7 +228,7 @@ def test_zero_weights_give_the_mask(scheme, key, peer, value):
 
 
 def test_masks_lie_within_bound(scheme):
-    m = scheme.mask(_rng(4), (200, 300))
+    m = scheme.mask(SecretStream.from_seed(4, "test"), (200, 300))
     assert m.dtype == np.float64
     assert np.abs(m).max() <= OPTS.mask_bound
     assert np.abs(m).max() > 0.9 * OPTS.mask_bound  # uses the range

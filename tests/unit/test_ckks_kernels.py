@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("tenseal")
 
+from securevfl.csprng import SecretStream
 from securevfl.exchange.ckks import (
     CkksOptions,
     CkksScheme,
@@ -82,7 +83,8 @@ def test_tmatmul_started_by_matmul_matches_and_is_used_only_for_its_input(scheme
     h, h2 = rng.normal(size=(r, d)), rng.normal(size=(r, d))
     w, g, g2 = rng.normal(size=(o, d)), rng.normal(size=(r, o)), rng.normal(size=(r, o))
     blob_g, blob_g2 = key.encrypt(g), key.encrypt(g2)
-    mu, big_r = scheme.mask(rng, (r, d)), scheme.mask(rng, (d, o))
+    masks = SecretStream.from_seed(4, "test")
+    mu, big_r = scheme.mask(masks, (r, d)), scheme.mask(masks, (d, o))
 
     # the backward pass: prepared operands, then matmul and tmatmul on the same input
     peer.prepare_operands((r, o), w=w, p=h)

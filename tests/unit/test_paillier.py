@@ -14,6 +14,7 @@ from phe import paillier as phe_paillier
 from pydantic import ValidationError
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.he import redraw_share
@@ -109,7 +110,7 @@ def test_matmul_matches_numpy(key, peer, scheme):
     x = r.normal(0.0, 2.0, size=(19, 4))  # 19 rows: two row blocks of 16 slots
     w = r.normal(0.0, 2.0**28, size=(4, 3))  # weight shares carry masks, so they are large
     w[0, 0] = 0.0
-    mask = scheme.mask(r, (19, 3))
+    mask = scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (19, 3))
     got = key.decrypt(peer.matmul(key.encrypt(x), x.shape, w, mask), (19, 3))
     want = x @ w + mask
     # rounding: x at 2^-48 times |w|, w at 2^-20 times |x|, plus float64 on ~2^30 values
@@ -123,7 +124,7 @@ def test_tmatmul_matches_numpy(key, peer, scheme, rows, a, m):
     r = rng(2)
     p = r.normal(0.0, 2.0, size=(rows, a))
     y = r.normal(0.0, 0.05, size=(rows, m))
-    mask = -scheme.mask(r, (a, m))
+    mask = -scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (a, m))
     got = key.decrypt(peer.tmatmul(p, key.encrypt(y), y.shape, mask), (a, m))
     assert np.max(np.abs(got - (p.T @ y + mask))) < rows * 2.0**-FW * 0.05 * 4 + 2.0**-24
 
@@ -148,7 +149,7 @@ def test_products_need_the_right_layout(key, peer):
 
 
 def test_masks_are_in_range_and_on_the_grid(scheme):
-    m = scheme.mask(rng(3), (64, 64))
+    m = scheme.mask(SecretStream.from_seed(3, "test"), (64, 64))
     assert m.dtype == np.float64
     assert np.max(np.abs(m)) <= 2.0**M
     k = np.ldexp(m, 52 - M)
@@ -365,7 +366,7 @@ def test_owner_copy_rounded_as_encrypted_cancels_against_a_large_share(key, peer
     h = r.normal(0.0, 1.0, size=(30, 8))
     w = r.normal(0.0, 0.2, size=(8, 4))
     u = r.uniform(-(2.0**20), 2.0**20, size=(8, 4))
-    eps = scheme.mask(r, (30, 4))
+    eps = scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (30, 4))
     out = peer.matmul(key.encrypt_shared(h, ops=frozenset({"matmul"}), share_bits=21), h.shape, w - u, eps)
     v = key.decrypt(out, (30, 4))
     z = v + key.shared_copy(h) @ u - eps
@@ -379,7 +380,7 @@ def test_tmatmul_on_the_shared_rows_layout(key, peer, scheme):
     r = rng(13)
     g = r.normal(0.0, 0.01, size=(40, 6))
     h = r.normal(0.0, 1.0, size=(40, 5))
-    mask = -scheme.mask(r, (5, 6))
+    mask = -scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (5, 6))
     blob = key.encrypt_shared(g, share_bits=20)
     got = key.decrypt(peer.tmatmul(h, blob, g.shape, mask), (5, 6))
     want = h.T @ key.shared_copy(g) + mask

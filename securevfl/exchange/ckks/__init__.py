@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from securevfl.config import Protocol
+from securevfl.csprng import SecretStream
 from securevfl.exchange.ckks.counters import OPS, OpCounter, floor_seconds
 from securevfl.exchange.ckks.kernels import chain_cost, naf_weight, signed_units
 from securevfl.exchange.ckks.key import CkksKey
@@ -68,9 +69,9 @@ class CkksScheme(HEScheme):
     def peer(self, public: bytes, *, sender: str) -> CkksPeer:
         return CkksPeer(self.opts, public, sender)
 
-    def mask(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    def mask(self, stream: SecretStream, shape: tuple[int, ...]) -> np.ndarray:
         m = self.opts.mask_bound
-        return rng.uniform(-m, m, size=shape)
+        return m * (2.0 * stream.uniform_np(shape) - 1.0)
 
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:

@@ -22,11 +22,11 @@ protocol's, is refused.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import numpy as np
 
+from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.ckks._tenseal import sa, ts
 from securevfl.exchange.ckks.counters import OpCounter
@@ -79,6 +79,7 @@ class CkksPeer(HEPeer):
         self.scale = 2.0**opts.global_scale_bits
         self.kernels = Kernels(self.ring, gk, self.scale)
         self._encryptor = sa.Encryptor(sc, ctx.public_key().data)
+        self._stream = SecretStream.fresh()  # the masks of unused slots
         self._prepared: dict[tuple[Any, ...], tuple[LinearMap, Encoded]] = {}
         # prepare_operands() encodes on a worker thread with its own encoder; those
         # encodings are counted in ``prep_ops``, not ``ops`` (they are off the critical path)
@@ -106,8 +107,7 @@ class CkksPeer(HEPeer):
         """Add a fresh public-key encryption of the mask to every result (re-randomizes
         it); data positions get the caller's mask, all others fresh uniform masks."""
         ring, m = self.ring, self.opts.mask_bound
-        rng = np.random.default_rng(secrets.randbits(128))
-        fresh = rng.uniform(-m, m, size=(layout.n_ct, ring.slots, 2))
+        fresh = m * (2.0 * self._stream.uniform_np((layout.n_ct, ring.slots, 2)) - 1.0)
         data = layout.pack(mask, ring.slots)
         used = layout.used(ring.slots)
         vals = np.where(used, np.stack([data.real, data.imag], axis=-1), fresh)

@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from securevfl.config import ModelSpec, Protocol
+from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.he import HEScheme, he_backend
 from securevfl.exchange.paillier.options import MASK_FLOOR_BITS, MIN_KEY_BITS, PaillierOptions, Params
@@ -41,10 +42,10 @@ class PaillierScheme(HEScheme):
         step, so the plaintext operands stay short and the slots narrow (he.py)."""
         return int(self.opts.share_bits)  # type: ignore[attr-defined]
 
-    def mask(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    def mask(self, stream: SecretStream, shape: tuple[int, ...]) -> np.ndarray:
         """Uniform on the grid 2^(mask_bits-52) in [-2^mask_bits, 2^mask_bits) (exact in float64)."""
         lim = 1 << 52
-        k = rng.integers(-lim, lim, size=shape, dtype=np.int64)
+        k = stream.integers_np(shape, -lim, lim)
         return np.ldexp(k.astype(np.float64), -self.prm.grid)
 
     @classmethod

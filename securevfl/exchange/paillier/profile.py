@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from securevfl.csprng import SecretStream
 from securevfl.exchange.he import MATMUL
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting
@@ -62,7 +63,8 @@ def step_counts(
     the exponent lengths."""
     share_bits = options.share_bits
     sch = PaillierScheme(options)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0)  # profile inputs (public, reproducible)
+    masks = SecretStream.from_seed(0, "paillier-profile")  # a mask stream as the exchange draws one
     ka = sch.new_key()
     keys = [sch.new_key() for _ in dims]
     at_a = [sch.peer(k.public(), sender=f"P{i + 1}") for i, k in enumerate(keys)]
@@ -78,16 +80,16 @@ def step_counts(
             h = rng.normal(0.0, 0.5, size=(batch, d))
             blob = keys[i].encrypt_shared(h, ops=frozenset({MATMUL}), share_bits=share_bits + 1)
             z = at_a[i].matmul(
-                blob, (batch, d), _weights(rng, d, out, share_bits), sch.mask(rng, (batch, out))
+                blob, (batch, d), _weights(rng, d, out, share_bits), sch.mask(masks, (batch, out))
             )
             keys[i].decrypt(z, (batch, out))
         blob_g = ka.encrypt_shared(g, share_bits=share_bits)
         for i, d in enumerate(dims):
             h = rng.normal(0.0, 0.5, size=(batch, d))
             wp = _weights(rng, d, out, share_bits)
-            u = at_p[i].matmul(blob_g, (batch, out), wp.T, sch.mask(rng, (batch, d)))
+            u = at_p[i].matmul(blob_g, (batch, out), wp.T, sch.mask(masks, (batch, d)))
             with counting() as tm:
-                dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(rng, (d, out)))
+                dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(masks, (d, out)))
             tm_products += tm.ct_scalar
             ka.decrypt(u, (batch, d))
             ka.decrypt(dw, (d, out))
