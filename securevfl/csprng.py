@@ -220,6 +220,27 @@ class SecretStream:
             if v < bound:
                 return v
 
+    def permutation_np(self, n: int) -> np.ndarray:
+        """A uniform permutation of 0..n-1: the order of n uniform 64-bit keys (ties,
+        which would bias it, have probability below n^2 / 2^65)."""
+        return np.argsort(self._words(n), kind="stable")
+
+    def choice_np(self, items: int | np.ndarray, size: int) -> np.ndarray:
+        """``size`` distinct elements of ``items`` (or of 0..items-1), uniformly."""
+        pool = np.arange(items) if isinstance(items, int) else np.asarray(items)
+        if not 0 <= size <= len(pool):
+            raise ValueError(f"cannot choose {size} of {len(pool)} without replacement")
+        return pool[self.permutation_np(len(pool))[:size]]
+
+    def weighted_index(self, p: np.ndarray) -> int:
+        """One index drawn with probabilities ``p`` (non-negative, summing to 1 up to
+        rounding) by the inverse CDF of a 53-bit uniform."""
+        cdf = np.cumsum(np.asarray(p, dtype=np.float64))
+        if cdf.size == 0 or not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
+            raise ValueError("weighted_index needs finite, non-negative weights with a positive sum")
+        u = float(self.uniform_np((1,))[0]) * cdf[-1]
+        return int(min(np.searchsorted(cdf, u, side="right"), cdf.size - 1))
+
     # -- real samplers ----------------------------------------------------------------
     def uniform_np(self, shape: tuple[int, ...]) -> np.ndarray:
         """Uniform float64 in [0, 1) on the 2^-53 grid (every grid point equally likely)."""

@@ -120,6 +120,9 @@ class ResultRecord(_Record):
     attacks: dict[str, Any]
     defense_report: dict[str, Any]
     defenses: dict[str, list[str]]
+    # privacy.noise_seed was pinned: every defense noise is reproducible by anyone who
+    # knows the seed, so the run is not private (an experiment; SECURITY.md)
+    noise_seed_pinned: bool = False
     digest: str
     wall_time_s: Real
     phase_s: dict[str, dict[str, Real] | Real]  # per rank, and "attacks" (the harness's seconds)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from securevfl.csprng import SecretStream
 from securevfl.errors import CheckpointError
 
 
@@ -54,7 +55,9 @@ def _json_ok(value: Any) -> bool:
 def capture_attributes(obj: object, skip: Iterable[str] = ()) -> ComponentState:
     """The default state of ``obj``: every attribute that is a random generator
     (``torch.Generator``: its state tensor; ``numpy.random.Generator``: its bit
-    generator's state), a tensor, a numpy array or a JSON value. Modules,
+    generator's state; :class:`~securevfl.csprng.SecretStream`: its key and
+    position, secret like the noise it draws, kept in the owner's checkpoint only),
+    a tensor, a numpy array or a JSON value. Modules,
     optimizers, options and contexts are skipped (their owners save them)."""
     state = ComponentState()
     skipped = set(skip) | {"params", "ctx", "opts", "options"}
@@ -63,6 +66,8 @@ def capture_attributes(obj: object, skip: Iterable[str] = ()) -> ComponentState:
             continue
         if isinstance(value, torch.Generator):
             state.tensors[f"generator.{name}"] = value.get_state()
+        elif isinstance(value, SecretStream):
+            state.meta[f"secret_stream.{name}"] = value.state()
         elif isinstance(value, np.random.Generator):
             state.meta[f"np_generator.{name}"] = value.bit_generator.state
         elif isinstance(value, torch.Tensor):
@@ -102,5 +107,10 @@ def restore_attributes(obj: object, state: ComponentState, *, owner: str) -> Non
         name = target(key)
         if key.startswith("np_generator."):
             have[name].bit_generator.state = value
+        elif key.startswith("secret_stream."):
+            try:
+                setattr(obj, name, SecretStream.from_state(value))
+            except ValueError as exc:
+                raise CheckpointError(f"{owner}: '{key}': {exc}") from None
         else:
             setattr(obj, name, value)

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from securevfl.config import format_loc
 from securevfl.errors import CheckpointError
 
-FORMAT = 1
+FORMAT = 2  # 2: defenses keep secret-stream keys (csprng), not integer noise seeds
 MANIFEST = "manifest.json"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"

@@ -245,9 +245,9 @@ def run_rank(
                         )
                         m = found.manifest
                         saved = PartyState(m.epoch, m.step, found.tensors, found.docs)
-                    seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank).noise_seeds
+                    seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank).noise_keys
                     party = cls(
-                        session, backend, ctx, prep, progress=progress and rank == 0, noise_seeds=seeds
+                        session, backend, ctx, prep, progress=progress and rank == 0, noise_keys=seeds
                     )
                     if saved is not None:
                         party.restore(saved)

@@ -39,7 +39,6 @@ each hook is the identity, so a defense implements only what it changes:
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -50,11 +49,11 @@ from pydantic import BaseModel, ConfigDict
 from securevfl._compat import import_crypten
 from securevfl.components import components_of
 from securevfl.config import ComponentSpec, Protocol
+from securevfl.csprng import SecretStream
 from securevfl.errors import CheckpointError, ProtocolError
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.registry import Registry
 from securevfl.runtime.layout import Layout
-from securevfl.seeding import derive_seed
 from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
 
 
@@ -69,16 +68,22 @@ OptionsT = TypeVar("OptionsT", bound=BaseModel)
 class DefenseContext:
     """Where a defense runs. ``seed`` is the protocol's shared seed: every party
     knows it, so it may only drive what all parties must agree on (e.g. class
-    codes). Noise that protects something draws on ``noise_seed``, private to
-    this party: fresh OS entropy per run unless the protocol pins
-    ``privacy.noise_seed`` for a reproducible experiment (which anyone who knows
-    it can use to subtract the noise; see SECURITY.md)."""
+    codes). Noise that protects something draws on :meth:`noise_stream`, a
+    secret stream (:mod:`securevfl.csprng`) private to this party: a fresh
+    256-bit key per run unless the protocol pins ``privacy.noise_seed`` for a
+    reproducible experiment (which anyone who knows it can use to subtract the
+    noise: such a run is marked as not private; SECURITY.md)."""
 
     proto: Protocol
     party: str
     side: str  # "active" | "passive"
     seed: int
-    noise_seed: int = 0
+    noise: SecretStream
+
+    def noise_stream(self, *labels: object) -> SecretStream:
+        """This defense's own secret stream for one purpose (``labels``): a child of
+        its noise key, so two purposes never share keystream."""
+        return self.noise.child(*labels)
 
 
 @dataclass(frozen=True)
@@ -106,13 +111,14 @@ class CollectiveContext:
         return import_crypten()
 
 
-def private_noise_seed(proto: Protocol, party: str) -> int:
-    """This party's noise seed: OS entropy, or derived from a pinned
-    ``privacy.noise_seed`` (experiments and tests only)."""
+def private_noise_key(proto: Protocol, party: str, index: int) -> SecretStream:
+    """The noise stream of ``party``'s defense number ``index``: a fresh 256-bit key
+    from the OS, or one derived from a pinned ``privacy.noise_seed`` (experiments
+    and tests only; the stream is then marked ``pinned``: not private)."""
     pinned = proto.privacy.noise_seed
     if pinned is None:
-        return secrets.randbits(63)
-    return derive_seed(pinned, "noise", party)
+        return SecretStream.fresh()
+    return SecretStream.from_seed(pinned, "noise", party, index)
 
 
 class Defense(Generic[OptionsT]):
@@ -294,11 +300,12 @@ class DefenseStack:
     def report(self) -> dict[str, Any]:
         return {d.name: r for d in self.defenses if (r := d.report())}
 
-    def noise_seeds(self) -> list[int]:
-        """Each defense's private noise seed, in stack order (a checkpoint keeps
-        them so a resumed run rebuilds the same stack: set-up draws repeat instead
-        of releasing fresh noise on the same data)."""
-        return [d.ctx.noise_seed for d in self.defenses]
+    def noise_keys(self) -> list[dict[str, Any]]:
+        """Each defense's private noise key (:meth:`SecretStream.state` of its root
+        stream), in stack order. The party's own checkpoint keeps them so a resumed
+        run rebuilds the same stack: set-up draws repeat instead of releasing fresh
+        noise on the same data. Secret: they never leave the party."""
+        return [d.ctx.noise.state() for d in self.defenses]
 
     def checkpoint_state(self) -> list[ComponentState]:
         return [d.checkpoint_state() for d in self.defenses]
@@ -343,24 +350,32 @@ def build_stack(
     side: str,
     specs: list[ComponentSpec] | None = None,
     *,
-    noise_seeds: list[int] | None = None,
+    noise_keys: list[dict[str, Any]] | None = None,
 ) -> DefenseStack:
     """``party``'s defense stack, from the options validated at load (nothing is
     validated here: the budget's search builds stacks many times). ``specs``, when
     given, must be the party's own entries (callers that hold them pass them as a
-    check). ``noise_seeds``: the private noise seeds of a checkpoint's stack
-    (:meth:`DefenseStack.noise_seeds`), when a run resumes."""
+    check). ``noise_keys``: the private noise keys of a checkpoint's stack
+    (:meth:`DefenseStack.noise_keys`), when a run resumes."""
     resolved = components_of(proto).party(party).defenses
     if specs is not None and [s.name for s in specs] != [d.name for d in resolved]:
         raise ProtocolError(f"build_stack: the defenses given are not party '{party}'s own")
-    if noise_seeds is not None and len(noise_seeds) != len(resolved):
+    if noise_keys is not None and len(noise_keys) != len(resolved):
         raise CheckpointError(
-            f"party '{party}': the checkpoint holds {len(noise_seeds)} defense noise seeds, "
+            f"party '{party}': the checkpoint holds {len(noise_keys)} defense noise keys, "
             f"the protocol gives it {len(resolved)} defenses"
         )
     out = []
     for i, d in enumerate(resolved):
-        noise = private_noise_seed(proto, party) if noise_seeds is None else noise_seeds[i]
+        if noise_keys is None:
+            noise = private_noise_key(proto, party, i)
+        else:
+            try:
+                noise = SecretStream.from_state(noise_keys[i])
+            except ValueError as exc:
+                raise CheckpointError(
+                    f"party '{party}': defense {i}'s noise key in the checkpoint: {exc}"
+                ) from None
         ctx = DefenseContext(proto, party, side, proto.training.seed, noise)
         out.append(d.cls(d.options, ctx))
     return DefenseStack(out)

@@ -48,6 +48,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from securevfl import optim
+from securevfl.csprng import SecretStream
 from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, DataError
 from securevfl.models import mlp
@@ -108,14 +109,15 @@ def nr_loss(r: nn.Module, h: torch.Tensor, noise: torch.Tensor, reduction: Reduc
 
 
 def sample_noise(
-    shape: tuple[int, ...], kind: NoiseKind, mean: float, std: float, gen: torch.Generator
+    shape: tuple[int, ...], kind: NoiseKind, mean: float, std: float, stream: SecretStream
 ) -> torch.Tensor:
     """NR noise in input space: Gaussian ``N(mean, std^2)`` or uniform on
-    ``mean +- sqrt(3) std`` (same mean and variance), float32 on the CPU."""
+    ``mean +- sqrt(3) std`` (same mean and variance), float32 on the CPU, from the
+    party's secret stream."""
     if kind == "gaussian":
-        return mean + std * torch.randn(shape, generator=gen)
+        return (mean + std * stream.normal(shape)).float()
     half = std * 3.0**0.5
-    return mean - half + 2.0 * half * torch.rand(shape, generator=gen)
+    return (mean - half + 2.0 * half * stream.uniform(shape)).float()
 
 
 def _row_key(row: np.ndarray) -> bytes:
@@ -234,7 +236,7 @@ class Dravl(Defense[DravlOptions]):
         self.d_x: int | None = None
         self.r: nn.Module | None = None
         self.inner_opt: optim.Optimizer | None = None
-        self.noise_gen = generator(ctx.seed, "dravl-nr", ctx.party)
+        self.noise_gen = ctx.noise_stream("dravl", "nr")  # private: the NR targets
         self.fixed_noise: dict[bytes, torch.Tensor] = {}
         self.probe = _EvalProbe(ctx.seed, ctx.party, params.eval_rows)
         self.stats: dict[str, float] = {"steps": 0, "collapsed_batches": 0}
@@ -372,7 +374,7 @@ class GaussianNoise(Defense[GaussianNoiseOptions]):
     def __init__(self, params: GaussianNoiseOptions, ctx: DefenseContext):
         super().__init__(params, ctx)
         self.p = params
-        self.gen = generator(ctx.noise_seed, "gaussian-noise")  # private, never the shared seed
+        self.gen = ctx.noise_stream("gaussian_noise")  # private, never the shared seed
         self.probe = _EvalProbe(ctx.seed, ctx.party, params.eval_rows)
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -383,7 +385,7 @@ class GaussianNoise(Defense[GaussianNoiseOptions]):
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         out = h
         if self.p.std > 0 and (train or self.p.at_eval):
-            noise = torch.randn(tuple(h.shape), generator=self.gen).to(device=h.device, dtype=h.dtype)
+            noise = self.gen.normal(tuple(h.shape)).to(device=h.device, dtype=h.dtype)
             out = h + self.p.std * noise
         if self.p.eval_metrics:
             self.probe.saw(h, out, train=train)

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from securevfl.defenses.base import Defense
 from securevfl.privacy.accountant import EpsDeltaRelease, Mechanism, NonPrivateRelease, Plan
 from securevfl.privacy.randomized_response import randomize
-from securevfl.seeding import generator
 
 
 class LabelDPOptions(BaseModel):
@@ -47,8 +46,7 @@ class LabelDP(Defense[LabelDPOptions]):
 
     def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         eps = self.params.epsilon
-        g = generator(self.ctx.noise_seed, "label_dp")  # private: never the shared seed
-        out = randomize(y, eps, g, classes=classes)
+        out = randomize(y, eps, self.ctx.noise_stream("label_dp"), classes=classes)  # private
         self.flipped = float((out != y).float().mean()) if y.numel() else 0.0
         return out
 

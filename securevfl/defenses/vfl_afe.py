@@ -34,7 +34,7 @@ from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError
 from securevfl.privacy import gaussian as gm
 from securevfl.privacy.accountant import GaussianRelease, Mechanism, Plan
-from securevfl.seeding import derive_seed, generator
+from securevfl.seeding import derive_seed
 
 #: The flag every VFL-AFE accounting record carries (spec 000 §7, critique 2 and 6).
 NOT_DATASET_DP = "theta-channel and batch coupling not accounted; not dataset-level DP"
@@ -135,7 +135,7 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
             gm.noise_multiplier(p.est_epsilon, p.delta, p.calibration) if p.rescale_mode == "dp" else 0.0
         )
         self.t = p.clip if p.clip is not None else 1.0
-        self.gen = generator(ctx.noise_seed, "embedding_dp", "noise")  # private, never the shared seed
+        self.gen = ctx.noise_stream("embedding_dp", "noise")  # private, never the shared seed
         self.fcm_seed = derive_seed(ctx.seed, "embedding_dp", ctx.party, "fcm")
         self.steps = 0
         self.s_train: list[float] = []

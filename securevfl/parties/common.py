@@ -156,9 +156,9 @@ class Party:
         prep: Prepared,
         *,
         progress: bool,
-        noise_seeds: list[int] | None = None,
+        noise_keys: list[dict[str, Any]] | None = None,
     ):
-        """``noise_seeds``: the defenses' private noise seeds of the checkpoint a
+        """``noise_keys``: the defenses' private noise keys of the checkpoint a
         run resumes from (:meth:`restore` then puts the rest of its state back)."""
         self.s = session
         self.proto = session.proto
@@ -168,7 +168,7 @@ class Party:
         self.backend = backend
         self.spec = self._spec()
         self.stack = build_stack(
-            self.proto, self.spec.name, self.side, self.spec.defenses, noise_seeds=noise_seeds
+            self.proto, self.spec.name, self.side, self.spec.defenses, noise_keys=noise_keys
         )
         self.loop: LoopState | None = None  # where a resumed run starts (restore)
         n_train = len(prep.train_idx)
@@ -362,7 +362,7 @@ class Party:
         return PartyInfo(
             party=self.spec.name,
             side=self.side,
-            noise_seeds=self.stack.noise_seeds(),
+            noise_keys=self.stack.noise_keys(),
             aligned_digest=aligned_digest(list(self.prep.data.ids)),
             n_train=self.n_train,
             columns=list(getattr(self, "columns", self.prep.data.columns)),
@@ -390,7 +390,7 @@ class Party:
         rank = self.s.rank
         info: PartyInfo = state.doc("party", PartyInfo, rank=rank)
         now = self.party_info()
-        for field in ("party", "side", "aligned_digest", "n_train", "columns", "noise_seeds"):
+        for field in ("party", "side", "aligned_digest", "n_train", "columns", "noise_keys"):
             if getattr(info, field) != getattr(now, field):
                 raise CheckpointError(
                     f"rank {rank} ({self.spec.name}): party.json: field '{field}' differs from this run's "

@@ -60,13 +60,14 @@ class LoopState(_Doc):
 
 
 class PartyInfo(_Doc):
-    """What must match when the party resumes, and its private noise seeds (the
-    set-up draws of a resumed run then repeat instead of releasing fresh noise on
-    the same records)."""
+    """What must match when the party resumes, and its defenses' private noise keys
+    (:meth:`securevfl.csprng.SecretStream.state`; the set-up draws of a resumed run
+    then repeat instead of releasing fresh noise on the same records). Secret: the
+    party's own checkpoint only."""
 
     party: str
     side: str
-    noise_seeds: list[int]
+    noise_keys: list[dict[str, Any]]
     aligned_digest: str
     n_train: int
     columns: list[str]

@@ -32,6 +32,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from securevfl.csprng import SecretStream
 from securevfl.privacy.accountant import VALUE_DISCRETIZATION, Release
 
 # -- discretisation (spec 003 §2.5(a) [GAP], §4 preprocessing) ---------------------------
@@ -159,13 +160,13 @@ def raised_threshold(w0: float, mcd: float) -> float:
 # -- Laplace noise on what a party releases (Eq. 31, Alg. 5 line 9) ----------------------
 
 
-def laplace_noise(shape: tuple[int, ...], scale: float, rng: np.random.Generator) -> np.ndarray:
+def laplace_noise(shape: tuple[int, ...], scale: float, rng: SecretStream) -> np.ndarray:
     """I.i.d. ``Lap(0, scale)`` draws; zeros for ``scale == 0`` (noise off)."""
     if scale < 0 or math.isnan(scale):
         raise ValueError(f"Laplace scale must be >= 0, got {scale}")
     if scale == 0.0:
         return np.zeros(shape)
-    return rng.laplace(0.0, scale, size=shape)
+    return rng.laplace_np(shape, scale)
 
 
 def communication_scale(delta_cs_p: float, eps3: float) -> float:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
+from securevfl.csprng import SecretStream
 from securevfl.privacy.correlated import (
     apply_bins,
     correlated_sensitivity,
@@ -47,7 +48,7 @@ Selector = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 # -- stability selection (§2.4(a)) --------------------------------------------------------
 
 
-def row_subsets(n: int, n_subsets: int, mode: str, rng: np.random.Generator) -> list[np.ndarray]:
+def row_subsets(n: int, n_subsets: int, mode: str, rng: SecretStream) -> list[np.ndarray]:
     """The data subsets of stability selection.
 
     ``shards``: a random partition of the rows into ``n_subsets`` near-equal shards
@@ -56,9 +57,9 @@ def row_subsets(n: int, n_subsets: int, mode: str, rng: np.random.Generator) -> 
     if n_subsets < 1:
         raise ValueError(f"n_subsets must be at least 1, got {n_subsets}")
     if mode == "shards":
-        return [np.sort(s) for s in np.array_split(rng.permutation(n), n_subsets)]
+        return [np.sort(s) for s in np.array_split(rng.permutation_np(n), n_subsets)]
     if mode == "subsamples":
-        return [np.sort(rng.choice(n, size=max(1, n // 2), replace=False)) for _ in range(n_subsets)]
+        return [np.sort(rng.choice_np(n, max(1, n // 2))) for _ in range(n_subsets)]
     raise ValueError(f"unknown subset mode {mode!r}")
 
 
@@ -159,7 +160,7 @@ def pearson_filter(
     eps1: float,
     theta_per: float,
     mode: str,
-    rng: np.random.Generator,
+    rng: SecretStream,
 ) -> PearsonResult:
     """Noise every important pair's ``P_{m,n}`` with ``Lap(scale)`` (all pairs are
     drawn, i.e. released, up front), then walk the pairs in order: where
@@ -169,7 +170,7 @@ def pearson_filter(
     pairs = list(combinations(important, 2))
     scale = pearson_noise_scale(eps1, len(pairs), mode)
     p = pearson_matrix(x) if pairs else np.zeros((0, 0))
-    noise = rng.laplace(0.0, scale, size=len(pairs)) if scale > 0 else np.zeros(len(pairs))
+    noise = rng.laplace_np((len(pairs),), scale) if scale > 0 else np.zeros(len(pairs))
     noisy = {(a, b): float(p[a, b] + e) for (a, b), e in zip(pairs, noise, strict=True)}
     moved: list[int] = []
     for (a, b), v in noisy.items():
@@ -182,7 +183,7 @@ def pearson_filter(
 # -- candidates and the exponential mechanism (§2.6) --------------------------------------
 
 
-def generate_candidates(beta: Sequence[int], b: float, m: int, rng: np.random.Generator) -> list[list[int]]:
+def generate_candidates(beta: Sequence[int], b: float, m: int, rng: SecretStream) -> list[list[int]]:
     """``m`` candidate subsets of beta, each ``ceil(b |beta|)`` features drawn
     uniformly without replacement (spec 003 §2.6 step 1 [GAP] default). An empty
     beta gives one empty candidate."""
@@ -192,7 +193,7 @@ def generate_candidates(beta: Sequence[int], b: float, m: int, rng: np.random.Ge
     if not beta:
         return [[]]
     size = math.ceil(b * len(beta))
-    return [sorted(int(i) for i in rng.choice(beta, size=size, replace=False)) for _ in range(m)]
+    return [sorted(int(i) for i in rng.choice_np(np.asarray(beta), size)) for _ in range(m)]
 
 
 def utility(w0: float, delta_cs_p: np.ndarray, form: str = "difference") -> np.ndarray:
@@ -220,11 +221,11 @@ def em_probabilities(u: np.ndarray, eps2: float, delta_u: float) -> np.ndarray:
     return e / e.sum()
 
 
-def exponential_mechanism(u: np.ndarray, eps2: float, delta_u: float, rng: np.random.Generator) -> int:
+def exponential_mechanism(u: np.ndarray, eps2: float, delta_u: float, rng: SecretStream) -> int:
     """Draw one index with :func:`em_probabilities` (pure ``eps2``-DP when
     ``delta_u`` bounds the utility's sensitivity)."""
     p = em_probabilities(u, eps2, delta_u)
-    return int(rng.choice(len(p), p=p))
+    return rng.weighted_index(p)
 
 
 # -- the whole per-organisation pipeline (Algorithm 1) ------------------------------------
@@ -284,7 +285,7 @@ def _cs_of(counts: np.ndarray, n_cols: int, w0: float, s: float) -> float:
 def select_features(
     x: np.ndarray,
     cfg: SelectionConfig,
-    rng: np.random.Generator,
+    rng: SecretStream,
     *,
     selector: Selector,
     y: np.ndarray | None = None,

@@ -24,6 +24,8 @@ import torch
 from scipy.optimize import brentq
 from scipy.special import erfinv, log_ndtr
 
+from securevfl.csprng import SecretStream
+
 Calibration = Literal["classic", "analytic"]
 Estimator = Literal["quantile", "max"]
 
@@ -225,14 +227,15 @@ def rescale(
     return hc * s, s.detach()
 
 
-def add_noise(h: torch.Tensor, sigma: float, t: float, generator: torch.Generator | None) -> torch.Tensor:
+def add_noise(h: torch.Tensor, sigma: float, t: float, stream: SecretStream) -> torch.Tensor:
     """``h + N(0, (2 sigma t)^2 I)``, i.i.d. per coordinate and row (Eq. 2); the noise scale depends
-    only on the public ``(sigma, t)``. Noise is drawn on the CPU from ``generator`` and moved to
-    ``h``'s device, so runs are reproducible on any device. ``torch.randn`` is not a certified DP
-    sampler (floating-point attacks, critique 12)."""
+    only on the public ``(sigma, t)``. Noise is drawn on the CPU from the party's secret stream
+    (:meth:`SecretStream.normal`, Box-Muller on 53-bit uniforms) and moved to ``h``'s device. A
+    float64 Gaussian is not a certified DP sampler (floating-point attacks, critique 12; SECURITY.md,
+    "Randomness and masking")."""
     if sigma == 0:
         return h
-    noise = torch.randn(h.shape, generator=generator, dtype=torch.float64)
+    noise = stream.normal(h.shape)
     return h + (2.0 * sigma * t * noise).to(dtype=h.dtype, device=h.device)
 
 
@@ -240,7 +243,7 @@ def add_noise(h: torch.Tensor, sigma: float, t: float, generator: torch.Generato
 
 
 def dp_centre_scale(
-    hc: torch.Tensor, t: float, est_sigma: float, generator: torch.Generator | None
+    hc: torch.Tensor, t: float, est_sigma: float, stream: SecretStream
 ) -> tuple[torch.Tensor, float]:
     """A private centre ``m`` and spread ``r`` of one batch of rows clipped to radius ``t``.
 
@@ -254,11 +257,9 @@ def dp_centre_scale(
         raise ValueError("the DP centre/scale estimate needs at least one row")
     sens = 2.0 * t / n
     x = hc.detach().double().cpu()
-    m = x.mean(0) + est_sigma * sens * torch.randn(x.shape[1], generator=generator, dtype=torch.float64)
+    m = x.mean(0) + est_sigma * sens * stream.normal((x.shape[1],))
     dist = torch.clamp((x - m).norm(dim=1), max=2.0 * t)
-    r = float(dist.mean()) + est_sigma * sens * float(
-        torch.randn(1, generator=generator, dtype=torch.float64)
-    )
+    r = float(dist.mean()) + est_sigma * sens * float(stream.normal((1,))[0])
     return m.to(dtype=hc.dtype, device=hc.device), max(r, t / 100.0)
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError
 
 # -- the hash (spec 004 §2.4) ---------------------------------------------------------------------
@@ -292,25 +293,24 @@ def binomial_flips(n: int, k: int, p: float) -> float:
     return math.comb(n, k) * p**k * (1 - p) ** (n - k)
 
 
-def flip_bits(codes: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
-    """Flip each bit of a +-1 code independently with probability ``p``."""
-    u = torch.rand(codes.shape, generator=generator).to(codes.device)
+def flip_bits(codes: torch.Tensor, p: float, stream: SecretStream) -> torch.Tensor:
+    """Flip each bit of a +-1 code independently with probability ``p`` (53-bit uniforms
+    from the party's secret stream)."""
+    u = stream.uniform(codes.shape).to(codes.device)
     return torch.where(u < p, -codes, codes)
 
 
-def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator) -> torch.Tensor:
-    """Laplace(0, scale) samples by inverse CDF from a seeded uniform draw."""
-    u = torch.rand(shape, generator=generator, dtype=torch.float64) - 0.5
-    # keep away from |u| = 1/2 (log 0)
-    u = u.clamp(-0.5 + 1e-12, 0.5 - 1e-12)
-    return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
+def laplace_noise(shape: torch.Size, scale: float, stream: SecretStream) -> torch.Tensor:
+    """Laplace(0, scale) samples by the inverse CDF of 53-bit uniforms from the party's
+    secret stream (:meth:`SecretStream.laplace`)."""
+    return stream.laplace(shape, scale).float()
 
 
 def dp_noise(
     codes: torch.Tensor,
     mode: Literal["paper", "code", "rr"],
     epsilon: float,
-    generator: torch.Generator,
+    stream: SecretStream,
 ) -> torch.Tensor:
     """The DP add-on's output for clean codes (spec 004 §2.10).
 
@@ -319,8 +319,8 @@ def dp_noise(
     * ``rr``: randomized response, flip with probability 1/(1 + e^eps).
     """
     if mode == "rr":
-        return flip_bits(codes, rr_flip_probability(epsilon), generator)
-    noise = laplace_noise(codes.shape, 2.0 / epsilon, generator).to(codes.device)
+        return flip_bits(codes, rr_flip_probability(epsilon), stream)
+    noise = laplace_noise(codes.shape, 2.0 / epsilon, stream).to(codes.device)
     noisy = codes + noise
     return noisy if mode == "code" else sign(noisy)
 

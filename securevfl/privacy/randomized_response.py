@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from securevfl.csprng import SecretStream
 from securevfl.errors import DataError
 
 Kind = Literal["binary", "onehot", "index"]
@@ -75,7 +76,7 @@ def detect_kind(labels: torch.Tensor, classes: int | None = None) -> Kind:
 
 
 def randomize(
-    labels: torch.Tensor, epsilon: float, generator: torch.Generator, *, classes: int | None = None
+    labels: torch.Tensor, epsilon: float, stream: SecretStream, *, classes: int | None = None
 ) -> torch.Tensor:
     """Randomized response on every label, once; same kind, dtype and shape.
 
@@ -87,20 +88,20 @@ def randomize(
         return labels.clone()
     if kind == "onehot":
         k = labels.shape[1]
-        idx = _kary(labels.argmax(1), epsilon, k, generator)
+        idx = _kary(labels.argmax(1), epsilon, k, stream)
         return torch.nn.functional.one_hot(idx, k).to(labels.dtype)
     flat = labels.reshape(-1).long()
     if kind == "binary":
-        flip = torch.rand(flat.shape, generator=generator, dtype=torch.float64) < flip_probability(epsilon)
+        flip = stream.uniform(flat.shape) < flip_probability(epsilon)
         out = torch.where(flip, 1 - flat, flat)
     else:
         assert classes is not None
-        out = _kary(flat, epsilon, classes, generator)
+        out = _kary(flat, epsilon, classes, stream)
     return out.to(labels.dtype).reshape(labels.shape)
 
 
-def _kary(idx: torch.Tensor, epsilon: float, k: int, generator: torch.Generator) -> torch.Tensor:
-    keep = torch.rand(idx.shape, generator=generator, dtype=torch.float64) < keep_probability(epsilon, k)
-    # a uniform draw over the K-1 other classes: shift by 1..K-1 modulo K
-    shift = torch.randint(1, k, idx.shape, generator=generator)
+def _kary(idx: torch.Tensor, epsilon: float, k: int, stream: SecretStream) -> torch.Tensor:
+    keep = stream.uniform(idx.shape) < keep_probability(epsilon, k)
+    # a uniform draw over the K-1 other classes: shift by 1..K-1 modulo K (exact integers)
+    shift = stream.integers(idx.shape, 1, k)
     return torch.where(keep, idx, (idx + shift) % k)

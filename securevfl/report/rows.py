@@ -58,9 +58,16 @@ def epsilon_spent(result: dict[str, Any]) -> float | None:
     return max(vals) if vals else None
 
 
+NOT_PRIVATE = " (pinned noise_seed: not private)"
+
+
 def defenses_label(result: dict[str, Any]) -> str:
+    """The defenses a run used; a run whose defense noise came from a pinned
+    ``privacy.noise_seed`` says it is not private (anyone who knows the seed
+    regenerates the noise)."""
     names = sorted({d for ds in (result.get("defenses") or {}).values() for d in ds})
-    return "+".join(names) if names else "none"
+    label = "+".join(names) if names else "none"
+    return label + NOT_PRIVATE if names and result.get("noise_seed_pinned") else label
 
 
 def utility(result: dict[str, Any]) -> float | None:

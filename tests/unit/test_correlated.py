@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 from sklearn.datasets import load_breast_cancer
 
+from securevfl.csprng import SecretStream
 from securevfl.privacy.accountant import LaplaceRelease, Mechanism, account, epsilon
 from securevfl.privacy.correlated import (
     UnboundedRelease,
@@ -174,14 +175,14 @@ def test_golden_fixture_wdbc(wdbc_codes):
 def test_communication_noise_is_laplace_of_the_right_scale():
     scale = communication_scale(9.7, 0.5)
     assert scale == pytest.approx(19.4)
-    x = laplace_noise((100_000,), scale, np.random.default_rng(0))
+    x = laplace_noise((100_000,), scale, SecretStream.from_seed(0, "test"))
     assert stats.kstest(x, "laplace", args=(0.0, 19.4)).pvalue > 0.01
     assert abs(x.var() / (2 * 19.4**2) - 1.0) < 0.03
     assert abs(x.mean()) < 0.3  # std of the mean: sqrt(2) * 19.4 / sqrt(1e5) = 0.087
 
 
 def test_noise_iid_across_elements_and_fresh_per_release():
-    rng = np.random.default_rng(1)
+    rng = SecretStream.from_seed(1, "test")
     a = laplace_noise((200, 50), 1.0, rng)
     b = laplace_noise((200, 50), 1.0, rng)
     assert not np.array_equal(a, b)
@@ -191,7 +192,7 @@ def test_noise_iid_across_elements_and_fresh_per_release():
 
 def test_infinite_eps3_means_no_noise():
     assert communication_scale(9.7, math.inf) == 0.0
-    assert np.array_equal(laplace_noise((3, 2), 0.0, np.random.default_rng(0)), np.zeros((3, 2)))
+    assert np.array_equal(laplace_noise((3, 2), 0.0, SecretStream.from_seed(0, "test")), np.zeros((3, 2)))
     with pytest.raises(ValueError):
         communication_scale(9.7, 0.0)
 
@@ -218,7 +219,7 @@ def test_pearson_filter_uses_the_scale_and_releases_every_pair(wdbc):
     scores = np.ones(6)
     for mode, expected in (("paper", 1.0), ("strict", 2.0 * 15 / 1.0)):
         res = pearson_filter(
-            x, range(6), scores, eps1=1.0, theta_per=0.9, mode=mode, rng=np.random.default_rng(0)
+            x, range(6), scores, eps1=1.0, theta_per=0.9, mode=mode, rng=SecretStream.from_seed(0, "test")
         )
         assert res.scale == expected
         assert set(res.noisy) == set(combinations(range(6), 2))
@@ -230,7 +231,13 @@ def test_pearson_without_noise_is_the_deterministic_filter(wdbc):
     assert np.allclose(p, np.corrcoef(x.T))
     scores = np.linspace(1.0, 0.5, 10)
     res = pearson_filter(
-        x, range(10), scores, eps1=math.inf, theta_per=0.9, mode="paper", rng=np.random.default_rng(0)
+        x,
+        range(10),
+        scores,
+        eps1=math.inf,
+        theta_per=0.9,
+        mode="paper",
+        rng=SecretStream.from_seed(0, "test"),
     )
     moved: list[int] = []
     for a, b in combinations(range(10), 2):
@@ -245,7 +252,13 @@ def test_duplicated_columns_exactly_one_moves():
     base = rng.normal(size=(200, 3))
     x = np.column_stack([base, base[:, 1]])  # column 3 duplicates column 1
     res = pearson_filter(
-        x, range(4), np.array([0.9, 0.8, 0.7, 0.8]), eps1=math.inf, theta_per=0.9, mode="paper", rng=rng
+        x,
+        range(4),
+        np.array([0.9, 0.8, 0.7, 0.8]),
+        eps1=math.inf,
+        theta_per=0.9,
+        mode="paper",
+        rng=SecretStream.from_seed(0, "test"),
     )
     assert res.moved == [3]  # tie on score goes to the higher index
     assert res.kept == [0, 1, 2]
@@ -255,9 +268,9 @@ def test_duplicated_columns_exactly_one_moves():
 
 
 def test_row_subsets_shards_partition_rows():
-    shards = row_subsets(103, 5, "shards", np.random.default_rng(0))
+    shards = row_subsets(103, 5, "shards", SecretStream.from_seed(0, "test"))
     assert sorted(np.concatenate(shards).tolist()) == list(range(103))
-    halves = row_subsets(100, 4, "subsamples", np.random.default_rng(0))
+    halves = row_subsets(100, 4, "subsamples", SecretStream.from_seed(0, "test"))
     assert all(len(h) == 50 and len(set(h.tolist())) == 50 for h in halves)
 
 
@@ -283,8 +296,8 @@ def test_em_frequencies_match_softmax():
     u = np.array([-9.7, -12.0, -10.5, -15.0, -9.9])
     p = em_probabilities(u, 1.0, 1.0)
     assert p == pytest.approx(np.exp(u / 2) / np.exp(u / 2).sum())
-    rng = np.random.default_rng(0)
-    draws = np.array([exponential_mechanism(u, 1.0, 1.0, rng) for _ in range(100_000)])
+    stream = SecretStream.from_seed(0, "test")
+    draws = np.array([exponential_mechanism(u, 1.0, 1.0, stream) for _ in range(100_000)])
     counts = np.bincount(draws, minlength=len(u))
     assert stats.chisquare(counts, p * len(draws)).pvalue > 0.01
 
@@ -302,10 +315,10 @@ def test_em_limits():
 
 def test_candidates_are_subsets_of_beta():
     beta = [1, 4, 6, 7, 9]
-    cands = generate_candidates(beta, 0.5, 10, np.random.default_rng(0))
+    cands = generate_candidates(beta, 0.5, 10, SecretStream.from_seed(0, "test"))
     assert len(cands) == 10
     assert all(set(c) <= set(beta) and len(c) == 3 for c in cands)
-    assert generate_candidates([], 0.5, 10, np.random.default_rng(0)) == [[]]
+    assert generate_candidates([], 0.5, 10, SecretStream.from_seed(0, "test")) == [[]]
 
 
 def test_pipeline_alpha_final_contains_alpha(wdbc):
@@ -313,7 +326,7 @@ def test_pipeline_alpha_final_contains_alpha(wdbc):
     x = (x - x.mean(0)) / x.std(0)
     for seed in range(5):
         sel = select_features(
-            x, SelectionConfig(), np.random.default_rng(seed), selector=pca_leverage_selector(0.9)
+            x, SelectionConfig(), SecretStream.from_seed(seed, "test"), selector=pca_leverage_selector(0.9)
         )
         assert set(sel.alpha) <= set(sel.alpha_final)
         assert set(sel.alpha_final) - set(sel.alpha) == set(sel.candidates[sel.chosen])
@@ -322,7 +335,10 @@ def test_pipeline_alpha_final_contains_alpha(wdbc):
         assert 1.0 <= sel.delta_cs_p <= sel.delta_cs <= sel.delta_gs
         assert sel.delta_u == 1.0  # paper mode
     strict = select_features(
-        x, SelectionConfig(delta_u="strict"), np.random.default_rng(0), selector=pca_leverage_selector(0.9)
+        x,
+        SelectionConfig(delta_u="strict"),
+        SecretStream.from_seed(0, "test"),
+        selector=pca_leverage_selector(0.9),
     )
     assert strict.delta_u == 300.0  # n s
 

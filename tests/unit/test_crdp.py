@@ -133,7 +133,8 @@ def test_unpinned_noise_is_private_entropy_not_the_shared_seed(bc):
     x_tr, _ = bc
     a, _ = _stack("p1", noise_seed=None)
     b, _ = _stack("p1", noise_seed=None)
-    assert a.defenses[0].ctx.noise_seed != b.defenses[0].ctx.noise_seed
+    ka, kb = a.defenses[0].ctx.noise.state(), b.defenses[0].ctx.noise.state()
+    assert ka["key"] != kb["key"] and not ka["pinned"] and not kb["pinned"]
     a.select_features(x_tr, COLS)
     b.select_features(x_tr, COLS)
     h = torch.zeros(8, a.defenses[0].d_out, dtype=torch.float64)

@@ -7,7 +7,6 @@ model F is a small stand-in module where a test needs one."""
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import DefenseContext, build_stack
 from securevfl.defenses.dravl import (
@@ -39,7 +39,7 @@ D_X = 8
 
 def ctx(seed: int = 0) -> DefenseContext:
     proto = load_protocol_dict(small_digits(seed=seed))
-    return DefenseContext(proto, "left", "passive", seed)
+    return DefenseContext(proto, "left", "passive", seed, SecretStream.from_seed(seed, "test"))
 
 
 def make(cls=Dravl, d_x: int = D_X, **params) -> Dravl:
@@ -225,7 +225,7 @@ def test_nr_expected_gradient_is_shrinkage_to_noise_mean(kind, mean, std, target
     torch.manual_seed(0)
     r = nn.Sequential(nn.Linear(Q, 32), nn.ReLU(), nn.Linear(32, D_X))
     z = torch.randn(16, Q)
-    noise = sample_noise((4000, 16, D_X), kind, mean, std, torch.Generator().manual_seed(1))
+    noise = sample_noise((4000, 16, D_X), kind, mean, std, SecretStream.from_seed(1, "test"))
     zz = z.clone().requires_grad_()
     frozen = {k: v.detach() for k, v in r.named_parameters()}
     rec = torch.func.functional_call(r, frozen, (zz,))
@@ -242,11 +242,11 @@ def test_nr_only_trains_r_prime_on_detached_embedding():
     (r,) = d.modules()
     x, h0 = batch()
     h = h0.clone().requires_grad_()
-    state = copy.deepcopy(d.noise_gen.get_state())
+    state = d.noise_gen.state()
     d.local_loss(x, h).backward()
     assert all(p.grad is not None and torch.count_nonzero(p.grad) > 0 for p in r.parameters())
     # h's gradient is exactly alpha * dL_n/dh: the R' term adds nothing to F
-    d.noise_gen.set_state(state)
+    d.noise_gen = SecretStream.from_state(state)
     h2 = h0.clone().requires_grad_()
     (alpha * nr_loss(r, h2, d.noise_like(x), "sum_feat_mean_batch")).backward()
     assert torch.allclose(h.grad, h2.grad, rtol=1e-6, atol=1e-9)

@@ -14,6 +14,7 @@ import torch
 from scipy import stats
 from scipy.spatial.distance import pdist
 
+from securevfl.csprng import SecretStream
 from securevfl.privacy import gaussian as gm
 from securevfl.privacy.accountant import GaussianRelease, epsilon
 
@@ -21,7 +22,13 @@ Z = 3.29  # two-sided normal quantile at alpha = 1e-3
 
 
 def _gen(seed: int) -> torch.Generator:
+    """Test inputs (public, reproducible)."""
     return torch.Generator().manual_seed(seed)
+
+
+def _noise(seed: int) -> SecretStream:
+    """The release noise's stream (pinned for reproducibility)."""
+    return SecretStream.from_seed(seed, "test")
 
 
 # -- 1. clipping ------------------------------------------------------------------------------
@@ -57,7 +64,7 @@ def test_clip_refuses_nonpositive_threshold():
 def test_noise_mean_variance_and_shape():
     sigma, t = 1.7, 0.5
     std = 2 * sigma * t
-    out = gm.add_noise(torch.zeros(200_000, 4, dtype=torch.float64), sigma, t, _gen(1))
+    out = gm.add_noise(torch.zeros(200_000, 4, dtype=torch.float64), sigma, t, _noise(1))
     x = out.flatten().numpy()
     n = x.size
     assert abs(x.mean()) < Z * std / math.sqrt(n)  # z-test on the mean
@@ -71,20 +78,20 @@ def test_noise_mean_variance_and_shape():
 
 
 def test_noise_fresh_per_call_and_independent_of_data():
-    g = _gen(2)
+    g = _noise(2)
     h = torch.zeros(8, 4)
     assert not torch.equal(gm.add_noise(h, 1.0, 1.0, g), gm.add_noise(h, 1.0, 1.0, g))
     # same generator state, very different inputs: the noise drawn is identical
     a = torch.randn(8, 4, generator=_gen(3)) * 100
     b = torch.zeros(8, 4)
-    na = gm.add_noise(a, 1.3, 2.0, _gen(4)) - a
-    nb = gm.add_noise(b, 1.3, 2.0, _gen(4)) - b
+    na = gm.add_noise(a, 1.3, 2.0, _noise(4)) - a
+    nb = gm.add_noise(b, 1.3, 2.0, _noise(4)) - b
     assert torch.allclose(na, nb, atol=1e-4)
 
 
 def test_no_noise_at_sigma_zero():
     h = torch.randn(3, 3)
-    assert gm.add_noise(h, 0.0, 1.0, _gen(0)) is h
+    assert gm.add_noise(h, 0.0, 1.0, _noise(0)) is h
 
 
 # -- 3. sigma calibration (appendix A) --------------------------------------------------------
@@ -217,8 +224,8 @@ def _audit(a: torch.Tensor, b: torch.Tensor, sigma: float, t: float, eps: float,
     binomial margin (so a positive result is a violation at 99.9% confidence)."""
     n = 1_000_000
     u = ((a - b) / (a - b).norm()).flatten()
-    ra = gm.add_noise(a.expand(n, -1).double(), sigma, t, _gen(10)) @ u.double()
-    rb = gm.add_noise(b.expand(n, -1).double(), sigma, t, _gen(11)) @ u.double()
+    ra = gm.add_noise(a.expand(n, -1).double(), sigma, t, _noise(10)) @ u.double()
+    rb = gm.add_noise(b.expand(n, -1).double(), sigma, t, _noise(11)) @ u.double()
     ra, rb = np.sort(ra.numpy()), np.sort(rb.numpy())
     taus = np.quantile(np.concatenate([ra, rb]), np.linspace(0.001, 0.999, 400))
     tpr = 1 - np.searchsorted(ra, taus) / n
@@ -310,12 +317,12 @@ def test_dp_centre_scale_keeps_sensitivity():
     """rescale_mode dp: after the private centre/scale, re-clipping keeps every row in the ball."""
     t = 1.0
     hc = gm.clip_rows(_cap(64, 8, 13), t)
-    m, r = gm.dp_centre_scale(hc, t, 1.0, _gen(14))
+    m, r = gm.dp_centre_scale(hc, t, 1.0, _noise(14))
     out = gm.clip_rows((t / r) * (hc - m), t)
     assert float(out.norm(dim=1).max()) <= t * (1 + 1e-9)
     assert r >= t / 100
     # the centre estimate is the batch mean plus noise of std est_sigma * 2t/n per coordinate
-    ms = torch.stack([gm.dp_centre_scale(hc, t, 1.0, _gen(100 + i))[0] for i in range(400)])
+    ms = torch.stack([gm.dp_centre_scale(hc, t, 1.0, _noise(100 + i))[0] for i in range(400)])
     err = (ms - hc.mean(0)).flatten().numpy()
     assert abs(err.std() - 2 * t / 64) < 0.1 * 2 * t / 64
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.config import TopSpec
+from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack
 from securevfl.errors import ConfigError, ProtocolError
@@ -452,12 +453,13 @@ def test_table_vi_protocol_on_a_toy_model():
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     codes = hashing.random_codes(c, d, gen)
+    flips = SecretStream.from_seed(0, "test")
     top = nn.Sequential(nn.Linear(2 * d, 16), nn.ReLU(), nn.Linear(16, c))
     opt = torch.optim.Adam(top.parameters(), lr=0.01)
     for _ in range(150):
         y = torch.randint(0, c, (64,), generator=gen)
-        a = hashing.flip_bits(codes[y], 0.1, gen)
-        b = hashing.flip_bits(codes[y], 0.1, gen)
+        a = hashing.flip_bits(codes[y], 0.1, flips)
+        b = hashing.flip_bits(codes[y], 0.1, flips)
         loss = nn.functional.cross_entropy(top(torch.cat([a, b], 1)), y)
         opt.zero_grad()
         loss.backward()
@@ -486,7 +488,7 @@ def test_table_vi_protocol_on_a_toy_model():
 def test_flip_rates_match_within_three_sigma(mode, eps, expect):
     n = 100_000
     clean = hashing.sign(torch.randn(n, generator=torch.Generator().manual_seed(0)))
-    noisy = hashing.dp_noise(clean, mode, eps, torch.Generator().manual_seed(1))
+    noisy = hashing.dp_noise(clean, mode, eps, SecretStream.from_seed(1, "test"))
     assert set(noisy.unique().tolist()) == {-1.0, 1.0}
     rate = float((noisy != clean).float().mean())
     sigma = math.sqrt(expect * (1 - expect) / n)
@@ -505,7 +507,7 @@ def test_paper_numbers_and_honest_per_bit_epsilon():
 
 def test_code_mode_sends_continuous_values():
     clean = torch.ones(1000)
-    noisy = hashing.dp_noise(clean, "code", 1.0, torch.Generator().manual_seed(0))
+    noisy = hashing.dp_noise(clean, "code", 1.0, SecretStream.from_seed(0, "test"))
     assert (noisy.abs() != 1).all()
     # Laplace(2/eps): mean |noise| = 2
     assert float((noisy - clean).abs().mean()) == pytest.approx(2.0, rel=0.1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
+from securevfl.csprng import SecretStream
 from securevfl.errors import DataError
 from securevfl.privacy.randomized_response import (
     detect_kind,
@@ -24,8 +25,8 @@ N = 100_000
 ALPHA = 1e-3
 
 
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def gen(seed: int = 0) -> SecretStream:
+    return SecretStream.from_seed(seed, "test")
 
 
 def binomial_ok(k: int, n: int, p: float) -> bool:
@@ -34,7 +35,7 @@ def binomial_ok(k: int, n: int, p: float) -> bool:
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 3.0])
 def test_binary_flip_rate_matches(eps: float) -> None:
-    y = torch.randint(0, 2, (N,), generator=gen(1))
+    y = torch.randint(0, 2, (N,), generator=torch.Generator().manual_seed(1))
     out = randomize(y, eps, gen(2))
     flips = int((out != y).sum())
     assert binomial_ok(flips, N, flip_probability(eps))
@@ -45,7 +46,7 @@ def test_binary_flip_rate_matches(eps: float) -> None:
 @pytest.mark.parametrize("eps", [0.5, 2.0])
 def test_kary_keep_rate_and_uniform_moves(eps: float) -> None:
     k = 10
-    y = torch.randint(0, k, (N,), generator=gen(3))
+    y = torch.randint(0, k, (N,), generator=torch.Generator().manual_seed(3))
     out = randomize(y, eps, gen(4), classes=k)
     moved = out != y
     assert binomial_ok(int(moved.sum()), N, 1 - keep_probability(eps, k))
@@ -57,7 +58,7 @@ def test_kary_keep_rate_and_uniform_moves(eps: float) -> None:
 
 
 def test_eps_inf_is_identity_and_eps_zero_is_uniform() -> None:
-    y = torch.randint(0, 10, (N,), generator=gen(5))
+    y = torch.randint(0, 10, (N,), generator=torch.Generator().manual_seed(5))
     assert torch.equal(randomize(y, math.inf, gen(6), classes=10), y)
     out = randomize(y, 0.0, gen(7), classes=10)
     assert stats.chisquare(np.bincount(out.numpy(), minlength=10)).pvalue > ALPHA
@@ -117,7 +118,7 @@ def test_binary_rule_is_the_two_class_kary_rule() -> None:
 
 
 def test_same_seed_same_noise() -> None:
-    y = torch.randint(0, 10, (1000,), generator=gen(11))
+    y = torch.randint(0, 10, (1000,), generator=torch.Generator().manual_seed(11))
     assert torch.equal(randomize(y, 1.0, gen(12), classes=10), randomize(y, 1.0, gen(12), classes=10))
     assert not torch.equal(randomize(y, 1.0, gen(12), classes=10), randomize(y, 1.0, gen(13), classes=10))
 

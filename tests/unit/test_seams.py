@@ -8,6 +8,7 @@ import torch
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.attacks import ATTACKS, Attack
+from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES, Defense, DefenseStack
 from securevfl.defenses.base import DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, UnsupportedCombination
@@ -99,7 +100,7 @@ def test_unknown_defense_lists_known(registered):
 
 def test_stack_applies_hooks_in_order():
     proto = load_protocol_dict(small_digits())
-    ctx = DefenseContext(proto, "left", "passive", 0)
+    ctx = DefenseContext(proto, "left", "passive", 0, SecretStream.from_seed(0, "test"))
     a = Shift(Shift.options(by=1.0), ctx)
     b = Shift(Shift.options(by=10.0), ctx)
 

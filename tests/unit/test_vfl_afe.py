@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
 from securevfl.defenses import _afe as afe
 from securevfl.defenses.base import DefenseContext
@@ -196,10 +197,13 @@ def proto():
     return load_protocol_dict(small_digits())
 
 
+NOISE = SecretStream.from_seed(0, "test")  # the defense's noise key, pinned for reproducibility
+
+
 def _defense(proto, **opts) -> EmbeddingDP:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return EmbeddingDP(EmbeddingDPOptions(**opts), DefenseContext(proto, "left", "passive", 0))
+        return EmbeddingDP(EmbeddingDPOptions(**opts), DefenseContext(proto, "left", "passive", 0, NOISE))
 
 
 def _step(d: EmbeddingDP, f: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,6 @@ from securevfl.privacy.feature_selection import (
     pca_leverage_selector,
     select_features,
 )
-from securevfl.seeding import derive_seed
 
 
 class Crdp(Defense[CrdpOptions]):
@@ -65,7 +64,7 @@ class Crdp(Defense[CrdpOptions]):
         self.merged: MergedSensitivity | None = None
         self.merged_seconds: float | None = None
         self._own_counts: np.ndarray | None = None  # kept columns' match counts (merged_secure only)
-        self._noise_rng = np.random.default_rng(derive_seed(ctx.noise_seed, "crdp", "noise"))  # private
+        self._noise_rng = ctx.noise_stream("crdp", "noise")  # private
         self.releases = 0
 
     # -- data ------------------------------------------------------------------------
@@ -102,7 +101,7 @@ class Crdp(Defense[CrdpOptions]):
             mcd_parts=p.mcd_parts,
             select=p.feature_selection,
         )
-        rng = np.random.default_rng(derive_seed(self.ctx.noise_seed, "crdp", "select"))  # private
+        rng = self.ctx.noise_stream("crdp", "select")  # private
         self.selection = select_features(x, cfg, rng, selector=pca_leverage_selector(p.pca_variance))
         self.keep = list(self.selection.alpha_final)
         if p.delta_scope == "merged_secure":  # same bins as the selection: per-column q-quantiles

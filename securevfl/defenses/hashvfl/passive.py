@@ -15,7 +15,6 @@ from securevfl.defenses.hashvfl.options import HashOptions
 from securevfl.errors import ConfigError, ProtocolError
 from securevfl.privacy import hashing
 from securevfl.privacy.accountant import LaplaceRelease, Mechanism, Plan, RandomizedResponseRelease, epsilon
-from securevfl.seeding import generator
 
 
 def _passive_index(ctx: DefenseContext) -> int:
@@ -68,7 +67,7 @@ class HashVFL(Defense[HashOptions]):
         self.median = (
             MedianThreshold(self.bits, params.balance_momentum) if params.balance == "median" else None
         )
-        self.noise = generator(ctx.noise_seed, "hashvfl", "dp")  # private, never the shared seed
+        self.noise = ctx.noise_stream("hashvfl", "dp")  # private, never the shared seed
         self._train_stats = _BalanceCounter()
         self._eval_stats = _BalanceCounter()
         self._last_train: bool | None = None
