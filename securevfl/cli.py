@@ -27,7 +27,7 @@ from securevfl.app.loader import load_protocol
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.predict import check_out, parse_data_overrides, predict_local, predict_rank
 from securevfl.app.rank import run_rank
-from securevfl.app.ranks import layout_of
+from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
 from securevfl.data.datasets import DATASETS
