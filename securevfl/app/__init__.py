@@ -9,5 +9,6 @@
 * :mod:`~securevfl.app.harness`: the protocol's attacks on the ranks' saved views;
 * :mod:`~securevfl.app.outdir`: output folders that never lose an earlier result.
 
-Only :mod:`securevfl.cli` (and scripts, tests, benchmarks) import from here.
+Only :mod:`securevfl.api` and :mod:`securevfl.cli` (and tests, benchmarks) import from here;
+scripts use :mod:`securevfl.api`.
 """

@@ -58,6 +58,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 LAYERS: tuple[str, ...] = (
     "securevfl.__main__",
     "securevfl.cli",
+    "securevfl.api",
     "securevfl.doctor",
     "securevfl.app",
     "securevfl.validation",
@@ -85,7 +86,7 @@ LAYERS: tuple[str, ...] = (
 )
 
 #: Only these may import the top layer.
-APP_IMPORTERS = ("securevfl.app", "securevfl.cli", "securevfl.__main__")
+APP_IMPORTERS = ("securevfl.app", "securevfl.api", "securevfl.cli", "securevfl.__main__")
 
 #: Third-party packages that may be imported inside a function: optional, heavy
 #: crypto libraries whose import only the processes using them should pay for.
