@@ -29,7 +29,6 @@ nothing here exits the interpreter.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,23 +45,16 @@ from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol as load_protocol_file
 from securevfl.app.loader import load_protocol_dict, override_expr, resolve_protocol
-from securevfl.app.outdir import OutputFolder, resume_folder
+from securevfl.app.party import run_party
 from securevfl.app.predict import (
     PredictionRecord,
-    check_out,
-    parse_data_overrides,
     predict_local,
-    predict_rank,
 )
-from securevfl.app.rank import run_rank
-from securevfl.app.rank_layout import layout_of
 from securevfl.config import Protocol
-from securevfl.data.partition import is_builtin, materialize
-from securevfl.errors import ConfigError, RankFailed, SecureVFLError
+from securevfl.errors import ConfigError
 from securevfl.records import ResultRecord
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.compare import write_comparison
-from securevfl.runtime.secure.keys import Identity
 
 __all__ = [
     "Comparison",
@@ -413,93 +405,16 @@ def party(
     This process becomes the rank: it runs until the protocol ends. A failed rank
     reports its error itself (stderr, its error file, its peers) and this raises
     :class:`~securevfl.errors.RankFailed` with the rank's exit code."""
-    proto = load_protocol(protocol, overrides)
-    role = layout_of(proto).role(rank)
-    identity = Identity.load(Path(key)) if key is not None else None
-    items = _data_files(data)
-    if predict is not None:
-        if resume:
-            raise ConfigError(
-                "--resume continues a training run; a prediction has nothing to resume", path="--resume"
-            )
-        return _party_predict(
-            proto, rank, rendezvous, Path(predict), out, data_dir, items, identity, overwrite, progress
-        )
-    if items:
-        raise ConfigError(
-            "--data names the new records of a prediction: use it with --predict", path="--data"
-        )
-    folder_path = Path(out) if out is not None else Path("runs") / f"{proto.name}-rank{rank}"
-    data_path = Path(data_dir) if data_dir is not None else folder_path / "data"
-    if resume:
-        folder = resume_folder(folder_path, overwrite=overwrite, ranks=range(rank, rank + 1))
-    else:
-        folder = OutputFolder.open(folder_path, overwrite=overwrite, keep=(data_path,))
-    if is_builtin(proto) and role.kind != "helper":
-        # Materialize this party's slice in a short-lived child process, so this
-        # rank's own process never holds the other parties' columns.
-        p = mp.get_context("spawn").Process(target=materialize, args=(proto, data_path, role.party))
-        p.start()
-        p.join()
-        if p.exitcode != 0:
-            raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
-    code = run_rank(
-        proto,
+    return run_party(
+        load_protocol(protocol, overrides),
         rank,
         rendezvous,
-        folder.path,
-        data_path,
-        progress=progress,
+        out=Path(out) if out is not None else None,
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        key=Path(key) if key is not None else None,
+        predict=Path(predict) if predict is not None else None,
+        data=_data_files(data),
+        overwrite=overwrite,
         resume=resume,
-        identity=identity,
-    )
-    if code != 0:
-        raise RankFailed(
-            f"rank {rank} ({role.party}) stopped with exit code {code}",
-            exit_code=code,
-            kept_aside=folder.abandon(),
-        )
-    folder.commit()
-    return folder_path
-
-
-def _party_predict(
-    proto: Protocol,
-    rank: int,
-    rendezvous: str,
-    run_dir: Path,
-    out: str | os.PathLike[str] | None,
-    data_dir: str | os.PathLike[str] | None,
-    items: list[str],
-    identity: Identity | None,
-    overwrite: bool,
-    progress: bool,
-) -> Path:
-    """One rank of a prediction (:func:`party` with ``predict``)."""
-    me = layout_of(proto).role(rank).party
-    files = parse_data_overrides(items, proto)
-    others = sorted(set(files) - {me})
-    if others:
-        raise ConfigError(
-            f"rank {rank} is party '{me}'; --data may name only its own file (got {others})", path="--data"
-        )
-    folder_path = Path(out) if out is not None else Path("runs") / f"{proto.name}-predict-rank{rank}"
-    check_out(folder_path, run_dir)
-    data_path = Path(data_dir) if data_dir is not None else run_dir / "data"
-    folder = OutputFolder.open(folder_path, overwrite=overwrite)
-    code = predict_rank(
-        proto,
-        rank,
-        rendezvous,
-        run_dir,
-        folder.path,
-        data_path,
-        data=files.get(me),
         progress=progress,
-        identity=identity,
     )
-    if code != 0:
-        folder.abandon()
-        raise RankFailed(f"rank {rank} ({me}) stopped with exit code {code}", exit_code=code)
-    folder.commit()
-    return folder_path

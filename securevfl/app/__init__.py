@@ -6,6 +6,7 @@
 * :mod:`~securevfl.app.rank_layout`: its rank layout, with the exchange backend's helpers;
 * :mod:`~securevfl.app.launcher`: every rank as a local OS process, then the attacks;
 * :mod:`~securevfl.app.rank`: one rank's life (the same under ``securevfl party``);
+* :mod:`~securevfl.app.party`: one rank in this process, with its folder and data (``securevfl party``);
 * :mod:`~securevfl.app.harness`: the protocol's attacks on the ranks' saved views;
 * :mod:`~securevfl.app.outdir`: output folders that never lose an earlier result.
 
