@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from securevfl.app.comparison import Source, execute, plan
-from securevfl.app.grid import make_axis
-from securevfl.report.aggregate import RunRecord, summarize
-from securevfl.report.compare import write_comparison
+from securevfl import api
 from securevfl.report.prose import show
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,17 +36,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "examples" / "label_dp_sweep")
     args = ap.parse_args()
 
-    source = Source(PROTOCOL, axes=(make_axis(EPSILON, list(args.eps)),))
-    sweep = plan("label DP sweep (breast_cancer, mpc)", [source], args.seeds, args.out)
-    done = execute(sweep, args.out, progress=False)
-    records = [RunRecord(r.label, r.base, r.seed, res, r.point, str(r.folder)) for r, res in done]
-    summary = summarize(records)
+    sweep = api.compare(
+        PROTOCOL,
+        seeds=args.seeds,
+        grid={EPSILON: list(args.eps)},
+        out=args.out,
+        progress=False,
+        title="label DP sweep (breast_cancer, mpc)",
+    )
     print(f"{'label eps':>10} {'label inference AUC':>22} {'test AUC':>18}")
-    for g in summary.groups:
+    for g in sweep.summary.groups:
         leak, auc = g.metrics.get("attack:label_direction"), g.metrics.get("test_auc")
         print(f"{g.point[EPSILON]:>10g} {show(leak):>22} {show(auc):>18}")
-    paths = write_comparison(args.out, records, sweep.axes, title=sweep.title)
-    print(f"report: {paths['markdown']} (grid curves: {paths.get('grid_curves')})")
+    print(f"report: {sweep.files['markdown']} (grid curves: {sweep.files.get('grid_curves')})")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import re
 import signal
@@ -20,23 +19,18 @@ from types import FrameType
 
 import yaml
 
-from securevfl.app.comparison import execute, read_comparison_file, sources_from_args
+from securevfl import api
 from securevfl.app.comparison import plan as make_plan
-from securevfl.app.launcher import launch
-from securevfl.app.loader import load_protocol
-from securevfl.app.outdir import OutputFolder, resume_folder
-from securevfl.app.predict import check_out, parse_data_overrides, predict_local, predict_rank
-from securevfl.app.rank import run_rank
-from securevfl.app.ranks import layout_of
+from securevfl.app.comparison import read_comparison_file, sources_from_args
+from securevfl.app.predict import PREDICTIONS_FILE
+from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
 from securevfl.data.datasets import DATASETS
-from securevfl.data.partition import is_builtin, materialize
 from securevfl.defenses import DEFENSES
-from securevfl.errors import ConfigError, PartyFailure, SecureVFLError, show_warning
+from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
-from securevfl.report.aggregate import RunRecord, summarize
-from securevfl.report.compare import print_summary, print_table, write_comparison
+from securevfl.report.compare import print_summary, print_table
 from securevfl.runtime.secure.keys import Identity, fingerprint, key_string
 
 
@@ -192,123 +186,64 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    proto = load_protocol(args.file, args.overrides)
-    out = Path(args.out or f"runs/{proto.name}")
-    result = launch(
+    proto = api.load_protocol(args.file, args.overrides)
+    result = api.run(
         proto,
-        out,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
+        out=args.out,
+        data_dir=args.data_dir,
         progress=not args.quiet,
         overwrite=args.overwrite,
         resume=args.resume,
     )
-    print_table([result], title=f"securevfl run: {proto.name}")
-    print(f"result: {out / 'result.json'}")
+    print_table([result.to_json()], title=f"securevfl run: {proto.name}")
+    print(f"result: {result.folder / 'result.json'}")
     return 0
 
 
 def cmd_party(args: argparse.Namespace) -> int:
-    proto = load_protocol(args.file, args.overrides)
-    role = layout_of(proto).role(args.rank)
-    identity = Identity.load(Path(args.key)) if args.key else None
-    if args.predict is not None:
-        if args.resume:
-            raise ConfigError(
-                "--resume continues a training run; a prediction has nothing to resume", path="--resume"
-            )
-        return _party_predict(args, proto, role.party, role.kind, identity)
-    if args.data:
-        raise ConfigError(
-            "--data names the new records of a prediction: use it with --predict", path="--data"
+    proto = api.load_protocol(args.file, args.overrides)
+    try:
+        out = api.party(
+            proto,
+            rank=args.rank,
+            rendezvous=args.rendezvous,
+            out=args.out,
+            data_dir=args.data_dir,
+            key=args.key,
+            predict=args.predict,
+            data=args.data,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            progress=not args.quiet,
         )
-    out = Path(args.out or f"runs/{proto.name}-rank{args.rank}")
-    data_dir = Path(args.data_dir) if args.data_dir else out / "data"
-    if args.resume:
-        folder = resume_folder(out, overwrite=args.overwrite, ranks=range(args.rank, args.rank + 1))
-    else:
-        folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
-    if is_builtin(proto) and role.kind != "helper":
-        # Materialize this party's slice in a short-lived child process, so this
-        # rank's own process never holds the other parties' columns.
-        p = mp.get_context("spawn").Process(target=materialize, args=(proto, data_dir, role.party))
-        p.start()
-        p.join()
-        if p.exitcode != 0:
-            raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
-    code = run_rank(
-        proto,
-        args.rank,
-        args.rendezvous,
-        folder.path,
-        data_dir,
-        progress=not args.quiet,
-        resume=args.resume,
-        identity=identity,
-    )
-    if code != 0:
-        failed = folder.abandon()
-        if failed is not None:
+    except RankFailed as exc:  # the rank has reported its error itself
+        if exc.kept_aside is not None:
             print(
-                f"securevfl: the earlier result in {out} is untouched; this run's files are in {failed}",
+                f"securevfl: the earlier result in {exc.kept_aside.parent} is untouched; "
+                f"this run's files are in {exc.kept_aside}",
                 file=sys.stderr,
             )
-        return code
-    folder.commit()
-    if args.rank == 0:
+        return exc.exit_code
+    role = layout_of(proto).role(args.rank)
+    if args.predict is not None:
+        if role.kind == "active":
+            print(f"predictions: {out / PREDICTIONS_FILE}")
+    elif args.rank == 0:
         print(f"result: {out / 'result.json'}")
-    return code
-
-
-def _party_predict(args: argparse.Namespace, proto, party: str, kind: str, identity: Identity | None) -> int:
-    """``securevfl party FILE --rank R --predict RUN_DIR``: one rank of a prediction."""
-    run_dir = Path(args.predict)
-    files = parse_data_overrides(args.data, proto)
-    others = sorted(set(files) - {party})
-    if others:
-        raise ConfigError(
-            f"rank {args.rank} is party '{party}'; --data may name only its own file (got {others})",
-            path="--data",
-        )
-    out = Path(args.out or f"runs/{proto.name}-predict-rank{args.rank}")
-    check_out(out, run_dir)
-    data_dir = Path(args.data_dir) if args.data_dir else run_dir / "data"
-    folder = OutputFolder.open(out, overwrite=args.overwrite)
-    code = predict_rank(
-        proto,
-        args.rank,
-        args.rendezvous,
-        run_dir,
-        folder.path,
-        data_dir,
-        data=files.get(party),
-        progress=not args.quiet,
-        identity=identity,
-    )
-    if code != 0:
-        folder.abandon()
-        return code
-    folder.commit()
-    if kind == "active":
-        print(f"predictions: {out / 'predictions.csv'}")
-    return code
+    return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    record, path = predict_local(
-        Path(args.run_dir),
-        out,
-        data=args.data,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
-        overwrite=args.overwrite,
+    pred = api.predict(
+        args.run_dir, out=args.out, data=args.data, data_dir=args.data_dir, overwrite=args.overwrite
     )
     print(
-        f"securevfl predict: {record.protocol} [{record.backend}]: {record.rows['aligned']} rows aligned "
+        f"securevfl predict: {pred.protocol} [{pred.backend}]: {pred.rows['aligned']} rows aligned "
         "and predicted ("
-        + ", ".join(f"{k} {v}" for k, v in record.rows.items() if k != "aligned")
+        + ", ".join(f"{k} {v}" for k, v in pred.rows.items() if k != "aligned")
         + " records)"
     )
-    print(f"predictions: {path}")
+    print(f"predictions: {pred.path}")
     return 0
 
 
@@ -326,18 +261,17 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    title, sources, file_seeds = sources_from_args(args.files, args.overrides, args.grid)
-    seeds = args.seeds if args.seeds is not None else file_seeds
-    plan = make_plan(title, sources, seeds, out)  # every run validated before any starts
-    done = execute(plan, out, rerun=args.overwrite, progress=not args.quiet)
-    records = [
-        RunRecord(label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder))
-        for r, res in done
-    ]
-    print_summary(summarize(records), title=title)
-    paths = write_comparison(out, records, plan.axes, title=title)
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    table = api.compare(
+        args.files,
+        seeds=args.seeds,
+        grid=args.grid,
+        overrides=args.overrides,
+        out=args.out,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    print_summary(table.summary, title=table.title)
+    print("wrote " + ", ".join(str(p) for p in table.files.values()))
     return 0
 
 
@@ -348,7 +282,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             runs = make_plan(title, sources, seeds, Path("runs/compare")).runs
             print(f"ok: {f}: comparison '{title}', {len(runs)} runs, every one validated")
             continue
-        proto = load_protocol(f, args.overrides)
+        proto = api.load_protocol(f, args.overrides)
         lay = layout_of(proto)
         print(
             f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, TextIO
 
 
@@ -65,6 +66,19 @@ class PartyFailure(SecureVFLError):
 
     def __init__(self, message: str, *, rank: int | None = None):
         self.rank = rank
+        super().__init__(message)
+
+
+class RankFailed(SecureVFLError):
+    """A rank run in this process (``securevfl party``, :func:`securevfl.api.party`)
+    ended with an error it has already reported: on stderr, in its error file and
+    to its peers. ``exit_code`` is the rank's (2: a user error, 3: a lost peer, 1:
+    a bug); ``kept_aside`` is where its files went when an earlier result in its
+    output folder was kept."""
+
+    def __init__(self, message: str, *, exit_code: int, kept_aside: Path | None = None):
+        self.exit_code = exit_code
+        self.kept_aside = kept_aside
         super().__init__(message)
 
 

@@ -1,19 +1,23 @@
-"""securevfl's optimizers: SGD with momentum and Adam, with torch.optim's update
-rules and state-dict layout, without torch.optim's start-up cost.
+"""securevfl's optimizers: SGD with momentum and Adam, torch.optim's update rules
+and state-dict layout in a shell without torch.optim's start-up cost.
 
-Why not ``torch.optim``: every ``torch.optim.Optimizer`` runs its constructor,
-``zero_grad`` and ``state_dict`` through ``torch._disable_dynamo``, whose first
-call imports ``torch._dynamo`` (about 800 modules; 1.7 CPU s per process on the
-2026-11-26 test box, as much as importing torch itself). A local run starts one
-process per party, and every training rank, every attack and DRAVL's inner loop
-paid it once per process, for a compiler securevfl never uses.
+Why not ``torch.optim.SGD`` / ``Adam`` themselves: every ``torch.optim.Optimizer``
+runs its constructor, ``zero_grad`` and ``state_dict`` through
+``torch._disable_dynamo``, whose first call imports ``torch._dynamo`` (about 800
+modules; 1.7 CPU s per process on the 2026-11-26 test box, as much as importing
+torch itself). A local run starts one process per party, and every training rank,
+every attack and DRAVL's inner loop paid it once per process, for a compiler
+securevfl never uses.
 
-The update rules are torch's single-tensor path (``torch/optim/sgd.py`` and
-``adam.py``, torch 2.13), the one torch takes for CPU tensors, operation for
-operation, so that a step gives the same numbers bit for bit (unit tests hold
-them against ``torch.optim``). The state dict has torch's layout (``state`` by
-parameter index, ``param_groups`` with the hyper-parameters and the indices),
-so a checkpoint written with ``torch.optim`` loads here and the other way round.
+So this module keeps only the shell (parameter groups, per-parameter state,
+``zero_grad``, ``state_dict``, ``load_state_dict``) and hands each step to torch's
+functional update rules, ``torch.optim.sgd.sgd`` and ``torch.optim.adam.adam``,
+with the arguments ``torch.optim.SGD.step`` and ``Adam.step`` pass them: the same
+code computes the update, so a step gives the same numbers bit for bit (unit tests
+hold them against ``torch.optim``). The functional rules reach ``torch._dynamo``
+only while compiling. The state dict has torch's layout (``state`` by parameter
+index, ``param_groups`` with the hyper-parameters and the indices), so a
+checkpoint written with ``torch.optim`` loads here and the other way round.
 
 Only what securevfl uses is offered: SGD with momentum, dampening, Nesterov and
 L2 weight decay; Adam with L2 weight decay and AMSGrad.
@@ -25,14 +29,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.optim.adam import adam
+from torch.optim.sgd import sgd
 
 ParamsLike = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
 
+def _scalar_dtype() -> torch.dtype:
+    """The dtype of Adam's step counter, as torch.optim chooses it (on the CPU)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
 class Optimizer:
     """Parameter groups, per-parameter state, ``zero_grad``, ``step``,
-    ``state_dict`` and ``load_state_dict``; subclasses give the defaults, the
-    state a parameter starts with and the update of one parameter."""
+    ``state_dict`` and ``load_state_dict``; subclasses give the defaults and the
+    update of one parameter group (:meth:`_step_group`)."""
 
     def __init__(self, params: ParamsLike, defaults: dict[str, Any]):
         items = list(params)
@@ -56,12 +67,8 @@ class Optimizer:
             self.param_groups.append(group)
 
     # -- the rule ----------------------------------------------------------------------
-    def _init_state(self, p: torch.Tensor, group: Mapping[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _update(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: Mapping[str, Any]
-    ) -> None:
+    def _step_group(self, params: list[torch.Tensor], group: Mapping[str, Any]) -> None:
+        """Update ``params`` (those of ``group`` that have a gradient) in place."""
         raise NotImplementedError
 
     # -- torch.optim's interface -------------------------------------------------------
@@ -82,15 +89,11 @@ class Optimizer:
     def step(self) -> None:
         """One update of every parameter that has a gradient."""
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-                state = self.state.get(p)
-                if state is None:
-                    state = self.state[p] = self._init_state(p, group)
-                self._update(p, p.grad, state, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad is not None and p.grad.is_sparse for p in params):
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            if params:
+                self._step_group(params, group)
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim's layout: ``state`` by parameter index (over the groups in
@@ -189,23 +192,27 @@ class SGD(Optimizer):
         }
         super().__init__(params, defaults)
 
-    def _init_state(self, p: torch.Tensor, group: Mapping[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def _update(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: Mapping[str, Any]
-    ) -> None:
-        if group["weight_decay"] != 0:
-            grad = grad.add(p, alpha=group["weight_decay"])
+    def _step_group(self, params: list[torch.Tensor], group: Mapping[str, Any]) -> None:
         momentum = group["momentum"]
+        # state only with momentum: the buffers (None before the first step), as torch.optim.SGD
+        bufs = [self.state.get(p, {}).get("momentum_buffer") for p in params] if momentum != 0 else []
+        sgd(
+            params,
+            [p.grad for p in params if p.grad is not None],
+            bufs,
+            has_sparse_grad=False,
+            foreach=group["foreach"],
+            fused=group["fused"],
+            weight_decay=group["weight_decay"],
+            momentum=momentum,
+            lr=group["lr"],
+            dampening=group["dampening"],
+            nesterov=group["nesterov"],
+            maximize=group["maximize"],
+        )
         if momentum != 0:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = grad.detach().clone()
-            else:
-                buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
-            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-        p.add_(grad, alpha=-group["lr"])
+            for p, buf in zip(params, bufs, strict=True):
+                self.state.setdefault(p, {})["momentum_buffer"] = buf
 
 
 class Adam(Optimizer):
@@ -241,35 +248,40 @@ class Adam(Optimizer):
         }
         super().__init__(params, defaults)
 
-    def _init_state(self, p: torch.Tensor, group: Mapping[str, Any]) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "step": torch.tensor(0.0, dtype=torch.float32),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-        }
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    def _state(self, p: torch.Tensor, group: Mapping[str, Any]) -> dict[str, Any]:
+        """``p``'s state, made as torch.optim.Adam makes it on the first step."""
+        state = self.state.get(p)
+        if not state:  # none yet, or an empty entry loaded from a state dict
+            state = self.state[p] = {
+                "step": torch.tensor(0.0, dtype=_scalar_dtype()),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
 
-    def _update(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: Mapping[str, Any]
-    ) -> None:
+    def _step_group(self, params: list[torch.Tensor], group: Mapping[str, Any]) -> None:
+        states = [self._state(p, group) for p in params]
         beta1, beta2 = group["betas"]
-        step_t = state["step"]
-        step_t += 1
-        if group["weight_decay"] != 0:
-            grad = grad.add(p, alpha=group["weight_decay"])
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = step_t.item()
-        bias_correction1 = 1 - beta1**step
-        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        step_size = group["lr"] / bias_correction1
-        if group["amsgrad"]:
-            max_sq = state["max_exp_avg_sq"]
-            torch.maximum(max_sq, exp_avg_sq, out=max_sq)
-            denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
-        else:
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
-        p.addcdiv_(exp_avg, denom, value=-step_size)
+        adam(
+            params,
+            [p.grad for p in params if p.grad is not None],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [],
+            [s["step"] for s in states],
+            foreach=group["foreach"],
+            capturable=group["capturable"],
+            differentiable=group["differentiable"],
+            fused=group["fused"],
+            has_complex=any(torch.is_complex(p) for p in params),
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+            amsgrad=group["amsgrad"],
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=group["maximize"],
+        )

@@ -21,7 +21,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.launcher import launch
-from securevfl.app.loader import apply_override, load_protocol, parse_override
+from securevfl.app.loader import apply_override, load_protocol, override_expr, parse_override
 from securevfl.config import Protocol, validation_error
 from securevfl.errors import ConfigError
 from securevfl.report.result import RESULT_FILE
@@ -113,7 +113,15 @@ def sources_from_args(
     """(title, sources, seeds from a comparison file) for the command line: files,
     folders of protocol files, or one comparison file. ``--set`` and ``--grid``
     apply to every protocol."""
-    axes = tuple(parse_axis(g) for g in grid)
+    return sources_from_paths(files, overrides, [parse_axis(g) for g in grid])
+
+
+def sources_from_paths(
+    files: Sequence[str | Path], overrides: Sequence[str], axes: Sequence[Axis]
+) -> tuple[str, list[Source], list[int] | None]:
+    """:func:`sources_from_args` with the grid's axes already made."""
+    axes = tuple(axes)
+    overrides = list(overrides)
     found: list[Source] = []
     title, seeds = "securevfl compare", None
     for f in map(Path, files):
@@ -133,7 +141,7 @@ def sources_from_args(
                     Source(p.parent / entry.file, (*cf.overrides, *entry.overrides, *overrides), own + axes)
                 )
     if not found:
-        raise ConfigError(f"no protocol files in {', '.join(files)}", path="files")
+        raise ConfigError(f"no protocol files in {', '.join(map(str, files))}", path="files")
     return title, found, seeds
 
 
@@ -172,7 +180,7 @@ def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) 
             check_axis(doc, axis, source=str(src.path))
         for pt in points(list(src.axes)):
             label_pt = point_label(pt)
-            sets = [f"{a.key}={json.dumps(v)}" for a, v in pt]
+            sets = [override_expr(a.key, v) for a, v in pt]
             try:
                 base = load_protocol(src.path, [*src.overrides, *sets])
             except ConfigError as exc:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from securevfl.app.ranks import layout_of
+from securevfl.app.rank_layout import layout_of
 from securevfl.attacks.base import View, World
 from securevfl.components import components_of
 from securevfl.config import Protocol

@@ -33,7 +33,7 @@ from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
-from securevfl.app.ranks import layout_of
+from securevfl.app.rank_layout import layout_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (

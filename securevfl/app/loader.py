@@ -41,6 +41,20 @@ def split_override(expr: str, flag: str = "--set") -> tuple[list[str | int], str
     return path, key, raw
 
 
+def override_expr(key: str, value: Any) -> str:
+    """``key=value`` as ``--set`` takes it, for a value given as Python data: the
+    value is written as YAML, which :func:`parse_override` reads back as the same
+    value (JSON would not do: ``1e-05`` is a string to YAML 1.1, ``1.0e-05`` a float)."""
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True)
+    except yaml.YAMLError:
+        raise ConfigError(
+            f"{value!r} is not plain data (numbers, strings, lists, mappings)", path=key
+        ) from None
+    text = text.removesuffix("\n").removesuffix("\n...")  # a bare scalar's end-of-document mark
+    return f"{key}={text}"
+
+
 def parse_override(expr: str) -> tuple[list[str | int], Any]:
     """``a.b[0].c=value`` -> (['a', 'b', 0, 'c'], parsed value). Values are YAML."""
     path, key, raw = split_override(expr)

@@ -48,7 +48,7 @@ from securevfl.app.loader import resolve_protocol
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder
 from securevfl.app.rank import AUDIT_ENV, install_open_audit
-from securevfl.app.ranks import layout_of
+from securevfl.app.rank_layout import layout_of
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import CsvSource, Protocol

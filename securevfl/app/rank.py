@@ -28,7 +28,7 @@ import torch.fx.experimental.symbolic_shapes
 from pydantic import ValidationError
 
 from securevfl.app.checkpoints import checkpoint_dir, list_checkpoints, model_dir, read_state, write_state
-from securevfl.app.ranks import layout_of
+from securevfl.app.rank_layout import layout_of
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import Protocol

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
+import securevfl.attacks.metrics as metrics
 from securevfl import optim
-from securevfl.attacks import metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row, received_per_forward
 from securevfl.models import build_bottom

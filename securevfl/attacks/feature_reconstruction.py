@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from securevfl.attacks import metrics
+import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_regressor
 from securevfl.attacks.views import active_source, active_tensors, per_row

@@ -43,7 +43,7 @@ import torch
 from pydantic import Field
 from sklearn.cluster import KMeans
 
-from securevfl.attacks import metrics
+import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.errors import ProtocolError
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from securevfl.attacks import metrics
+import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_classifier
 from securevfl.attacks.mixmatch import fit_mixmatch

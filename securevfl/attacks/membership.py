@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from sklearn.ensemble import GradientBoostingClassifier
 
-from securevfl.attacks import metrics
+import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row
 from securevfl.models import build_bias, build_top, make_optimizer

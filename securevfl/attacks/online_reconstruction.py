@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from securevfl.attacks import metrics
+import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.stream import OnlineReconstructor
 from securevfl.attacks.views import active_source, active_tensors

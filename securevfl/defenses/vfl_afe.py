@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from securevfl.defenses import _afe
+import securevfl.defenses._afe as _afe
 from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError
 from securevfl.privacy import gaussian as gm

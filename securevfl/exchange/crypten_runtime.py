@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+import securevfl.exchange.crypten_pool as crypten_pool
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange import crypten_pool
 from securevfl.exchange.crypten_api import DistributedCommunicator, TTPClient, TTPServer, crypten
 from securevfl.exchange.crypten_api import comm as crypten_comm_module
 from securevfl.exchange.crypten_comm import (

@@ -26,7 +26,7 @@ from securevfl.data.party_data import (
 )
 from securevfl.data.preprocess import Preprocessor, fit_preprocessor
 from securevfl.defenses.base import CollectiveContext, build_stack, run_collectives
-from securevfl.defenses.budget import allowed_steps
+from securevfl.defenses.spending import allowed_steps
 from securevfl.errors import CheckpointError
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.parties.state import (
@@ -43,7 +43,7 @@ from securevfl.parties.state import (
     split_components,
 )
 from securevfl.privacy.accountant import account
-from securevfl.privacy.budget import plan_for
+from securevfl.privacy.step_budget import plan_for
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record

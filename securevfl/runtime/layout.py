@@ -3,7 +3,7 @@ any helper ranks the exchange backend needs (e.g. a triple dealer).
 
 The layout is wire-level: it knows the protocol's parties and takes the helper
 names from its caller (the backend's ``helper_names``, looked up in the exchange
-registry by :func:`securevfl.app.ranks.layout_of`), so the runtime does not
+registry by :func:`securevfl.app.rank_layout.layout_of`), so the runtime does not
 depend on the exchange backends built on top of it.
 """
 

@@ -34,8 +34,8 @@ def test_budget_stops_training_at_the_last_step_within_it(tmp_path) -> None:
     budget between the cost of one and of two releases must stop the run after
     exactly one epoch (12 steps of 128 over 1437 rows), on every rank."""
     from securevfl.app.loader import load_protocol_dict
-    from securevfl.defenses.budget import spent
-    from securevfl.privacy.budget import plan_for
+    from securevfl.defenses.spending import spent
+    from securevfl.privacy.step_budget import plan_for
 
     doc = small_digits(epochs=2)
     dp = {"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 2.0, "delta": 1e-2}}

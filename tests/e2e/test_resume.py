@@ -171,8 +171,8 @@ def test_budget_limited_dp_run_stops_at_the_same_step_when_resumed(tmp_path, mon
     the same final model, as the run never interrupted: the releases before the
     interruption count after it."""
     from securevfl.app.loader import load_protocol_dict
-    from securevfl.defenses.budget import spent
-    from securevfl.privacy.budget import plan_for
+    from securevfl.defenses.spending import spent
+    from securevfl.privacy.step_budget import plan_for
 
     doc = resumable(small_digits())
     dp = {"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 2.0, "delta": 1e-2}}

@@ -13,19 +13,19 @@ from pydantic import BaseModel
 
 from securevfl.app.harness import attack_keys
 from securevfl.app.loader import load_protocol_dict, resolve_protocol
-from securevfl.app.ranks import layout_of
+from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.targeted_pgd import hash_options
 from securevfl.components import components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack, collective_defenses, sends_codes
-from securevfl.defenses.budget import allowed_steps, spent
 from securevfl.defenses.crdp import CrdpOptions
 from securevfl.defenses.hashvfl import ConsistencyOptions, HashOptions
+from securevfl.defenses.spending import allowed_steps, spent
 from securevfl.errors import ProtocolError
 from securevfl.exchange import EXCHANGES
-from securevfl.privacy.budget import plan_for
+from securevfl.privacy.step_budget import plan_for
 from tests.conftest import small_digits
 
 N_TRAIN = 1437

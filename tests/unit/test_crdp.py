@@ -19,16 +19,16 @@ from sklearn.datasets import load_breast_cancer
 from securevfl.app.loader import load_protocol_dict
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack
-from securevfl.defenses.budget import spent
+from securevfl.defenses.spending import spent
 from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
 from securevfl.privacy.accountant import Plan
-from securevfl.privacy.budget import plan_for
 from securevfl.privacy.correlated import (
     correlation_matrix,
     distributed_cs,
     match_counts,
     quantile_codes,
 )
+from securevfl.privacy.step_budget import plan_for
 from tests.conftest import load_yaml
 
 
@@ -279,7 +279,7 @@ def test_mechanisms_do_not_depend_on_the_data(bc):
 
 
 def test_budget_stops_a_fixed_run():
-    from securevfl.defenses.budget import allowed_steps
+    from securevfl.defenses.spending import allowed_steps
 
     doc = _doc(variant="fixed", eps3=1.0)
     doc["privacy"] = {"budget": {"epsilon": 6.0}}
@@ -487,7 +487,7 @@ def test_own_scope_reports_its_own_delta(bc):
 def test_run_collectives_enters_each_needed_step_with_this_ranks_instances():
     """The lifecycle seam: every rank calls the hook of each defense that needs it,
     with its own instances (empty where the party does not run the defense)."""
-    from securevfl.app.ranks import layout_of
+    from securevfl.app.rank_layout import layout_of
     from securevfl.defenses.base import CollectiveContext, Defense, run_collectives
 
     calls: list[tuple[str, int]] = []

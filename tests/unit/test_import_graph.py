@@ -4,10 +4,13 @@ The graph is built from the source with :mod:`ast`, without importing anything:
 one node per module of ``securevfl/``, one edge per import of another securevfl
 module, wherever the import statement sits (function-local imports count: they
 are still dependencies, only hidden). Imports under ``if TYPE_CHECKING:`` are left
-out (they never run), relative imports are resolved, and ``from pkg import name``
-points at the submodule ``pkg.name`` when there is one, else at ``pkg``. The
-implicit import of a module's parent packages is not an edge (every submodule of
-a registration package would otherwise close a cycle through its ``__init__``).
+out (they never run) and relative imports are resolved. ``from pkg import name``
+reads ``pkg``'s namespace, so it is an edge to the package's face (its
+``__init__``), and also to the submodule ``pkg.name`` when there is one: a module
+that takes a sibling through the face that imports it closes a circle, and the
+tests below refuse it. ``import pkg.name`` names the submodule alone. The implicit
+import of a module's parent packages is not an edge (every submodule of a package
+would otherwise close a cycle through its ``__init__``).
 
 A registration by path, ``REGISTRY.add_path(name, "securevfl.pkg.mod:Attr")``
 (:mod:`securevfl.registry`), imports ``securevfl.pkg.mod`` on the name's first
@@ -55,6 +58,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 LAYERS: tuple[str, ...] = (
     "securevfl.__main__",
     "securevfl.cli",
+    "securevfl.api",
     "securevfl.doctor",
     "securevfl.app",
     "securevfl.validation",
@@ -82,7 +86,7 @@ LAYERS: tuple[str, ...] = (
 )
 
 #: Only these may import the top layer.
-APP_IMPORTERS = ("securevfl.app", "securevfl.cli", "securevfl.__main__")
+APP_IMPORTERS = ("securevfl.app", "securevfl.api", "securevfl.cli", "securevfl.__main__")
 
 #: Third-party packages that may be imported inside a function: optional, heavy
 #: crypto libraries whose import only the processes using them should pay for.
@@ -110,15 +114,15 @@ def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(p, package): p for p in sorted(package.rglob("*.py"))}
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -174,36 +178,40 @@ def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: 
         prefix = ".".join(base + ([node.module] if node.module else []))
     else:
         prefix = node.module or ""
-    return [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in known else prefix for a in node.names]
+    # the names are looked up in `prefix` first (its face), then among its submodules
+    return [prefix, *(f"{prefix}.{a.name}" for a in node.names if f"{prefix}.{a.name}" in known)]
 
 
-def _owner(target: str, known: set[str]) -> str | None:
-    """The securevfl module ``target`` names (its nearest existing prefix), if any."""
-    if target != NAME and not target.startswith(NAME + "."):
+def _owner(target: str, known: set[str], name: str = NAME) -> str | None:
+    """The module of package ``name`` that ``target`` names (its nearest existing
+    prefix), if any."""
+    if target != name and not target.startswith(name + "."):
         return None
     while target not in known and "." in target:
         target = target.rpartition(".")[0]
     return target if target in known else None
 
 
-def build_graph() -> tuple[dict[str, list[Edge]], list[tuple[str, int, str]]]:
-    """(edges by source module, third-party function-local imports as (module, line, name))."""
-    modules = _modules()
+def build_graph(package: Path = PACKAGE) -> tuple[dict[str, list[Edge]], list[tuple[str, int, str]]]:
+    """(edges by source module, third-party function-local imports as (module, line, name))
+    of the package in the folder ``package`` (securevfl's by default)."""
+    name = package.name
+    modules = _modules(package)
     known = set(modules)
     graph: dict[str, list[Edge]] = {m: [] for m in modules}
     external_local: list[tuple[str, int, str]] = []
     for module, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node, local in _imports(tree):
-            for target in _targets(module, path, node, known):
-                owner = _owner(target, known)
+            for target in dict.fromkeys(_targets(module, path, node, known)):
+                owner = _owner(target, known, name)
                 if owner is None:
                     if local:
                         external_local.append((module, node.lineno, target))
                 elif owner != module:
                     graph[module].append(Edge(module, owner, node.lineno, local))
         for call, target, _ in _registrations(tree):
-            owner = _owner(target, known)
+            owner = _owner(target, known, name)
             if owner is not None and owner != module:
                 graph[module].append(Edge(module, owner, call.lineno, False, by_path=True))
     return graph, external_local
@@ -297,12 +305,53 @@ def test_the_builder_sees_imports_and_cycles() -> None:
     assert [e.target for e in one_cycle(toy, ["a", "b", "c"])] == ["b", "c", "a"]
     graph, _ = build_graph()
     assert any(e.target == "securevfl.config" for e in graph["securevfl.models"])
-    # `from securevfl.privacy import budget` names the submodule, not the package
-    assert any(e.target == "securevfl.privacy.budget" for e in graph["securevfl.defenses.budget"])
+    # `from securevfl.privacy import gaussian` reads the package's face, then the submodule
+    targets = {e.target for e in graph["securevfl.defenses.vfl_afe"]}
+    assert {"securevfl.privacy", "securevfl.privacy.gaussian"} <= targets
     # a registration by path is an edge to the registered module
     assert any(e.target == "securevfl.exchange.plain" and e.by_path for e in graph["securevfl.exchange"])
     tree = ast.parse('R.add_path("x", "securevfl.models:mlp")\nR.add("y", 1)\n')
     assert [(m, a) for _, m, a in _registrations(tree)] == [("securevfl.models", "mlp")]
+
+
+def _toy_package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "toy" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "toy"
+
+
+def test_a_circle_through_a_package_face_is_seen(tmp_path: Path) -> None:
+    """A face that imports its submodule, and the submodule taking a sibling through
+    that face (``from toy.pkg import b``, relative or absolute), is a circle; naming
+    the sibling module itself (``import toy.pkg.b``, ``from toy.pkg.b import x``) is none."""
+    face = "from toy.pkg.a import A\n"
+    for spelling in ("from toy.pkg import b\n", "from . import b\n", "from toy.pkg import B\n"):
+        pkg = _toy_package(
+            tmp_path / str(len(spelling)) / spelling[5],
+            {
+                "__init__.py": "",
+                "pkg/__init__.py": face + "B = 1\n",
+                "pkg/a.py": spelling + "A = 1\n",
+                "pkg/b.py": "",
+            },
+        )
+        graph, _ = build_graph(pkg)
+        assert strongly_connected(graph) == [["toy.pkg", "toy.pkg.a"]], spelling
+    for spelling in ("import toy.pkg.b\n", "import toy.pkg.b as b\n", "from toy.pkg.b import x\n"):
+        pkg = _toy_package(
+            tmp_path / "ok" / str(len(spelling)),
+            {
+                "__init__.py": "",
+                "pkg/__init__.py": face,
+                "pkg/a.py": spelling + "A = 1\n",
+                "pkg/b.py": "x = 1\n",
+            },
+        )
+        graph, _ = build_graph(pkg)
+        assert strongly_connected(graph) == [], spelling
+        assert {e.target for e in graph["toy.pkg.a"]} == {"toy.pkg.b"}, spelling
 
 
 def test_registrations_by_path_name_existing_objects() -> None:

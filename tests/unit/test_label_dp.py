@@ -135,8 +135,8 @@ def _proto(eps: float | None, budget: float | None = None):
 
 
 def test_accountant_reports_the_label_epsilon_once() -> None:
-    from securevfl.defenses.budget import spent
-    from securevfl.privacy.budget import plan_for
+    from securevfl.defenses.spending import spent
+    from securevfl.privacy.step_budget import plan_for
 
     proto = _proto(0.7)
     for steps in (0, 5, 40):
@@ -150,7 +150,7 @@ def test_accountant_reports_the_label_epsilon_once() -> None:
 
 
 def test_budget_below_the_label_release_is_refused_before_training() -> None:
-    from securevfl.defenses.budget import allowed_steps
+    from securevfl.defenses.spending import allowed_steps
     from securevfl.errors import ConfigError
 
     assert allowed_steps(_proto(0.5, budget=1.0), 1437) == 24  # 2 epochs of 12 steps: all allowed

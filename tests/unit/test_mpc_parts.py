@@ -64,7 +64,7 @@ def test_tfp_refused_without_insecure_flag():
 
 
 def test_tfp_allowed_with_flag_warns_and_has_no_dealer():
-    from securevfl.app.ranks import layout_of
+    from securevfl.app.rank_layout import layout_of
 
     with pytest.warns(UserWarning, match="TFP"):
         proto = load_protocol_dict(_mpc(provider="TFP", insecure=True))
@@ -72,7 +72,7 @@ def test_tfp_allowed_with_flag_warns_and_has_no_dealer():
 
 
 def test_ttp_default_adds_a_dealer_rank():
-    from securevfl.app.ranks import layout_of
+    from securevfl.app.rank_layout import layout_of
 
     lay = layout_of(load_protocol_dict(_mpc()))
     assert [r.kind for r in lay.roles] == ["active", "passive", "passive", "helper"]

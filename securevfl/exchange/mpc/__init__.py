@@ -51,10 +51,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+import securevfl.exchange.crypten_pool as crypten_pool
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
-from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import (
     ActiveExchange,
     ExchangeBackend,

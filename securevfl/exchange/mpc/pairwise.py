@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 
+import securevfl.exchange.crypten_pool as crypten_pool
+import securevfl.exchange.mpc.ring as ring
 from securevfl.errors import CheckpointError, ConfigError
-from securevfl.exchange import crypten_pool
 from securevfl.exchange.base import ExchangeContext
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
 from securevfl.exchange.crypten_api import comm
 from securevfl.exchange.crypten_runtime import start_crypten, stop_crypten
-from securevfl.exchange.mpc import ring
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, pair_plan
 from securevfl.exchange.mpc.plan import top_up as plan_top_up

@@ -6,7 +6,7 @@ run is truncated at the largest step count whose composed epsilon stays within
 ``privacy.budget.epsilon`` for every party (DESIGN §7).
 
 The math here is pure: the caller supplies every party's mechanisms for a plan
-(:data:`MechanismsOf`; :mod:`securevfl.defenses.budget` builds them from the
+(:data:`MechanismsOf`; :mod:`securevfl.defenses.spending` builds them from the
 protocol's defense stacks), so the privacy package does not depend on the
 defenses that declare what they release.
 """

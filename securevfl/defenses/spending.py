@@ -1,7 +1,7 @@
 """A protocol's privacy spending, from its parties' defense stacks.
 
 Every party's stack is built from the protocol alone, so any rank can compute any
-party's figure; the pure budget math (:mod:`securevfl.privacy.budget`) takes these
+party's figure; the pure budget math (:mod:`securevfl.privacy.step_budget`) takes these
 mechanisms from here and turns a budget into the number of steps every rank runs.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from securevfl.config import Protocol
 from securevfl.defenses.base import build_stack
-from securevfl.privacy import budget
+from securevfl.privacy import step_budget
 from securevfl.privacy.accountant import Mechanism, Plan, account
 
 
@@ -32,7 +32,7 @@ def spent(proto: Protocol, plan: Plan) -> dict[str, Any]:
 
 def allowed_steps(proto: Protocol, n_train: int) -> int:
     """How many training steps every rank runs under ``privacy.budget`` (see
-    :func:`securevfl.privacy.budget.allowed_steps`)."""
-    return budget.allowed_steps(
+    :func:`securevfl.privacy.step_budget.allowed_steps`)."""
+    return step_budget.allowed_steps(
         functools.partial(all_mechanisms, proto), n_train, proto.training, proto.privacy
     )

@@ -1,0 +1,420 @@
+"""securevfl from Python: load a protocol, run it, compare several, predict.
+
+The same code the command line runs (``securevfl run | compare | predict |
+party`` are thin layers over these functions), so a script gets the same checks,
+the same output folders and the same results::
+
+    from securevfl import api
+
+    proto = api.load_protocol("protocols/ckks.yaml", overrides={"training.max_steps": 20})
+    result = api.run(proto, out="runs/ckks")          # a RunResult: result.json, typed
+    print(result.test_accuracy, result.bytes_per_step)
+    table = api.compare(["protocols/ckks.yaml", "protocols/vfl_afe_ckks.yaml"], seeds=[0, 1])
+    print(table.frame)                                 # one row per protocol (pandas)
+    pred = api.predict("runs/ckks", out="runs/ckks-pred")
+    print(pred.frame.head())
+
+Every party is still its own OS process: :func:`run`, :func:`compare` and
+:func:`predict` start one process per rank (as ``securevfl run`` does) and wait for
+them. A script that calls them at its top level needs an
+``if __name__ == "__main__":`` guard, because each rank re-imports the script's main
+module when it starts; without one the ranks refuse to launch again and the call
+raises :class:`~securevfl.errors.SecureVFLError`.
+
+Errors are :mod:`securevfl.errors`' exceptions (a bad protocol or override raises
+:class:`~securevfl.errors.ConfigError` naming the field; a failed rank
+:class:`~securevfl.errors.PartyFailure` or the error class of its root cause);
+nothing here exits the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from securevfl.app.comparison import execute, folder_name, sources_from_paths
+from securevfl.app.comparison import plan as make_plan
+from securevfl.app.grid import Axis, make_axis, parse_axis
+from securevfl.app.launcher import launch
+from securevfl.app.loader import load_protocol as load_protocol_file
+from securevfl.app.loader import load_protocol_dict, override_expr, resolve_protocol
+from securevfl.app.party import run_party
+from securevfl.app.predict import (
+    PredictionRecord,
+    predict_local,
+)
+from securevfl.config import Protocol
+from securevfl.errors import ConfigError
+from securevfl.records import ResultRecord
+from securevfl.report.aggregate import RunRecord, Summary, summarize
+from securevfl.report.compare import write_comparison
+
+__all__ = [
+    "Comparison",
+    "Prediction",
+    "ProtocolLike",
+    "RunResult",
+    "compare",
+    "load_protocol",
+    "party",
+    "predict",
+    "run",
+]
+
+#: What the functions below accept as a protocol: a protocol file's path, a parsed
+#: protocol document (a mapping, as the YAML file would read), or a loaded protocol.
+ProtocolLike = str | os.PathLike[str] | Mapping[str, Any] | Protocol
+
+#: Overrides, as ``--set`` takes them: ``{"training.epochs": 3}`` (values as Python
+#: objects) or ``["training.epochs=3"]`` (values as YAML text).
+Overrides = Mapping[str, Any] | Sequence[str]
+
+
+class RunResult(ResultRecord):
+    """The result record of a finished run (``result.json``: metrics, privacy
+    spent, attacks, bytes and time per step, every rank's ledger), every field
+    typed, and the output folder it lies in (``folder``)."""
+
+    folder: Path
+
+    def to_json(self) -> dict[str, Any]:
+        """``result.json`` as written (without ``folder``)."""
+        return self.model_dump(mode="json", exclude={"folder"})
+
+
+class Prediction(PredictionRecord):
+    """What a finished prediction did (``prediction.json``: rows per party and
+    aligned, bytes, time) and where its files are: ``folder``, ``path`` (the
+    predictions file) and ``frame`` (that file as a pandas DataFrame: the ID
+    column, then the task's columns)."""
+
+    folder: Path
+
+    @property
+    def path(self) -> Path:
+        """``predictions.csv``: one row per aligned record."""
+        return self.folder / self.predictions
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The predictions, read from :attr:`path` (IDs kept as text)."""
+        with open(self.path, encoding="utf-8") as fh:
+            id_column = fh.readline().rstrip("\r\n").split(",")[0]
+        return pd.read_csv(self.path, dtype={id_column: str})
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A finished comparison: every run (``records``, one per protocol, grid point
+    and seed), their summary over seeds (``summary``) and the files written to
+    ``folder`` (``files``: compare.json, compare.csv, runs.csv, report.md and the
+    figures, by kind)."""
+
+    title: str
+    folder: Path
+    records: list[RunRecord]
+    summary: Summary
+    files: dict[str, Path]
+
+    @cached_property
+    def frame(self) -> pd.DataFrame:
+        """One row per compared protocol (a protocol at one grid point): protocol,
+        the grid's keys (their values at that point; absent without a grid),
+        backend, defenses, dataset, n_seeds, then per metric its mean and the
+        bounds of its 95% interval over seeds (``<metric>_lo``, ``<metric>_hi``),
+        as in compare.csv."""
+        rows = []
+        for g in self.summary.groups:
+            flat = g.flat()
+            rows.append({"protocol": flat.pop("protocol"), **g.point, **flat})
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def runs_frame(self) -> pd.DataFrame:
+        """One row per run (each seed of each compared protocol), as in runs.csv."""
+        return pd.DataFrame([{k: v for k, v in r.items() if k != "grids"} for r in self.summary.runs])
+
+    def results(self) -> list[RunResult]:
+        """Every run's result record, in run order."""
+        return [_run_result(r.result, Path(r.folder or self.folder)) for r in self.records]
+
+
+# -- protocols --------------------------------------------------------------------------------
+
+
+def _set_list(overrides: Overrides | None) -> list[str]:
+    """Overrides as ``--set`` expressions."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError("overrides are a mapping or a list of KEY=VALUE strings, not one string")
+    if isinstance(overrides, Mapping):
+        return [override_expr(str(key), value) for key, value in overrides.items()]
+    return [str(o) for o in overrides]
+
+
+def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> Protocol:
+    """Load and check a protocol, as ``securevfl run FILE --set ...`` does.
+
+    ``source`` is a protocol file (YAML), a protocol document as a mapping, or a
+    :class:`~securevfl.config.Protocol` already loaded. ``overrides`` change fields
+    first, as ``--set`` does: ``{"training.max_steps": 20, "parties.passive[0].model.out": 32}``
+    (list indices allowed) or ``["training.max_steps=20"]``. The protocol is then
+    validated against the schema, the registries and its components' options;
+    anything wrong raises :class:`~securevfl.errors.ConfigError` naming the field.
+    CSV paths in a file are taken relative to the file's folder, in a mapping
+    relative to the working directory."""
+    sets = _set_list(overrides)
+    if isinstance(source, Protocol):
+        if not sets:
+            return resolve_protocol(source)
+        return load_protocol_dict(source.model_dump(mode="json"), overrides=sets)
+    if isinstance(source, Mapping):
+        return load_protocol_dict(dict(source), overrides=sets)
+    if isinstance(source, (str, os.PathLike)):
+        return load_protocol_file(Path(source), sets)
+    raise ConfigError(
+        f"a protocol is a file path, a mapping or a Protocol, not {type(source).__name__}", path="protocol"
+    )
+
+
+def _run_result(result: Mapping[str, Any], folder: Path) -> RunResult:
+    return RunResult.model_validate({**result, "folder": Path(folder)})
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+def run(
+    protocol: ProtocolLike,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    overrides: Overrides | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+) -> RunResult:
+    """Run every rank of a protocol on this machine, one OS process each, then the
+    protocol's attacks (``securevfl run``); return the run's result record.
+
+    ``out``: the output folder (default ``runs/<protocol name>``); a folder that
+    already holds results is refused unless ``overwrite``, and then the earlier
+    result is replaced only once the new run has finished (a failed run leaves it
+    untouched and its own files in ``OUT/failed-run``). ``resume``: continue the
+    interrupted run in ``out`` from the newest checkpoint every rank holds.
+    ``data_dir``: where built-in datasets are materialized (default ``OUT/data``).
+    ``progress``: the active party's progress display on stderr (``--quiet`` is
+    ``progress=False``). ``overrides`` as for :func:`load_protocol`.
+
+    Raises :class:`~securevfl.errors.ConfigError` for a bad protocol or folder, and
+    for a failed run the error of its root cause, naming the rank."""
+    proto = load_protocol(protocol, overrides)
+    folder = Path(out) if out is not None else Path("runs") / proto.name
+    result = launch(
+        proto,
+        folder,
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        progress=progress,
+        overwrite=overwrite,
+        resume=resume,
+    )
+    return _run_result(result, folder)
+
+
+def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis]:
+    if grid is None:
+        return []
+    if isinstance(grid, str):
+        raise ConfigError(
+            "a grid is a mapping or a list of KEY=V1,V2,... strings, not one string", path="--grid"
+        )
+    if isinstance(grid, Mapping):
+        axes = []
+        for key, values in grid.items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+                raise ConfigError(f"the grid's values for {key} must be a list", path="--grid")
+            axes.append(make_axis(str(key), list(values)))
+        return axes
+    return [parse_axis(g) for g in grid]
+
+
+def _source_paths(sources: ProtocolLike | Sequence[ProtocolLike], folder: Path) -> list[Path]:
+    """Files to compare: paths as given; a protocol given as a mapping or a
+    :class:`Protocol` is checked, then written to ``folder/protocols/<name>.yaml``
+    (CSV paths made absolute) and compared from there, so the comparison folder
+    keeps what it compared."""
+    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)):
+        items: list[ProtocolLike] = [sources]
+    else:
+        items = list(sources)
+    paths: list[Path] = []
+    written: set[str] = set()
+    for item in items:
+        if isinstance(item, (str, os.PathLike)):
+            paths.append(Path(item))
+            continue
+        proto = load_protocol(item)
+        if proto.name in written:
+            raise ConfigError(
+                f"two protocols are both named '{proto.name}': protocol names must be distinct to "
+                "compare them",
+                path="name",
+            )
+        written.add(proto.name)
+        doc = proto.model_dump(mode="json")
+        for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
+            src = entry.get("source")
+            if src and not Path(src["path"]).is_absolute():
+                src["path"] = str(Path(src["path"]).resolve())
+        path = folder / "protocols" / f"{folder_name(proto.name)}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def compare(
+    sources: ProtocolLike | Sequence[ProtocolLike],
+    *,
+    seeds: Sequence[int] | None = None,
+    grid: Mapping[str, Sequence[Any]] | Sequence[str] | None = None,
+    overrides: Overrides | None = None,
+    out: str | os.PathLike[str] = "runs/compare",
+    overwrite: bool = False,
+    progress: bool = True,
+    title: str | None = None,
+) -> Comparison:
+    """Run several protocols, per seed and grid point, and summarize them
+    (``securevfl compare``); return the :class:`Comparison` (``.frame`` is the
+    table, one row per protocol).
+
+    ``sources``: protocol files, folders of protocol files, or one comparison file
+    (a YAML file with a ``comparison:`` title, listing protocol files with their
+    own overrides and grids, and the seeds); protocols may also be given as
+    mappings or loaded :class:`~securevfl.config.Protocol` objects, which are
+    written to ``OUT/protocols/<name>.yaml`` and compared from there. ``seeds``: run each protocol once per
+    seed (``training.seed``; default: a comparison file's seeds, else each
+    protocol's own); the table gives each metric's mean and 95% interval over
+    them. ``grid``: expand every protocol into one run per value and combination,
+    ``{"parties.active.defenses[0].params.epsilon": [0.5, 1, 2]}`` or
+    ``["parties.active.defenses[0].params.epsilon=0.5,1,2"]``. ``overrides`` apply
+    to every protocol, as ``--set``.
+
+    ``out`` is a cache: run ``r`` of seed ``s`` lives in ``OUT/<protocol>[/<grid
+    point>]/seed<s>``, and a run already finished there with the same protocol is
+    reused (``overwrite`` runs everything again), so an interrupted comparison
+    continues where it stopped. Every run is validated before any starts. The
+    comparison files (compare.json, compare.csv, runs.csv, report.md and figures)
+    are written to ``out``, under ``title`` (default: a comparison file's title,
+    else "securevfl compare"). ``progress``: each run's progress display (the
+    per-run status lines go to stderr either way)."""
+    folder = Path(out)
+    paths = _source_paths(sources, folder)
+    file_title, found, file_seeds = sources_from_paths(paths, _set_list(overrides), _axes(grid))
+    title = title or file_title
+    chosen = list(seeds) if seeds is not None else file_seeds
+    plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
+    done = execute(plan, folder, rerun=overwrite, progress=progress)
+    records = [
+        RunRecord(label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder))
+        for r, res in done
+    ]
+    files = write_comparison(folder, records, plan.axes, title=title)
+    return Comparison(title, folder, records, summarize(records), files)
+
+
+def _data_files(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None) -> list[str]:
+    """``--data`` items from a mapping party -> file (or the items themselves)."""
+    if data is None:
+        return []
+    if isinstance(data, str):
+        raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
+    if isinstance(data, Mapping):
+        return [f"{party}={os.fspath(path)}" for party, path in data.items()]
+    return [str(d) for d in data]
+
+
+def predict(
+    run: str | os.PathLike[str] | RunResult,
+    *,
+    out: str | os.PathLike[str],
+    data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+) -> Prediction:
+    """Apply a trained model to new records, every rank on this machine, one OS
+    process each (``securevfl predict``); return the :class:`Prediction`.
+
+    ``run``: the training run's output folder (or its :class:`RunResult`). Every
+    party loads its own saved model from there and its own file of new records:
+    the file its party entry names, or the one ``data`` gives (``{"left":
+    "new_left.csv"}``); the parties align the IDs by PSI and the run's exchange
+    backend computes the scores, so the active party still sees no embedding under
+    a crypto backend. ``out``: the folder for predictions.csv and prediction.json
+    (not the run's own folder; a folder holding results is refused unless
+    ``overwrite``). ``data_dir``: where built-in datasets are materialized
+    (default ``RUN/data``)."""
+    run_dir = run.folder if isinstance(run, RunResult) else Path(run)
+    record, path = predict_local(
+        run_dir,
+        Path(out),
+        data=_data_files(data),
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        overwrite=overwrite,
+    )
+    return Prediction.model_validate({**record.model_dump(), "folder": path.parent})
+
+
+def party(
+    protocol: ProtocolLike,
+    *,
+    rank: int,
+    rendezvous: str,
+    out: str | os.PathLike[str] | None = None,
+    overrides: Overrides | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    key: str | os.PathLike[str] | None = None,
+    predict: str | os.PathLike[str] | None = None,
+    data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Run one rank of a protocol in this process (``securevfl party``): the way
+    each organization runs its own party when the parties are on different hosts.
+    Returns its output folder.
+
+    ``rendezvous``: ``tcp://HOST:PORT``, hosted by rank 0; every rank is started
+    with the same protocol and address. ``key``: this party's secret key file
+    (``securevfl keygen``); required when the protocol pins this rank's key,
+    otherwise a throw-away key is used and the peers cannot authenticate this rank.
+    ``predict``: predict with this rank's model saved in that training run's
+    folder instead of training (every rank of the prediction is started so), with
+    ``data`` naming this party's file of new records. ``out``: default
+    ``runs/<name>-rank<R>`` (``runs/<name>-predict-rank<R>`` for a prediction).
+    Other options as for :func:`run`.
+
+    This process becomes the rank: it runs until the protocol ends. A failed rank
+    reports its error itself (stderr, its error file, its peers) and this raises
+    :class:`~securevfl.errors.RankFailed` with the rank's exit code."""
+    return run_party(
+        load_protocol(protocol, overrides),
+        rank,
+        rendezvous,
+        out=Path(out) if out is not None else None,
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        key=Path(key) if key is not None else None,
+        predict=Path(predict) if predict is not None else None,
+        data=_data_files(data),
+        overwrite=overwrite,
+        resume=resume,
+        progress=progress,
+    )

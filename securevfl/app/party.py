@@ -1,0 +1,135 @@
+"""One rank of a protocol in this process: ``securevfl party`` (and
+:func:`securevfl.api.party`), the way each organization runs its own party when
+the parties are on different hosts.
+
+It opens the rank's output folder (never losing an earlier result:
+:mod:`securevfl.app.outdir`), materializes a built-in dataset's slice of this
+party in a short-lived child process, and runs the rank (:func:`~securevfl.app.rank.run_rank`,
+or :func:`~securevfl.app.predict.predict_rank` for one rank of a prediction).
+A rank reports its own failure (stderr, its error file, its peers); this raises
+:class:`~securevfl.errors.RankFailed` with its exit code.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+from securevfl.app.outdir import OutputFolder, resume_folder
+from securevfl.app.predict import check_out, parse_data_overrides, predict_rank
+from securevfl.app.rank import run_rank
+from securevfl.app.rank_layout import layout_of
+from securevfl.config import Protocol
+from securevfl.data.partition import is_builtin, materialize
+from securevfl.errors import ConfigError, RankFailed, SecureVFLError
+from securevfl.runtime.secure.keys import Identity
+
+
+def run_party(
+    proto: Protocol,
+    rank: int,
+    rendezvous: str,
+    *,
+    out: Path | None = None,
+    data_dir: Path | None = None,
+    key: Path | None = None,
+    predict: Path | None = None,
+    data: list[str] | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Run rank ``rank`` of ``proto`` to its end in this process; return its output
+    folder (default ``runs/<name>-rank<R>``, ``runs/<name>-predict-rank<R>`` for a
+    prediction). ``key``: this party's secret key file; ``predict``: the training
+    run's folder, to predict with this rank's saved model; ``data``: ``PARTY=PATH``
+    items naming this party's file of new records (a prediction only)."""
+    data = data or []
+    role = layout_of(proto).role(rank)
+    identity = Identity.load(key) if key is not None else None
+    if predict is not None:
+        if resume:
+            raise ConfigError(
+                "--resume continues a training run; a prediction has nothing to resume", path="--resume"
+            )
+        return _predict_rank(
+            proto, rank, rendezvous, predict, out, data_dir, data, identity, overwrite, progress
+        )
+    if data:
+        raise ConfigError(
+            "--data names the new records of a prediction: use it with --predict", path="--data"
+        )
+    folder_path = out if out is not None else Path("runs") / f"{proto.name}-rank{rank}"
+    data_path = data_dir if data_dir is not None else folder_path / "data"
+    if resume:
+        folder = resume_folder(folder_path, overwrite=overwrite, ranks=range(rank, rank + 1))
+    else:
+        folder = OutputFolder.open(folder_path, overwrite=overwrite, keep=(data_path,))
+    if is_builtin(proto) and role.kind != "helper":
+        # Materialize this party's slice in a short-lived child process, so this
+        # rank's own process never holds the other parties' columns.
+        p = mp.get_context("spawn").Process(target=materialize, args=(proto, data_path, role.party))
+        p.start()
+        p.join()
+        if p.exitcode != 0:
+            raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
+    code = run_rank(
+        proto,
+        rank,
+        rendezvous,
+        folder.path,
+        data_path,
+        progress=progress,
+        resume=resume,
+        identity=identity,
+    )
+    if code != 0:
+        raise RankFailed(
+            f"rank {rank} ({role.party}) stopped with exit code {code}",
+            exit_code=code,
+            kept_aside=folder.abandon(),
+        )
+    folder.commit()
+    return folder_path
+
+
+def _predict_rank(
+    proto: Protocol,
+    rank: int,
+    rendezvous: str,
+    run_dir: Path,
+    out: Path | None,
+    data_dir: Path | None,
+    data: list[str],
+    identity: Identity | None,
+    overwrite: bool,
+    progress: bool,
+) -> Path:
+    """One rank of a prediction (:func:`run_party` with ``predict``)."""
+    me = layout_of(proto).role(rank).party
+    files = parse_data_overrides(data, proto)
+    others = sorted(set(files) - {me})
+    if others:
+        raise ConfigError(
+            f"rank {rank} is party '{me}'; --data may name only its own file (got {others})", path="--data"
+        )
+    folder_path = out if out is not None else Path("runs") / f"{proto.name}-predict-rank{rank}"
+    check_out(folder_path, run_dir)
+    data_path = data_dir if data_dir is not None else run_dir / "data"
+    folder = OutputFolder.open(folder_path, overwrite=overwrite)
+    code = predict_rank(
+        proto,
+        rank,
+        rendezvous,
+        run_dir,
+        folder.path,
+        data_path,
+        data=files.get(me),
+        progress=progress,
+        identity=identity,
+    )
+    if code != 0:
+        folder.abandon()
+        raise RankFailed(f"rank {rank} ({me}) stopped with exit code {code}", exit_code=code)
+    folder.commit()
+    return folder_path
