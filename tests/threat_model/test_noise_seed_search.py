@@ -35,7 +35,8 @@ def _protocol():
     doc = small_digits()
     doc["privacy"] = {}  # no pinned noise_seed: a real run's private noise
     for p in doc["parties"]["passive"]:
-        p["defenses"] = [{"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 2.0, "clip": 1.0}}]
+        params = {"variant": "vanilla", "epsilon": 2.0, "clip": 1.0}
+        p["defenses"] = [{"name": "embedding_dp", "params": params}]
     return load_protocol_dict(doc)
 
 
