@@ -23,7 +23,7 @@ number the flooding is sized for.
 Guards (the values the flooding and exact decryption are sized for): before
 encrypting, every row of an operand of ``matmul`` and every column of one of
 ``tmatmul`` must have l2 norm <= 2^value_norm_bits; after decrypting, every slot
-must lie below the exact-decryption limit (a larger one means the result wrapped
+must lie below the exact-decryption limit (past it, the result may have wrapped
 around the output modulus). Either failure raises :class:`Diverged` naming the
 value, before anything derived from it leaves this party.
 """
@@ -144,8 +144,10 @@ class CkksKey(HEKey):
 
     def _check_range(self, arr: np.ndarray, shape: tuple[int, int]) -> None:
         """Every decoded slot (data and padding, real and imaginary) lies below the
-        exact-decryption limit; a result that wrapped around the output modulus
-        decodes to values of about twice the limit somewhere."""
+        exact-decryption limit. The guards keep every value of a result below it, so
+        one at or past it means the operands escaped them and the result may have
+        wrapped around the output modulus (a wrap moves some slot by at least twice
+        the limit): it is discarded before anything derived from it is sent."""
         top = float(max(np.abs(arr.real).max(initial=0.0), np.abs(arr.imag).max(initial=0.0)))
         if top >= self.limit:
             raise Diverged(

@@ -21,9 +21,11 @@ about this party's operands beyond the value it may learn:
 
 The key owner then sees v + mask + smudge + e (e: the CKKS error, which depends
 on this party's operands too) and, per coordinate, that is within statistical
-distance |v - v'| / (2 mask_std) (+ 2^-100) of the view for v'; over many values
-the Gaussian masks compose as sqrt(sum (v - v')^2) / (2 mask_std) (KL
-divergences add; uniform masks would add their distances linearly).
+distance |v - v'| / (2 mask_std) + 2^-100 (the smudging against the grid) of
+the view for v', plus 2^-50 per ciphertext for the encodings' rounding (below
+2^-77 in l2, shifting the smudging Gaussian); over many values the Gaussian
+masks compose as sqrt(sum (v - v')^2) / (2 mask_std) (KL divergences add;
+uniform masks would add their distances linearly).
 
 Guard: every column of the plaintext operand (the weight share in ``matmul``,
 h'_i in ``tmatmul``) must have l2 norm <= 2^operand_norm_bits, the bound the key
