@@ -240,11 +240,13 @@ def test_masks_are_gaussian_of_mask_std(scheme):
     assert np.abs(m).max() <= GAUSS_MAX * OPTS.mask_std
 
 
-def test_every_result_slot_is_masked(key, peer):
+def test_every_result_slot_is_masked(key, peer, monkeypatch):
     """Padding slots and imaginary halves get fresh Gaussian masks too: with w = 0 and
     a zero caller mask, every real coordinate the key owner can decode (its own,
     unflooded view) is a mask of standard deviation mask_std within GAUSS_MAX of it,
-    except the data positions, which hold only the smudging (2^-27)."""
+    except the data positions, which hold only the smudging (2^-27). The sample
+    deviation of 8,177 draws has a relative spread of 0.8%; 3% here."""
+    monkeypatch.setattr(peer, "_stream", SecretStream.from_seed(5, "slots"))
     r, d, o = 5, 3, 3  # one ciphertext, mostly padding, odd column count
     blob = peer.matmul(key.encrypt(np.ones((r, d))), (r, d), np.zeros((d, o)), np.zeros((r, o)))
     _, cts = unframe(blob, key.io, "test")

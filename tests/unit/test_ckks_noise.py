@@ -102,12 +102,15 @@ def test_flood_width_is_the_specified_one(key):
     assert 7e-8 < key.flood_sigma < 8e-8
 
 
-def test_every_decryption_carries_fresh_flooding_of_that_width(scheme, key, peer):
+def test_every_decryption_carries_fresh_flooding_of_that_width(scheme, key, peer, monkeypatch):
     """The same result decrypted K times: what leaves the key owner differs between
     decryptions by Gaussian noise of standard deviation sigma_f in every value (the
     CKKS error and the evaluator's smudging are in the ciphertext, the same each
     time), centred on the exact product plus the mask. Pooled over 64 x 64 x 16
-    values the sample deviation is within 0.4% of sigma_f on repeated runs; 3% here."""
+    values, over eight flooding streams: sample deviation within 0.6% of sigma_f
+    (3% here), share within one sigma within 0.004 of 0.6827 (0.015 here)."""
+    monkeypatch.setattr(key, "_flood", SecretStream.from_seed(0, "flood"))
+    monkeypatch.setattr(peer, "_stream", SecretStream.from_seed(0, "smudge"))
     stream = SecretStream.from_seed(12, "flood")
     r, d, o, reps = 64, 64, 64, 16
     h, w = stream.normal_np((r, d)), _share(stream, (d, o))
@@ -120,7 +123,7 @@ def test_every_decryption_carries_fresh_flooding_of_that_width(scheme, key, peer
     sd = float(np.sqrt((dev**2).sum() / (dev.size - r * o)))
     assert sd == pytest.approx(key.flood_sigma, rel=0.03)
     within = float((np.abs(dev) < key.flood_sigma * np.sqrt((reps - 1) / reps)).mean())
-    assert within == pytest.approx(0.6827, abs=0.01)  # Gaussian, not uniform (0.577) or absent
+    assert within == pytest.approx(0.6827, abs=0.015)  # Gaussian, not uniform (0.577) or absent
     exact = h @ w + eps
     slack = 6 * key.flood_sigma / np.sqrt(reps) + 6 * smudge_sigma(OPTS) + 1e-8
     assert np.abs(got.mean(axis=0) - exact).max() < slack
@@ -141,10 +144,12 @@ def test_the_key_owner_refuses_past_max_decryptions(scheme):
 # -- smudging -------------------------------------------------------------------------------
 
 
-def test_results_carry_the_evaluators_smudging(key, peer):
+def test_results_carry_the_evaluators_smudging(key, peer, monkeypatch):
     """A zero product with a zero mask decrypts (unflooded) to the smudging, 2^-27 per
     coordinate (plus a CKKS error 2^10 times smaller): the float64 mask's grid is
-    covered by two of its steps."""
+    covered by two of its steps. Over 512 values and eight smudging streams the
+    sample deviation was within -3% and +6.4% of it; 15% here."""
+    monkeypatch.setattr(peer, "_stream", SecretStream.from_seed(0, "smudge"))
     r, d, o = 64, 16, 8
     blob = peer.matmul(key.encrypt(np.zeros((r, d))), (r, d), np.zeros((d, o)), np.zeros((r, o)))
     got = _unflooded(key, blob, (r, o))

@@ -31,8 +31,8 @@ q1, the prime the rescale drops). Three budgets meet in the 218 bits that N =
   builds) must exceed the data primes to keep key switching noise small.
 
 N = 4096 (109 bits) cannot hold Delta * 2^27 on its output primes with any useful
-Delta; N = 16384 would hold everything with room to spare at about twice the
-cost per step.
+Delta; N = 16384 (438 bits) would leave room for a larger scale and a narrower
+flooding, in a ring twice as long (not measured here).
 """
 
 from __future__ import annotations
