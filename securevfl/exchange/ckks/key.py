@@ -122,7 +122,7 @@ class CkksKey(HEKey):
         arr = np.empty((len(cts), self.ring.slots), dtype=np.complex128)
         pt = sa.Plaintext()
         for j, c in enumerate(cts):
-            self._add_flooding(c)  # before decryption: m + e + noise is what gets decoded
+            self._add_flooding(c)  # the flooding: m + e + noise is what gets decoded and leaves
             self._decryptor.decrypt(c, pt)
             arr[j] = np.asarray(self.ring.encoder.decode_complex(pt))
             self.ops.decrypt += 1
@@ -130,12 +130,14 @@ class CkksKey(HEKey):
         return layout.unpack(arr)
 
     def _add_flooding(self, ct: object) -> None:
-        """Flooding (IND-CPA-D; package docstring): add to ``ct`` an encryption-free
-        encoding of fresh Gaussian noise, flood_sigma on every real slot coordinate,
-        i.e. an integer polynomial of i.i.d. coefficients of flood_sigma Delta /
-        sqrt(N / 2) (the canonical embedding is sqrt(N / 2) times an isometry). The
-        addition is exact in the ring, so the decryption decoded afterwards is
-        m + e + noise: the key-dependent error e is never decoded alone."""
+        """Flooding (IND-CPA-D; package docstring), at the key owner, on the
+        decryption before it is decoded and before the caller adds its own share and
+        sends the value: fresh Gaussian noise of flood_sigma on every real slot
+        coordinate, encoded to an integer polynomial n of i.i.d. coefficients of
+        flood_sigma Delta / sqrt(N / 2) (the canonical embedding is sqrt(N / 2) times
+        an isometry). It is added to c0, (c0 + n) + c1 s = m + e + n, which is the
+        decrypted polynomial plus n exactly (SEAL's Python API adds plaintexts only to
+        ciphertexts), so the key-dependent error e is never decoded alone."""
         slots = self.ring.slots
         g = self._flood.normal_np((2, slots)) * self.flood_sigma
         noise = self.ring.encode(g[0] + 1j * g[1], ct.parms_id(), self.scale)  # type: ignore[attr-defined]
