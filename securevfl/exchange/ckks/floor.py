@@ -43,7 +43,7 @@ def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dic
     peer_a = CkksPeer(opts, key_a.public(), "A")  # what each P_i evaluates with
     active, passive = OpCounter(), OpCounter()
     g = rng.normal(scale=1e-2, size=(batch, out))
-    mask = rng.uniform(-opts.mask_bound, opts.mask_bound, size=(max(batch, *dims), max(out, *dims)))
+    mask = rng.normal(scale=opts.mask_std, size=(max(batch, *dims), max(out, *dims)))
     key_a.ops.reset()
     blob_g = key_a.encrypt(g)
     for i, d in enumerate(dims):

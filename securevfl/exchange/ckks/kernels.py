@@ -35,6 +35,7 @@ import numpy as np
 from securevfl.exchange.ckks._tenseal import sa
 from securevfl.exchange.ckks.counters import OpCounter
 from securevfl.exchange.ckks.packing import LinearMap
+from securevfl.exchange.ckks.params import MAX_BABY_STEPS
 
 
 class Ring:
@@ -112,10 +113,14 @@ def signed_units(b: np.ndarray, n: int) -> np.ndarray:
 
 
 def plan(lmap: LinearMap, slots: int, cost: tuple[float, float, float]) -> tuple[int, int]:
-    """Common step and baby-step count (a power of two) minimising the estimated
-    key-switching cost of :meth:`Kernels.apply`: per input, a chain of baby
-    rotations at the top level; per output (and conjugate part), one rescale per
-    giant group and a Horner chain of giant rotations at the lower level."""
+    """Common step and baby-step count (a power of two, at most MAX_BABY_STEPS)
+    minimising the estimated key-switching cost of :meth:`Kernels.apply`: per
+    input, a chain of baby rotations at the top level; per output (and conjugate
+    part), one rescale per giant group and a Horner chain of giant rotations at the
+    lower level. The cap bounds the key switchings the error under a diagonal's
+    weight has gone through, which the decryption flooding is sized for
+    (:func:`securevfl.exchange.ckks.params.error_model`); the planner picks at most 8
+    for the protocol's shapes up to d = o = 64 anyway."""
     c_top, c_low, c_rescale = cost
     step = math.gcd(slots, *np.unique(lmap.delta).tolist())
     units = slots // step
@@ -124,7 +129,7 @@ def plan(lmap: LinearMap, slots: int, cost: tuple[float, float, float]) -> tuple
     k = 2 if lmap.conj else 1
     best: tuple[float, int] | None = None
     n1 = 1
-    while n1 <= min(units, 256):
+    while n1 <= min(units, MAX_BABY_STEPS):
         d1, d2 = d % n1, signed_units(d // n1, units // n1)
         baby = sum(chain_cost(d1[lmap.t == t], naf) for t in np.unique(lmap.t))
         giant, groups = 0, 0
@@ -171,6 +176,10 @@ class Kernels:
 
     def add_inplace(self, acc: Any, other: Any) -> None:
         self.ev.add_inplace(acc, other)
+        self.ops.add += 1
+
+    def add_plain_inplace(self, acc: Any, pt: Any) -> None:
+        self.ev.add_plain_inplace(acc, pt)
         self.ops.add += 1
 
     def sum(self, parts: list[Any]) -> Any:

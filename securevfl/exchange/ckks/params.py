@@ -1,33 +1,50 @@
-"""CKKS ring and security parameters: the options a protocol file may set, the
-128-bit check against the HomomorphicEncryption.org standard (SEAL's
+"""CKKS ring, security and noise parameters: the options a protocol file may set,
+the 128-bit check against the HomomorphicEncryption.org standard (SEAL's
 ``native/src/seal/util/hestdparms.h``, specs/anchors-crypto-performance.md §3),
-and the key owner's TenSEAL context.
+the noise budget (the CKKS error model, the flooding and smudging widths, the
+bounds the guards enforce) as pure functions, and the key owner's TenSEAL context.
 
-Threat model: semi-honest A and P_i (SECURITY.md, ``ckks``). Whoever loads a
-protocol file with parameters below 128-bit security, a mask that could
-overflow decryption (and so leak the unmasked value) or a mask too small to
-hide a value statistically, is refused before any key exists.
+Threat model: semi-honest A and P_i (SECURITY.md, ``ckks``; the argument is in
+the package docstring, :mod:`securevfl.exchange.ckks`). Whoever loads a protocol
+file with parameters below 128-bit security, a value budget that could overflow
+decryption (and so leak the unmasked value), a mask too small to hide a value
+statistically, or a flooding so wide that decryptions are useless, is refused
+before any key exists.
 
-Ring choice (default N = 8192, [47, 47, 40, 60], scale 2^60). One rescale
-level: fresh ciphertexts hold [q0.., q1], results the output primes only. The
-output primes must hold a masked value exactly: sqrt(2) (M + |v|) 2^scale <
-q_out / 2, i.e. 22 (mask 2^22) + scale + ~2 bits; q1 sets the precision of the
-encoded plaintext operand (weights, embeddings) and the special prime must
-exceed the data primes to keep key-switching noise small. N = 4096 allows 109
-bits in all: with the default mask and a scale that still tracks float64
-training to 1e-6 (>= 2^40) the output primes alone need > 64 bits, q1 >= 40
-and the special prime >= the largest data prime, > 109 bits; so N = 8192 is
-the smallest ring that keeps both the security and the precision.
+Ring choice (default N = 8192, primes [59, 59, 40, 60], scale 2^89). One rescale
+level: fresh ciphertexts hold [out primes..., q1] at scale Delta = 2^89, results
+the output primes only, back at Delta (the plaintext diagonals are encoded at
+q1, the prime the rescale drops). Three budgets meet in the 218 bits that N =
+8192 allows at 128-bit security:
+
+* exact decryption: a result slot holds a product bounded by the guards,
+  2^(operand_norm_bits + value_norm_bits) = 2^27, plus a mask of at most
+  8.58 mask_std = 2^24.1; decryption on the output primes alone is exact while
+  sqrt(2) |slot| Delta < Q_out / 2 (:func:`mask_limit`: 2^27.5 at 118 bits and
+  Delta = 2^89);
+* flooding: the width that hides the key grows with the CKKS error in value
+  units, c * 2^operand_norm_bits / Delta, so Delta is as large as the first budget
+  allows (:func:`flood_sigma`: 7.4e-8 at the defaults, the precision the flooding
+  costs);
+* q1 = 2^40 sets the precision of the plaintext operands' encodings (about
+  2^-35 per diagonal entry) and the special prime (60 bits, the largest SEAL
+  builds) must exceed the data primes to keep key switching noise small.
+
+N = 4096 (109 bits) cannot hold Delta * 2^27 on its output primes with any useful
+Delta; N = 16384 (438 bits) would leave room for a larger scale and a narrower
+flooding, in a ring twice as long (not measured here).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from securevfl.config import Protocol
+from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.ckks._tenseal import sa, ts
 
@@ -35,7 +52,26 @@ from securevfl.exchange.ckks._tenseal import sa, ts
 # the largest total coefficient-modulus size that still gives 128-bit security.
 MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 MAX_PRIME_BITS = 60
-MIN_MASK_BOUND = 2.0**12
+#: smallest mask standard deviation accepted: per value a Gaussian mask of width
+#: sigma hides v within statistical distance |v| / (2 sigma)
+MIN_MASK_STD = 2.0**12
+#: |SecretStream.normal_np| <= sqrt(-2 ln 2^-53) = 8.573 (Box-Muller on 53-bit uniforms)
+GAUSS_MAX = 8.58
+#: SEAL's error distribution: standard deviation 3.2 (util/globals.h)
+NOISE_STD = 3.2
+#: baby steps of the evaluation plan at most (:func:`securevfl.exchange.ckks.kernels.plan`):
+#: an input's rotations form one chain, so the error under a diagonal's weight has
+#: gone through at most MAX_BABY_STEPS - 1 key switchings (half of that on average)
+MAX_BABY_STEPS = 8
+#: value-independent key switchings bounded generously (giant steps, conjugations,
+#: folds; the reference tmatmul does 46 in all)
+MAX_FREE_SWITCHES = 128
+#: the flooding must leave at least this much precision (else the parameters are refused)
+MAX_FLOOD_SIGMA = 2.0**-16
+#: the lowest flood_security_bits accepted (OpenFHE recommends at least 30)
+MIN_FLOOD_SECURITY_BITS = 20
+#: a re-drawn share's column norm is sqrt(n/3) 2^share_bits; this leaves room for W_i
+SHARE_NORM_SLACK = 1.25
 
 
 class CkksOptions(BaseModel):
@@ -43,16 +79,122 @@ class CkksOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     poly_modulus_degree: int = 8192
-    coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [47, 47, 40, 60])
-    global_scale_bits: int = Field(default=60, ge=20, le=MAX_PRIME_BITS)
-    mask_bound: float = Field(default=2.0**22, gt=0)
+    coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [59, 59, 40, 60])
+    global_scale_bits: int = Field(default=89, ge=20, le=400)
+    #: standard deviation of the Gaussian masks (the key owner's view of every result)
+    mask_std: float = Field(default=2.0**21, gt=0)
+    #: P_i re-draws its weight share uniform in [-2^share_bits, 2^share_bits) every step
+    share_bits: int = Field(default=16, ge=1, le=40)
+    #: l2 bound of every column of the evaluator's plaintext operand (weight shares, h'_i in tmatmul)
+    operand_norm_bits: int = Field(default=19, ge=0, le=60)
+    #: l2 bound of every row (and column, for dL/dz) of an encrypted operand (h'_i, dL/dz)
+    value_norm_bits: int = Field(default=8, ge=0, le=60)
+    #: s: flooding of 2^(s/2) sqrt(Q N) times the error's standard deviation
+    flood_security_bits: int = Field(default=30, ge=1, le=128)
+    #: Q: decryptions one key pair may answer (the flooding is sized for them)
+    max_decryptions: int = Field(default=2**20, ge=1)
     weight_init: Literal["private", "seeded"] = "private"
+
+
+@functools.lru_cache(maxsize=16)
+def _primes(n: int, bits: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(p.value()) for p in sa.CoeffModulus.Create(n, list(bits)))
+
+
+def primes(opts: CkksOptions) -> tuple[int, ...]:
+    """The primes SEAL builds for these bit sizes (data primes, then the special prime)."""
+    return _primes(opts.poly_modulus_degree, tuple(opts.coeff_mod_bit_sizes))
 
 
 def mask_limit(opts: CkksOptions) -> float:
     """Largest |value| a result slot (real or imaginary part) may hold so that
-    decryption on the output primes alone is exact (see the module docstring)."""
+    decryption on the output primes alone is exact: a slot vector bounded by L
+    has coefficients below sqrt(2) L Delta (canonical embedding), which must stay
+    below Q_out / 2."""
     return 2.0 ** (sum(opts.coeff_mod_bit_sizes[:-2]) - 1 - opts.global_scale_bits - 0.5)
+
+
+def mask_max(opts: CkksOptions) -> float:
+    """The largest mask value: a Gaussian of mask_std never exceeds GAUSS_MAX of it."""
+    return GAUSS_MAX * opts.mask_std
+
+
+def product_bound(opts: CkksOptions) -> float:
+    """|X w| for an encrypted operand X whose rows (columns, for ``tmatmul``) have l2
+    norm <= 2^value_norm_bits and a plaintext operand w whose columns have l2 norm
+    <= 2^operand_norm_bits (Cauchy-Schwarz); both owners check theirs (the guards)."""
+    return 2.0 ** (opts.operand_norm_bits + opts.value_norm_bits)
+
+
+def smudge_sigma(opts: CkksOptions) -> float:
+    """Width of the evaluator's smudging noise (per real slot coordinate): two
+    float64 ulps of the largest mask. A float64 mask lies on the grid of its own
+    ulp, far coarser than the encoding's resolution (Delta^-1); a Gaussian of two
+    grid steps makes the mask's lattice invisible (per coordinate, the density of
+    grid + Gaussian differs from a smooth one by exp(-2 pi^2 4) ~ 2^-114)."""
+    return 2.0 ** (math.floor(math.log2(mask_max(opts))) - 52 + 1)
+
+
+def error_model(n: int, qs: tuple[int, ...]) -> tuple[float, float]:
+    """(c_w, c_0): standard deviation of the CKKS error of one result slot coordinate,
+    in coefficient units (divide by Delta for value units), per unit l2 norm of the
+    evaluator's operand column (c_w) and independent of it (c_0). ``qs``: data primes
+    then the special prime.
+
+    Heuristic variance model (independent coefficients; a slot coordinate of a
+    polynomial with i.i.d. coefficients of variance v has variance v N / 2):
+    fresh encryption error sigma^2 = 3.2^2 per coefficient; one key switching with
+    the special prime P adds N sigma^2 sum(q_j^2) / (3 P^2) (the digits times the
+    key's error, divided by P) plus N / 18 (the rounding of the division, times the
+    ternary secret). An input's baby-step rotations form a chain, so the error a
+    diagonal's weight multiplies has gone through at most MAX_BABY_STEPS - 1
+    switchings, (MAX_BABY_STEPS - 1) / 2 on average over the diagonals the
+    protocol's operands fill evenly (the re-drawn shares are i.i.d.). c_0 covers the
+    switchings after the rescale (giant steps, conjugation, folds), the rescale's
+    rounding and the public-key encryption of the mask. Measured at the defaults
+    for the reference forward product (tests/unit/test_ckks_noise.py): 2^13.2 to
+    2^14.5 per unit operand norm over nine key pairs, against the model's 2^13.81."""
+    data, special = qs[:-1], qs[-1]
+    fresh = n / 2 * NOISE_STD**2
+    switch = (
+        n / 2 * (n * NOISE_STD**2 * sum(float(q) ** 2 for q in data) / (3 * float(special) ** 2) + n / 18)
+    )
+    c_w = math.sqrt(fresh + (MAX_BABY_STEPS - 1) / 2 * switch)
+    c_0 = math.sqrt(MAX_FREE_SWITCHES * switch + n / 2 * (n * NOISE_STD**2 + n / 6))
+    return c_w, c_0
+
+
+#: the error bound's margin over the model (:func:`error_std`)
+ERROR_MARGIN = 2.0
+
+
+def error_std(opts: CkksOptions, qs: tuple[int, ...] | None = None) -> float:
+    """Bound on the standard deviation (root mean square over a result's slots) of
+    the CKKS error of one result slot coordinate in value units, for evaluator
+    operands within 2^operand_norm_bits: the model (:func:`error_model`) times
+    ERROR_MARGIN. The margin covers the spread between key pairs: a key switching
+    error is i.i.d. over coefficients only in part (the decomposition digits are not
+    centred), so its energy sits in a few slots and depends on the Galois keys'
+    error; over nine key pairs the reference forward product's error measured
+    2^13.2 to 2^14.5 per unit operand norm, around the model's 2^13.81."""
+    c_w, c_0 = error_model(opts.poly_modulus_degree, primes(opts) if qs is None else qs)
+    a = 2.0**opts.operand_norm_bits
+    return ERROR_MARGIN * math.hypot(c_w * a, c_0) / 2.0**opts.global_scale_bits
+
+
+def flood_sigma(opts: CkksOptions, qs: tuple[int, ...] | None = None) -> float:
+    """Standard deviation of the key owner's flooding noise per real slot coordinate
+    (value units): 2^(s/2) sqrt(Q N) sigma_e, with s = flood_security_bits, Q =
+    max_decryptions, N = poly_modulus_degree and sigma_e = :func:`error_std`
+    (package docstring: the run's decryptions are within statistical distance
+    2^-(s/2+1) of key-independent ones)."""
+    q_n = float(opts.max_decryptions) * opts.poly_modulus_degree
+    return 2.0 ** (opts.flood_security_bits / 2) * math.sqrt(q_n) * error_std(opts, qs)
+
+
+def share_norm(share_bits: int, n: int) -> float:
+    """Expected-maximum l2 norm of n entries uniform in [-2^k, 2^k), with room for W_i."""
+    return SHARE_NORM_SLACK * 2.0**share_bits * math.sqrt(n / 3.0)
 
 
 def context(opts: CkksOptions) -> Any:
@@ -71,10 +213,15 @@ def _refuse(msg: str, field: str) -> CryptoParameterError:
     return CryptoParameterError(msg, path=f"exchange.params.{field}")
 
 
+def _embed_dims(proto: Protocol) -> list[int]:
+    return [(p.model or ModelSpec()).out for p in proto.parties.passive]
+
+
 def check(proto: Protocol, options: CkksOptions) -> None:
     """Refuse, at load, parameters below 128-bit security, primes SEAL cannot
-    build, masks that overflow decryption or hide too little, and batches that
-    do not fit the slots (CryptoParameterError naming the field)."""
+    build, a value budget that overflows decryption, masks that hide too little,
+    a flooding that drowns the values, shares that cannot fit the operand bound,
+    and batches that do not fit the slots (CryptoParameterError naming the field)."""
     if importlib.util.find_spec("tenseal") is None:
         raise ConfigError(
             "the ckks backend needs TenSEAL (install the 'crypto' extra)", path="exchange.backend"
@@ -106,25 +253,58 @@ def check(proto: Protocol, options: CkksOptions) -> None:
             "coeff_mod_bit_sizes",
         )
     try:
-        sa.CoeffModulus.Create(n, bits)
+        qs = primes(options)
     except Exception as exc:  # SEAL raises std exceptions for primes it cannot find
         raise _refuse(
             f"coeff_mod_bit_sizes {bits}: SEAL cannot build these primes for N={n} ({exc})",
             "coeff_mod_bit_sizes",
         ) from None
-    limit = mask_limit(options)
-    if options.mask_bound > limit / 2:
+    if options.mask_std < MIN_MASK_STD:
         raise _refuse(
-            f"mask_bound {options.mask_bound:g} overflows the last prime: with a {bits[0]}-bit q0 "
-            f"and scale 2^{options.global_scale_bits}, masked values must stay below {limit:g} "
-            f"(half of it for the mask); use at most {limit / 2:g} or a smaller global_scale_bits",
-            "mask_bound",
+            f"mask_std {options.mask_std:g} is below {MIN_MASK_STD:g}: a Gaussian mask of "
+            "standard deviation sigma hides a value v only up to statistical distance |v|/(2 sigma)",
+            "mask_std",
         )
-    if options.mask_bound < MIN_MASK_BOUND:
+    limit = mask_limit(options)
+    sigma_f, sigma_a = flood_sigma(options, qs), smudge_sigma(options)
+    need = product_bound(options) + mask_max(options) + 12.0 * (sigma_f + sigma_a)
+    if need > limit:
+        field = "mask_std" if mask_max(options) > product_bound(options) else "operand_norm_bits"
         raise _refuse(
-            f"mask_bound {options.mask_bound:g} is below {MIN_MASK_BOUND:g}: a uniform mask of "
-            "bound M hides a value v only up to statistical distance |v|/(2M) per entry",
-            "mask_bound",
+            f"values overflow the output primes: products up to 2^{options.operand_norm_bits} x "
+            f"2^{options.value_norm_bits} (operand_norm_bits x value_norm_bits) plus masks up to "
+            f"{mask_max(options):g} ({GAUSS_MAX} mask_std) reach {need:g}, but with "
+            f"{sum(bits[:-2])} bits of output primes at scale 2^{options.global_scale_bits} a "
+            f"result slot must stay below {limit:g} for decryption to be exact; lower those, "
+            "or global_scale_bits",
+            field,
+        )
+    if options.flood_security_bits < MIN_FLOOD_SECURITY_BITS:
+        raise _refuse(
+            f"flood_security_bits {options.flood_security_bits} is below {MIN_FLOOD_SECURITY_BITS}: "
+            "the decryptions of a whole run must stay within statistical distance "
+            "2^-(flood_security_bits/2 + 1) of key-independent ones (IND-CPA-D, Li and Micciancio 2021)",
+            "flood_security_bits",
+        )
+    if sigma_f > MAX_FLOOD_SIGMA:
+        raise _refuse(
+            f"the decryption flooding would need a standard deviation of {sigma_f:.3g} (above "
+            f"{MAX_FLOOD_SIGMA:g}): 2^(flood_security_bits/2) sqrt(max_decryptions N) times the CKKS "
+            f"error, {error_std(options, qs):.3g} at scale 2^{options.global_scale_bits} for operands "
+            f"up to 2^{options.operand_norm_bits}; raise global_scale_bits (with the output primes), "
+            "or lower operand_norm_bits or max_decryptions",
+            "global_scale_bits",
+        )
+    dims = _embed_dims(proto)
+    widest = max(proto.interactive.out, *dims)
+    if share_norm(options.share_bits, widest) > 2.0**options.operand_norm_bits:
+        raise _refuse(
+            f"share_bits {options.share_bits}: a re-drawn weight share's column of {widest} entries "
+            f"uniform in +-2^{options.share_bits} has l2 norm about "
+            f"{share_norm(options.share_bits, widest) / SHARE_NORM_SLACK:.3g}, too close to the operand "
+            f"bound 2^{options.operand_norm_bits} (operand_norm_bits); lower share_bits or raise "
+            "operand_norm_bits",
+            "share_bits",
         )
     slots = n // 2
     if proto.training.batch_size > slots:
@@ -137,11 +317,25 @@ def check(proto: Protocol, options: CkksOptions) -> None:
 
 
 def describe(options: CkksOptions) -> dict[str, Any]:
-    """What result.json records about the parameters."""
-    return {
+    """What result.json records about the parameters and the noise they imply."""
+    try:
+        qs: tuple[int, ...] | None = primes(options)
+    except Exception:  # parameters check() refuses; nothing to derive
+        qs = None
+    info: dict[str, Any] = {
         "slots": options.poly_modulus_degree // 2,
         "security_bits": 128,
         "coeff_modulus_bits": sum(options.coeff_mod_bit_sizes),
         "max_coeff_modulus_bits": MAX_BITS_128.get(options.poly_modulus_degree),
-        "mask_statistical_distance_per_unit_entry": 1.0 / (2.0 * options.mask_bound),
+        "mask_statistical_distance_per_unit_entry": 1.0 / (2.0 * options.mask_std),
+        "exact_decryption_limit": mask_limit(options),
+        "product_bound": product_bound(options),
+        "share_bits": options.share_bits,
+        "smudge_sigma": smudge_sigma(options),
+        "max_decryptions": options.max_decryptions,
+        "flood_security_bits": options.flood_security_bits,
     }
+    if qs is not None:
+        info["flood_sigma"] = flood_sigma(options, qs)
+        info["error_std_bound"] = error_std(options, qs)
+    return info

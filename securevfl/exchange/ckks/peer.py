@@ -1,23 +1,38 @@
 """The evaluating party's side of ``ckks``: the other party's public part, and
 the two products Enc(X) W + mask and p^T Enc(Y) + mask on its ciphertexts.
 
-Threat model (SECURITY.md, ``ckks``; semi-honest A and P_i). Circuit privacy and
-masks: every result is re-randomized by adding a fresh public-key encryption
-of the mask, which replaces the result's second component with an RLWE sample
-the key owner cannot relate to the evaluator's plaintexts. Masks are uniform
-in [-mask_bound, mask_bound] on the real and the imaginary part of every slot
-of every result ciphertext (padding and spare chunks included; the caller's
-mask fills the data positions, fresh ones the rest). The key owner decrypts
-v + e + eps where e is the CKKS error (it depends on the evaluator's operands);
-eps is uniform on a cube of side 2 M in all N real coordinates, so the
-decryption, a function of v + e + eps, is within statistical distance
-(||v - v'||_1 + ||e - e'||_1) / (2 M) of the one for v', e'. Per entry:
-|v| / (2 M) = 2^-23 |v| at the default M = 2^22; e ~ 1e-9 adds nothing
-visible. M is bounded by exact decryption on the output primes (checked at
-load, :func:`securevfl.exchange.ckks.params.check`) and by float64 decoding,
-whose error ~M 2^-50 should stay below float32's resolution of the values
-trained. A public part that carries a secret key, or other parameters than the
-protocol's, is refused.
+Threat model (SECURITY.md, ``ckks``; semi-honest A and P_i; the whole argument is
+in the package docstring). What the key owner decrypts must tell it nothing
+about this party's operands beyond the value it may learn:
+
+* re-randomization: every result gets a fresh public-key encryption of its mask
+  added, which replaces its second component with an RLWE sample the key owner
+  cannot relate to this party's plaintexts;
+* masks: every real coordinate of every result slot carries a Gaussian mask of
+  mask_std (data positions the caller's, :meth:`CkksScheme.mask`; padding, spare
+  chunks and imaginary halves fresh ones from this object's stream);
+* smudging: a float64 mask lies on the grid of its own ulp (2^-28 at |mask| <
+  2^25), far coarser than what the key owner can decode (Delta^-1 = 2^-89); with
+  the grid known, the decryption modulo the grid would reveal the masked value's
+  low bits. Every result therefore also gets a fresh Gaussian of
+  :func:`~securevfl.exchange.ckks.params.smudge_sigma` (two such ulps) on every
+  real slot coordinate, encoded and added exactly in the ring; it is not removed
+  (the value carries it as noise, 2^-27 at the defaults).
+
+The key owner then sees v + mask + smudge + e (e: the CKKS error, which depends
+on this party's operands too) and, per coordinate, that is within statistical
+distance |v - v'| / (2 mask_std) + 2^-100 (the smudging against the grid) of
+the view for v', plus 2^-50 per ciphertext for the encodings' rounding (below
+2^-77 in l2, shifting the smudging Gaussian); over many values the Gaussian
+masks compose as sqrt(sum (v - v')^2) / (2 mask_std) (KL divergences add;
+uniform masks would add their distances linearly).
+
+Guard: every column of the plaintext operand (the weight share in ``matmul``,
+h'_i in ``tmatmul``) must have l2 norm <= 2^operand_norm_bits, the bound the key
+owner's flooding and the exact-decryption limit are sized for; otherwise
+:class:`Diverged` names the operand, its column, norm and the bound, before
+anything is computed. A public part that carries a secret key, or other
+parameters than the protocol's, is refused.
 """
 
 from __future__ import annotations
@@ -27,12 +42,12 @@ from typing import Any
 import numpy as np
 
 from securevfl.csprng import SecretStream
-from securevfl.errors import ProtocolError
+from securevfl.errors import Diverged, ProtocolError
 from securevfl.exchange.ckks._tenseal import sa, ts
 from securevfl.exchange.ckks.counters import OpCounter
 from securevfl.exchange.ckks.kernels import Encoded, Kernels, Ring
 from securevfl.exchange.ckks.packing import Layout, LinearMap, matmul_map, standard_layout, tmatmul_map
-from securevfl.exchange.ckks.params import CkksOptions
+from securevfl.exchange.ckks.params import CkksOptions, smudge_sigma
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, unframe, unpack_public
 from securevfl.exchange.ckks.worker import Worker
 from securevfl.exchange.he import HEPeer
@@ -79,7 +94,9 @@ class CkksPeer(HEPeer):
         self.scale = 2.0**opts.global_scale_bits
         self.kernels = Kernels(self.ring, gk, self.scale)
         self._encryptor = sa.Encryptor(sc, ctx.public_key().data)
-        self._stream = SecretStream.fresh()  # the masks of unused slots
+        self._stream = SecretStream.fresh()  # the masks of unused slots and the smudging
+        self.smudge_sigma = smudge_sigma(opts)
+        self.operand_bound = 2.0**opts.operand_norm_bits
         self._prepared: dict[tuple[Any, ...], tuple[LinearMap, Encoded]] = {}
         # prepare_operands() encodes on a worker thread with its own encoder; those
         # encodings are counted in ``prep_ops``, not ``ops`` (they are off the critical path)
@@ -105,12 +122,14 @@ class CkksPeer(HEPeer):
 
     def _finish(self, outs: list[Any], layout: Layout, mask: np.ndarray) -> bytes:
         """Add a fresh public-key encryption of the mask to every result (re-randomizes
-        it); data positions get the caller's mask, all others fresh uniform masks."""
-        ring, m = self.ring, self.opts.mask_bound
-        fresh = m * (2.0 * self._stream.uniform_np((layout.n_ct, ring.slots, 2)) - 1.0)
+        it; data positions get the caller's mask, all others fresh Gaussian masks of
+        mask_std) and the smudging noise (module docstring), exactly in the ring."""
+        ring = self.ring
+        fresh = self.opts.mask_std * self._stream.normal_np((layout.n_ct, ring.slots, 2))
         data = layout.pack(mask, ring.slots)
         used = layout.used(ring.slots)
         vals = np.where(used, np.stack([data.real, data.imag], axis=-1), fresh)
+        smudge = self.smudge_sigma * self._stream.normal_np((layout.n_ct, ring.slots, 2))
         blobs = []
         for j in range(layout.n_ct):
             pt = ring.encode(vals[j, :, 0] + 1j * vals[j, :, 1], ring.out_level, self.scale)
@@ -120,8 +139,31 @@ class CkksPeer(HEPeer):
             else:
                 out = outs[j]
                 self.kernels.add_inplace(out, enc)
+            noise = ring.encode(smudge[j, :, 0] + 1j * smudge[j, :, 1], ring.out_level, self.scale)
+            self.kernels.add_plain_inplace(out, noise)
             blobs.append(self.io.dump(out))
         return frame(layout, blobs)
+
+    def _guard(self, op: str, operand: np.ndarray) -> None:
+        """Columns of the plaintext operand within 2^operand_norm_bits (module docstring)."""
+        if operand.size == 0:
+            return
+        norms = np.sqrt((operand * operand).sum(axis=0))
+        j = int(np.argmax(norms))
+        if norms[j] <= self.operand_bound:
+            return
+        what = (
+            f"the weight share multiplied into {self.sender}'s ciphertext"
+            if op == "matmul"
+            else f"the embedding h'_i multiplied into {self.sender}'s dL/dz"
+        )
+        raise Diverged(
+            f"{what} ({operand.shape[0]}x{operand.shape[1]}) has a column (column {j}) of l2 norm "
+            f"{norms[j]:.4g}, above 2^{self.opts.operand_norm_bits} = {self.operand_bound:g} "
+            "(exchange.params.operand_norm_bits): beyond it a product could pass the limit under "
+            "which decryption is exact and the CKKS error the key owner's flooding covers; lower "
+            "interactive.lr or training.lr, or raise operand_norm_bits"
+        )
 
     def encrypt_plaintext(self, pt: Any) -> Any:
         """A fresh public-key encryption (the re-randomizing mask of a result)."""
@@ -213,6 +255,7 @@ class CkksPeer(HEPeer):
         m = np.asarray(w).shape[1] if np.ndim(w) == 2 else -1
         w = self._checked("matmul weight", w, (c, m))
         mask = self._checked("matmul mask", mask, (r, m))
+        self._guard("matmul", w)
         lmap, enc = self._map("matmul", lin, w)
         out = self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
         ahead = next((k for k in self._prepared if k[0] == "tmatmul" and k[1] == lin), None)
@@ -231,10 +274,12 @@ class CkksPeer(HEPeer):
             if ahead[0] == blob:  # the input matmul() validated and started this product on
                 p = self._checked("tmatmul left factor", p, (r, a))
                 mask = self._checked("tmatmul mask", mask, (a, m))
+                self._guard("tmatmul", p)
                 if ahead[1] == self._key("tmatmul", ahead[1][1], p):  # same blob: same layout
                     return self._finish(outs, ahead[2].out, mask)
         lin, cts = self._input(blob, shape)
         p = self._checked("tmatmul left factor", p, (r, a))
         mask = self._checked("tmatmul mask", mask, (a, m))
+        self._guard("tmatmul", p)
         lmap, enc = self._map("tmatmul", lin, p)
         return self._finish(self.kernels.apply(cts, lmap, enc), lmap.out, mask)
