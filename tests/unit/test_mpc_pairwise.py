@@ -15,7 +15,6 @@ from securevfl.exchange.crypten_pool import Triple, Trunc, dealer_bundle, parse_
 from securevfl.exchange.mpc import ring
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops
 
-
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (ops.fixed_scalar)
 
 
