@@ -44,7 +44,6 @@ that must hold the same stream, over the sealed channel.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -227,7 +226,7 @@ def agree_streams(comm: Any) -> dict[str, SecretStream]:
         "prev": SecretStream(prev),
         "next": SecretStream(nxt),
         "local": SecretStream(local),
-        "global": SecretStream(glob if glob else nxt),
+        "global": SecretStream(glob),
     }
     _set_generators(streams)
     return streams
@@ -256,12 +255,3 @@ def pair_keys(comm: Any, peers: Sequence[int], *, send: bool) -> dict[int, Secre
     else:
         keys = _exchange_keys(comm, [], list(peers))
     return {p: SecretStream(k) for p, k in zip(peers, keys, strict=True)}
-
-
-def draws(stream: SecretStream, sizes: Sequence[tuple[tuple[int, ...], int]]) -> list[torch.Tensor]:
-    """Draw, in order, one tensor per (shape, bits): ring elements at 64 bits,
-    k-bit integers below. One call to the stream per tensor."""
-    return [
-        stream.kbits(shape, bits) if math.prod(shape) else torch.zeros(shape, dtype=torch.long)
-        for shape, bits in sizes
-    ]
