@@ -2,7 +2,8 @@
 
 Runs the interactive layer's online protocol (securevfl.exchange.mpc: k forward
 Beaver products in one opening, z revealed to rank 0, 2k backward products in
-one opening, every dL/dh_i revealed to its owner in one round, two truncations)
+one opening, every dL/dh_i revealed to its owner in one round that also opens the
+momentum's exact truncation and the weight step's)
 at the reference shape (batch 256, k passive parties with 64-d embeddings,
 output 64) between k + 1 MPC processes and the dealer, with the dealer's tuples
 pooled before the timed steps (the offline bundle is timed apart). Nothing else
@@ -60,11 +61,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LR = ops.fixed_scalar(0.003 / BATCH, FRAC)
+
+
 def _step(rank: int, n_mpc: int, w: list[Any], h: torch.Tensor | None, g: torch.Tensor | None) -> list[Any]:
     """One training step of the interactive layer (as exchange.mpc._MpcRole runs it)."""
     from crypten.mpc.primitives import ArithmeticSharedTensor as AST
 
     passive = list(range(1, n_mpc))
+    trunc = step_plan(BATCH, [DIM] * len(w), OUT, n_mpc, train=True, lr=LR)[-1]
+    (material,) = crypten_pool.current().take([trunc])
     hs = [AST(h if rank == p else None, size=(BATCH, DIM), src=p) for p in passive]
     prods = ops.beaver_matmuls(list(zip(hs, w, strict=True)))
     z = prods[0]
@@ -73,10 +79,7 @@ def _step(rank: int, n_mpc: int, w: list[Any], h: torch.Tensor | None, g: torch.
     z.get_plain_text(dst=0)
     ge = AST(g if rank == 0 else None, size=(BATCH, OUT), src=0)
     prods = ops.beaver_matmuls([(ge, ops.transpose(wi)) for wi in w] + [(ops.transpose(x), ge) for x in hs])
-    ops.reveal_to(prods[: len(w)], passive)
-    v = ops.truncate(prods[len(w) :], FRAC)
-    lr, bits = ops.fixed_scalar(0.003 / BATCH, FRAC)
-    steps = ops.truncate([ops.scaled(x, lr, bits) for x in v], bits)
+    _, _, steps = ops.reveal_and_truncate(prods[: len(w)], passive, prods[len(w) :], material, FRAC, LR)
     return [wi - s for wi, s in zip(w, steps, strict=True)]
 
 
@@ -122,8 +125,8 @@ def _rank(
     from crypten.mpc.primitives import ArithmeticSharedTensor as AST
 
     dims = [DIM] * (n_mpc - 1)
-    plan = step_plan(BATCH, dims, OUT, n_mpc, train=True)
-    gen = torch.Generator().manual_seed(rank)
+    plan = step_plan(BATCH, dims, OUT, n_mpc, train=True, lr=LR)
+    gen = torch.Generator().manual_seed(rank)  # benchmark data, not a secret
     w = [
         AST(torch.randn(DIM, OUT, generator=gen) * 0.1 if rank == 0 else None, size=(DIM, OUT), src=0)
         for _ in dims

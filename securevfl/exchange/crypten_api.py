@@ -22,20 +22,22 @@ install_crypten_shim()
 import crypten  # noqa: E402
 import crypten.communicator as comm  # noqa: E402
 import crypten.mpc as mpc  # noqa: E402
-from crypten.common.rng import generate_random_ring_element  # noqa: E402
-from crypten.common.util import torch_cat  # noqa: E402
-from crypten.communicator import DistributedCommunicator  # noqa: E402
-from crypten.mpc.primitives import ArithmeticSharedTensor  # noqa: E402
-from crypten.mpc.provider.ttp_provider import TTPClient, TTPServer  # noqa: E402
+from crypten.common.util import count_wraps, torch_cat  # noqa: E402
+from crypten.communicator import Communicator, DistributedCommunicator  # noqa: E402
+from crypten.cuda import CUDALongTensor  # noqa: E402
+from crypten.mpc.primitives import ArithmeticSharedTensor, BinarySharedTensor  # noqa: E402
+from crypten.mpc.provider.provider import TupleProvider  # noqa: E402
 
 __all__ = [
     "ArithmeticSharedTensor",
+    "BinarySharedTensor",
+    "CUDALongTensor",
+    "Communicator",
     "DistributedCommunicator",
-    "TTPClient",
-    "TTPServer",
+    "TupleProvider",
     "comm",
+    "count_wraps",
     "crypten",
-    "generate_random_ring_element",
     "mpc",
     "torch_cat",
 ]

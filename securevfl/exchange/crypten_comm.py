@@ -4,10 +4,12 @@ CrypTen's own ``DistributedCommunicator`` runs its collectives (all-reduce,
 reduce, broadcast, gather) as gloo collectives on process sub-groups, and the
 dealer's seeds as raw ``dist.isend``. None of that passes through a channel a
 party could authenticate or encrypt, so an observer of the links would see both
-shares of every opened value (issue 19, point 3). :class:`FramedCommunicator`
-is a CrypTen communicator (it implements CrypTen's ``Communicator`` interface and
-is installed where CrypTen looks for its communicator) whose every operation is
-a set of point-to-point frames through one :class:`FrameTransport`:
+shares of every opened value. :class:`FramedCommunicator` is a CrypTen
+communicator (a subclass of ``crypten.communicator.Communicator``; CrypTen has no
+public seam to register one, so :func:`securevfl.exchange.crypten_runtime.start_crypten`
+puts it where ``crypten.communicator.get()`` looks, ``DistributedCommunicator.instance``)
+whose every operation is a set of point-to-point frames through one
+:class:`FrameTransport`:
 
 * **collectives as exchanges of shares**: an all-reduce of additive (or XOR)
   shares among up to :attr:`FramedCommunicator.EXCHANGE_MAX` (3) parties is one
@@ -29,10 +31,9 @@ a set of point-to-point frames through one :class:`FrameTransport`:
   ``ttp_comm_group`` back into ``broadcast``/``send_obj``; here they are the rank
   sets of :class:`RankSet` (no torch process sub-group is created), so a peer
   outside the group is refused;
-* **the dealer's seeds** (the PRG seed it shares with each MPC party, from which
-  the party draws its triple shares) travel as frames too (:func:`dealer_seeds`
-  here, ``client_seed`` in :mod:`securevfl.exchange.crypten_runtime`), drawn from
-  ``os.urandom``.
+* **keys**: the 256-bit keys of CrypTen's PRG streams and of the dealer's stream
+  with each MPC party (:mod:`securevfl.exchange.crypten_rng`) travel as frames
+  too, each to the one peer that shares the stream, metered without their bytes.
 
 The transport decides what a frame looks like on the wire. :class:`SealedFrames`
 (every rank of a run) seals each frame on the session's authenticated link to
@@ -48,7 +49,6 @@ same frames unsealed, for a process group made without a session (unit tests,
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 
 from securevfl.errors import PartyFailure, ProtocolError
+from securevfl.exchange.crypten_api import Communicator
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
 from securevfl.runtime.secure.link import Link
@@ -286,7 +287,7 @@ class _Req:
         return False
 
 
-class FramedCommunicator:
+class FramedCommunicator(Communicator):
     """CrypTen's communicator interface over :class:`FrameTransport` frames.
 
     MPC parties are ranks ``0..n_mpc-1``; a trusted dealer, if any, is rank
@@ -549,6 +550,43 @@ class FramedCommunicator:
                 self._log("recv", GROUP, self.rank, "reveal", total, _numel_bytes(total) * (n - 1), total)
         return out
 
+    def reveal_open(
+        self, shares: list[torch.Tensor], dsts: list[int], opening: torch.Tensor
+    ) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+        """:meth:`reveal_many` and, in the same round, the sum of every party's
+        ``opening`` opened to every party (as :meth:`all_reduce`): each party sends
+        every other one frame, its shares for that destination followed by its
+        ``opening``. Returns reveal_many's list and the opened sum; logged as
+        ``reveal`` and ``all_reduce``."""
+        for d in dsts:
+            self._member(None, d)
+        peers = self._others(self.main_group.ranks)
+        mine = [j for j, d in enumerate(dsts) if d == self.rank]
+        sends = []
+        for p in peers:
+            js = [j for j, d in enumerate(dsts) if d == p]
+            sends.append((p, flat_cat([*(shares[j] for j in js), opening])))
+        own = flat_cat([shares[j] for j in mine]) if mine else torch.zeros(0, dtype=opening.dtype)
+        flat_open = flat_cat([opening])
+        bufs = {p: torch.empty(own.numel() + flat_open.numel(), dtype=flat_open.dtype) for p in peers}
+        self.exchange(sends, list(bufs.items()))
+        for p in peers:
+            for j, d in enumerate(dsts):
+                if d == p:
+                    self._log("sent", self.rank, d, "reveal", shares[j])
+        out: list[torch.Tensor | None] = [None] * len(shares)
+        if mine:
+            parts = [bufs[p][: own.numel()] for p in sorted(peers)]
+            totals = split_like(combine(own, parts, dist.ReduceOp.SUM), [shares[j] for j in mine])
+            for j, total in zip(mine, totals, strict=True):
+                out[j] = total
+                self._log("recv", GROUP, self.rank, "reveal", total, _numel_bytes(total) * len(peers), total)
+        opened = combine(flat_open, [bufs[p][own.numel() :] for p in sorted(peers)], dist.ReduceOp.SUM)
+        nbytes = _numel_bytes(flat_open) * len(peers)
+        self._log("sent", self.rank, GROUP, "all_reduce", opening, nbytes)
+        self._log("recv", GROUP, self.rank, "all_reduce", opened, nbytes, opened)
+        return out, opened
+
     def p2p_round(
         self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]], tag: str
     ) -> list[torch.Tensor]:
@@ -557,18 +595,33 @@ class FramedCommunicator:
         whose pairs are not CrypTen groups): every send (dst, tensor) and receive (src, buffer)
         posted at once. Returns the received tensors, shaped like their buffers; logged as
         ``mpc.<tag>`` per peer, received payloads kept like every other receive."""
+        got = self.p2p_parts([(d, [(tag, t)]) for d, t in sends], [(s, [(tag, b)]) for s, b in recvs])
+        return [parts[0] for parts in got]
+
+    def p2p_parts(
+        self,
+        sends: Sequence[tuple[int, Sequence[tuple[str, torch.Tensor]]]],
+        recvs: Sequence[tuple[int, Sequence[tuple[str, torch.Tensor]]]],
+    ) -> list[list[torch.Tensor]]:
+        """:meth:`p2p_round` with each message made of tagged parts (tag, tensor), all
+        of one message in one frame: each part is logged as ``mpc.<tag>``. Receives
+        name their parts' buffers; returns, per receive, its parts shaped like them."""
         for p, _ in [*sends, *recvs]:
             self._member(None, p)
-        flat = [(d, flat_cat([t])) for d, t in sends]
-        bufs = [(s, torch.empty(b.numel(), dtype=b.dtype)) for s, b in recvs]
+        flat = [(d, flat_cat([t for _, t in parts])) for d, parts in sends]
+        bufs = [
+            (s, torch.empty(sum(b.numel() for _, b in parts), dtype=parts[0][1].dtype)) for s, parts in recvs
+        ]
         self.exchange(flat, bufs)
-        for d, t in sends:
-            self._log("sent", self.rank, d, tag, t)
+        for d, parts in sends:
+            for tag, t in parts:
+                self._log("sent", self.rank, d, tag, t)
         out = []
-        for (s, b), (_, got) in zip(recvs, bufs, strict=True):
-            t = got.reshape(b.shape)
-            self._log("recv", s, self.rank, tag, t, payload=t)
-            out.append(t)
+        for (s, parts), (_, got) in zip(recvs, bufs, strict=True):
+            pieces = split_like(got, [b for _, b in parts])
+            for (tag, _), t in zip(parts, pieces, strict=True):
+                self._log("recv", s, self.rank, tag, t, payload=t)
+            out.append(pieces)
         return out
 
     def gather(self, tensor: torch.Tensor, dst: int) -> list[Any]:
@@ -667,34 +720,3 @@ class FramedCommunicator:
 
     def barrier(self) -> None:
         raise ProtocolError("CrypTen operation 'barrier' is not used by securevfl's MPC exchange")
-
-
-# -- the dealer's PRG seeds -----------------------------------------------------------------
-
-
-def seeded_generators(seed: int) -> tuple[torch.Generator, torch.Generator | None]:
-    cpu = torch.Generator(device="cpu")
-    cpu.manual_seed(seed)
-    cuda = None
-    if torch.cuda.is_available():
-        cuda = torch.Generator(device="cuda")
-        cuda.manual_seed(seed)
-    return cpu, cuda
-
-
-def random_seed() -> int:
-    """A signed 64-bit seed from the OS's entropy (as CrypTen draws its parties' seeds)."""
-    return int.from_bytes(os.urandom(8), "big") - 2**63
-
-
-def dealer_seeds(server: Any, comm: FramedCommunicator) -> None:
-    """At the dealer: draw one PRG seed per MPC party, send each to its party
-    alone (one frame each) and seed ``server``'s per-party generators with them."""
-    seeds = [torch.tensor([random_seed()], dtype=torch.int64) for _ in range(comm.get_world_size())]
-    comm.exchange(list(enumerate(seeds)), [])
-    server.generators, server.generators_cuda = [], []
-    for party, s in enumerate(seeds):
-        comm._log("sent", comm.rank, party, "seed", s)
-        cpu, cuda = seeded_generators(int(s[0]))
-        server.generators.append(cpu)
-        server.generators_cuda.append(cuda)

@@ -1,26 +1,40 @@
-"""Correlated randomness in bulk: an offline phase for CrypTen's trusted dealer.
+"""CrypTen's trusted-dealer tuple provider on secret streams, with an offline phase.
 
-CrypTen's ``TTP`` provider asks the dealer for every Beaver triple and every
-truncation pair at the moment an operation needs it: rank 0 sends a request,
-waits for a reply carrying the size, then for a broadcast of its share of c.
-One training step of the interactive layer made about 16 such requests, each
-three sequential messages on the critical path.
+CrypTen's ``TTP`` provider (``TrustedThirdParty``) lets every MPC party draw its
+shares of each tuple from a generator it shares with the dealer, and the dealer
+draws every party's shares from the same generators, computes the tuple's
+correlated value (c = a b of a Beaver triple, say) and sends rank 0 alone its
+share of it (c_0 = c - sum_{i != 0} c_i). :class:`SecretTTP` is that provider,
+written as CrypTen writes its providers (a ``TupleProvider`` with
+``generate_additive_triple``, ``square``, ``generate_binary_triple``, ``wrap_rng``
+and ``B2A_rng``), with two changes:
 
-:class:`PooledTTP` keeps CrypTen's TTP scheme exactly (the dealer shares a PRG
-seed with every MPC party; party i draws its shares of a, b (and of c for
-i != 0) from it; the dealer draws every party's shares, computes c = a op b and
-sends rank 0 only c_0 = c - sum_{i != 0} c_i) but serves the requests from a
-pool filled ahead of time: :meth:`PooledTTP.prefetch` takes a *plan* (the list
-of triples and truncation pairs the next steps will consume), rank 0 sends it
-to the dealer as one validated ``bundle`` request, every party draws its shares
-for the whole plan in plan order (the dealer draws in the same order, so the
-PRG streams stay aligned), and rank 0 receives all its c_0 values in a single
-broadcast. Requests the pool cannot serve fall through to CrypTen's on-demand
-TTP path, which draws from the same streams in the same program order.
+* **its streams are secret streams** (AES-256-CTR under a 256-bit key the dealer
+  sent this party alone, :mod:`securevfl.exchange.crypten_rng`), never
+  ``torch.Generator``; the dealer's side is :class:`securevfl.exchange.crypten_dealer.SecretDealer`;
+* **an offline phase**: :meth:`SecretTTP.prefetch` takes a *plan* (the items the
+  next steps will consume), rank 0 sends it to the dealer as one validated
+  ``bundle`` request, every party draws its shares for the whole plan in plan
+  order (the dealer draws in the same order, so the streams stay aligned) and
+  rank 0 receives all its shares in one broadcast. A request the pool cannot serve
+  goes to the dealer on demand, CrypTen's way (rank 0 asks, the dealer answers
+  with the size and a broadcast), drawing from the same streams in program order.
 
-What anyone learns is unchanged: each party still holds only PRG-derived
-shares, the dealer still never sees a value of the computation, and rank 0
-still receives only c_0, uniformly random on its own.
+Items a plan may hold besides CrypTen's Beaver triples and wraps pairs (the
+``mpc`` backend's own, :mod:`securevfl.exchange.mpc`): *pair* triples shared by
+rank 0 and one other rank alone (the pairwise layout), :class:`Trunc` material for
+an exact truncation (:mod:`securevfl.exchange.truncation`) and
+:class:`Init`, a weight's initial value W^0 ~ N(0, 1/(3 d)) drawn by the dealer
+and given to its holders as uniformly random shares.
+
+What anyone learns: each party holds only stream-drawn shares and, at rank 0,
+shares the dealer computed, each uniformly random on its own (it is the
+correlated value minus the other holders' uniform shares); the dealer sees no
+value of the computation (it draws W^0 itself, a value independent of the data,
+within the trusted-dealer model: semi-honest, colluding with no party).
+CrypTen's provider table has no public registration: :func:`install` puts a
+:class:`SecretTTP` in ``crypten.mpc``'s provider table under ``TTP`` for the run
+and :func:`uninstall` puts CrypTen's back.
 """
 
 from __future__ import annotations
@@ -30,17 +44,20 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
-from securevfl.exchange.crypten_api import TTPClient, comm, generate_random_ring_element, mpc
+from securevfl.exchange.crypten_api import BinarySharedTensor as BST
+from securevfl.exchange.crypten_api import TupleProvider, comm, mpc
 
 MAX_BUNDLE_ITEMS = 4096
-MAX_PAIR = 1024  # the highest MPC rank a pair triple may name (the dealer checks its own world)
+MAX_PAIR = 1024  # the highest MPC rank a pair item may name (the dealer checks its own world)
 MAX_BUNDLE_ELEMENTS = 1 << 26  # 512 MiB of ring elements: far above any plan securevfl makes
+MAX_SCALE = 1 << 31  # |scale| of a truncation's second result (truncation.mul_shift's exact range)
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,11 @@ class Triple:
             return tuple(a.matmul(b).shape)
         return tuple(torch.broadcast_shapes(self.size0, self.size1))
 
+    @property
+    def received(self) -> int:
+        """Ring elements rank 0 receives for this item (c_0)."""
+        return math.prod(self.out)
+
     def holders(self, n_mpc: int) -> tuple[int, ...]:
         """The MPC ranks that hold a share of this triple."""
         return (0, self.pair) if self.pair else tuple(range(n_mpc))
@@ -84,31 +106,126 @@ class Wraps:
     def out(self) -> tuple[int, ...]:
         return self.size
 
+    @property
+    def received(self) -> int:
+        return math.prod(self.size)
+
+    def holders(self, n_mpc: int) -> tuple[int, ...]:
+        return tuple(range(n_mpc))
+
     def to_wire(self) -> list[Any]:
         return ["wraps", torch.Size(self.size)]
 
 
-Item = Triple | Wraps
+class TruncShares(NamedTuple):
+    """One party's material for an exact truncation: its share of the mask r and of
+    Q_0, Q_1, S_0, S_1 (:func:`securevfl.exchange.truncation.material`)."""
+
+    r: torch.Tensor
+    q0: torch.Tensor
+    q1: torch.Tensor
+    s0: torch.Tensor
+    s1: torch.Tensor
+
+    @property
+    def material(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.q0, self.q1, self.s0, self.s1
+
+
+@dataclass(frozen=True)
+class Trunc:
+    """Material for one exact truncation of ``size`` elements by 2^frac, and of the
+    result times ``scale`` by 2^shift (:mod:`securevfl.exchange.truncation`): a mask
+    r every holder draws, and four correlated values per element. ``pair`` as
+    :class:`Triple`'s."""
+
+    size: tuple[int, ...]
+    frac: int
+    scale: int
+    shift: int
+    pair: int = 0
+
+    @property
+    def received(self) -> int:
+        return 4 * math.prod(self.size)
+
+    def holders(self, n_mpc: int) -> tuple[int, ...]:
+        return (0, self.pair) if self.pair else tuple(range(n_mpc))
+
+    def to_wire(self) -> list[Any]:
+        return ["trunc", self.pair, torch.Size(self.size), self.frac, self.scale, self.shift]
+
+
+@dataclass(frozen=True)
+class Init:
+    """A weight block's initial value, W^0 ~ N(0, 1/(3 d)) for ``size`` = (d, out)
+    (the variance of torch's default Linear initialisation), encoded at ``frac``
+    fractional bits: drawn by the dealer and shared among the holders (``pair`` as
+    :class:`Triple`'s) as uniformly random ring shares."""
+
+    size: tuple[int, ...]
+    frac: int
+    pair: int = 0
+
+    @property
+    def received(self) -> int:
+        return math.prod(self.size)
+
+    @property
+    def std(self) -> float:
+        return (1.0 / (3.0 * self.size[0])) ** 0.5
+
+    def holders(self, n_mpc: int) -> tuple[int, ...]:
+        return (0, self.pair) if self.pair else tuple(range(n_mpc))
+
+    def to_wire(self) -> list[Any]:
+        return ["init", self.pair, torch.Size(self.size), self.frac]
+
+
+Item = Triple | Wraps | Trunc | Init
 
 
 def plan_elements(plan: Sequence[Item]) -> int:
-    """Ring elements rank 0 receives for ``plan`` (one c_0 or theta_0 per item)."""
-    return sum(math.prod(it.out) for it in plan)
+    """Ring elements rank 0 receives for ``plan`` (its shares of every correlated value)."""
+    return sum(it.received for it in plan)
 
 
 def pooled_bytes(plan: Sequence[Item]) -> int:
-    """Bytes one party holds for ``plan`` once pooled (a, b, c; r, theta)."""
+    """Bytes one party holds for ``plan`` once pooled (a, b, c; r, theta; r and the
+    four truncation values; a weight share)."""
     n = 0
     for it in plan:
-        sizes = [it.size0, it.size1, it.out] if isinstance(it, Triple) else [it.size, it.size]
-        n += sum(math.prod(s) for s in sizes)
+        if isinstance(it, Triple):
+            n += math.prod(it.size0) + math.prod(it.size1) + math.prod(it.out)
+        elif isinstance(it, Wraps):
+            n += 2 * math.prod(it.size)
+        elif isinstance(it, Trunc):
+            n += 5 * math.prod(it.size)
+        else:
+            n += math.prod(it.size)
     return 8 * n
 
 
+def _int(x: Any, lo: int, hi: int, what: str) -> int:
+    if type(x) is not int or not lo <= x <= hi:
+        raise ValueError(f"bundle {what}")
+    return x
+
+
+def _checked(item: Item) -> Item:
+    if isinstance(item, Triple):
+        try:
+            _ = item.out
+        except RuntimeError:
+            raise ValueError("bundle item shapes") from None
+    return item
+
+
 def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Item]:
-    """Validate a bundle request's item list (from rank 0, at the dealer): only
-    additive triples for ``mul``/``matmul`` and wraps pairs, bounded sizes and
-    count. Raises ValueError, which the dealer turns into a ProtocolError."""
+    """Validate a bundle request's item list (from rank 0, at the dealer): additive
+    triples for ``mul``/``matmul``, pair triples, wraps pairs, truncation material
+    and weight initialisations, bounded sizes, parameters and count. Raises
+    ValueError, which the dealer turns into a ProtocolError."""
     if not isinstance(args, list) or not 0 < len(args) <= MAX_BUNDLE_ITEMS:
         raise ValueError("bundle size")
     items: list[Item] = []
@@ -120,23 +237,25 @@ def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Ite
             raise ValueError("bundle item size")
         if a[0] == "additive" and len(a) == 4 and len(sizes) == 2 and a[3] in ("mul", "matmul"):
             item: Item = Triple(tuple(a[1]), tuple(a[2]), a[3])
-            try:
-                _ = item.out
-            except RuntimeError:
-                raise ValueError("bundle item shapes") from None
-        elif a[0] == "pair" and len(a) == 4 and len(sizes) == 2 and type(a[1]) is int:
-            if not 0 < a[1] <= MAX_PAIR:
-                raise ValueError("bundle pair rank")
-            item = Triple(tuple(a[2]), tuple(a[3]), "matmul", a[1])
-            try:
-                _ = item.out
-            except RuntimeError:
-                raise ValueError("bundle item shapes") from None
+        elif a[0] == "pair" and len(a) == 4 and len(sizes) == 2:
+            item = Triple(tuple(a[2]), tuple(a[3]), "matmul", _int(a[1], 1, MAX_PAIR, "pair rank"))
         elif a[0] == "wraps" and len(a) == 2 and len(sizes) == 1:
             item = Wraps(tuple(a[1]))
+        elif a[0] == "trunc" and len(a) == 6 and len(sizes) == 1 and isinstance(a[2], torch.Size):
+            item = Trunc(
+                tuple(a[2]),
+                _int(a[3], 1, 62, "truncation bits"),
+                _int(a[4], -MAX_SCALE + 1, MAX_SCALE - 1, "truncation scale"),
+                _int(a[5], 0, 63, "truncation shift"),
+                _int(a[1], 0, MAX_PAIR, "pair rank"),
+            )
+        elif a[0] == "init" and len(a) == 4 and len(sizes) == 1 and isinstance(a[2], torch.Size):
+            if len(a[2]) != 2 or a[2][0] < 1:
+                raise ValueError("bundle init shape")
+            item = Init(tuple(a[2]), _int(a[3], 0, 32, "init bits"), _int(a[1], 0, MAX_PAIR, "pair rank"))
         else:
             raise ValueError("bundle item kind")
-        items.append(item)
+        items.append(_checked(item))
     if plan_elements(items) > max_elements:
         raise ValueError("bundle too large")
     return items
@@ -146,91 +265,147 @@ def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Ite
 
 
 def dealer_bundle(server: Any, plan: Sequence[Item]) -> torch.Tensor:
-    """Rank 0's shares (c_0 of each triple, theta_0 of each wraps pair) for ``plan``,
-    flattened into one ring tensor. ``server`` is a CrypTen ``TTPServer`` whose
-    per-party generators are aligned with the parties': its ``additive`` and
-    ``wraps`` draw, per party, exactly what the party draws (see module doc)."""
+    """Rank 0's shares for ``plan`` (c_0 of each triple, theta_0 of each wraps pair,
+    its truncation material and weight shares), flattened into one ring tensor.
+    ``server`` is a :class:`securevfl.exchange.crypten_dealer.SecretDealer` whose
+    per-party streams are aligned with the parties': it draws, per party, exactly
+    what the party draws (see module doc)."""
     out = []
     for it in plan:
         if isinstance(it, Triple) and it.pair:
-            out.append(pair_c0(server.generators, it).reshape(-1))
+            out.append(pair_c0(server.streams, it).reshape(-1))
         elif isinstance(it, Triple):
             out.append(server.additive(torch.Size(it.size0), torch.Size(it.size1), it.op).reshape(-1))
-        else:
+        elif isinstance(it, Wraps):
             out.append(server.wraps(torch.Size(it.size)).reshape(-1))
+        elif isinstance(it, Trunc):
+            out.append(server.trunc(it).reshape(-1))
+        else:
+            out.append(server.init(it).reshape(-1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-def pair_c0(generators: Sequence[torch.Generator], it: Triple) -> torch.Tensor:
+def pair_c0(streams: Sequence[SecretStream], it: Triple) -> torch.Tensor:
     """Rank 0's share c_0 = a b - c_i of a pair triple between ranks 0 and i = it.pair:
     a = a_0 + a_i and b = b_0 + b_i drawn from those two parties' streams in the
     order they draw them (a, b; then c_i at rank i), as CrypTen's ``TTPServer.additive``
     does for all parties. A pair naming a rank the dealer has no stream for is a
     protocol violation by rank 0."""
-    if not 0 < it.pair < len(generators):
+    if not 0 < it.pair < len(streams):
         raise ProtocolError(f"rank 0 asked the dealer for a triple with rank {it.pair}, not an MPC party")
-    g0, gi = generators[0], generators[it.pair]
+    g0, gi = streams[0], streams[it.pair]
     s0, s1 = torch.Size(it.size0), torch.Size(it.size1)
-    a = generate_random_ring_element(s0, generator=g0) + generate_random_ring_element(s0, generator=gi)
-    b = generate_random_ring_element(s1, generator=g0) + generate_random_ring_element(s1, generator=gi)
+    a = g0.ring(s0) + gi.ring(s0)
+    b = g0.ring(s1) + gi.ring(s1)
     c = a.matmul(b)
-    return c - generate_random_ring_element(c.size(), generator=gi)
+    return c - gi.ring(c.size())
 
 
 # -- the parties' side -----------------------------------------------------------------
 
 
-class PooledTTP:
-    """CrypTen tuple provider for the MPC parties: CrypTen's ``TrustedThirdParty``
-    with an offline phase. Installed in CrypTen's provider table under ``TTP``
-    (:func:`install`), so every CrypTen operation that asks the default provider
-    for a triple or a truncation pair is served from the pool when it can be."""
+def _cpu(device: Any) -> bool:
+    return device is None or torch.device(device).type == "cpu"
+
+
+class SecretTTP(TupleProvider):
+    """CrypTen's trusted-dealer tuple provider for the MPC parties, drawing from the
+    stream this party shares with the dealer (module docstring). Installed in
+    CrypTen's provider table under ``TTP`` (:func:`install`), so every CrypTen
+    operation that asks the default provider for a tuple is served here: from the
+    pool when it holds the tuple (CPU), else on demand."""
 
     NAME = "TTP"
 
-    def __init__(self, fallback: Any):
-        self.fallback = fallback  # CrypTen's own TrustedThirdParty
-        self.pool: dict[Item, deque[tuple[Any, ...] | None]] = {}
+    def __init__(self, stream: SecretStream):
+        super().__init__()
+        self.stream = stream
+        self.pool: dict[Item, deque[Any]] = {}
         self.offline_s = 0.0  # wall time spent in prefetch (this rank)
         self.bundles = 0
         self.served = 0
         self.on_demand = 0
 
-    # CrypTen's provider interface -----------------------------------------------------
+    # -- drawing -----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return int(comm.get().get_rank())
+
+    def _ring(self, size: Any) -> torch.Tensor:
+        return self.stream.ring(tuple(size))
+
+    def _request(self, fn: str, device: Any, *args: Any) -> torch.Tensor:
+        """Rank 0's share of one tuple, on demand (CrypTen's ``ttp_request``): the
+        request, the dealer's reply with its size, then its broadcast."""
+        c = comm.get()
+        ttp = c.get_ttp_rank()
+        c.send_obj(
+            {"function": fn, "device": None if device is None else str(device), "args": args, "kwargs": {}},
+            ttp,
+            c.ttp_group,
+        )
+        size = c.recv_obj(ttp, c.ttp_group)
+        result = torch.empty(size, dtype=torch.long)
+        c.broadcast(result, ttp, c.ttp_comm_group)
+        self.on_demand += 1
+        return result
+
+    def _correlated(self, fn: str, size: Any, device: Any, *args: Any) -> torch.Tensor:
+        """This party's share of a tuple's correlated value: rank 0 asks the dealer,
+        the others draw theirs."""
+        return self._request(fn, device, *args) if self.rank == 0 else self._ring(size)
+
+    # -- CrypTen's provider interface --------------------------------------------------
     def generate_additive_triple(
-        self, size0: Any, size1: Any, op: str, device: Any = None, *args: Any, **kw: Any
+        self, size0: Any, size1: Any, op: str, device: Any = None, *args: Any, **kwargs: Any
     ) -> Any:
+        """Shares of a, b and c = op(a, b) (``mul`` or ``matmul``)."""
+        if args or kwargs or op not in ("mul", "matmul"):
+            raise ProtocolError(f"securevfl's dealer serves mul and matmul triples only, not {op}")
         key = Triple(tuple(size0), tuple(size1), op)
-        if not args and not kw and self.pool.get(key):
+        if _cpu(device) and self.pool.get(key):
             self.served += 1
             return self.pool[key].popleft()
-        self.on_demand += 1
-        return self.fallback.generate_additive_triple(size0, size1, op, device, *args, **kw)
+        a, b = self._ring(size0), self._ring(size1)
+        c = self._correlated("additive", key.out, device, torch.Size(size0), torch.Size(size1), op)
+        return tuple(AST.from_shares(t, precision=0, device=device) for t in (a, b, c))
 
-    def wrap_rng(self, size: Any, device: Any = None):
+    def square(self, size: Any, device: Any = None) -> Any:
+        """Shares of r and r^2."""
+        r = self._ring(size)
+        r2 = self._correlated("square", size, device, torch.Size(size))
+        return tuple(AST.from_shares(t, precision=0, device=device) for t in (r, r2))
+
+    def generate_binary_triple(self, size0: Any, size1: Any, device: Any = None) -> Any:
+        """XOR shares of a, b and c = a & b."""
+        a, b = self._ring(size0), self._ring(size1)
+        out = torch.broadcast_shapes(tuple(size0), tuple(size1))
+        c = self._correlated("binary", out, device, torch.Size(size0), torch.Size(size1))
+        return tuple(BST.from_shares(t, device=device) for t in (a, b, c))
+
+    def wrap_rng(self, size: Any, device: Any = None) -> Any:
+        """Shares of r and of theta_r, the number of times r's shares wrap."""
         key = Wraps(tuple(size))
-        if self.pool.get(key):
+        if _cpu(device) and self.pool.get(key):
             self.served += 1
             return self.pool[key].popleft()
-        self.on_demand += 1
-        return self.fallback.wrap_rng(size, device=device)
+        r = self._ring(size)
+        theta = self._correlated("wraps", size, device, torch.Size(size))
+        return tuple(AST.from_shares(t, precision=0, device=device) for t in (r, theta))
 
-    def square(self, size: Any, device: Any = None):
-        return self.fallback.square(size, device=device)
+    def B2A_rng(self, size: Any, device: Any = None) -> Any:
+        """A random bit as arithmetic shares (rA) and XOR shares (rB)."""
+        rb = self.stream.kbits(tuple(size), 1)
+        ra = self._correlated("B2A", size, device, torch.Size(size))
+        return AST.from_shares(ra, precision=0, device=device), BST.from_shares(rb, device=device)
 
-    def generate_binary_triple(self, size0: Any, size1: Any, device: Any = None):
-        return self.fallback.generate_binary_triple(size0, size1, device=device)
-
-    def B2A_rng(self, size: Any, device: Any = None):
-        return self.fallback.B2A_rng(size, device=device)
-
-    # the offline phase ----------------------------------------------------------------
+    # -- the offline phase -------------------------------------------------------------
     def stock(self, item: Item) -> int:
         return len(self.pool.get(item, ()))
 
-    def take(self, plan: Sequence[Item]) -> list[tuple[Any, ...] | None]:
+    def take(self, plan: Sequence[Item]) -> list[Any]:
         """Pop one entry per item of ``plan``, in order: every party pops every item
-        (None for a pair triple it does not hold), so all parties' stocks stay equal
+        (None for a pair item it does not hold), so all parties' stocks stay equal
         and :func:`securevfl.exchange.mpc.plan.top_up` decides the same everywhere."""
         out = []
         for it in plan:
@@ -241,6 +416,32 @@ class PooledTTP:
         self.served += len(plan)
         return out
 
+    def _entry(self, it: Item, rank: int, theirs: torch.Tensor | None) -> Any:
+        """This party's draws for one item, in the order the dealer draws them
+        (:class:`securevfl.exchange.crypten_dealer.SecretDealer`), and rank 0's
+        received shares (``theirs``) in place of the correlated draws."""
+
+        def correlated(shape: tuple[int, ...]) -> torch.Tensor:
+            if rank == 0:
+                assert theirs is not None
+                return theirs.reshape(shape)
+            return self._ring(shape)
+
+        if isinstance(it, Triple):
+            a, b = self._ring(it.size0), self._ring(it.size1)
+            cc = correlated(it.out)
+            if it.pair:
+                return a, b, cc  # raw ring shares: the pairwise layout does its own arithmetic
+            return tuple(AST.from_shares(t, precision=0) for t in (a, b, cc))
+        if isinstance(it, Wraps):
+            r = self._ring(it.size)
+            return AST.from_shares(r, precision=0), AST.from_shares(correlated(it.size), precision=0)
+        if isinstance(it, Trunc):
+            r = self._ring(it.size)
+            q0, q1, s0, s1 = correlated((4, *it.size)).unbind(0)
+            return TruncShares(r, q0, q1, s0, s1)
+        return correlated(it.size)  # Init: this party's ring share of W^0
+
     def prefetch(self, plan: Sequence[Item]) -> None:
         """Collective over the MPC parties: fill the pool with ``plan``'s tuples.
         Every party must call it at the same point with the same plan."""
@@ -249,7 +450,6 @@ class PooledTTP:
         t0 = time.perf_counter()
         c = comm.get()
         rank = c.get_rank()
-        gen = TTPClient.get().get_generator(device="cpu")
         theirs = None
         if rank == 0:
             c.send_obj(
@@ -260,64 +460,52 @@ class PooledTTP:
             theirs = torch.empty(plan_elements(plan), dtype=torch.long)
             c.broadcast(theirs, c.get_ttp_rank(), c.ttp_comm_group)
         at = 0
+        n_mpc = c.get_world_size()
         for it in plan:
-            n = math.prod(it.out)
-            if isinstance(it, Triple) and it.pair and rank not in (0, it.pair):
-                entry: tuple[Any, ...] | None = None  # another pair's: counted, not held
-            elif isinstance(it, Triple) and it.pair:
-                a = generate_random_ring_element(torch.Size(it.size0), generator=gen)
-                b = generate_random_ring_element(torch.Size(it.size1), generator=gen)
-                if rank == 0:
-                    assert theirs is not None
-                    cc = theirs[at : at + n].reshape(it.out)
-                else:
-                    cc = generate_random_ring_element(torch.Size(it.out), generator=gen)
-                entry = (a, b, cc)  # raw ring shares: the pairwise layout does its own arithmetic
-            elif isinstance(it, Triple):
-                a = generate_random_ring_element(torch.Size(it.size0), generator=gen)
-                b = generate_random_ring_element(torch.Size(it.size1), generator=gen)
-                if rank == 0:
-                    assert theirs is not None
-                    cc = theirs[at : at + n].reshape(it.out)
-                else:
-                    cc = generate_random_ring_element(torch.Size(it.out), generator=gen)
-                entry = (
-                    AST.from_shares(a, precision=0),
-                    AST.from_shares(b, precision=0),
-                    AST.from_shares(cc, precision=0),
-                )
+            n = it.received
+            if rank in it.holders(n_mpc):
+                part = None if theirs is None else theirs[at : at + n]
+                entry = self._entry(it, rank, part)
             else:
-                r = generate_random_ring_element(torch.Size(it.size), generator=gen)
-                if rank == 0:
-                    assert theirs is not None
-                    th = theirs[at : at + n].reshape(it.out)
-                else:
-                    th = generate_random_ring_element(torch.Size(it.size), generator=gen)
-                entry = (AST.from_shares(r, precision=0), AST.from_shares(th, precision=0))
+                entry = None  # another pair's: counted, not held
             at += n
             self.pool.setdefault(it, deque()).append(entry)
         self.bundles += 1
         self.offline_s += time.perf_counter() - t0
 
+    def fetch(self, plan: Sequence[Item]) -> list[Any]:
+        """:meth:`prefetch` then :meth:`take` of the same plan (one bundle)."""
+        self.prefetch(plan)
+        return self.take(plan)
 
-def install() -> PooledTTP:
-    """Register a fresh :class:`PooledTTP` as CrypTen's ``TTP`` provider (on an MPC
-    party, after the TTP client is initialised); :func:`uninstall` restores CrypTen's."""
-    table = vars(mpc)["__SUPPORTED_PROVIDERS"]
-    current = table["TTP"]
-    fallback = current.fallback if isinstance(current, PooledTTP) else current
-    pooled = PooledTTP(fallback)
-    table["TTP"] = pooled
-    return pooled
+
+def _table() -> dict[str, Any]:
+    table: dict[str, Any] = vars(mpc)["__SUPPORTED_PROVIDERS"]
+    return table
+
+
+_crypten_ttp: list[Any] = []  # CrypTen's own provider while a SecretTTP replaces it
+
+
+def install(stream: SecretStream) -> SecretTTP:
+    """Register a fresh :class:`SecretTTP` drawing from ``stream`` (the one this party
+    shares with the dealer) as CrypTen's ``TTP`` provider; :func:`uninstall`
+    restores CrypTen's."""
+    table = _table()
+    if not isinstance(table["TTP"], SecretTTP):
+        _crypten_ttp[:] = [table["TTP"]]
+    provider = SecretTTP(stream)
+    table["TTP"] = provider
+    return provider
 
 
 def uninstall() -> None:
-    table = vars(mpc)["__SUPPORTED_PROVIDERS"]
-    if isinstance(table["TTP"], PooledTTP):
-        table["TTP"] = table["TTP"].fallback
+    table = _table()
+    if isinstance(table["TTP"], SecretTTP) and _crypten_ttp:
+        table["TTP"] = _crypten_ttp.pop()
 
 
-def current() -> PooledTTP | None:
-    """The installed pooled provider, if any."""
-    p = vars(mpc)["__SUPPORTED_PROVIDERS"]["TTP"]
-    return p if isinstance(p, PooledTTP) else None
+def current() -> SecretTTP | None:
+    """The installed provider, if any."""
+    p = _table()["TTP"]
+    return p if isinstance(p, SecretTTP) else None

@@ -13,7 +13,14 @@ the rank's ledger as ``mpc.<operation>`` records and a transport failure
 becomes a :class:`PartyFailure` naming the peer (see :mod:`.crypten_comm`).
 
 This module starts and stops CrypTen on that communicator and runs the trusted
-dealer's loop, which validates every request against a whitelist.
+dealer's loop, which validates every request against a whitelist. Starting
+CrypTen here also makes every secret draw of it come from secret streams
+(:mod:`securevfl.exchange.crypten_rng`): the MPC parties agree 256-bit keys for
+CrypTen's PRG streams in place of ``crypten._setup_prng``'s 64-bit seeds, the
+dealer sends each MPC party a 256-bit key for its tuple stream, and securevfl's
+own tuple provider (:class:`~securevfl.exchange.crypten_pool.SecretTTP`) and
+dealer (:class:`~securevfl.exchange.crypten_dealer.SecretDealer`) take the place
+of CrypTen's ``TrustedThirdParty`` and ``TTPServer``.
 """
 
 from __future__ import annotations
@@ -25,18 +32,18 @@ from typing import Any
 import torch
 
 import securevfl.exchange.crypten_pool as crypten_pool
+import securevfl.exchange.crypten_rng as crypten_rng
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange.crypten_api import DistributedCommunicator, TTPClient, TTPServer, crypten
+from securevfl.exchange.crypten_api import DistributedCommunicator, crypten
 from securevfl.exchange.crypten_api import comm as crypten_comm_module
 from securevfl.exchange.crypten_comm import (
     FramedCommunicator,
     FrameTransport,
-    dealer_seeds,
     decode_obj,
     encode_obj,
-    seeded_generators,
     transport_for,
 )
+from securevfl.exchange.crypten_dealer import SecretDealer
 from securevfl.runtime.channel import Channel
 
 __all__ = [
@@ -65,31 +72,33 @@ def start_crypten(
 
     ``n_mpc`` MPC parties are ranks 0..n_mpc-1; with ``provider='TTP'`` the dealer
     is rank ``n_mpc`` (= world_size - 1). Every rank must call this at the same
-    point: the MPC parties exchange CrypTen's PRG seeds here and receive the
-    dealer's, which the dealer sends at the start of :func:`serve_dealer`. No
-    process sub-group is created.
+    point: the MPC parties agree the keys of CrypTen's PRG streams here and receive
+    the dealer's key, which the dealer sends at the start of :func:`serve_dealer`.
+    No process sub-group is created.
+
+    CrypTen has no public seam for its communicator either: ``crypten.communicator.get()``
+    returns ``DistributedCommunicator.instance`` once the default process group (the
+    session's) is up, so that class attribute is where the communicator goes.
     """
     use_ttp = provider == "TTP"
     assert world_size == n_mpc + (1 if use_ttp else 0)
+    crypten_rng.install()
     crypten.cfg.mpc.provider = provider
     comm = FramedCommunicator(transport or transport_for(channel), channel, n_mpc, world_size, on_failure)
-    # CrypTen's comm.get() returns DistributedCommunicator.instance once the
-    # default process group (the session's) is up
     DistributedCommunicator.instance = comm
     crypten_comm_module._init(use_threads=False)  # marks the distributed communicator as in use
     if channel.rank < n_mpc:
-        crypten._setup_prng()  # prev/next seeds to neighbours, the global seed from rank 0
+        crypten_rng.agree_streams(comm)  # prev/next keys to neighbours, the global key from rank 0
         if use_ttp:
-            client_seed(comm)
-            crypten_pool.install()  # the dealer's offline phase (crypten_pool)
+            crypten_pool.install(crypten_rng.client_key(comm))
     return crypten
 
 
 def stop_crypten() -> None:
-    """Forget CrypTen's communicator (the session tears down the process group)."""
-    if crypten.cfg.mpc.provider == "TTP":
-        TTPClient.uninit()
-        crypten_pool.uninstall()
+    """Forget CrypTen's communicator, provider and streams (the session tears down
+    the process group)."""
+    crypten_pool.uninstall()
+    crypten_rng.clear_generators()
     DistributedCommunicator.instance = None
 
 
@@ -141,47 +150,27 @@ def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
     return fn, args, device
 
 
-def client_seed(comm: FramedCommunicator) -> None:
-    """At an MPC party: receive the PRG seed the dealer shares with it and install
-    CrypTen's ``TTPClient`` with it (CrypTen's own client set-up would receive it
-    with a raw ``dist.irecv`` and a gloo barrier)."""
-    seed = torch.zeros(1, dtype=torch.int64)
-    comm.exchange([], [(comm.get_ttp_rank(), seed)])
-    comm._log("recv", comm.get_ttp_rank(), comm.rank, "seed", seed)  # the seed itself is not kept
-    inner = TTPClient._TTPClient__TTPClient
-    client = inner.__new__(inner)
-    client.ttp_group, client.comm_group = comm.ttp_group, comm.ttp_comm_group
-    client.generator, client.generator_cuda = seeded_generators(int(seed[0]))
-    TTPClient._TTPClient__instance = client
-
-
 def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyFailure]) -> int:
     """The trusted dealer's loop: answer rank 0's requests for correlated
     randomness until it says ``terminate``. Requests are validated against a
     whitelist of functions, operations and sizes. Returns the number served."""
     c = crypten_comm_module.get()
     assert isinstance(c, FramedCommunicator)
-    server = TTPServer.__new__(TTPServer)
-    server.ttp_group = c.ttp_group
-    server.comm_group = c.ttp_comm_group
-    server.device = "cpu"
-    dealer_seeds(server, c)
-    me = crypten_comm_module.get().get_ttp_rank()
+    server = SecretDealer(crypten_rng.dealer_keys(c))
+    me = c.get_ttp_rank()
     served = 0
     while True:
-        msg = crypten_comm_module.get().recv_obj(0, server.ttp_group)
+        msg = c.recv_obj(0, c.ttp_group)
         if msg == "terminate":
             return served
-        fn, args, device = parse_dealer_request(msg)
-        server.device = device or "cpu"
+        fn, args, _device = parse_dealer_request(msg)
         if fn == "bundle":
             # one broadcast for the whole plan; its size follows from the plan
-            crypten_comm_module.get().broadcast(
-                crypten_pool.dealer_bundle(server, args), me, server.comm_group
-            )
+            c.broadcast(crypten_pool.dealer_bundle(server, args), me, c.ttp_comm_group)
             served += len(args)
             continue
+        # the shares are computed on the CPU; rank 0 moves its own to its device
         result = getattr(server, fn)(*args)
-        crypten_comm_module.get().send_obj(result.size(), 0, server.ttp_group)
-        crypten_comm_module.get().broadcast(result, me, server.comm_group)
+        c.send_obj(result.size(), 0, c.ttp_group)
+        c.broadcast(result, me, c.ttp_comm_group)
         served += 1

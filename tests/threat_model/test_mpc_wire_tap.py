@@ -4,7 +4,7 @@ the pinned TTP dealer) through a tap (:mod:`tests.threat_model.mpc_tap`) that
 records every frame each rank puts on the wire and every CrypTen plaintext its
 communicator hands to the sealed transport:
 
-* no CrypTen plaintext (share, masked opening, dealer seed or bundle, control
+* no CrypTen plaintext (share, masked opening, stream key, dealer bundle, control
   object) and no value the run opened appears on the wire; every CrypTen frame
   crossed sealed, 16 bytes longer than its plaintext;
 * one flipped byte in a CrypTen frame aborts the run, the receiver naming the
@@ -99,7 +99,7 @@ def keyed_mpc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _chunks(raw: bytes) -> list[bytes]:
     """Pieces of a plaintext to look for on the wire: its first, middle and last
-    16 bytes (8 for an 8-byte seed); low-entropy pieces (sizes, zeros) would
+    16 bytes (8 for an 8-byte frame); low-entropy pieces (sizes, zeros) would
     match ciphertext by chance and are not searched for."""
     width = 16 if len(raw) >= 16 else 8
     if len(raw) < width:
@@ -114,9 +114,9 @@ def test_crypten_frames_cross_sealed_and_nothing_in_the_clear(keyed_mpc: Path):
     wires = {r: read_frames(tap / f"rank{r}.frames") for r in range(4)}
     plains = {r: read_frames(tap / f"rank{r}.plain") for r in range(4)}
     # every rank, the dealer included, moved CrypTen frames; the dealer sent each
-    # MPC party its 8-byte PRG seed
+    # MPC party its 32-byte stream key
     assert all(plains[r] for r in range(4))
-    assert sorted(p for p, raw in plains[3] if len(raw) == 8)[:3] == [0, 1, 2]
+    assert sorted(p for p, raw in plains[3] if len(raw) == 32)[:3] == [0, 1, 2]
     # each CrypTen plaintext left as one frame to the same peer, 16 bytes longer
     for r in range(4):
         on_wire = Counter((p, len(f)) for p, f in wires[r])

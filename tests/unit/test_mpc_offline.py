@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from securevfl._compat import import_crypten
+from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle, parse_bundle, plan_elements
+from securevfl.exchange.crypten_pool import Triple, Trunc, Wraps, dealer_bundle, parse_bundle, plan_elements
 from securevfl.exchange.crypten_runtime import decode_obj, encode_obj, parse_dealer_request
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import step_ops, step_plan, top_up
+
+LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (fixed_scalar)
 
 
 @pytest.mark.parametrize("x", [0.9, 0.05 / 32, 0.003 / 256, 1.0, 3.7, -2e-4])
@@ -30,26 +33,30 @@ def test_fixed_scalar_of_zero():
     assert fixed_scalar(0.0) == (0, 16)
 
 
-def test_step_plan_shapes_and_truncation_pairs():
-    plan = step_plan(256, [64, 32], 16, 3, train=True)
+def test_step_plan_shapes_and_truncation_material():
+    plan = step_plan(256, [64, 32], 16, 3, train=True, lr=LR)
     triples = [it for it in plan if isinstance(it, Triple)]
     assert [t.out for t in triples] == [(256, 16), (256, 16), (256, 64), (256, 32), (64, 16), (32, 16)]
-    assert [it for it in plan if isinstance(it, Wraps)] == [Wraps((96 * 16,)), Wraps((96 * 16,))]
-    # two MPC parties truncate locally; evaluation needs the forward products only
-    assert not any(isinstance(it, Wraps) for it in step_plan(256, [64], 16, 2, train=True))
+    # one exact truncation (momentum and weight step) of every weight, whatever the
+    # number of MPC parties; evaluation needs the forward products only
+    for n_mpc in (2, 3):
+        plan = step_plan(256, [64, 32], 16, n_mpc, train=True, lr=LR)
+        assert [it for it in plan if not isinstance(it, Triple)] == [Trunc((96 * 16,), 16, *LR)]
     fwd = [Triple((100, 64), (64, 16)), Triple((100, 32), (32, 16))]
     assert step_plan(100, [64, 32], 16, 3, train=False) == fwd
+    with pytest.raises(ValueError, match="learning rate"):
+        step_plan(100, [64, 32], 16, 3, train=True)
 
 
 def test_step_counts_do_not_grow_in_rounds_with_parties():
     one, four = step_ops(256, [64], 64, 2), step_ops(256, [64] * 4, 64, 5)
     assert (one.matmuls, four.matmuls) == (3, 12)
-    assert one.rounds == 4 and four.rounds == step_ops(256, [64] * 2, 64, 3).rounds == 6
+    assert one.rounds == 4 and four.rounds == step_ops(256, [64] * 2, 64, 3).rounds == 4
     assert step_ops(256, [64] * 2, 64, 3, offline_steps=16).dealer_requests == 1 / 16
 
 
 def test_top_up_only_when_short_and_to_the_chunk():
-    plan = step_plan(8, [4, 4], 2, 3, train=True)
+    plan = step_plan(8, [4, 4], 2, 3, train=True, lr=LR)
     assert top_up(plan, {it: 5 for it in plan}, steps=4) == []
     stock = {it: 5 for it in plan}
     fwd = plan[0]
@@ -61,7 +68,7 @@ def test_top_up_only_when_short_and_to_the_chunk():
 
 
 def test_bundle_request_round_trips_and_is_validated():
-    plan = step_plan(16, [8, 8], 4, 3, train=True)
+    plan = step_plan(16, [8, 8], 4, 3, train=True, lr=LR)
     msg = {"function": "bundle", "device": None, "args": [[it.to_wire() for it in plan]], "kwargs": {}}
     fn, args, device = parse_dealer_request(decode_obj(encode_obj(msg)))
     assert fn == "bundle" and args == plan and device is None
@@ -92,23 +99,20 @@ def test_bundle_size_bound():
 
 def test_dealer_bundle_matches_the_parties_draws():
     """The parties draw a, b (and c for rank != 0; r, theta for wraps) from the
-    generator they share with the dealer, in plan order; the dealer's bundle is
+    stream they share with the dealer, in plan order; the dealer's bundle is
     rank 0's share: the reconstructed c equals a @ b and theta counts the wraps."""
     import_crypten()
-    from crypten.common.rng import generate_random_ring_element
     from crypten.common.util import count_wraps
-    from crypten.mpc.provider.ttp_provider import TTPServer
 
-    n = 3
+    from securevfl.exchange.crypten_dealer import SecretDealer
+    from securevfl.exchange.crypten_rng import ring_element as generate_random_ring_element
+
     seeds = [11, 22, 33]
-    server = TTPServer.__new__(TTPServer)
-    server.device = "cpu"
-    server.generators = [torch.Generator().manual_seed(s) for s in seeds]
-    server.generators_cuda = [None] * n
+    server = SecretDealer([SecretStream.from_seed(s, "dealer") for s in seeds])
     plan = [Triple((5, 3), (3, 2)), Wraps((7,)), Triple((2, 5), (5, 3))]
     c0 = dealer_bundle(server, plan)
     assert c0.numel() == plan_elements(plan) == 10 + 7 + 6
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [SecretStream.from_seed(s, "dealer") for s in seeds]
     at = 0
     for it in plan:
         m = math.prod(it.out)

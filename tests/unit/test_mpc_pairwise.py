@@ -9,11 +9,13 @@ import math
 import pytest
 import torch
 
-from securevfl._compat import import_crypten
+from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_pool import Triple, dealer_bundle, parse_bundle, plan_elements
+from securevfl.exchange.crypten_pool import Triple, Trunc, dealer_bundle, parse_bundle, plan_elements
 from securevfl.exchange.mpc import ring
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops
+
+LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (ops.fixed_scalar)
 
 
 def _ring(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -45,14 +47,9 @@ def test_two_party_beaver_product_and_truncation():
 
 
 def _dealer(seeds: list[int]):
-    import_crypten()
-    from crypten.mpc.provider.ttp_provider import TTPServer
+    from securevfl.exchange.crypten_dealer import SecretDealer
 
-    server = TTPServer.__new__(TTPServer)
-    server.device = "cpu"
-    server.generators = [torch.Generator().manual_seed(s) for s in seeds]
-    server.generators_cuda = [None] * len(seeds)
-    return server
+    return SecretDealer([SecretStream.from_seed(s, "dealer") for s in seeds])
 
 
 def test_pair_triples_match_the_two_holders_draws():
@@ -66,10 +63,10 @@ def test_pair_triples_match_the_two_holders_draws():
         Triple((3, 4), (4, 2), "matmul", 1),
     ]
     c0 = dealer_bundle(_dealer(seeds), plan)  # imports crypten through securevfl's shim
-    from crypten.common.rng import generate_random_ring_element as draw
+    from securevfl.exchange.crypten_rng import ring_element as draw
 
     assert c0.numel() == plan_elements(plan) == 8 + 8 + 6
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [SecretStream.from_seed(s, "dealer") for s in seeds]
     at = 0
     for it in plan:
         m = math.prod(it.out)
@@ -86,8 +83,8 @@ def test_pair_triples_match_the_two_holders_draws():
 
 
 def test_pair_items_are_validated():
-    wire = [it.to_wire() for it in pair_plan(16, [8, 8], 4, [1, 2], train=True)]
-    assert parse_bundle(wire) == pair_plan(16, [8, 8], 4, [1, 2], train=True)
+    wire = [it.to_wire() for it in pair_plan(16, [8, 8], 4, [1, 2], train=True, lr=LR)]
+    assert parse_bundle(wire) == pair_plan(16, [8, 8], 4, [1, 2], train=True, lr=LR)
     for bad in (
         [["pair", 0, torch.Size([2, 3]), torch.Size([3, 4])]],
         [["pair", "1", torch.Size([2, 3]), torch.Size([3, 4])]],
@@ -100,16 +97,24 @@ def test_pair_items_are_validated():
         dealer_bundle(_dealer([1, 2, 3]), [Triple((2, 3), (3, 4), "matmul", 5)])
 
 
-def test_pair_plan_is_linear_in_parties_and_needs_no_truncation_pairs():
+def test_pair_plan_is_linear_in_parties_and_truncates_per_pair():
     for k in (1, 2, 4):
-        plan = pair_plan(256, [64] * k, 64, range(1, k + 1), train=True)
-        assert len(plan) == 3 * k and all(isinstance(it, Triple) and it.pair for it in plan)
+        plan = pair_plan(256, [64] * k, 64, range(1, k + 1), train=True, lr=LR)
+        triples = [it for it in plan if isinstance(it, Triple)]
+        assert len(triples) == 3 * k and all(it.pair for it in triples)
+        # one exact truncation's material per pair (momentum and weight step), no wraps pairs
+        assert [it for it in plan if not isinstance(it, Triple)] == [
+            Trunc((64 * 64,), 16, *LR, r) for r in range(1, k + 1)
+        ]
         assert pair_ops(256, [64] * k, 64).rounds == 4
     # each pair holds its own three products; the joint layout's ring elements per
     # step grow with k + 1 holders, the pairwise with 2
-    one, four = (plan_elements(pair_plan(256, [64] * k, 64, range(1, k + 1), train=True)) for k in (1, 4))
+    one, four = (
+        plan_elements(pair_plan(256, [64] * k, 64, range(1, k + 1), train=True, lr=LR)) for k in (1, 4)
+    )
     assert four == 4 * one
-    assert step_ops(256, [64] * 4, 64, 5).rounds == 6
+    # the joint layout's truncations travel with the reveal of dL/dh_i too
+    assert step_ops(256, [64] * 4, 64, 5).rounds == 4
 
 
 def test_layout_auto_and_refusals():

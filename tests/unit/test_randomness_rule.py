@@ -48,7 +48,6 @@ REPRODUCIBLE: dict[tuple[str, str], str] = {
     "gradients (an algorithm's start point; releases nothing)",
     ("securevfl/exchange/ckks/floor.py", "*"): "benchmark inputs of the CKKS floor (public)",
     ("securevfl/exchange/paillier/profile.py", "*"): "benchmark inputs of the Paillier profile (public)",
-    ("securevfl/exchange/mpc/floor.py", "*"): "benchmark inputs of the mpc floor (public)",
     ("securevfl/attacks/*", "*"): "the attacker's own randomness (decoders, shadow models, "
     "augmentations): it protects nothing",
 }
@@ -60,7 +59,6 @@ OS_ENTROPY: dict[tuple[str, str], str] = {
     ("securevfl/exchange/paillier/obfuscation.py", "*"): "Paillier obfuscators r^n mod n^2 "
     "(big integers below n from `secrets`, the OS CSPRNG)",
     ("securevfl/exchange/paillier/peer.py", "*"): "the masks of unused padding slots",
-    ("securevfl/exchange/crypten_comm.py", "*"): "CrypTen's stream keys, drawn by each party",
 }
 
 TORCH_SAMPLERS = {

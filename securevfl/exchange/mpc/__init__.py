@@ -24,27 +24,31 @@ Rounds (anchors-crypto-performance §7; counts in :mod:`.plan`): the dealer's
 tuples for up to ``offline_steps`` steps come in one offline bundle
 (:mod:`securevfl.exchange.crypten_pool`); online, a training step opens all its
 forward products in one round and all its backward products in another
-(:mod:`.ops`), reveals z to A in one reduce and every dL/dh'_i to its owner in
-one round, and truncates the momentum and the weight update once each for all
-parties: 6 rounds whatever the number of passive parties (4 with one).
+(:mod:`.ops`), reveals z to A in one reduce, and reveals every dL/dh'_i to its
+owner in one round that also opens the truncation of the momentum and the weight
+update for all parties: 4 rounds whatever the number of passive parties.
 
 Numerics: CrypTen's fixed point with 16 fractional bits (resolution 1.5e-5) for
 shared inputs, weights and momentum. Products are not truncated in shares when
 they need not be: z and dL/dh'_i are opened at 32 fractional bits and divided in
 plaintext by their receiver (the same values at a finer resolution), and
-h'_i^T dL/dz enters the momentum update untruncated; the two updates truncate
-once each (locally with two MPC parties, with the dealer's wraps protocol with
-more). The learning rate over the batch-size scale is a public integer with 16
+h'_i^T dL/dz enters the momentum update untruncated; the momentum and the weight
+step are two exact truncations of one opening (:mod:`securevfl.exchange.truncation`,
+the dealer's material; each rounds its last unit stochastically, never wraps).
+The learning rate over the batch-size scale is a public integer with 16
 significant bits (CrypTen's 2^-16 encoding truncates the default 0.05 / 256 to 12 / 2^16, 6% low).
-Initial weights: ``private`` (default) makes each W_i the sum of Gaussian shares
-drawn locally by every MPC party, so nobody knows it; ``seeded`` lets A share the
-same W_i^0 that ``plain`` builds from the protocol seed, so runs can be compared
-step by step with ``plain`` (every party could recompute W_i^0: verification only).
+Initial weights: ``private`` (default) has the dealer draw W_i^0 ~ N(0, 1/(3 d_i))
+and share it among the MPC parties (:class:`~securevfl.exchange.crypten_pool.Init`):
+every share alone is uniform in the ring and independent of W_i^0, which the
+dealer alone knows (a value independent of the data, within the trusted-dealer
+model); ``seeded`` lets A share the same W_i^0 that ``plain`` builds from the
+protocol seed, so runs can be compared step by step with ``plain`` (every party
+could recompute W_i^0: verification only). Under the insecure TFP provider rank 0
+plays the dealer's part, in the clear.
 """
 
 from __future__ import annotations
 
-import secrets
 import warnings
 from typing import Any, Literal
 
@@ -54,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import securevfl.exchange.crypten_pool as crypten_pool
 from securevfl.components import components_of
 from securevfl.config import Protocol
+from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.base import (
     ActiveExchange,
@@ -63,6 +68,7 @@ from securevfl.exchange.base import (
     PassiveExchange,
 )
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm
+from securevfl.exchange.crypten_pool import Init, Trunc, TruncShares
 from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.pairwise import PairRole
@@ -129,7 +135,8 @@ class _MpcRole:
         # momentum at CrypTen's 16 bits, so m v (16 + 16 bits) adds to h^T dL/dz (16 + 16)
         self.momentum = round(ctx.proto.interactive.momentum * 2**FRAC_BITS)
         self.lr = ops.fixed_scalar(ctx.proto.interactive.lr / self.batch_scale, FRAC_BITS)
-        self.pool = crypten_pool.current() if self.device.type == "cpu" else None
+        self.provider = crypten_pool.current()  # None under TFP (no dealer)
+        self.pool = self.provider if self.device.type == "cpu" else None
         self.w = [self._init_weight(i, d) for i, d in enumerate(self.dims)]
         self.v: list[Any] = [None] * len(self.w)
         self._h: list[Any] = []
@@ -147,22 +154,21 @@ class _MpcRole:
                 blk = build_interactive(d, self.out, seed=self.ctx.proto.training.seed, party=role.party)
                 w0 = blk.weight.detach().T.contiguous()
             return self._share(w0, shape, src=0)
-        # private: W_i = sum_j R_j, R_j ~ N(0, var / n) drawn from each party's own entropy,
-        # var = 1/(3 d) as in torch's default Linear initialisation
-        g = torch.Generator().manual_seed(secrets.randbits(63))
-        mine = torch.randn(shape, generator=g) * (1.0 / (3.0 * d * self.n_mpc)) ** 0.5
-        total = None
-        for j in range(self.n_mpc):
-            part = self._share(mine, shape, src=j)
-            total = part if total is None else total + part
-        return total
+        # private: W_i^0 ~ N(0, 1/(3 d)), the variance of torch's default Linear
+        # initialisation, drawn by the dealer and shared (module docstring)
+        item = Init(shape, FRAC_BITS)
+        if self.provider is not None:
+            (share,) = self.provider.fetch([item])
+            return ops.from_shares(share.to(self.device), FRAC_BITS)
+        w0 = SecretStream.fresh().normal(shape) * item.std if self.rank == 0 else None  # TFP: rank 0 deals
+        return self._share(None if w0 is None else w0.float(), shape, src=0)
 
     def _offline(self, batch: int, train: bool) -> None:
         """Top the dealer's pool up to ``offline_steps`` steps of this step's plan
         when it holds less than one (collective; the same decision at every party)."""
         if self.pool is None:
             return
-        plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train)
+        plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train, lr=self.lr)
         steps = chunk_steps(
             crypten_pool.pooled_bytes(plan),
             self.opts.offline_steps,
@@ -198,22 +204,38 @@ class _MpcRole:
         scale = self.batch_scale
         g_enc = self._share(None if g is None else g * scale, (batch, self.out), src=0)
         k = len(self.w)
+        material = self._trunc_material(batch)
         prods = ops.beaver_matmuls(
             [(g_enc, ops.transpose(w)) for w in self.w] + [(ops.transpose(h), g_enc) for h in self._h]
         )
-        mine = ops.reveal_to(prods[:k], self.passive)
         m = self.momentum
         raw_v = [
             gw if v is None else ops.scaled(v, m, FRAC_BITS) + gw
             for v, gw in zip(self.v, prods[k:], strict=True)
         ]
-        # m v and h^T dL/dz are at 32 fractional bits: one truncation back to 16
-        self.v = ops.truncate(raw_v, FRAC_BITS)
-        lr, lr_bits = self.lr
-        steps = ops.truncate([ops.scaled(v, lr, lr_bits) for v in self.v], lr_bits)
+        # m v and h^T dL/dz are at 32 fractional bits: back to 16 (the momentum) and,
+        # scaled by the learning rate, the weight step, both from one opening that
+        # travels with the reveal of every dL/dh'_i
+        mine, self.v, steps = ops.reveal_and_truncate(
+            prods[:k], self.passive, raw_v, material, FRAC_BITS, self.lr
+        )
         self.w = [w - s for w, s in zip(self.w, steps, strict=True)]
         self._h = []
         return None if mine is None else (mine / scale).float()
+
+    def _trunc_material(self, batch: int) -> TruncShares:
+        """This step's truncation material: from the pool (CPU), from the dealer on
+        demand (CUDA), or dealt by rank 0 under TFP."""
+        item = step_plan(batch, self.dims, self.out, self.n_mpc, train=True, lr=self.lr)[-1]
+        assert isinstance(item, Trunc)
+        if self.pool is not None:
+            (shares,) = self.pool.take([item])
+        elif self.provider is not None:
+            (shares,) = self.provider.fetch([item])
+        else:
+            shares = ops.trusted_first_party_material(item)
+        assert isinstance(shares, TruncShares)
+        return shares
 
     def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
         """z at A (revealed by one reduce), None at the passive parties."""

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from securevfl.exchange.crypten_api import TTPServer, generate_random_ring_element
-from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle
+from securevfl.csprng import SecretStream
+from securevfl.exchange.crypten_dealer import SecretDealer
+from securevfl.exchange.crypten_pool import Init, Triple, Trunc, Wraps, dealer_bundle
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
 
 PING_ROUNDS = 200
@@ -70,18 +71,17 @@ def round_trip_s(rounds: int = PING_ROUNDS) -> float:
     return float(rtt)
 
 
-def _ring(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    return torch.randint(-(2**62), 2**62, shape, generator=g, dtype=torch.long)
+LR = (1, 0)  # a plan's sizes and costs do not depend on the learning rate
 
 
 def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     """One party's local ring arithmetic for the plan's Beaver products (rank 0's
     share: it also adds eps delta), the best of ``repeats``: CPU time on one core."""
-    g = torch.Generator().manual_seed(0)
+    g = SecretStream.fresh()
     ops = []
     for it in plan:
         if isinstance(it, Triple):
-            ops.append(tuple(_ring(s, g) for s in (it.size0, it.size1, it.size0, it.size1, it.out)))
+            ops.append(tuple(g.ring(s) for s in (it.size0, it.size1, it.size0, it.size1, it.out)))
     best = float("inf")
     for _ in range(repeats):
         t0 = time.process_time()
@@ -91,28 +91,30 @@ def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     return best
 
 
-class _Dealer:
-    """The dealer's generation alone (CrypTen's TTPServer without a process group)."""
-
-    def __new__(cls, n_mpc: int) -> Any:
-        server = TTPServer.__new__(TTPServer)
-        server.device = "cpu"
-        server.generators = [torch.Generator().manual_seed(i) for i in range(n_mpc)]
-        server.generators_cuda = [None] * n_mpc
-        return server
+def _party_draws(it: Any) -> list[tuple[int, ...]]:
+    """The shapes a party other than rank 0 draws for one item (rank 0 draws fewer:
+    it receives the correlated values)."""
+    if isinstance(it, Triple):
+        return [it.size0, it.size1, it.out]
+    if isinstance(it, Wraps):
+        return [it.size, it.size]
+    if isinstance(it, Trunc):
+        return [it.size, (4, *it.size)]
+    assert isinstance(it, Init)
+    return [it.size]
 
 
 def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
     """CPU time of one step's offline phase: the dealer's bundle plus one party's
-    draws of its own shares (a, b, c per triple; r, theta per wraps pair)."""
-    server = _Dealer(n_mpc)
-    g = torch.Generator().manual_seed(1)
+    draws of its own shares (a, b, c per triple; r and its four truncation values
+    per truncation), from secret streams as the product draws them."""
+    server = SecretDealer([SecretStream.fresh() for _ in range(n_mpc)])
+    g = SecretStream.fresh()
     t0 = time.process_time()
     dealer_bundle(server, plan)
-    for it in plan:  # rank 0's draws: it holds a share of every item in either layout
-        sizes = [it.size0, it.size1, it.out] if isinstance(it, Triple) else [it.size, it.size]
-        for s in sizes:
-            generate_random_ring_element(torch.Size(s), generator=g)
+    for it in plan:
+        for s in _party_draws(it):
+            g.ring(s)
     return time.process_time() - t0
 
 
@@ -125,17 +127,17 @@ def report(
     torch.set_num_threads(1)
     n_mpc = len(dims) + 1
     if layout == "pairwise":
-        plan = pair_plan(batch, dims, out, range(1, n_mpc), train=True)
+        plan = pair_plan(batch, dims, out, range(1, n_mpc), train=True, lr=LR)
         ops = pair_ops(batch, dims, out, offline_steps=offline_steps)
     else:
-        plan = step_plan(batch, dims, out, n_mpc, train=True)
+        plan = step_plan(batch, dims, out, n_mpc, train=True, lr=LR)
         ops = step_ops(batch, dims, out, n_mpc, offline_steps=offline_steps)
     rtt = round_trip_s()
     arith = beaver_arithmetic_s(plan)
     return {
         "layout": layout,
         "counts": ops.as_dict(),
-        "wraps_pairs": sum(isinstance(it, Wraps) for it in plan),
+        "truncation_items": sum(isinstance(it, Trunc) for it in plan),
         "round_trip_s": rtt,
         "arithmetic_s": arith,
         "floor_s": ops.rounds * rtt + arith,

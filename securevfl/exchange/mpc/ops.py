@@ -12,15 +12,19 @@ the rounds one product needs:
   ``beaver.matmul``, triples from CrypTen's default provider); the products are
   returned *untruncated* (precision = sum of the operands'), so a sum of products
   or a value that is about to be revealed needs no truncation in shares;
-* :func:`truncate`: one truncation for a list of tensors (CrypTen's own
-  ``div_`` on their concatenation: local division with two parties, the dealer's
-  wraps protocol, one gather, with more);
 * :func:`reveal_to`: each tensor opened to its own destination party, all in one
   round of concurrent point-to-point messages (CrypTen would run one reduce per
-  destination, one after the other).
+  destination, one after the other);
+* :func:`reveal_and_truncate`: that reveal and, in the same round, the opening of
+  an exact truncation of a list of tensors (:mod:`securevfl.exchange.truncation`,
+  the dealer's material): each value divided by 2^f, and that result times a public
+  scale divided by 2^s, both from one opening. CrypTen's own ``div_`` is never used:
+  with two parties it divides each share locally and with more it runs the wraps
+  protocol, both of which wrap silently with probability about |x| / 2^64.
 
 Who learns what is CrypTen's: the openings are x - a and y - b for fresh
-uniformly random a, b; a reveal goes to its destination only.
+uniformly random a, b, and x + 2^62 + r for a fresh uniformly random r; a reveal
+goes to its destination only.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from typing import Any
 
 import torch
 
+import securevfl.exchange.truncation as truncation
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm, crypten, torch_cat
+from securevfl.exchange.crypten_pool import Trunc, TruncShares
 
 # CrypTen's ArithmeticSharedTensor; typed loosely (CrypTen ships no type information)
 Shared = Any
@@ -115,17 +121,6 @@ def beaver_matmuls(pairs: Sequence[tuple[Shared, Shared]]) -> list[Shared]:
     return out
 
 
-def truncate(values: Sequence[Shared], bits: int) -> list[Shared]:
-    """Divide every value by 2^bits in one truncation (CrypTen's protocol on the
-    concatenation); each result's precision drops by ``bits``."""
-    if not values:
-        return []
-    flat = from_shares(_cat([v.share for v in values]), 0)
-    flat.div_(2**bits)
-    parts = _split(flat.share, [v.share for v in values])
-    return [from_shares(p, precision(v) - bits) for p, v in zip(parts, values, strict=True)]
-
-
 def reveal_to(values: Sequence[Shared], dsts: Sequence[int]) -> torch.Tensor | None:
     """Open values[j] to rank dsts[j] alone, all in one round; returns the decoded
     (float64) value this rank is the destination of, or None."""
@@ -136,3 +131,54 @@ def reveal_to(values: Sequence[Shared], dsts: Sequence[int]) -> torch.Tensor | N
             assert t is not None
             return t.double() / 2 ** precision(v)
     return None
+
+
+def trusted_first_party_material(item: Trunc) -> TruncShares:
+    """Truncation material under CrypTen's insecure TFP provider (no dealer): rank 0
+    draws the mask and computes the material in the clear, as TFP does for every
+    tuple, and shares each value from its own rank."""
+    rank = comm.get().get_rank()
+    values: list[Any] = [None] * 5
+    if rank == 0:
+        r = crypten.generators["local"][torch.device("cpu")].ring(item.size)
+        values = [r, *truncation.material(r, item.frac, item.scale, item.shift)]
+    shares = [ArithmeticSharedTensor(v, size=item.size, precision=0, src=0).share for v in values]
+    return TruncShares(*shares)
+
+
+def reveal_and_truncate(
+    values: Sequence[Shared],
+    dsts: Sequence[int],
+    raws: Sequence[Shared],
+    material: TruncShares,
+    frac: int,
+    scale: tuple[int, int],
+) -> tuple[torch.Tensor | None, list[Shared], list[Shared]]:
+    """:func:`reveal_to` of ``values`` and, in the same round, one exact truncation
+    of ``raws`` (their concatenation, |x| < 2^62 each): returns the decoded value
+    this rank is the destination of (or None), each raw / 2^frac (precision lowered
+    by ``frac``) and each of those times L / 2^s for ``scale`` = (L, s) (the same
+    precision). ``material`` is this party's :class:`Trunc` shares for the
+    concatenation (CPU tensors: the truncation's arithmetic runs on the CPU)."""
+    c = comm.get()
+    first = c.get_rank() == 0
+    device = raws[0].share.device
+    flat = torch.cat([v.share.cpu().reshape(-1) for v in raws])  # the truncation's arithmetic on the CPU
+    mask = truncation.masked(flat, material.r, first)
+    got, opened = c.reveal_open([v.share for v in values], list(dsts), mask)
+    me = c.get_rank()
+    mine = None
+    for v, dst, t in zip(values, dsts, got, strict=True):
+        if dst == me:
+            assert t is not None
+            mine = t.double() / 2 ** precision(v)
+    lr, shift = scale
+    low, step = truncation.finish(opened, material.material, frac, lr, shift, first)
+    like = [v.share for v in raws]
+    lows = [
+        from_shares(p.to(device), precision(v) - frac) for p, v in zip(_split(low, like), raws, strict=True)
+    ]
+    steps = [
+        from_shares(p.to(device), precision(v) - frac) for p, v in zip(_split(step, like), raws, strict=True)
+    ]
+    return mine, lows, steps

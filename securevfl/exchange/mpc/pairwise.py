@@ -16,30 +16,42 @@ Per training step (4 rounds whatever k):
 2. z = sum_i h'_i W_i is revealed to A alone: every party adds its share of CrypTen's
    pseudo-random zero sharing (PRZS over all MPC parties) to its share of z, and each
    P_i sends that to A; A adds them up. A learns only the sum: with k >= 2 the k
-   values are uniform given it (the zero sharing's seeds between neighbouring
+   values are uniform given it (the zero sharing's keys between neighbouring
    passive parties are unknown to A);
 3. every pair opens its backward operands (dL/dz W_i^T and h'_i^T dL/dz);
-4. A sends P_i its share of dL/dh'_i = dL/dz W_i^T (P_i alone opens it); the
-   momentum and the weight update are truncated locally in each pair.
+4. A sends P_i its share of dL/dh'_i = dL/dz W_i^T (P_i alone opens it) and, in the
+   same frames, each pair opens its momentum m v_i + h'_i^T dL/dz masked by the
+   dealer's truncation mask: both updates, v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and
+   W_i <- W_i - lr v_i, are then exact truncations in shares
+   (:mod:`securevfl.exchange.truncation`; never the local truncation, which wraps).
 
-Inputs are shared trivially (h'_i: P_i holds it, A holds zero; dL/dz: A holds it):
-a Beaver product needs no more, its openings are masked by the dealer's fresh,
-uniform a and b (SECURITY.md, ``mpc``: who learns what).
+Inputs are re-shared from a stream A and P_i alone share (a key A draws and sends
+P_i over the sealed channel): P_i holds enc(h'_i) - s and A holds s, A holds
+enc(dL/dz) - s' and P_i holds s'. A Beaver product would be secure with the
+trivial sharing (one party holding zero) since its openings are masked by the
+dealer's fresh, uniform a and b; the re-sharing keeps every opening a sum of two
+independent uniform streams' outputs, so no opening is raw output of one
+generator (defence in depth). The initial W_i is the dealer's W_i^0 ~ N(0, 1/(3 d_i))
+shared between A and P_i (:class:`securevfl.exchange.crypten_pool.Init`): each
+share alone is uniform in the ring and independent of W_i^0 (SECURITY.md,
+``mpc``: who learns what).
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import torch
 
 import securevfl.exchange.crypten_pool as crypten_pool
+import securevfl.exchange.crypten_rng as crypten_rng
 import securevfl.exchange.mpc.ring as ring
+import securevfl.exchange.truncation as truncation
 from securevfl.errors import CheckpointError, ConfigError
 from securevfl.exchange.base import ExchangeContext
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
 from securevfl.exchange.crypten_api import comm
+from securevfl.exchange.crypten_pool import Init
 from securevfl.exchange.crypten_runtime import start_crypten, stop_crypten
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, pair_plan
@@ -95,7 +107,12 @@ class PairRole:
         self.batch_scale = float(ctx.proto.training.batch_size)
         self.momentum = round(ctx.proto.interactive.momentum * 2**FRAC_BITS)
         self.lr = fixed_scalar(ctx.proto.interactive.lr / self.batch_scale, FRAC_BITS)
-        self.w = {i: self._init_weight(i, weight_init) for i in self.mine}
+        # the streams A shares with each P_i alone (input re-sharing), by pair index
+        c = comm.get()
+        peers = [self._peer(i) for i in self.mine]
+        got = crypten_rng.pair_keys(c, peers, send=self.rank == 0)
+        self.pair_streams = {i: got[p] for i, p in zip(self.mine, peers, strict=True)}
+        self.w = self._init_weights(weight_init)
         self.v: dict[int, torch.Tensor | None] = dict.fromkeys(self.mine)
         self._h: dict[int, torch.Tensor] = {}
 
@@ -103,25 +120,34 @@ class PairRole:
     def first(self) -> bool:
         return self.rank == 0  # A adds eps delta in Beaver's product
 
-    def _init_weight(self, i: int, how: str) -> torch.Tensor:
-        """This rank's share of W_i (d_i x out) at 16 fractional bits."""
-        d = self.dims[i]
-        shape = (d, self.out)
-        if how == "seeded":  # A holds W_i^0 from the public seed, P_i zero (verification only)
-            if self.rank != 0:
-                return torch.zeros(shape, dtype=torch.long)
-            role = self.ctx.layout.passive[i]
-            blk = build_interactive(d, self.out, seed=self.ctx.proto.training.seed, party=role.party)
-            return ring.encode(blk.weight.detach().T.contiguous().float(), FRAC_BITS)
-        # private: W_i = R_A + R_P, each ~ N(0, var / 2) from its holder's own entropy,
-        # var = 1/(3 d) as in torch's default Linear initialisation
-        g = torch.Generator().manual_seed(secrets.randbits(63))
-        mine = torch.randn(shape, generator=g) * (1.0 / (3.0 * d * 2)) ** 0.5
-        return ring.encode(mine, FRAC_BITS)
+    def _init_weights(self, how: str) -> dict[int, torch.Tensor]:
+        """This rank's share of each W_i it holds (d_i x out) at 16 fractional bits.
+
+        ``private``: W_i^0 ~ N(0, 1/(3 d_i)) (torch's default Linear initialisation's
+        variance), drawn by the dealer and shared between A and P_i, so each share
+        alone is uniform and independent of W_i^0 (the dealer knows W_i^0, a value
+        independent of the data). ``seeded``: A holds W_i^0 from the public seed and
+        P_i zero (verification only)."""
+        if how == "seeded":
+            out = {}
+            for i in self.mine:
+                shape = (self.dims[i], self.out)
+                if self.rank != 0:
+                    out[i] = torch.zeros(shape, dtype=torch.long)
+                    continue
+                role = self.ctx.layout.passive[i]
+                blk = build_interactive(
+                    shape[0], self.out, seed=self.ctx.proto.training.seed, party=role.party
+                )
+                out[i] = ring.encode(blk.weight.detach().T.contiguous().float(), FRAC_BITS)
+            return out
+        plan = [Init((d, self.out), FRAC_BITS, r) for d, r in zip(self.dims, self.passive, strict=True)]
+        shares = self.pool.fetch(plan)
+        return {i: shares[i] for i in self.mine}
 
     # -- the offline phase ---------------------------------------------------------
     def _plan(self, batch: int, train: bool) -> list[Any]:
-        return pair_plan(batch, self.dims, self.out, self.passive, train=train)
+        return pair_plan(batch, self.dims, self.out, self.passive, train=train, lr=self.lr)
 
     def _offline(self, batch: int, train: bool) -> None:
         """Top the pool up to a chunk of steps of this step's plan when it holds less
@@ -166,7 +192,7 @@ class PairRole:
         return out
 
     def _triples(self, plan: list[Any]) -> dict[int, list[Any]]:
-        """Pop the step's triples (every party pops every item); keep this rank's
+        """Pop the step's items (every party pops every item); keep this rank's
         pairs', by pair index, in plan order."""
         entries = self.pool.take(plan)
         out: dict[int, list[Any]] = {i: [] for i in self.mine}
@@ -182,12 +208,9 @@ class PairRole:
         triples = self._triples(plan)
         xs = {}
         for i in self.mine:
-            # A (h is None) holds the zero share of every P_i's embedding
-            xs[i] = (
-                torch.zeros((batch, self.dims[i]), dtype=torch.long)
-                if h is None
-                else ring.encode(h, FRAC_BITS)
-            )
+            # h'_i re-shared from the pair's stream: A holds s, P_i enc(h'_i) - s
+            s = self.pair_streams[i].ring((batch, self.dims[i]))
+            xs[i] = s if h is None else ring.encode(h, FRAC_BITS) - s
         prods = self._products({i: [(xs[i], self.w[i])] for i in self.mine}, triples)
         self._h = xs if train else {}
         # z to A alone: shares of z plus a pseudo-random zero sharing over all MPC parties
@@ -201,41 +224,58 @@ class PairRole:
 
     def backward(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """dL/dz from A (scaled by the nominal batch size, as in the joint layout);
-        returns dL/dh'_i at P_i, None at A. SGD with momentum in each pair's shares."""
+        returns dL/dh'_i at P_i, None at A. SGD with momentum in each pair's shares:
+        v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and W_i <- W_i - lr v_i, both exact
+        truncations of one opening that travels with the reveal of dL/dh'_i."""
         k = len(self.dims)
         plan = self._plan(batch, True)[k:]
-        triples = self._triples(plan)  # per pair: [g W^T, h^T g]
+        items = self._triples(plan)  # per pair: [g W^T, h^T g, truncation material]
         scale = self.batch_scale
-        gs = (
-            ring.encode(g * scale, FRAC_BITS)
-            if g is not None
-            else torch.zeros((batch, self.out), dtype=torch.long)
-        )
-        ops = {i: [(gs, self.w[i].t()), (self._h[i].t(), gs)] for i in self.mine}
-        prods = self._products(ops, triples)
-        # dL/dh'_i to P_i alone: A sends its share
+        gs = {}
+        for i in self.mine:
+            # dL/dz re-shared from the pair's stream: A holds enc(g) - s', P_i s'
+            s = self.pair_streams[i].ring((batch, self.out))
+            gs[i] = s if g is None else ring.encode(g * scale, FRAC_BITS) - s
+        ops = {i: [(gs[i], self.w[i].t()), (self._h[i].t(), gs[i])] for i in self.mine}
+        prods = self._products(ops, {i: items[i][:2] for i in self.mine})
+        # the momentum before truncation (32 fractional bits), masked for its opening
+        lr, lr_bits = self.lr
+        raw, masked = {}, {}
+        for i in self.mine:
+            hg, v = prods[i][1], self.v[i]
+            raw[i] = hg if v is None else self.momentum * v + hg
+            masked[i] = truncation.masked(raw[i].reshape(-1), items[i][2].r, self.first)
+        # one round: dL/dh'_i to P_i alone (A sends its share) and the masked momenta both ways
+        c = comm.get()
         mine = None
         if self.rank == 0:
-            comm.get().p2p_round([(self.passive[i], prods[i][0]) for i in self.mine], [], "reveal")
+            got = c.p2p_parts(
+                [(self.passive[i], [("reveal", prods[i][0]), ("open", masked[i])]) for i in self.mine],
+                [(self.passive[i], [("open", masked[i])]) for i in self.mine],
+            )
+            theirs = {i: parts[0] for i, parts in zip(self.mine, got, strict=True)}
         else:
             (i,) = self.mine
-            (theirs,) = comm.get().p2p_round([], [(0, torch.empty_like(prods[i][0]))], "reveal")
-            mine = ring.decode(prods[i][0] + theirs, PROD_BITS) / scale
-        lr, lr_bits = self.lr
+            ((revealed, opened),) = c.p2p_parts(
+                [(0, [("open", masked[i])])], [(0, [("reveal", prods[i][0]), ("open", masked[i])])]
+            )
+            theirs = {i: opened}
+            mine = ring.decode(prods[i][0] + revealed, PROD_BITS) / scale
         for i in self.mine:
-            hg = prods[i][1]
-            v = self.v[i]
-            raw = hg if v is None else self.momentum * v + hg  # 32 fractional bits
-            self.v[i] = v = ring.truncate(raw, FRAC_BITS)
-            self.w[i] = self.w[i] - ring.truncate(lr * v, lr_bits)
+            opened_c = masked[i] + theirs[i]
+            v, step = truncation.finish(opened_c, items[i][2].material, FRAC_BITS, lr, lr_bits, self.first)
+            self.v[i] = v.reshape(raw[i].shape)
+            self.w[i] = self.w[i] - step.reshape(raw[i].shape)
         self._h = {}
         return None if mine is None else mine.float()
 
     # -- checkpoints (issue #18 §3) ----------------------------------------------------
     def checkpoint_state(self) -> ComponentState:
         """This rank's ring shares of W_i and of its momentum for the pairs it is in
-        (A: every pair; P_i: its own). A share alone is uniformly random; the
-        dealer's pool is not saved (every rank restarts with an empty one)."""
+        (A: every pair; P_i: its own). A share alone is uniformly random (the dealer
+        shared W_i^0; every update adds shares of an opened value's truncation, whose
+        material is uniform); the dealer's pool and the streams are not saved (every
+        rank restarts with an empty pool and fresh keys)."""
         return ComponentState(
             {
                 "w": [self.w[i].clone() for i in self.mine],

@@ -13,17 +13,22 @@ o, N = k + 1 MPC parties (DESIGN §4, the mpc section of README):
 * backward: 2k products dL/dz W_i^T and h_i^T dL/dz (one opening round);
   dL/dh_i revealed to P_i, all k in one round; the momentum update
   v_i <- trunc(m v_i + h_i^T dL/dz) and the weight update
-  W_i <- W_i - trunc(lr' v_i) each one truncation for all i: local with N = 2,
-  CrypTen's wraps protocol (a dealer pair and one gather to rank 0) with N > 2.
+  W_i <- W_i - trunc(lr' v_i): both exact truncations of one opening
+  (:mod:`securevfl.exchange.truncation`, the dealer's :class:`Trunc` material),
+  which travels in the round that reveals dL/dh_i.
 
 That is the ``joint`` layout (:func:`step_plan`, :func:`step_ops`): every product
 shared among all N parties. In the ``pairwise`` layout (:func:`pair_plan`,
 :func:`pair_ops`; :mod:`.pairwise`) P_i's three products are shared between A and
 P_i alone, from triples only those two hold; the openings of all pairs run in one
 round, z is revealed to A from every pair's shares (masked by a zero sharing) in
-one round and each dL/dh_i in one, and both truncations are local: 4 rounds for
-any k, and each pair's work and bytes are those of a two-party computation, so a
-step's total grows linearly in k.
+one round and each dL/dh_i in one, with each pair's truncation opening: 4 rounds
+for any k, and each pair's work and bytes are those of a two-party computation, so
+a step's total grows linearly in k.
+
+A training plan needs the learning rate's public fixed-point form ``lr`` = (L, s)
+(:func:`securevfl.exchange.mpc.ops.fixed_scalar`): the dealer's truncation material
+depends on it; byte counts do not.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from securevfl.exchange.crypten_pool import Item, Triple, Wraps, plan_elements
+from securevfl.exchange.crypten_pool import Item, Triple, Trunc, plan_elements
 
 RING_BYTES = 8
 FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
 OFFLINE_BYTES = 64 << 20  # bound on one party's pooled tuples
+_ANY_LR = (1, 0)  # a plan's sizes do not depend on the learning rate
 
 
 def chunk_steps(per_step_bytes: int, offline_steps: int, max_steps: int | None, *, full_batch: bool) -> int:
@@ -51,16 +57,27 @@ def chunk_steps(per_step_bytes: int, offline_steps: int, max_steps: int | None, 
     return max(1, min(steps, OFFLINE_BYTES // max(1, per_step_bytes)))
 
 
-def step_plan(batch: int, dims: Sequence[int], out: int, n_mpc: int, *, train: bool) -> list[Item]:
-    """The tuples one step consumes, in a fixed order every party agrees on."""
+def _lr(lr: tuple[int, int] | None) -> tuple[int, int]:
+    if lr is None:
+        raise ValueError(
+            "a training plan needs the learning rate's fixed-point form (its truncation material)"
+        )
+    return lr
+
+
+def step_plan(
+    batch: int, dims: Sequence[int], out: int, n_mpc: int, *, train: bool, lr: tuple[int, int] | None = None
+) -> list[Item]:
+    """The tuples one step consumes, in a fixed order every party agrees on: the
+    Beaver triples and, in training, the material of one exact truncation of every
+    weight (the momentum and, scaled by ``lr``, the weight step)."""
     plan: list[Item] = [Triple((batch, d), (d, out)) for d in dims]
     if not train:
         return plan
+    scale, shift = _lr(lr)
     plan += [Triple((batch, out), (out, d)) for d in dims]
     plan += [Triple((d, batch), (batch, out)) for d in dims]
-    if n_mpc > 2:
-        weights = sum(d * out for d in dims)
-        plan += [Wraps((weights,)), Wraps((weights,))]
+    plan += [Trunc((sum(d * out for d in dims),), FRAC_BITS, scale, shift)]
     return plan
 
 
@@ -84,7 +101,7 @@ class StepOps:
     matmuls: int  # Beaver products
     openings: int  # masked operands opened (x - a and y - b: 2 per product)
     rounds: int  # sequential communication rounds among the MPC parties
-    truncations: int  # truncations in shares (rounds only when N > 2)
+    truncations: int  # exact truncations in shares (one opening, in the reveal round)
     dealer_requests: float  # per step, amortised over the offline chunk
     offline_bytes: int  # dealer -> rank 0, per step
 
@@ -94,36 +111,46 @@ class StepOps:
 
 def step_ops(batch: int, dims: Sequence[int], out: int, n_mpc: int, *, offline_steps: int = 1) -> StepOps:
     """Counts for one training step (forward and backward) of ``step_plan``."""
-    # rounds: forward opening, reveal z; backward opening, reveal dL/dh_i, 2 truncations if N > 2
-    rounds = 4 + (2 if n_mpc > 2 else 0)
-    plan = step_plan(batch, dims, out, n_mpc, train=True)
+    # rounds: forward opening, reveal z; backward opening, reveal dL/dh_i with the truncations' opening
+    plan = step_plan(batch, dims, out, n_mpc, train=True, lr=_ANY_LR)
     return StepOps(
         matmuls=3 * len(dims),
         openings=6 * len(dims),
-        rounds=rounds,
+        rounds=4,
         truncations=2,
         dealer_requests=1 / max(1, offline_steps),
         offline_bytes=RING_BYTES * plan_elements(plan),
     )
 
 
-def pair_plan(batch: int, dims: Sequence[int], out: int, ranks: Sequence[int], *, train: bool) -> list[Item]:
+def pair_plan(
+    batch: int,
+    dims: Sequence[int],
+    out: int,
+    ranks: Sequence[int],
+    *,
+    train: bool,
+    lr: tuple[int, int] | None = None,
+) -> list[Item]:
     """The pairwise layout's tuples for one step: P_i's (rank ``ranks[i]``) triples
-    with A only, in a fixed order every party agrees on; no truncation pairs."""
+    and, in training, its truncation material, with A only, in a fixed order every
+    party agrees on."""
     pairs = list(zip(dims, ranks, strict=True))
     plan: list[Item] = [Triple((batch, d), (d, out), "matmul", r) for d, r in pairs]
     if not train:
         return plan
+    scale, shift = _lr(lr)
     plan += [Triple((batch, out), (out, d), "matmul", r) for d, r in pairs]
     plan += [Triple((d, batch), (batch, out), "matmul", r) for d, r in pairs]
+    plan += [Trunc((d * out,), FRAC_BITS, scale, shift, r) for d, r in pairs]
     return plan
 
 
 def pair_ops(batch: int, dims: Sequence[int], out: int, *, offline_steps: int = 1) -> StepOps:
     """Counts for one training step in the pairwise layout: forward opening, reveal
-    of z, backward opening, reveal of every dL/dh_i (4 rounds whatever k); two local
-    truncations."""
-    plan = pair_plan(batch, dims, out, range(1, len(dims) + 1), train=True)
+    of z, backward opening, reveal of every dL/dh_i with the truncations' opening
+    (4 rounds whatever k); two exact truncations from that one opening."""
+    plan = pair_plan(batch, dims, out, range(1, len(dims) + 1), train=True, lr=_ANY_LR)
     return StepOps(
         matmuls=3 * len(dims),
         openings=6 * len(dims),

@@ -5,9 +5,14 @@ passive party's products are shared between A and that party alone, so CrypTen's
 protocols, which always span every MPC party, cannot run them. They are the same
 arithmetic as CrypTen's: fixed-point encoding as ``FixedPointEncoder.encode``,
 Beaver's product as ``crypten.mpc.primitives.beaver.matmul`` (the first party adds
-eps delta), and truncation as CrypTen's two-party ``div_`` (each party divides
-its own share, SecureML's local truncation: off by at most one unit, except with
-probability about |x| / 2^64 per element when the two shares wrap).
+eps delta).
+
+Truncation is exact, with the dealer's material (:mod:`securevfl.exchange.truncation`).
+SecureML's local truncation (:func:`truncate`: each party divides its own share,
+CrypTen's two-party ``div_``) is kept only as the reference the tests compare
+against: it fails, adding +-2^(64 - f), with probability about |x| / 2^64 per
+element when the shares wrap, which over a run of 10^8 truncations happens
+(DESIGN §13).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ def beaver_share(
 
 
 def truncate(share: torch.Tensor, bits: int) -> torch.Tensor:
-    """This party's share of x / 2^bits with two parties: each divides its own share
-    (CrypTen's two-party ``div_``)."""
+    """SecureML's local truncation, **not exact** (module docstring): this party's
+    share of about x / 2^bits with two parties, each dividing its own share
+    (CrypTen's two-party ``div_``). securevfl truncates with
+    :func:`securevfl.exchange.truncation.finish`."""
     return share.div(2**bits, rounding_mode="trunc")

@@ -1,0 +1,181 @@
+"""A curious MPC party rebuilds its peer's generator from the openings it receives.
+
+In the ``mpc`` backend's pairwise layout every Beaver opening a party sends is its
+share of x - a (and y - b), a and b drawn from the stream it shares with the
+dealer. Were that stream Mersenne Twister (``torch.Generator``, as CrypTen draws
+it) and a share of x zero (A's share of h'_i, P_i's share of dL/dz, as they were),
+an opening would be raw generator output: 312 such ring elements give the
+generator's state (:mod:`tests.threat_model.mt19937`), and every later draw
+follows. Playing P_1 with exactly what P_1 receives (its view of a real run: A's
+openings), the attack predicts the rest of A's opening and A's next mask b, and
+from the opening W_A - b recovers A's share of W_1, hence W_1. Playing A with A's
+view (P_1's openings), it predicts P_1's stream and unmasks h'_1^T - a, P_1's
+embeddings. The positive control shows the attack recovering a ``torch.Generator``
+stream drawn as CrypTen's ``generate_random_ring_element`` drew; on a real run
+every secret draw comes from AES-256-CTR secret streams (and every opening holds a
+re-shared input), and the attack predicts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from securevfl.app.checkpoints import model_dir, read_state
+from tests.conftest import run_doc, small_digits
+from tests.threat_model.mt19937 import ELEMENTS, clone_from_ring
+
+pytestmark = pytest.mark.timeout(400)
+
+B, D, OUT = 64, 8, 8  # batch, P_1's embedding width, the interactive layer's output
+CHECK = 88  # predicted elements that must match for the clone to count as the generator
+STEPS = 6
+
+
+def predicts(raw: torch.Tensor) -> Any:
+    """The clone of the generator that drew ``raw`` (at least 312 + CHECK consecutive
+    ring elements) if it predicts the next CHECK of them exactly, else None."""
+    if raw.numel() < ELEMENTS + CHECK:
+        return None
+    clone = clone_from_ring(raw)
+    return clone if torch.equal(clone.ring(CHECK), raw[ELEMENTS : ELEMENTS + CHECK]) else None
+
+
+def hypotheses(opening: torch.Tensor, parts: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """Where raw generator output may sit in an opening made of ``parts`` (element
+    counts): at the start of every part, as it is or negated (x - a with x = 0)."""
+    out, at = [], 0
+    for n in parts:
+        seg = opening[at : at + n]
+        out += [(f"-part@{at}", -seg), (f"+part@{at}", seg)]
+        at += n
+    return out
+
+
+def test_positive_control_recovers_a_torch_generator_stream():
+    """A party draws its masks as CrypTen drew them (torch.Generator, 64-bit seed from
+    os.urandom): 312 opened values of x - a with x = 0 predict the rest of a, the
+    next mask b, and so the share W_A behind the opening W_A - b."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "big") - 2**63)
+    a = torch.randint(-(2**63), 2**63 - 1, (B, D), generator=g, dtype=torch.long)
+    b = torch.randint(-(2**63), 2**63 - 1, (D, OUT), generator=g, dtype=torch.long)
+    w_a = (torch.randn(D, OUT) * 2**16).long()
+    opening = torch.cat([(0 - a).reshape(-1), (w_a - b).reshape(-1)])
+    clone = predicts(-opening[: B * D])
+    assert clone is not None
+    rest = clone.ring(B * D - ELEMENTS - CHECK + D * OUT)
+    b_pred = rest[-D * OUT :].reshape(D, OUT)
+    assert torch.equal(opening[B * D :].reshape(D, OUT) + b_pred, w_a)
+
+
+def _doc() -> dict[str, Any]:
+    doc = small_digits(epochs=1, batch_size=B, max_steps=STEPS)
+    doc["parties"]["passive"] = [
+        {"name": "left", "columns": {"glob": "px_*"}, "model": {"kind": "mlp", "hidden": [16], "out": D}}
+    ]
+    doc["interactive"] = {"out": OUT}
+    doc["exchange"] = {"backend": "mpc"}
+    doc["runtime"] = {"dump_views": True}
+    return doc
+
+
+@pytest.fixture(scope="module")
+def mpc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mpc-prng")
+    result = run_doc(_doc(), out)
+    assert result["backend"] == "mpc" and result["world_size"] == 3
+    return out
+
+
+def _view(out: Path, rank: int) -> dict[str, Any]:
+    return torch.load(out / "ranks" / f"rank{rank}.view.pt", weights_only=False)
+
+
+def _openings(out: Path, rank: int) -> list[torch.Tensor]:
+    return [t.reshape(-1) for _, t in _view(out, rank)["received"]["mpc.open"]]
+
+
+def _a_share_of_w1(out: Path) -> torch.Tensor:
+    """A's share of W_1 at the end of the run (its saved model: the ground truth)."""
+    saved = read_state(model_dir(out, 0), rank=0, kind="model", protocol_digest=None)
+    (w,) = saved.tensors["exchange"]["w"]
+    return w
+
+
+def _attack(opened: list[torch.Tensor], parts_of: Any) -> list[tuple[int, str, Any]]:
+    """Every (opening index, hypothesis, clone) where a clone predicts the opening."""
+    hits = []
+    for k, o in enumerate(opened):
+        for name, raw in hypotheses(o, parts_of(o)):
+            clone = predicts(raw)
+            if clone is not None:
+                hits.append((k, name, clone))
+    return hits
+
+
+def test_p1_cannot_rebuild_a_generator_from_the_openings_it_receives(mpc_run: Path):
+    """P_1's view: A's forward openings (x_A - a, W_A - b: B' x D, then D x OUT) and
+    backward ones. If a part continues as an MT clone predicts, P_1 predicts A's
+    next draw b and reads A's share of W_1 off W_A - b: from the last forward opening
+    (the evaluation's, after training) it is A's final share, which the test checks
+    against A's saved model. No part of any opening continues as predicted."""
+    backward = [B * OUT, OUT * D, D * B, B * OUT]
+
+    def parts_of(o: torch.Tensor) -> list[int]:
+        rows, rem = divmod(o.numel() - D * OUT, D)
+        return backward if o.numel() == sum(backward) or rem or rows < 1 else [rows * D, D * OUT]
+
+    opened = _openings(mpc_run, 1)
+    assert len(opened) >= 2 * STEPS
+    hits = _attack(opened, parts_of)
+    truth = _a_share_of_w1(mpc_run)
+    recovered = False
+    if hits:  # the attack goes on: predict A's whole stream, find each forward opening's a, then b
+        k, _, clone = hits[0]
+        stream = torch.cat([opened[k][: ELEMENTS + CHECK].neg(), clone.ring(200_000)])
+        at = {int(v): i for i, v in enumerate(stream.tolist())}
+        last = [o for o in opened if parts_of(o) != backward][-1]
+        i = at.get(int(-last[0]))
+        if i is not None:
+            n = last.numel() - D * OUT
+            b = stream[i + n : i + n + D * OUT]
+            recovered = torch.equal(last[n:] + b, truth.reshape(-1))
+    assert not hits, (
+        f"P_1 rebuilt A's generator from {len(hits)} opening parts ({hits[0][1]} of opening {hits[0][0]}); "
+        f"A's final share of W_1 recovered exactly: {recovered}"
+    )
+
+
+def test_a_cannot_rebuild_p1s_generator_from_the_openings_it_receives(mpc_run: Path):
+    """A's view: P_1's openings. Its backward opening was (0 - a1, W_P^T - b1,
+    h'^T - a2, 0 - b2) with a trivially shared dL/dz; from a clone of P_1's stream A
+    reads a2 just before b2 and unmasks h'_1 of that step, which the test checks
+    against P_1's sent embeddings. No part of any opening continues as predicted."""
+    backward = [B * OUT, OUT * D, D * B, B * OUT]
+    opened = [o for o in _openings(mpc_run, 0) if o.numel() == sum(backward)]
+    assert len(opened) == STEPS
+    hits = _attack(opened, lambda o: backward)
+    exposed = 0
+    if hits:
+        k, name, clone = hits[0]
+        start = int(name.split("@")[1])
+        seen = opened[k][start : start + ELEMENTS + CHECK]
+        stream = torch.cat([-seen if name.startswith("-") else seen, clone.ring(200_000)])
+        at = {int(v): i for i, v in enumerate(stream.tolist())}
+        sent = [h for _, h in _view(mpc_run, 1)["own"]["embeddings"]]
+        for t, o in enumerate(opened):
+            i = at.get(int(-o[-B * OUT]))  # b2, raw, follows a2 in P_1's stream
+            if i is None:
+                continue
+            a2 = stream[i - D * B : i]
+            ht = o[B * OUT + OUT * D : B * OUT + OUT * D + D * B] + a2
+            h = (ht.double() / 2**16).reshape(D, B).T
+            exposed += bool((h - sent[t].double()).abs().max() <= 2**-15)
+    assert not hits, (
+        f"A rebuilt P_1's generator from {len(hits)} opening parts ({hits[0][1]} of opening {hits[0][0]}); "
+        f"P_1's embeddings recovered for {exposed} of {len(opened)} training steps"
+    )
