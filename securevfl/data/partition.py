@@ -193,7 +193,14 @@ def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Pat
     targets = [lay for lay in party_layouts(proto) if only in (None, lay.name)]
     if all((folder / f"{lay.name}.csv").is_file() for lay in targets):
         return folder
-    table = DATASETS.get(proto.dataset.name, path="dataset.name")(proto.dataset, proto.training.seed)
+    build = DATASETS.get(proto.dataset.name, path="dataset.name")
+    try:
+        table = build(proto.dataset, proto.training.seed)
+    except MemoryError:
+        raise DataError(
+            f"dataset '{proto.dataset.name}': this machine has not enough memory to build it; "
+            "make it smaller (dataset.synthetic.rows, dataset.synthetic.features)"
+        ) from None
     parts = resolve_partition(proto, list(table.features.columns))
     folder.mkdir(parents=True, exist_ok=True)
     # first: a rank reads it once alignment is done, which needs only the party files
