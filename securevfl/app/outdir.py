@@ -8,7 +8,8 @@ overwrite. With ``overwrite`` the new run is written to a staging folder inside
 the output folder; only when it has finished are securevfl's own earlier files
 removed and the new ones moved into their place. Files securevfl did not write
 are never touched. A run that fails leaves the earlier result as it was and its
-own files in ``OUT/failed-run/``.
+own files in ``OUT/failed-run/``; a launch that dies before either (SIGKILL)
+leaves its staging folder, which the next run in ``OUT`` removes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +63,9 @@ class OutputFolder:
         :class:`ConfigError` (path ``--out``) for a folder that holds earlier
         results when ``overwrite`` is false."""
         out = Path(out)
+        sweep_stale_staging(out)
         check_available(out, overwrite=overwrite, keep=keep, flag=flag)
-        out.mkdir(parents=True, exist_ok=True)
+        check_writable(out)
         kept = {Path(k).resolve() for k in keep}
         if not _entries(out, kept):
             return cls(out, out, staged=False)
@@ -96,6 +99,58 @@ class OutputFolder:
             shutil.rmtree(failed)
         os.replace(self.path, failed)
         return failed
+
+
+def check_writable(out: Path) -> None:
+    """Create ``out`` if needed and check that a file can be created in it, so that
+    a folder the user may not write (or a read-only file system) is refused with
+    its reason before any rank starts."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".securevfl-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write to the output folder {out}: {exc.strerror or exc}", path="--out"
+        ) from None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging folders in ``out`` left by launches that ended without
+    committing or abandoning them (a launcher killed by SIGKILL, or a power cut):
+    ``.securevfl-staging-<pid>`` of a process that no longer runs. Its ranks
+    ended with it (they die with their parent, :mod:`securevfl.runtime.lifeline`),
+    and the earlier result in ``out`` was never touched. A staging folder of a
+    running process is left alone (a launch in progress, or a reused pid).
+    Returns the folders removed."""
+    removed = []
+    if not out.is_dir():
+        return removed
+    for p in sorted(out.glob(f"{STAGING_PREFIX}*")):
+        pid = p.name[len(STAGING_PREFIX) :]
+        if p.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def holds_training_run(folder: Path) -> list[str]:
+    """What in ``folder`` belongs to a training run: its ``result.json`` and the
+    ranks' own folders (saved models, checkpoints); empty when there is none."""
+    folder = Path(folder)
+    found = ["result.json"] if (folder / "result.json").is_file() else []
+    return found + [f"ranks/{p.name}/" for p in _own_dirs(folder)]
 
 
 def check_available(
