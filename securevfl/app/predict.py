@@ -46,7 +46,7 @@ from securevfl.app.checkpoints import load_model
 from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
-from securevfl.app.outdir import OutputFolder
+from securevfl.app.outdir import OutputFolder, holds_training_run
 from securevfl.app.rank import AUDIT_ENV, install_open_audit
 from securevfl.app.ranks import layout_of
 from securevfl.attacks.base import View
@@ -122,12 +122,19 @@ def records_source(proto: Protocol, party: str, data_dir: Path, override: Path |
 
 
 def check_out(out: Path, run_dir: Path) -> None:
-    """The prediction's output folder may not be the training run's own folder:
-    replacing securevfl's files there (``--overwrite``) would delete the run's
-    result and ranks' files."""
+    """The prediction's output folder may not hold a training run, this one or
+    any other, with or without ``--overwrite``: replacing securevfl's files there
+    would delete the run's result, its saved models and its checkpoints."""
     if Path(out).resolve() == Path(run_dir).resolve():
         raise ConfigError(
             f"{out} is the training run's folder: write the predictions to another folder", path="--out"
+        )
+    found = holds_training_run(Path(out))
+    if found:
+        raise ConfigError(
+            f"{out} holds a training run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): "
+            "write the predictions to another folder (--overwrite never replaces a training run)",
+            path="--out",
         )
 
 

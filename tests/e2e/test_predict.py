@@ -270,6 +270,41 @@ def test_output_folder_is_never_overwritten_unasked(
     assert (trained["run"] / "result.json").is_file()
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_holding_a_training_run_is_never_a_prediction_folder(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], overwrite: bool
+):
+    """Another training run's folder (a copy of the shared run), or one rank's
+    training folder of a run across hosts: refused naming what it holds, with or
+    without --overwrite, and left as it was (every file, same bytes)."""
+    other = tmp_path / "other-run"
+    shutil.copytree(trained["run"], other)
+    one_rank = tmp_path / "rank1-run"
+    shutil.copytree(trained["run"] / "ranks" / "rank1", one_rank / "ranks" / "rank1")
+    for out, named in ((other, "result.json, ranks/rank0/"), (one_rank, "ranks/rank1/")):
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        args = ["--out", str(out)] + (["--overwrite"] if overwrite else [])
+        code, err = _predict_in_process(capsys, str(trained["run"]), *args)
+        assert code == 2, err[-2000:]
+        assert f"{out} holds a training run ({named}" in _flat(err), err[-2000:]
+        assert "Traceback" not in err
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+        # securevfl party --predict checks the same before its rank starts
+        code, err = _predict_party_in_process(capsys, trained, out, overwrite)
+        assert code == 2 and "holds a training run" in _flat(err), err[-2000:]
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def _predict_party_in_process(
+    capsys: pytest.CaptureFixture[str], trained: dict[str, Any], out: Path, overwrite: bool
+) -> tuple[int, str]:
+    capsys.readouterr()
+    args = ["party", str(trained["proto"]), "--rank", "1", "--rendezvous", "tcp://127.0.0.1:1"]
+    args += ["--predict", str(trained["run"]), "--out", str(out), "--quiet"]
+    code = main(args + (["--overwrite"] if overwrite else []))
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_prediction_rank_refuses_peers_started_to_train(trained: dict[str, Any], tmp_path: Path):
     """Rank 0 started with --predict, ranks 1 and 2 started to train: the start-up
