@@ -26,6 +26,7 @@ from securevfl.config import ColumnSelect, CsvSource, PartySpec, Protocol
 from securevfl.data.datasets import DATASETS
 from securevfl.data.splits import contiguous_blocks
 from securevfl.errors import ConfigError, DataError
+from securevfl.runtime.lifeline import die_with
 
 ID_COLUMN = "id"
 LABEL_COLUMN = "label"
@@ -222,7 +223,10 @@ def materialize(proto: Protocol, data_dir: Path, only: str | None = None) -> Pat
         return folder
     # CSV formatting holds the GIL: forked processes (copy-on-write, nothing
     # re-imported), at most one party's frame in flight per worker
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+    # (ending with this process: a launcher killed mid-way leaves no worker behind)
+    with ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("fork"), initializer=die_with, initargs=(os.getpid(),)
+    ) as pool:
         running: set[Future[None]] = set()
         for job in frames():
             if len(running) >= workers:
