@@ -103,6 +103,17 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def save_tensors(obj: Any, path: Path) -> None:
+    """``torch.save`` through a file this process opens: a write that fails (a full
+    disk) raises the OSError naming ``path``, where ``torch.save(obj, path)``
+    raises a RuntimeError from its C++ writer ("unexpected pos ...")."""
+    try:
+        with open(path, "wb") as fh:
+            torch.save(obj, fh)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def write_state(
     dest: Path,
     *,
@@ -129,7 +140,7 @@ def write_state(
     files: dict[str, str] = {}
     for name, obj in tensors.items():
         f = tmp / f"{name}.pt"
-        torch.save(obj, f)
+        save_tensors(obj, f)
         files[f.name] = file_digest(f)
     for name, doc in docs.items():
         f = tmp / f"{name}.json"

@@ -14,6 +14,7 @@ leaves its staging folder, which the next run in ``OUT`` removes.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -21,8 +22,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, OutputError
 
+# what the file system answers when a file cannot be written for reasons of the
+# machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 STAGING_PREFIX = ".securevfl-staging-"
 FAILED_RUN = "failed-run"
 # what securevfl writes under an output folder (paths relative to it)
@@ -101,6 +105,21 @@ class OutputFolder:
         return failed
 
 
+def output_error(exc: BaseException, *, shared: bool = True) -> OutputError | None:
+    """The user's error behind ``exc``, when it is a file that could not be written
+    (:data:`WRITE_ERRNOS`), else None (a bug: keep the traceback). ``shared``: the
+    message may reach the other parties (a rank's report), so the file's path goes
+    to ``detail`` only; otherwise (the command's own error) the message names it."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
+        return None
+    reason = exc.strerror or str(exc)
+    hint = "; free some space or choose another --out" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    where = f"cannot write {exc.filename}: {reason}" if exc.filename else None
+    if shared:
+        return OutputError(f"cannot write its output files: {reason}{hint}", detail=where)
+    return OutputError((where or f"cannot write the run's files: {reason}") + hint)
+
+
 def check_writable(out: Path) -> None:
     """Create ``out`` if needed and check that a file can be created in it, so that
     a folder the user may not write (or a read-only file system) is refused with
@@ -134,7 +153,7 @@ def sweep_stale_staging(out: Path) -> list[Path]:
     and the earlier result in ``out`` was never touched. A staging folder of a
     running process is left alone (a launch in progress, or a reused pid).
     Returns the folders removed."""
-    removed = []
+    removed: list[Path] = []
     if not out.is_dir():
         return removed
     for p in sorted(out.glob(f"{STAGING_PREFIX}*")):
