@@ -24,7 +24,8 @@ from securevfl.app.comparison import execute, read_comparison_file, sources_from
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol
-from securevfl.app.outdir import OutputFolder, resume_folder
+from securevfl.app.outdir import OutputFolder, output_error, resume_folder
+from securevfl.app.party_args import check_key_file, check_rendezvous
 from securevfl.app.predict import check_out, parse_data_overrides, predict_local, predict_rank
 from securevfl.app.rank import run_rank
 from securevfl.app.ranks import layout_of
@@ -207,10 +208,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _identity(key: str | None) -> Identity | None:
+    if key is None:
+        return None
+    check_key_file(Path(key))
+    return Identity.load(Path(key))
+
+
 def cmd_party(args: argparse.Namespace) -> int:
     proto = load_protocol(args.file, args.overrides)
+    check_rendezvous(args.rendezvous)
     role = layout_of(proto).role(args.rank)
-    identity = Identity.load(Path(args.key)) if args.key else None
+    identity = _identity(args.key)
     if args.predict is not None:
         if args.resume:
             raise ConfigError(
@@ -404,6 +413,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+def _error(exc: SecureVFLError, code: int) -> int:
+    """Print ``exc`` as the command's one-paragraph error; return ``code``."""
+    msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False, break_on_hyphens=False)
+    print(msg, file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = show_warning
@@ -422,11 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     except SecureVFLError as exc:
         if args.debug:
             raise
-        msg = textwrap.fill(
-            f"securevfl: error: {exc}", width=100, break_long_words=False, break_on_hyphens=False
-        )
-        print(msg, file=sys.stderr)
-        return 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2
+        return _error(exc, 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2)
+    except OSError as exc:  # a full disk or a read-only folder under the command itself
+        user = output_error(exc, shared=False)
+        if user is None or args.debug:
+            raise
+        return _error(user, 2)
     except Terminated:
         print("securevfl: terminated (SIGTERM); every rank this command started was stopped", file=sys.stderr)
         return 128 + signal.SIGTERM
