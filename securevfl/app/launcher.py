@@ -30,6 +30,7 @@ from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
+from securevfl.app.checkpoints import check_one_run
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.outdir import OutputFolder, resume_folder
@@ -189,7 +190,10 @@ def launch(
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
     if resume:
-        folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout_of(proto).world_size))
+        layout = layout_of(proto)
+        folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
+        parties = [r.rank for r in layout.roles if r.kind != "helper"]
+        check_one_run(out_dir, parties, protocol_digest=proto.digest())
     else:
         folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
