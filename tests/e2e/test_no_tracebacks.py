@@ -222,3 +222,19 @@ def test_a_synthetic_table_too_large_to_build_is_refused(tmp_path, capsys, rows)
     proc = in_process(capsys, "run", str(f), "--out", str(out), "--quiet")
     assert "at 'dataset.synthetic.rows'" in one_paragraph(proc)
     assert not out.exists()
+
+
+# -- the key file --------------------------------------------------------------------------------
+
+
+def test_a_public_key_file_given_as_key_says_so(tmp_path, capsys):
+    """``--key left.pub`` (the file to send to the protocol's keeper) is refused as
+    a public key file, pointing at left.key; not with a chmod of the .pub file."""
+    assert in_process(capsys, "keygen", "--party", "left", "--out", str(tmp_path)).returncode == 0
+    pub = tmp_path / "left.pub"
+    proc = in_process(
+        capsys, "party", str(PROTOCOLS / "plain.yaml"), "--rank", "1", "--rendezvous", "tcp://127.0.0.1:29500",
+        "--key", str(pub), "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert_clean_user_error(proc, "at '--key'", f"{pub} is a public key file", "left.key")
+    assert "chmod" not in proc.stderr
