@@ -179,3 +179,50 @@ def test_sigkill_of_the_launcher_ends_every_rank(small_cli_run: CliRun, tmp_path
     assert staging.is_dir()
     assert main(["run", str(proto), "--out", str(out), "--quiet"]) == 2  # refused: an earlier result
     assert not staging.exists() and (out / "result.json").read_bytes() == before
+
+
+def _ranks_running(out: Path, timeout: float = 120) -> list[int]:
+    """The rank pids of the launch writing under ``out``, once every rank runs."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = list(out.rglob("launcher_pids.json"))
+        if found:
+            pids = list(json.loads(found[0].read_text()).values())
+            if pids and all(Path(f"/proc/{p}").exists() for p in pids):
+                return pids
+        time.sleep(0.1)
+    raise AssertionError(f"no ranks under {out}")
+
+
+@pytest.mark.parametrize(
+    ("command", "sig", "code", "said"),
+    [
+        ("run", signal.SIGINT, 130, "interrupted"),  # Ctrl-C: the terminal signals the whole group
+        ("compare", signal.SIGTERM, 143, "terminated (SIGTERM)"),
+    ],
+)
+def test_ctrl_c_and_sigterm_stop_every_rank(tmp_path: Path, command: str, sig: int, code: int, said: str):
+    """README: Ctrl-C or SIGTERM stops every rank a run, compare or predict started
+    (exit 130 and 143); no process of the command outlives it."""
+    proto = write_yaml(tmp_path / "long.yaml", small_digits(epochs=400, batch_size=32))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "securevfl", command, str(proto), "--out", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        _ranks_running(out)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == code, err[-2000:]
+        assert said in err and "Traceback" not in err, err[-2000:]
+        assert lingering(proc.pid) == []
+    finally:
+        kill_session(proc.pid)

@@ -5,6 +5,7 @@ with SIGKILL, a rank's PSI blinding workers when the rank is killed or ends with
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from securevfl.app.launcher import STOP_GRACE_S, stop_ranks
 from securevfl.runtime.lifeline import alive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,3 +117,19 @@ def test_alive():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert not alive(p.pid)
+
+
+def test_stop_ranks_kills_a_rank_that_ignores_sigterm_after_the_grace():
+    """README: a stopped command's ranks get SIGTERM, then SIGKILL after 2 s for any
+    that ignore it. (The child inherits SIGTERM's "ignore" across its exec.)"""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        p = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+        p.start()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    t0 = time.monotonic()
+    stop_ranks([p])
+    elapsed = time.monotonic() - t0
+    assert p.exitcode == -signal.SIGKILL
+    assert STOP_GRACE_S <= elapsed < STOP_GRACE_S + 1.0, elapsed
