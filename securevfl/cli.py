@@ -7,7 +7,6 @@ User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import re
 import signal
@@ -32,7 +31,7 @@ from securevfl.app.ranks import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
 from securevfl.data.datasets import DATASETS
-from securevfl.data.partition import is_builtin, materialize
+from securevfl.data.partition import is_builtin, materialize_apart
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, PartyFailure, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
@@ -237,13 +236,7 @@ def cmd_party(args: argparse.Namespace) -> int:
     else:
         folder = OutputFolder.open(out, overwrite=args.overwrite, keep=(data_dir,))
     if is_builtin(proto) and role.kind != "helper":
-        # Materialize this party's slice in a short-lived child process, so this
-        # rank's own process never holds the other parties' columns.
-        p = mp.get_context("spawn").Process(target=materialize, args=(proto, data_dir, role.party))
-        p.start()
-        p.join()
-        if p.exitcode != 0:
-            raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
+        materialize_apart(proto, data_dir, role.party)  # the other parties' columns stay out of this process
     code = run_rank(
         proto,
         args.rank,
