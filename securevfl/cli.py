@@ -7,6 +7,7 @@ User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -258,7 +259,25 @@ def cmd_party(args: argparse.Namespace) -> int:
     folder.commit()
     if args.rank == 0:
         print(f"result: {out / 'result.json'}")
+    else:  # the other ranks say so too, in one line: rank 0 holds the result
+        print(_rank_done(out, args.rank, role.label))
     return code
+
+
+def _rank_done(out: Path, rank: int, label: str) -> str:
+    """One line for a rank other than rank 0 that has finished: what it did, from
+    its own summary, and where its files are."""
+    try:
+        summary = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("train_steps") is None:  # a helper rank (the mpc dealer)
+        return f"done: rank {rank} ({label}) served the run; its files are in {out}"
+    model = out / "ranks" / f"rank{rank}" / "model"
+    return (
+        f"done: rank {rank} ({label}): {summary['train_steps']} training steps on "
+        f"{summary.get('n_aligned', '?')} aligned rows; its model is in {model}"
+    )
 
 
 def _party_predict(args: argparse.Namespace, proto, party: str, kind: str, identity: Identity | None) -> int:
