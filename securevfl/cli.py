@@ -311,6 +311,8 @@ def _party_predict(args: argparse.Namespace, proto, party: str, kind: str, ident
     folder.commit()
     if kind == "active":
         print(f"predictions: {out / 'predictions.csv'}")
+    else:
+        print(f"done: rank {args.rank} ({kind} '{party}') took part; the active party holds the predictions")
     return code
 
 

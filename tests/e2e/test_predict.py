@@ -185,14 +185,22 @@ def test_party_predict_gives_the_local_file(trained, predicted, tmp_path: Path):
         shutil.copytree(run / "ranks" / f"rank{r}", own / "ranks" / f"rank{r}")
         data = [f"--data={party}={predicted['data'][party]}"] if party in predicted["data"] else []
         procs.append(party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(own), *data))
-    errs = []
+    outs, errs = [], []
     for p in procs:
         try:
-            errs.append(p.communicate(timeout=300)[1])
+            out, err = p.communicate(timeout=300)
+            outs.append(out)
+            errs.append(err)
         finally:
             if p.poll() is None:
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
+    assert outs[0] == f"predictions: {tmp_path / 'host0' / 'predictions.csv'}\n"
+    for r, party in ((1, "shop"), (2, "web")):  # one line from each passive rank
+        assert (
+            outs[r]
+            == f"done: rank {r} (passive '{party}') took part; the active party holds the predictions\n"
+        )
     a = pd.read_csv(tmp_path / "host0" / "predictions.csv", dtype={"id": str})
     b = pd.read_csv(predicted["out"] / "predictions.csv", dtype={"id": str})
     pd.testing.assert_frame_equal(a, b)
