@@ -250,8 +250,11 @@ def materialize_apart(proto: Protocol, data_dir: Path, party: str) -> None:
     per party against 0.07-0.08 forked (plain.yaml's digits, 2026-11-26 test box),
     which three ``party`` processes on one machine pay three times. Forking is
     safe here for the reason the launcher's writers are: nothing has run on
-    threads yet. The child ends with this process (:func:`die_with`); its error,
-    if any, is raised here."""
+    threads yet. A forked child is a copy of the rank's process, so it holds
+    what the rank holds at that point (its identity key, if ``--key`` was given)
+    for its fraction of a second; it draws no randomness, sends nothing and
+    writes the party's data file only. It ends with this process
+    (:func:`die_with`); its error, if any, is raised here."""
     ctx = mp.get_context("fork")
     reader, writer = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_materialize_child, args=(os.getpid(), proto, data_dir, party, writer))
