@@ -41,19 +41,19 @@ POLL_S = 0.5
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
+    if Path("/proc/self/stat").exists():
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
             return False
-        except PermissionError:
-            return True
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    try:  # no /proc (macOS): ask the kernel; a zombie counts as running there
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
         return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
 
 
 def _parent_death_signal(sig: int) -> bool:
