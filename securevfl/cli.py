@@ -7,6 +7,7 @@ User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import yaml
 from securevfl import api
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.comparison import read_comparison_file, sources_from_args
+from securevfl.app.outdir import output_error
 from securevfl.app.predict import PREDICTIONS_FILE
 from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
@@ -228,9 +230,29 @@ def cmd_party(args: argparse.Namespace) -> int:
     if args.predict is not None:
         if role.kind == "active":
             print(f"predictions: {out / PREDICTIONS_FILE}")
+        else:
+            print(f"done: rank {args.rank} ({role.label}) took part; the active party holds the predictions")
     elif args.rank == 0:
         print(f"result: {out / 'result.json'}")
+    else:  # the other ranks say so too, in one line: rank 0 holds the result
+        print(_rank_done(out, args.rank, role.label))
     return 0
+
+
+def _rank_done(out: Path, rank: int, label: str) -> str:
+    """One line for a rank other than rank 0 that has finished: what it did, from
+    its own summary, and where its files are."""
+    try:
+        summary = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("train_steps") is None:  # a helper rank (the mpc dealer)
+        return f"done: rank {rank} ({label}) served the run; its files are in {out}"
+    model = out / "ranks" / f"rank{rank}" / "model"
+    return (
+        f"done: rank {rank} ({label}): {summary['train_steps']} training steps on "
+        f"{summary.get('n_aligned', '?')} aligned rows; its model is in {model}"
+    )
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -338,6 +360,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+def _error(exc: SecureVFLError, code: int) -> int:
+    """Print ``exc`` as the command's one-paragraph error; return ``code``."""
+    msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False, break_on_hyphens=False)
+    print(msg, file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = show_warning
@@ -356,11 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     except SecureVFLError as exc:
         if args.debug:
             raise
-        msg = textwrap.fill(
-            f"securevfl: error: {exc}", width=100, break_long_words=False, break_on_hyphens=False
-        )
-        print(msg, file=sys.stderr)
-        return 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2
+        return _error(exc, 3 if isinstance(exc, PartyFailure) and args.command != "validate" else 2)
+    except OSError as exc:  # a full disk or a read-only folder under the command itself
+        user = output_error(exc, shared=False)
+        if user is None or args.debug:
+            raise
+        return _error(user, 2)
     except Terminated:
         print("securevfl: terminated (SIGTERM); every rank this command started was stopped", file=sys.stderr)
         return 128 + signal.SIGTERM

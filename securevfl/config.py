@@ -16,10 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from securevfl.errors import ConfigError
 
@@ -218,14 +227,28 @@ class PartiesSpec(Strict):
     passive: list[PartySpec] = Field(min_length=1)
 
 
+MAX_SYNTHETIC_ROWS = 50_000_000
+MAX_SYNTHETIC_VALUES = 1 << 30
+"""A synthetic table is generated in float64 in one process: at most 8 GiB of it."""
+
+
 class SyntheticParams(Strict):
-    rows: int = Field(default=2000, gt=10)
-    features: int = Field(default=20, gt=1)
-    classes: int = Field(default=2, ge=2)
+    rows: int = Field(default=2000, gt=10, le=MAX_SYNTHETIC_ROWS)
+    features: int = Field(default=20, gt=1, le=MAX_WIDTH)
+    classes: int = Field(default=2, ge=2, le=MAX_WIDTH)
     informative: int | None = None
     label_noise: float = Field(
         default=0.01, ge=0.0, lt=1.0, description="fraction of labels drawn at random (over-fitting studies)"
     )
+
+    @model_validator(mode="after")
+    def _fits(self) -> SyntheticParams:
+        if self.rows * self.features > MAX_SYNTHETIC_VALUES:
+            raise ValueError(
+                f"rows x features = {self.rows * self.features:,} values: a synthetic table holds at "
+                f"most {MAX_SYNTHETIC_VALUES:,} (8 GiB in float64)"
+            )
+        return self
 
 
 class DatasetSpec(Strict):
@@ -346,8 +369,13 @@ class SecuritySpec(Strict):
 TaskKind = Literal["binary", "multiclass", "regression"]
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,99}$"
+"""A protocol name: it names the run's default output folder (``runs/<name>``,
+``runs/<name>-rank<R>``), so it cannot hold a path separator or start with a dot."""
+
+
 class Protocol(Strict):
-    name: str
+    name: str = Field(description="names the default output folder runs/<name>")
     description: str = ""
     task: TaskKind | None = Field(
         default=None,
@@ -367,6 +395,16 @@ class Protocol(Strict):
     # the components with validated options, set once by the checked loader
     # (securevfl.components); not part of the document, its dump or its digest
     _components: Any = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise ValueError(
+                "a protocol name names its output folder (runs/<name>): a letter or digit, then at most "
+                "99 letters, digits or . _ - + = , (no path separator, no leading dot)"
+            )
+        return name
 
     @model_validator(mode="after")
     def _unique_names(self) -> Protocol:

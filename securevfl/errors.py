@@ -88,6 +88,18 @@ class CheckpointError(SecureVFLError):
     names the rank, the file or field, and the reason (exit code 2)."""
 
 
+class OutputError(SecureVFLError):
+    """A file of the run cannot be written: a full disk, a quota, a read-only file
+    system, missing permissions (exit code 2; the earlier result in the output
+    folder is kept). ``str(exc)`` gives the reason and may be relayed to the other
+    parties; ``detail``, for the owner only, names the file (a path on the
+    owner's machine, as in :class:`DataError`)."""
+
+    def __init__(self, message: str, *, detail: str | None = None):
+        self.detail = detail
+        super().__init__(message)
+
+
 class CryptoParameterError(ConfigError):
     """Crypto parameters below the security floor, refused at load."""
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -103,6 +105,17 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def save_tensors(obj: Any, path: Path) -> None:
+    """``torch.save`` through a file this process opens: a write that fails (a full
+    disk) raises the OSError naming ``path``, where ``torch.save(obj, path)``
+    raises a RuntimeError from its C++ writer ("unexpected pos ...")."""
+    try:
+        with open(path, "wb") as fh:
+            torch.save(obj, fh)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def write_state(
     dest: Path,
     *,
@@ -129,7 +142,7 @@ def write_state(
     files: dict[str, str] = {}
     for name, obj in tensors.items():
         f = tmp / f"{name}.pt"
-        torch.save(obj, f)
+        save_tensors(obj, f)
         files[f.name] = file_digest(f)
     for name, doc in docs.items():
         f = tmp / f"{name}.json"
@@ -241,8 +254,41 @@ def read_state(path: Path, *, rank: int, kind: Kind, protocol_digest: str | None
             else:
                 docs[stem] = json.loads(f.read_text())
         except Exception as exc:  # verified bytes that still do not load: a writer's bug or forgery
-            raise CheckpointError(f"rank {rank}: {_where(f, rank)} cannot be loaded: {exc}") from None
+            raise CheckpointError(f"rank {rank}: {_where(f, rank)} cannot be loaded: {_why(exc)}") from None
     return SavedState(path, manifest, tensors, docs)
+
+
+# torch's advice around a refused weights-only load, which must not reach the user:
+# securevfl never loads a state file with weights_only=False
+_TORCH_ADVICE = (
+    "Weights only load failed",
+    "(1)",
+    "(2)",
+    "In PyTorch",
+    "Please file an issue",
+    "Check the documentation",
+)
+
+
+def _why(exc: Exception) -> str:
+    """Why a state file did not load, in one line. A weights-only refusal (an
+    object that is not a tensor or a plain container: a forged file) keeps
+    torch's reason and drops its advice to load the file with
+    ``weights_only=False``, which would run the code in it."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    if isinstance(exc, pickle.UnpicklingError):
+        marker = "WeightsUnpickler error:"
+        if marker in text:
+            reason = text.split(marker, 1)[1].strip()
+        else:
+            lines = [ln.strip() for ln in text.splitlines()]
+            reason = next((ln for ln in lines if ln and not ln.startswith(_TORCH_ADVICE)), "not tensors")
+        reason = reason.split(". ", 1)[0].splitlines()[0].rstrip(".") if reason else "not tensors"
+        return (
+            f"it holds something other than tensors ({reason}); securevfl writes tensors only, so the "
+            "file was changed after it was written"
+        )
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
 
 
 def list_checkpoints(out: Path, rank: int, *, protocol_digest: str) -> dict[int, Manifest]:
@@ -266,6 +312,35 @@ def list_checkpoints(out: Path, rank: int, *, protocol_digest: str) -> dict[int,
         verify_files(d, manifest, rank=rank)
         found[manifest.epoch] = manifest
     return found
+
+
+def check_one_run(out: Path, ranks: Iterable[int], *, protocol_digest: str) -> None:
+    """Before a local ``--resume`` starts any rank: the party ranks' checkpoints in
+    ``out`` (one launcher sees every rank's folder) must hold an epoch of one and
+    the same run. Checkpoints of two runs mixed in one folder (copied together by
+    hand, say) are refused naming each rank's run ID. Anything else wrong with a
+    rank's checkpoints is left to that rank, which reports it at start-up."""
+    held: dict[int, dict[int, str]] = {}
+    for r in ranks:
+        try:
+            found = list_checkpoints(out, r, protocol_digest=protocol_digest)
+        except CheckpointError:
+            return
+        held[r] = {e: m.run_id for e, m in found.items()}
+    runs = {run for h in held.values() for run in h.values()}
+    if len(runs) < 2 or not all(held.values()):
+        return
+    common = set.intersection(*({(e, run) for e, run in h.items()} for h in held.values()))
+    if common:
+        return
+    listed = "; ".join(
+        f"rank {r}: " + ", ".join(f"epoch {e} of run {run}" for e, run in sorted(h.items()))
+        for r, h in held.items()
+    )
+    raise CheckpointError(
+        f"the checkpoints in {out} come from {len(runs)} different runs (their run IDs differ: {listed}): "
+        "every rank must resume from a checkpoint of the same run"
+    )
 
 
 def load_model(run_dir: Path, rank: int, *, protocol_digest: str | None = None) -> SavedState:

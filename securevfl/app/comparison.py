@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.launcher import launch
 from securevfl.app.loader import apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol, validation_error
 from securevfl.errors import ConfigError
 from securevfl.report.result import RESULT_FILE
@@ -96,8 +96,8 @@ class Plan:
 def read_comparison_file(path: Path) -> ComparisonFile | None:
     """The comparison file at ``path``, or None when it is a protocol file."""
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = load_yaml(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ConfigError):
         return None  # load_protocol reports what is wrong with it
     if not isinstance(doc, dict) or "comparison" not in doc:
         return None
@@ -149,8 +149,8 @@ def _doc(source: Source) -> dict[str, Any]:
     """The protocol document with its overrides, for the grid's kind checks (the
     loader reports anything else wrong with the file)."""
     try:
-        doc = yaml.safe_load(source.path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = load_yaml(source.path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ConfigError):
         doc = None
     if not isinstance(doc, dict):
         load_protocol(source.path, list(source.overrides))  # raises the loader's error

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from securevfl.app.loader import apply_override, split_override
+from securevfl.app.yamldoc import parse_value
 from securevfl.errors import ConfigError
 
 #: keys a grid may not vary: the seed is what ``--seeds`` varies, the name labels the runs
@@ -96,12 +97,7 @@ def parse_axis(expr: str) -> Axis:
     texts = split_values(raw)
     if any(not t for t in texts):
         raise ConfigError(f"grid axis '{expr}' has an empty value", path=key)
-    values = []
-    for t in texts:
-        try:
-            values.append(yaml.safe_load(t))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"grid value '{t}' is not valid YAML: {exc}", path=key) from None
+    values = [parse_value(t, path=key, what=f"grid value '{t}'") for t in texts]
     return make_axis(key, values)
 
 

@@ -20,7 +20,6 @@ that the defense capability score uses.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from securevfl.app.rank_layout import layout_of
+from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View, World
 from securevfl.components import components_of
 from securevfl.config import Protocol
@@ -94,7 +94,7 @@ def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     world = load_world(proto, out_dir)
     threads = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))  # as the ranks do
+    torch.set_num_threads(rank_threads())  # as the ranks do
     try:
         results = _run_all(proto, world)
     finally:

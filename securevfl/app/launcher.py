@@ -24,16 +24,19 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
+from securevfl.app.checkpoints import check_one_run
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
+from securevfl.app.threads import rank_threads
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
@@ -41,11 +44,13 @@ from securevfl.errors import (
     ConfigError,
     DataError,
     Diverged,
+    OutputError,
     PartyFailure,
     ProtocolError,
     SecureVFLError,
 )
 from securevfl.runtime.layout import Layout
+from securevfl.runtime.lifeline import die_with
 from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import ErrorNote
 
@@ -58,13 +63,55 @@ ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "Diverged": Diverged,
     "ProtocolError": ProtocolError,
     "PartyFailure": PartyFailure,
+    "OutputError": OutputError,
 }
 
 
 def free_port() -> int:
+    """A loopback port free at the moment (tests starting `securevfl party` ranks;
+    it may be taken before they listen: local launches reserve theirs instead,
+    :func:`reserve_port`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def reserve_port() -> socket.socket:
+    """A loopback port for rank 0's rendezvous, held bound (not listening) by the
+    launcher until the launch has ended.
+
+    Picking a free port and releasing it before rank 0 listens is a race: another
+    process may take the port in between ("Address already in use" after a
+    minute of start-up). While this socket is bound, the kernel hands the port to
+    no one else: not to another ``bind`` to port 0, not as the local port of an
+    outgoing connection, and an explicit ``bind`` to it fails. Rank 0 still binds
+    and listens on it, because both sockets set ``SO_REUSEADDR`` (as
+    :func:`securevfl.runtime.session.listen_socket` does) and this one never
+    listens. The socket is not inherited by the ranks (close-on-exec, and a fork
+    server's children get only the descriptors sent to them)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class RankGroup(list[Any]):
+    """One launch's rank processes, by rank, and the port reserved for its
+    rendezvous (:func:`reserve_port`), released once every rank has ended."""
+
+    def __init__(self, procs: list[Any], reservation: socket.socket | None = None):
+        super().__init__(procs)
+        self.reservation = reservation
+
+    def release(self) -> None:
+        if self.reservation is not None:
+            self.reservation.close()
+            self.reservation = None
+
+
+def _release(procs: list[Any]) -> None:
+    if isinstance(procs, RankGroup):
+        procs.release()
 
 
 RANK_PROCESS = "securevfl-rank"
@@ -76,6 +123,10 @@ START_METHODS = ("forkserver", "spawn")
 RANK_MODULES = ["securevfl.app.launcher", "securevfl.app.predict", "securevfl.cli"]
 KILL_REAP_S = 0.1  # after killing the ranks left, how long one wait for them lasts at most
 STOP_GRACE_S = 2.0  # a stopped launch's ranks get this long to end on SIGTERM before SIGKILL
+# a rank's exit code when its entry point raised before the rank could report it;
+# exit code 1 without a report then means it failed before its entry point ran
+RANK_CRASHED = 70
+PROBE_BYTES = 1 << 16  # written to the output folder to tell a full disk from other silent failures
 
 
 def _child(
@@ -130,6 +181,7 @@ def launch(
             "`if __name__ == '__main__':` guard, so every rank re-ran it on start-up"
         )
 
+    rank_threads()  # a bad SECUREVFL_THREADS is refused here, not in every rank
     if proto.attacks and not proto.runtime.record_views:
         raise ConfigError(
             "attacks run on the views the ranks record; runtime.record_views is off",
@@ -138,7 +190,10 @@ def launch(
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
     if resume:
-        folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout_of(proto).world_size))
+        layout = layout_of(proto)
+        folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
+        parties = [r.rank for r in layout.roles if r.kind != "helper"]
+        check_one_run(out_dir, parties, protocol_digest=proto.digest())
     else:
         folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
@@ -199,12 +254,22 @@ def rank_context() -> Any:
     return ctx
 
 
-def _rank_main(target: Callable[..., None], env: dict[str, str], *args: Any) -> None:
-    """A rank's first step: the launcher's environment at launch time (a fork server's
-    own is the one it started with), then the rank's entry point."""
+def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, *args: Any) -> None:
+    """A rank's first steps: end with the launcher, however it ends (SIGKILL
+    included: :func:`~securevfl.runtime.lifeline.die_with`), take the
+    launcher's environment at launch time (a fork server's own is the one it
+    started with), then run the rank's entry point."""
+    die_with(launcher)
     os.environ.clear()
     os.environ.update(env)
-    target(*args)
+    try:
+        target(*args)
+    except SystemExit:
+        raise
+    except BaseException:  # a bug before the rank could report it: keep the traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.exit(RANK_CRASHED)
 
 
 def start_ranks(
@@ -214,42 +279,58 @@ def start_ranks(
     args: Callable[[int, str], tuple[Any, ...]],
 ) -> list[Any]:
     """Start one process per rank (:func:`rank_context`), ``target(*args(rank,
-    rendezvous), seed, pins)`` on a free loopback port (``seed``: the rank's
-    throw-away identity key, ``pins``: every rank's public key), and record their pids."""
+    rendezvous), seed, pins)`` on a reserved loopback port (:func:`reserve_port`;
+    ``seed``: the rank's throw-away identity key, ``pins``: every rank's public
+    key), and record their pids. Each rank ends with the launcher
+    (:func:`_rank_main`)."""
     layout = layout_of(proto)
-    rendezvous = f"tcp://127.0.0.1:{free_port()}"
     ctx = rank_context()
+    reservation = reserve_port()
+    rendezvous = f"tcp://127.0.0.1:{reservation.getsockname()[1]}"
     env = dict(os.environ)
     # Throw-away identities for this run (issue #19): every rank gets its own secret
     # key through its start arguments (a local pipe, never a file) and every rank pins
     # all public keys; keys a protocol pins are for multi-host runs and are not used here.
     identities = [Identity.generate() for _ in layout.roles]
     pins = {r.rank: key_string(identities[r.rank].public) for r in layout.roles}
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            name=f"{RANK_PROCESS}{r.rank}",
-            args=(target, env, *args(r.rank, rendezvous), identities[r.rank].seed(), pins),
-        )
-        for r in layout.roles
-    ]
-    for p in procs:
-        p.start()
-    ranks_dir = out_dir / "ranks"
-    ranks_dir.mkdir(parents=True, exist_ok=True)
-    (ranks_dir / "launcher_pids.json").write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
+    procs = RankGroup(
+        [
+            ctx.Process(
+                target=_rank_main,
+                name=f"{RANK_PROCESS}{r.rank}",
+                args=(target, env, os.getpid(), *args(r.rank, rendezvous), identities[r.rank].seed(), pins),
+            )
+            for r in layout.roles
+        ],
+        reservation,
+    )
+    try:
+        for p in procs:
+            p.start()
+        pids = out_dir / "ranks" / "launcher_pids.json"
+        pids.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            pids.write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
+        except OSError as exc:  # the error of a failed write does not name its file
+            raise OSError(exc.errno, exc.strerror, str(pids)) from None
+    except BaseException:  # a full disk, Ctrl-C: no rank outlives a failed start
+        stop_ranks([p for p in procs if p.pid is not None])
+        procs.release()
+        raise
     return procs
 
 
 def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
     """Wait for every rank; kill the rest a grace period after the first failure.
-    Returns the exit codes by rank.
+    Returns the exit codes by rank; None for a rank this launcher had to kill (it
+    stalled: it did not end by itself within the grace period).
 
     Event-driven: it sleeps on the ranks' process sentinels, so it wakes the moment
     a rank ends (no polling slice added to every run); while a failure's grace
     period runs it wakes at the latest when the period is over."""
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
+    killed: set[int] = set()
     try:
         while alive := [p for p in procs if p.is_alive()]:
             if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
@@ -259,6 +340,7 @@ def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
                 left = first_failure + grace - time.monotonic()
                 if left <= 0:
                     for p in alive:
+                        killed.add(procs.index(p))
                         p.kill()
                 timeout = max(left, KILL_REAP_S)
             wait_for([p.sentinel for p in alive], timeout=timeout)
@@ -267,7 +349,8 @@ def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
         raise
     for p in procs:
         p.join()
-    return {r: p.exitcode for r, p in enumerate(procs)}
+    _release(procs)
+    return {r: None if r in killed else p.exitcode for r, p in enumerate(procs)}
 
 
 def stop_ranks(procs: list[Any], grace_s: float = STOP_GRACE_S) -> None:
@@ -283,6 +366,7 @@ def stop_ranks(procs: list[Any], grace_s: float = STOP_GRACE_S) -> None:
         if p.is_alive():
             p.kill()
             p.join(KILL_REAP_S)
+    _release(procs)
 
 
 def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
@@ -304,6 +388,7 @@ def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None])
             with contextlib.suppress(Exception):
                 notes[r] = ErrorNote.model_validate_json(f.read_text())
     names = layout.names()
+    # a signal this launcher did not send (codes of ranks it killed are None)
     killed = [r for r, c in codes.items() if c is not None and c < 0 and r not in notes]
     origin = [n for n in notes.values() if n.kind != "PartyFailure"]
     if origin:
@@ -320,14 +405,61 @@ def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None])
             f"rank {r} ({names[r]}) was killed by {sig}; ranks {others} stopped with errors naming it",
             rank=r,
         )
+    stalled = [r for r, c in codes.items() if c is None]
+    stopped = (
+        f" ({', '.join(f'rank {r} ({names[r]})' for r in stalled)} did not end by itself and was stopped "
+        "by the launcher)"
+        if stalled
+        else ""
+    )
     failures = [n for n in notes.values() if n.lost_rank is not None]
     if failures:
         n = failures[0]
-        return PartyFailure(f"rank {n.rank} ({names[n.rank]}): {n.message}", rank=n.lost_rank)
-    bad = {r: c for r, c in codes.items() if c != 0}
+        return PartyFailure(f"rank {n.rank} ({names[n.rank]}): {n.message}{stopped}", rank=n.lost_rank)
+    return _without_reports(out_dir, codes, names, stopped)
+
+
+def _without_reports(
+    out_dir: Path, codes: dict[int, int | None], names: dict[int, str], stopped: str
+) -> SecureVFLError:
+    """Why ranks failed without writing an error report, as far as the launcher can
+    tell: a folder it cannot write either (a full disk), ranks that failed before
+    their entry point ran (exit code 1: a rank first re-imports the main module of
+    the program that launched it), a rank that crashed (:data:`RANK_CRASHED`)."""
+    bad = {r: c for r, c in codes.items() if c not in (0, None)}
+    try:
+        probe = out_dir / "ranks" / f".securevfl-probe-{os.getpid()}"
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(probe, "wb") as fh:
+                fh.write(bytes(PROBE_BYTES))
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        return OutputError(
+            f"ranks {sorted(bad)} stopped without writing an error report: the output folder {out_dir} "
+            f"cannot be written ({exc.strerror or exc}); free some space or choose another --out{stopped}"
+        )
+    if any(c == 1 for c in bad.values()):
+        return PartyFailure(
+            f"ranks exited with codes {bad} before writing an error report: they failed before their own "
+            "code ran, while importing the main module of the program that launched them (a script "
+            "that calls launch() needs an `if __name__ == '__main__':` guard); their tracebacks are on "
+            f"stderr{stopped}",
+            rank=None,
+        )
+    crashed = [r for r, c in bad.items() if c == RANK_CRASHED]
+    if crashed:
+        r = crashed[0]
+        return PartyFailure(
+            f"rank {r} ({names[r]}) failed with an internal error before it could report it; its "
+            f"traceback is on stderr{stopped}",
+            rank=r,
+        )
     return PartyFailure(
-        f"ranks exited with codes {bad} before writing an error report; their tracebacks are on "
-        "stderr (a rank fails this way when, e.g., the script calling launch() lacks an "
-        "`if __name__ == '__main__':` guard)",
+        f"ranks exited with codes {bad} before writing an error report; their messages are on "
+        f"stderr{stopped}",
         rank=None,
     )

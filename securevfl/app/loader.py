@@ -1,8 +1,8 @@
 """The checked protocol loader: a YAML file (or a parsed mapping) plus ``--set``
-overrides, validated against the schema (:mod:`securevfl.config`) and then
-cross-checked against the registries (:mod:`securevfl.validation`), which
-validates every component's options once and attaches them to the protocol
-(:mod:`securevfl.components`).
+overrides, both read by :mod:`securevfl.app.yamldoc`, validated against the
+schema (:mod:`securevfl.config`) and then cross-checked against the registries
+(:mod:`securevfl.validation`), which validates every component's options once
+and attaches them to the protocol (:mod:`securevfl.components`).
 
 It sits above every registry (exchange backends, defenses, attacks, datasets), so
 that the schema below them never imports them back.
@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from securevfl.app.yamldoc import load_yaml, parse_value
 from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol, format_loc, validation_error
 from securevfl.errors import ConfigError
@@ -58,11 +59,7 @@ def override_expr(key: str, value: Any) -> str:
 def parse_override(expr: str) -> tuple[list[str | int], Any]:
     """``a.b[0].c=value`` -> (['a', 'b', 0, 'c'], parsed value). Values are YAML."""
     path, key, raw = split_override(expr)
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override value is not valid YAML: {exc}", path=key) from None
-    return path, value
+    return path, parse_value(raw, path=key)
 
 
 def apply_override(doc: dict[str, Any], path: list[str | int], value: Any) -> None:
@@ -155,12 +152,7 @@ def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Proto
         raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
     if "\x00" in text:
         raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from None
-    except RecursionError:
-        raise ConfigError("not valid YAML: nested too deeply", source=str(p)) from None
+    doc = load_yaml(text, source=str(p))
     proto = load_protocol_dict(doc, source=str(p), overrides=overrides)
     return _resolve_paths(proto, p.parent)
 

@@ -8,19 +8,25 @@ overwrite. With ``overwrite`` the new run is written to a staging folder inside
 the output folder; only when it has finished are securevfl's own earlier files
 removed and the new ones moved into their place. Files securevfl did not write
 are never touched. A run that fails leaves the earlier result as it was and its
-own files in ``OUT/failed-run/``.
+own files in ``OUT/failed-run/``; a launch that dies before either (SIGKILL)
+leaves its staging folder, which the next run in ``OUT`` removes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, OutputError
 
+# what the file system answers when a file cannot be written for reasons of the
+# machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 STAGING_PREFIX = ".securevfl-staging-"
 FAILED_RUN = "failed-run"
 # what securevfl writes under an output folder (paths relative to it)
@@ -61,8 +67,9 @@ class OutputFolder:
         :class:`ConfigError` (path ``--out``) for a folder that holds earlier
         results when ``overwrite`` is false."""
         out = Path(out)
+        sweep_stale_staging(out)
         check_available(out, overwrite=overwrite, keep=keep, flag=flag)
-        out.mkdir(parents=True, exist_ok=True)
+        check_writable(out)
         kept = {Path(k).resolve() for k in keep}
         if not _entries(out, kept):
             return cls(out, out, staged=False)
@@ -96,6 +103,73 @@ class OutputFolder:
             shutil.rmtree(failed)
         os.replace(self.path, failed)
         return failed
+
+
+def output_error(exc: BaseException, *, shared: bool = True) -> OutputError | None:
+    """The user's error behind ``exc``, when it is a file that could not be written
+    (:data:`WRITE_ERRNOS`), else None (a bug: keep the traceback). ``shared``: the
+    message may reach the other parties (a rank's report), so the file's path goes
+    to ``detail`` only; otherwise (the command's own error) the message names it."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
+        return None
+    reason = exc.strerror or str(exc)
+    hint = "; free some space or choose another --out" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    where = f"cannot write {exc.filename}: {reason}" if exc.filename else None
+    if shared:
+        return OutputError(f"cannot write its output files: {reason}{hint}", detail=where)
+    return OutputError((where or f"cannot write the run's files: {reason}") + hint)
+
+
+def check_writable(out: Path) -> None:
+    """Create ``out`` if needed and check that a file can be created in it, so that
+    a folder the user may not write (or a read-only file system) is refused with
+    its reason before any rank starts."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".securevfl-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write to the output folder {out}: {exc.strerror or exc}", path="--out"
+        ) from None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging folders in ``out`` left by launches that ended without
+    committing or abandoning them (a launcher killed by SIGKILL, or a power cut):
+    ``.securevfl-staging-<pid>`` of a process that no longer runs. Its ranks
+    ended with it (they die with their parent, :mod:`securevfl.runtime.lifeline`),
+    and the earlier result in ``out`` was never touched. A staging folder of a
+    running process is left alone (a launch in progress, or a reused pid).
+    Returns the folders removed."""
+    removed: list[Path] = []
+    if not out.is_dir():
+        return removed
+    for p in sorted(out.glob(f"{STAGING_PREFIX}*")):
+        pid = p.name[len(STAGING_PREFIX) :]
+        if p.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def holds_training_run(folder: Path) -> list[str]:
+    """What in ``folder`` belongs to a training run: its ``result.json`` and the
+    ranks' own folders (saved models, checkpoints); empty when there is none."""
+    folder = Path(folder)
+    found = ["result.json"] if (folder / "result.json").is_file() else []
+    return found + [f"ranks/{p.name}/" for p in _own_dirs(folder)]
 
 
 def check_available(

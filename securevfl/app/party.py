@@ -4,7 +4,7 @@ the parties are on different hosts.
 
 It opens the rank's output folder (never losing an earlier result:
 :mod:`securevfl.app.outdir`), materializes a built-in dataset's slice of this
-party in a short-lived child process, and runs the rank (:func:`~securevfl.app.rank.run_rank`,
+party in a short-lived forked child process, and runs the rank (:func:`~securevfl.app.rank.run_rank`,
 or :func:`~securevfl.app.predict.predict_rank` for one rank of a prediction).
 A rank reports its own failure (stderr, its error file, its peers); this raises
 :class:`~securevfl.errors.RankFailed` with its exit code.
@@ -12,16 +12,16 @@ A rank reports its own failure (stderr, its error file, its peers); this raises
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 from securevfl.app.outdir import OutputFolder, resume_folder
+from securevfl.app.party_args import check_key_file, check_rendezvous
 from securevfl.app.predict import check_out, parse_data_overrides, predict_rank
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.config import Protocol
-from securevfl.data.partition import is_builtin, materialize
-from securevfl.errors import ConfigError, RankFailed, SecureVFLError
+from securevfl.data.partition import is_builtin, materialize_apart
+from securevfl.errors import ConfigError, RankFailed
 from securevfl.runtime.secure.keys import Identity
 
 
@@ -45,8 +45,12 @@ def run_party(
     run's folder, to predict with this rank's saved model; ``data``: ``PARTY=PATH``
     items naming this party's file of new records (a prediction only)."""
     data = data or []
+    check_rendezvous(rendezvous)
     role = layout_of(proto).role(rank)
-    identity = Identity.load(key) if key is not None else None
+    identity = None
+    if key is not None:
+        check_key_file(Path(key))
+        identity = Identity.load(Path(key))
     if predict is not None:
         if resume:
             raise ConfigError(
@@ -66,13 +70,9 @@ def run_party(
     else:
         folder = OutputFolder.open(folder_path, overwrite=overwrite, keep=(data_path,))
     if is_builtin(proto) and role.kind != "helper":
-        # Materialize this party's slice in a short-lived child process, so this
-        # rank's own process never holds the other parties' columns.
-        p = mp.get_context("spawn").Process(target=materialize, args=(proto, data_path, role.party))
-        p.start()
-        p.join()
-        if p.exitcode != 0:
-            raise SecureVFLError(f"could not materialize the data of party '{role.party}'")
+        # this party's slice, written by a short-lived forked child: the rank's own
+        # process never holds the other parties' columns
+        materialize_apart(proto, data_path, role.party)
     code = run_rank(
         proto,
         rank,

@@ -42,13 +42,14 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from securevfl.app.checkpoints import load_model
+from securevfl.app.checkpoints import load_model, save_tensors
 from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
-from securevfl.app.outdir import OutputFolder
-from securevfl.app.rank import AUDIT_ENV, install_open_audit
+from securevfl.app.outdir import OutputFolder, holds_training_run, output_error
+from securevfl.app.rank import AUDIT_ENV, install_open_audit, report_failure
 from securevfl.app.rank_layout import layout_of
+from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import CsvSource, Protocol
@@ -64,7 +65,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
-from securevfl.runtime.session import Session, exit_code_for
+from securevfl.runtime.session import Session
 from securevfl.timing import PhaseClock, peak_rss_mib
 
 PREDICTIONS_FILE = "predictions.csv"
@@ -122,12 +123,19 @@ def records_source(proto: Protocol, party: str, data_dir: Path, override: Path |
 
 
 def check_out(out: Path, run_dir: Path) -> None:
-    """The prediction's output folder may not be the training run's own folder:
-    replacing securevfl's files there (``--overwrite``) would delete the run's
-    result and ranks' files."""
+    """The prediction's output folder may not hold a training run, this one or
+    any other, with or without ``--overwrite``: replacing securevfl's files there
+    would delete the run's result, its saved models and its checkpoints."""
     if Path(out).resolve() == Path(run_dir).resolve():
         raise ConfigError(
             f"{out} is the training run's folder: write the predictions to another folder", path="--out"
+        )
+    found = holds_training_run(Path(out))
+    if found:
+        raise ConfigError(
+            f"{out} holds a training run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): "
+            "write the predictions to another folder (--overwrite never replaces a training run)",
+            path="--out",
         )
 
 
@@ -197,7 +205,7 @@ def predict_rank(
     ``identity``, ``pins``: as for :func:`~securevfl.app.rank.run_rank`."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
-    torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
+    torch.set_num_threads(rank_threads())
     out_dir = Path(out_dir)
     ranks_dir = out_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +272,7 @@ def predict_rank(
                 own = OwnView(kept)
             if keep:
                 view = View(rank, role.party, ledger.received_view(), own or OwnView({}))
-                torch.save(
+                save_tensors(
                     {"received": view.received, "own": view.own.to_dict()},
                     ranks_dir / f"rank{rank}.predict_view.pt",
                 )
@@ -285,13 +293,15 @@ def predict_rank(
                 (out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
         return 0
     except SecureVFLError as exc:
-        session.report(exc)
-        return exit_code_for(exc)
+        return report_failure(session, exc)
     except KeyboardInterrupt:
         return 130
-    except BaseException as exc:  # a bug: keep the traceback, still tell the peers
-        traceback.print_exc()
-        session.report(exc)
+    except BaseException as exc:
+        user = output_error(exc)  # a full disk, a read-only folder: the user's to fix
+        if user is not None:
+            return report_failure(session, user)
+        traceback.print_exc()  # a bug: keep the traceback, still tell the peers
+        report_failure(session, exc)
         return 1
 
 
@@ -350,6 +360,7 @@ def predict_local(
     protocol the run in ``run_dir`` was trained under. Returns the record and the
     predictions file. An ``out_dir`` holding earlier results is refused unless
     ``overwrite`` (then the new files move in only once every rank has finished)."""
+    rank_threads()  # a bad SECUREVFL_THREADS is refused here, not in every rank
     run_dir = Path(run_dir)
     proto = run_protocol(run_dir)
     files = parse_data_overrides(data or [], proto)

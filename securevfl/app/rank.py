@@ -27,13 +27,29 @@ import torch
 import torch.fx.experimental.symbolic_shapes
 from pydantic import ValidationError
 
-from securevfl.app.checkpoints import checkpoint_dir, list_checkpoints, model_dir, read_state, write_state
+from securevfl.app.checkpoints import (
+    checkpoint_dir,
+    list_checkpoints,
+    model_dir,
+    read_state,
+    save_tensors,
+    write_state,
+)
+from securevfl.app.outdir import output_error
 from securevfl.app.rank_layout import layout_of
+from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.defenses.base import sends_codes
-from securevfl.errors import CheckpointError, ConfigError, ProtocolError, SecureVFLError, show_warning
+from securevfl.errors import (
+    CheckpointError,
+    ConfigError,
+    OutputError,
+    ProtocolError,
+    SecureVFLError,
+    show_warning,
+)
 from securevfl.exchange.base import ExchangeContext
 from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import Party, prepare
@@ -164,7 +180,7 @@ def run_rank(
     keys every rank must present, if not the protocol's)."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
-    torch.set_num_threads(int(os.environ.get("SECUREVFL_THREADS", "1")))
+    torch.set_num_threads(rank_threads())
 
     out_dir = Path(out_dir)
     ranks_dir = out_dir / "ranks"
@@ -263,14 +279,14 @@ def run_rank(
                 summary["has_labels"] = prep.data.y is not None
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
-                torch.save(party.state(), ranks_dir / f"rank{rank}.state.pt")
+                save_tensors(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 save_model(session, out_dir, party)
                 trace = getattr(party, "trace", None)  # the active party's first steps (tests)
                 if trace:
-                    torch.save(trace, ranks_dir / f"rank{rank}.trace.pt")
+                    save_tensors(trace, ranks_dir / f"rank{rank}.trace.pt")
                 view = View(rank, role.party, ledger.received_view(), party.own_view())
                 if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
-                    torch.save(
+                    save_tensors(
                         {"received": view.received, "own": view.own.to_dict()},
                         ranks_dir / f"rank{rank}.view.pt",
                     )
@@ -301,11 +317,32 @@ def run_rank(
                 write_result(out_dir, result)
         return 0
     except SecureVFLError as exc:
-        session.report(exc)
-        return exit_code_for(exc)
+        return report_failure(session, exc)
     except KeyboardInterrupt:
         return 130
-    except BaseException as exc:  # a bug: keep the traceback, still tell the peers
-        traceback.print_exc()
-        session.report(exc)
+    except BaseException as exc:
+        user = output_error(exc)  # a full disk, a read-only folder: the user's to fix
+        if user is not None:
+            return report_failure(session, user)
+        traceback.print_exc()  # a bug: keep the traceback, still tell the peers
+        report_failure(session, exc)
         return 1
+
+
+def report_failure(session: Session, exc: BaseException) -> int:
+    """Report this rank's failure (its error file, stderr, the peers) and return
+    its exit code. When even the error file cannot be written (the disk is full)
+    the failure still reaches stderr, in one line, and the exit code stands."""
+    if isinstance(exc, OutputError) and exc.detail:  # the file's path stays on this machine
+        owner = f"securevfl: rank {session.rank}, for its owner only: {exc.detail}"
+        print(owner, file=sys.stderr, flush=True)
+    try:
+        session.report(exc)
+    except OSError as err:
+        print(
+            f"securevfl: rank {session.rank} ({session.role.label}): {exc} (its error report could not "
+            f"be written either: {err.strerror or err})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return exit_code_for(exc)

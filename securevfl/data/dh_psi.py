@@ -55,6 +55,8 @@ import gmpy2
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from securevfl.runtime.lifeline import die_with
+
 ELEMENT_BYTES = 32  # an X25519 u-coordinate, little-endian
 #: RFC 9380 domain-separation tag: the suite id prefixed with this application.
 DST = b"securevfl-psi-v2-curve25519_XMD:SHA-512_ELL2_NU_"
@@ -235,7 +237,8 @@ class Blinder:
     another core idles (A blinding every passive party's setup) needs processes,
     not threads. The workers are spawned children of the key's owner: the scalar
     goes to them over a local pipe and never leaves the party's machine or its
-    process tree (SECURITY.md §3); they exit with the ``with`` block. Batches
+    process tree (SECURITY.md §3); they exit with the ``with`` block, or with
+    this process if it ends without leaving the block. Batches
     below ``min_parallel`` elements, or ``workers == 1``, are blinded in this
     process. :meth:`submit` returns at once, so the caller can receive messages
     while the workers blind.
@@ -274,7 +277,15 @@ class Blinder:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
+            # each worker ends with this process, however it ends (a rank stopped by
+            # SIGTERM or SIGKILL, or one ending itself with os._exit when a peer is lost,
+            # never runs close()): the workers hold the key and ~0.4 GB each
+            self._pool = ProcessPoolExecutor(
+                self._workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with,
+                initargs=(os.getpid(),),
+            )
         return self._pool
 
     def submit(self, packed: bytes) -> Pending:

@@ -7,7 +7,9 @@ label and (optional) own feature columns.
 
 from __future__ import annotations
 
+import csv
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +56,29 @@ class PartyData:
         )
 
 
+def _check_header(path: str, party: str) -> None:
+    """Refuse a header that names a column twice: pandas would rename the second
+    one (``alcohol.1``) and the party would train on a column it never named."""
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, csv.Error):
+        return  # pandas reports what is wrong with the file
+    repeated = sorted(name for name, n in Counter(header).items() if n > 1)
+    if repeated:
+        raise DataError(
+            f"party '{party}': the header of its data file names the column(s) {repeated[:5]} more than "
+            "once: rename or remove the repeated ones",
+            detail=f"header of {path}",
+        )
+
+
 def _read_csv(path: str, party: str, **kwargs: Any) -> pd.DataFrame:
     """Read a party's CSV strictly: a row with more fields than the header is an
     error (pandas would otherwise drop the extra fields, or silently turn the ID
-    column into the index when every row has one field too many)."""
+    column into the index when every row has one field too many), and so is a
+    header naming a column twice (:func:`_check_header`)."""
+    _check_header(path, party)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from securevfl.report.aggregate import RunRecord, Summary, summarize
@@ -79,11 +80,13 @@ def _table_rows(summary: Summary) -> tuple[list[tuple[str, str]], list[list[str]
 
 def print_summary(summary: Summary, title: str = "securevfl compare") -> None:
     head, body = _table_rows(summary)
-    t = Table(title=title)
+    t = Table(title=escape(title))
     for key, name in head:
         t.add_column(name, justify="left" if key in TEXT else "right")
     for line in body:
-        t.add_row(*line)
+        # as text, not console markup: a grid label "plain [training.lr=0.1]" would
+        # otherwise lose its bracket as an unknown style, and grid rows look alike
+        t.add_row(*(escape(c) for c in line))
     Console(width=None if sys.stdout.isatty() else 240).print(t)
 
 

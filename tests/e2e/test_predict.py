@@ -185,14 +185,22 @@ def test_party_predict_gives_the_local_file(trained, predicted, tmp_path: Path):
         shutil.copytree(run / "ranks" / f"rank{r}", own / "ranks" / f"rank{r}")
         data = [f"--data={party}={predicted['data'][party]}"] if party in predicted["data"] else []
         procs.append(party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(own), *data))
-    errs = []
+    outs, errs = [], []
     for p in procs:
         try:
-            errs.append(p.communicate(timeout=300)[1])
+            out, err = p.communicate(timeout=300)
+            outs.append(out)
+            errs.append(err)
         finally:
             if p.poll() is None:
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
+    assert outs[0] == f"predictions: {tmp_path / 'host0' / 'predictions.csv'}\n"
+    for r, party in ((1, "shop"), (2, "web")):  # one line from each passive rank
+        assert (
+            outs[r]
+            == f"done: rank {r} (passive '{party}') took part; the active party holds the predictions\n"
+        )
     a = pd.read_csv(tmp_path / "host0" / "predictions.csv", dtype={"id": str})
     b = pd.read_csv(predicted["out"] / "predictions.csv", dtype={"id": str})
     pd.testing.assert_frame_equal(a, b)
@@ -268,6 +276,41 @@ def test_output_folder_is_never_overwritten_unasked(
     code, err = _predict_in_process(capsys, str(trained["run"]), "--out", str(trained["run"]), "--overwrite")
     assert code == 2 and "is the training run's folder" in _flat(err)
     assert (trained["run"] / "result.json").is_file()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_holding_a_training_run_is_never_a_prediction_folder(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], overwrite: bool
+):
+    """Another training run's folder (a copy of the shared run), or one rank's
+    training folder of a run across hosts: refused naming what it holds, with or
+    without --overwrite, and left as it was (every file, same bytes)."""
+    other = tmp_path / "other-run"
+    shutil.copytree(trained["run"], other)
+    one_rank = tmp_path / "rank1-run"
+    shutil.copytree(trained["run"] / "ranks" / "rank1", one_rank / "ranks" / "rank1")
+    for out, named in ((other, "result.json, ranks/rank0/"), (one_rank, "ranks/rank1/")):
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        args = ["--out", str(out)] + (["--overwrite"] if overwrite else [])
+        code, err = _predict_in_process(capsys, str(trained["run"]), *args)
+        assert code == 2, err[-2000:]
+        assert f"{out} holds a training run ({named}" in _flat(err), err[-2000:]
+        assert "Traceback" not in err
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+        # securevfl party --predict checks the same before its rank starts
+        code, err = _predict_party_in_process(capsys, trained, out, overwrite)
+        assert code == 2 and "holds a training run" in _flat(err), err[-2000:]
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def _predict_party_in_process(
+    capsys: pytest.CaptureFixture[str], trained: dict[str, Any], out: Path, overwrite: bool
+) -> tuple[int, str]:
+    capsys.readouterr()
+    args = ["party", str(trained["proto"]), "--rank", "1", "--rendezvous", "tcp://127.0.0.1:1"]
+    args += ["--predict", str(trained["run"]), "--out", str(out), "--quiet"]
+    code = main(args + (["--overwrite"] if overwrite else []))
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.slow

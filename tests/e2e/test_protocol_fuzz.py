@@ -102,11 +102,57 @@ def _mutations() -> list[tuple[str, str, Any]]:
             )
             owner["defenses"][0].setdefault("params", {})["epsilon"] = math.inf if i % 2 else -2.5
             out.append((f"{f.stem}:defense_param", f.name, doc))
+    out.extend(_loader_cases())
     out.append(("binary", "-", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\x00\x01"))
     out.append(("empty", "-", b""))
     out.append(("nul_bytes", "-", b"name: x\x00\x00\n"))
     out.append(("not_a_mapping", "-", b"- 1\n- 2\n"))
     out.append(("bad_yaml", "-", b"name: [unclosed\n"))
+    return out
+
+
+def _loader_cases() -> list[tuple[str, str, Any]]:
+    """What the YAML reader and the schema refuse beyond single fields: an alias
+    bomb, a repeated key, a recursive document, a name that is a path, a synthetic
+    table too large to build."""
+    plain = (PROTOCOLS / "plain.yaml").read_text()
+    bomb = "\n".join(
+        ["bomb: &l0 [x, x, x, x, x, x, x, x, x]"]
+        + [f"bomb{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    )
+    out: list[tuple[str, str, Any]] = [
+        ("alias_bomb", "plain.yaml", (plain + "\n" + bomb + "\n").encode()),
+        (
+            "alias_bomb_in_params",
+            "plain.yaml",
+            (bomb + "\n" + plain.replace("backend: plain", "backend: plain\n  params: {x: *l9}")).encode(),
+        ),
+        ("repeated_key", "plain.yaml", (plain + "\ntraining: {epochs: 1}\n").encode()),
+        (
+            "repeated_nested_key",
+            "plain.yaml",
+            plain.replace("  epochs: 10\n", "  epochs: 10\n  epochs: 3\n").encode(),
+        ),
+        ("recursive", "-", b"name: &a [1, *a]\n"),
+    ]
+    base = yaml.safe_load(plain)
+    for label, name in (("parent", "../../x"), ("absolute", "/tmp/x"), ("hidden", ".x"), ("empty", "")):
+        doc = copy.deepcopy(base)
+        doc["name"] = name
+        out.append((f"name_{label}", "plain.yaml", doc))
+    synthetic = {
+        "name": "syn",
+        "dataset": {"name": "synthetic"},
+        "parties": {"passive": [{"name": "p", "columns": {"index": [0, 2]}, "model": {"out": 4}}]},
+    }
+    for label, params in (
+        ("rows_1e10", {"rows": 10**10}),
+        ("rows_1e10_float", {"rows": 1e10}),
+        ("table_too_large", {"rows": 40_000_000, "features": 1000}),
+    ):
+        doc = copy.deepcopy(synthetic)
+        doc["dataset"]["synthetic"] = params
+        out.append((f"synthetic_{label}", "-", doc))
     return out
 
 

@@ -33,6 +33,12 @@ def test_party_commands_reproduce_run(small_cli_run: CliRun, tmp_path: Path):
     procs = [party_process(proto, r, port, tmp_path / f"host{r}", "--quiet") for r in range(3)]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
+    # rank 0 names the result; the other ranks say in one line that they are done
+    assert f"result: {tmp_path / 'host0' / 'result.json'}" in outs[0][0]
+    for r, name in ((1, "left"), (2, "right")):
+        assert outs[r][0].startswith(f"done: rank {r} (passive '{name}'): 3 training steps on 1797"), outs[r][
+            0
+        ]
     a = small_cli_run.result
     b = json.loads((tmp_path / "host0" / "result.json").read_text())
     assert a["train_steps"] > 1

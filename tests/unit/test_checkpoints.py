@@ -14,13 +14,16 @@ import torch
 
 from securevfl.app.checkpoints import (
     Manifest,
+    check_one_run,
     checkpoint_dir,
+    file_digest,
     list_checkpoints,
     load_model,
     model_dir,
     read_state,
     write_state,
 )
+from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol_dict
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.errors import CheckpointError, ConfigError
@@ -286,3 +289,61 @@ def test_checkpoint_every_is_typed_off_by_default_and_refused_with_attacks() -> 
     doc["attacks"] = [{"name": "label_norm"}]
     with pytest.raises(ConfigError, match=r"training\.checkpoint_every.*views recorded for attacks"):
         load_protocol_dict(doc)
+
+
+def _checkpoints_of(out: Path, proto: Any, runs: dict[int, str], epoch: int = 1) -> None:
+    for rank, run in runs.items():
+        write_state(
+            checkpoint_dir(out, rank, epoch),
+            tensors={"models": {"w": torch.zeros(2)}},
+            docs={"loop": {"epoch": epoch}},
+            kind="checkpoint",
+            protocol_digest=proto.digest(),
+            run_id=run,
+            rank=rank,
+            role="active" if rank == 0 else "passive",
+            party="p",
+            epoch=epoch,
+            step=3,
+        )
+
+
+def test_checkpoints_of_two_runs_mixed_are_refused_naming_the_run_ids(tmp_path: Path) -> None:
+    """A local --resume in a folder whose ranks hold checkpoints of different runs
+    (rank 2's copied from another run) is refused before any rank starts, saying
+    that the run IDs differ."""
+    proto = load_protocol_dict(small_digits())
+    _checkpoints_of(tmp_path, proto, {0: "run-a1", 1: "run-a1", 2: "run-b2"})
+    with pytest.raises(CheckpointError) as info:
+        launch(proto, tmp_path, progress=False, resume=True)
+    text = str(info.value)
+    assert "come from 2 different runs (their run IDs differ" in text, text
+    assert "rank 1: epoch 1 of run run-a1; rank 2: epoch 1 of run run-b2" in text, text
+    assert not (tmp_path / "ranks" / "launcher_pids.json").exists()  # no rank started
+    # one run: nothing to say here (the ranks agree at start-up)
+    check_one_run(tmp_path, [0, 1], protocol_digest=proto.digest())
+
+
+def test_a_forged_state_file_does_not_advise_loading_it_unsafely(tmp_path: Path) -> None:
+    """A tensor file replaced by a pickle that would run code, with its manifest
+    digest forged to match: refused naming the file, without torch's advice to
+    load it with weights_only=False."""
+    dest = checkpoint_dir(tmp_path, 1, 2)
+    _write(dest)
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (print, ("this would have run",))
+
+    f = dest / "models.pt"
+    torch.save({"x": Payload()}, f)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["files"]["models.pt"] = file_digest(f)
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as info:
+        read_state(dest, rank=1, kind="checkpoint", protocol_digest=DIGEST)
+    text = str(info.value)
+    assert text.startswith("rank 1: rank1/checkpoints/epoch-2/models.pt cannot be loaded: it holds something")
+    assert "(Unsupported global: GLOBAL print was not an allowed global by default)" in text, text
+    assert "changed after it was written" in text
+    assert "weights_only" not in text and "trusted source" not in text, text

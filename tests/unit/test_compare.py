@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from securevfl.report.aggregate import RunRecord
-from securevfl.report.compare import epsilon_spent, markdown_table, rows, write_comparison
+from securevfl.report.aggregate import RunRecord, summarize
+from securevfl.report.compare import epsilon_spent, markdown_table, print_summary, rows, write_comparison
 
 
 def result(name, backend, acc, *, defenses=None, eps=None, attacks=None):
@@ -137,3 +137,15 @@ def test_regression_metrics_show_only_where_some_run_has_them() -> None:
     md = markdown_table([reg]).splitlines()
     assert "test R²" in md[0] and "test RMSE" in md[0]
     assert "| 0.6100 | 0.700 |" in md[2]
+
+
+def test_the_terminal_table_keeps_the_grid_labels(capsys) -> None:
+    """Grid rows differ by their label only ("ldp [epsilon=0.5]"): the terminal table
+    prints it as text (a bracket is console markup to rich, and was dropped)."""
+    recs = [
+        RunRecord(f"ldp [epsilon={eps:g}]", "ldp", 0, result("ldp", "mpc", 0.8 + eps / 40), point={"e": eps})
+        for eps in (0.5, 1.0)
+    ]
+    print_summary(summarize(recs), title="t [x]")
+    out = capsys.readouterr().out
+    assert "ldp [epsilon=0.5]" in out and "ldp [epsilon=1]" in out, out

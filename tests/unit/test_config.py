@@ -464,3 +464,34 @@ def test_digest_still_covers_the_source_columns(tmp_path):
     a = load_protocol(_csv_folder(tmp_path / "a", doc))
     b = load_protocol(_csv_folder(tmp_path / "b", other))
     assert a.digest() != b.digest()
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".hidden", "", "a b", "a\\b", "x" * 101])
+def test_the_protocol_name_cannot_leave_its_folder(doc, name):
+    doc["name"] = name
+    err = config_error(doc)
+    assert err.path == "name" and "names its output folder" in str(err), err
+
+
+@pytest.mark.parametrize("name", ["plain", "demo_mpc", "v1.2", "run-3", "lr=0.1,b+c", "7"])
+def test_plain_protocol_names_are_accepted(doc, name):
+    doc["name"] = name
+    assert load_protocol_dict(doc).name == name
+
+
+@pytest.mark.parametrize(
+    ("synthetic", "path"),
+    [
+        ({"rows": 10**10}, "dataset.synthetic.rows"),
+        ({"rows": 10**7, "features": 1000}, "dataset.synthetic"),
+        ({"features": 10**6}, "dataset.synthetic.features"),
+        ({"classes": 10**6}, "dataset.synthetic.classes"),
+    ],
+)
+def test_a_synthetic_table_too_large_to_build_is_refused(synthetic, path):
+    doc = {
+        "name": "syn",
+        "dataset": {"name": "synthetic", "synthetic": synthetic},
+        "parties": {"passive": [{"name": "p", "columns": {"index": [0, 2]}, "model": {"out": 4}}]},
+    }
+    assert config_error(doc).path == path

@@ -17,6 +17,7 @@ from securevfl.data.partition import (
     await_materialized,
     dataset_key,
     materialize,
+    materialize_apart,
     materializing,
     party_source,
 )
@@ -128,3 +129,17 @@ def test_synthetic_label_noise_redraws_that_share_of_labels():
     assert 0.12 < clean - noisy < 0.28, (clean, noisy)
     with pytest.raises(ValueError):
         DatasetSpec(name="synthetic", synthetic={"label_noise": 1.0})
+
+
+def test_one_party_materialized_apart_writes_its_file_only(tmp_path: Path):
+    """``securevfl party``'s materialization: a forked child writes the party's own
+    file (the other parties' columns never enter the calling process), and its
+    error is raised in the caller."""
+    proto = load_protocol_dict(_synthetic())
+    materialize_apart(proto, tmp_path, "p2")
+    folder = tmp_path / dataset_key(proto)
+    assert sorted(p.name for p in folder.glob("*.csv")) == ["p2.csv"]
+    assert list(pd.read_csv(folder / "p2.csv", nrows=0).columns) == ["id"] + [f"f{i}" for i in range(5, 12)]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        materialize_apart(proto, tmp_path / "file", "p1")

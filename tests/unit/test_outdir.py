@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from securevfl.app.outdir import FAILED_RUN, OutputFolder, check_available, is_own
+from securevfl.app.outdir import (
+    FAILED_RUN,
+    STAGING_PREFIX,
+    OutputFolder,
+    check_available,
+    holds_training_run,
+    is_own,
+)
 from securevfl.errors import ConfigError
 
 
@@ -106,3 +116,49 @@ def test_a_failed_overwrite_leaves_the_earlier_result(tmp_path):
     assert (failed / "ranks" / "rank1.error.json").is_file()
     assert (out / "result.json").read_text() == "old result"
     assert (out / "ranks" / "rank2.summary.json").read_text() == "old 2"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_staging_folder_of_a_dead_launch_is_removed_by_the_next_run(tmp_path):
+    """A launcher killed by SIGKILL leaves OUT/.securevfl-staging-<pid>/ with its
+    ranks' partial files: the next run in OUT removes it (with or without
+    --overwrite), and keeps a staging folder whose process still runs."""
+    out = tmp_path / "out"
+    _earlier_run(out)
+    dead = out / f"{STAGING_PREFIX}{_dead_pid()}"
+    (dead / "ranks").mkdir(parents=True)
+    (dead / "ranks" / "rank0.summary.json").write_text("partial")
+    alive = out / f"{STAGING_PREFIX}{os.getppid()}"  # a running process: left alone
+    alive.mkdir()
+    with pytest.raises(ConfigError, match="already holds"):
+        OutputFolder.open(out, overwrite=False)
+    assert not dead.exists() and alive.is_dir()
+    assert (out / "result.json").read_text() == "old result"
+    f = OutputFolder.open(out, overwrite=True)
+    f.commit()
+    assert sorted(p.name for p in out.glob(f"{STAGING_PREFIX}*")) == [alive.name]
+
+
+def test_an_unwritable_output_folder_is_refused_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError) as info:
+        OutputFolder.open(blocker / "out", overwrite=False)
+    assert info.value.path == "--out" and f"cannot write to the output folder {blocker / 'out'}" in str(
+        info.value
+    )
+
+
+def test_a_training_run_is_recognised(tmp_path):
+    assert holds_training_run(tmp_path) == []
+    (tmp_path / "ranks" / "rank2" / "model").mkdir(parents=True)
+    (tmp_path / "ranks" / "rank0.predict_summary.json").write_text("{}")
+    assert holds_training_run(tmp_path) == ["ranks/rank2/"]
+    (tmp_path / "result.json").write_text("{}")
+    assert holds_training_run(tmp_path) == ["result.json", "ranks/rank2/"]

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from securevfl.config import CsvSource
-from securevfl.data.party_data import check_test_rows, load_party_data, split_indices, standardize
+from securevfl.data.party_data import (
+    check_test_rows,
+    load_new_records,
+    load_party_data,
+    split_indices,
+    standardize,
+)
 from securevfl.errors import DataError, DataWarning
 from securevfl.seeding import generator
 
@@ -465,3 +471,18 @@ def test_test_split_smaller_than_the_classes_is_refused():
         check_test_rows("bank", 2, ["a", "b", "c"])
     check_test_rows("bank", 3, ["a", "b", "c"])
     check_test_rows("shop", 1, None)  # a passive party holds no labels
+
+
+@pytest.mark.parametrize(
+    ("header", "repeated"),
+    [("id,alcohol,alcohol,ash", "['alcohol']"), ('id,"a",a,b,b', "['a', 'b']"), ("id,x,id", "['id']")],
+)
+def test_a_header_naming_a_column_twice_is_refused(tmp_path, header, repeated):
+    path = write(tmp_path, "p.csv", header + "\n" + ",".join(["1"] * header.count(",")) + ",1\n")
+    for load in (
+        lambda: load_party_data(src(path), "shop", is_active=False),
+        lambda: load_new_records(src(path), "shop", ["ash"]),
+    ):
+        with pytest.raises(DataError) as info:
+            load()
+        assert f"party 'shop': the header of its data file names the column(s) {repeated}" in str(info.value)

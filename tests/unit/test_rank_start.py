@@ -21,7 +21,10 @@ def report(path: str, key: str) -> None:
 def start(tmp_path: Path, name: str) -> tuple[str, int]:
     ctx = rank_context()
     out = tmp_path / name
-    p = ctx.Process(target=_rank_main, args=(report, dict(os.environ), str(out), "SVFL_PROBE_VALUE"))
+    launcher = os.getpid()  # the rank ends with it
+    p = ctx.Process(
+        target=_rank_main, args=(report, dict(os.environ), launcher, str(out), "SVFL_PROBE_VALUE")
+    )
     p.start()
     p.join(60)
     assert p.exitcode == 0

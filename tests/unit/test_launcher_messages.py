@@ -1,0 +1,72 @@
+"""What the local launcher says when ranks fail (securevfl.app.launcher.explain_failure):
+the root cause from the ranks' error reports, a signal the launcher did not send,
+a rank the launcher itself had to stop (not "killed by SIGKILL"), and, without any
+report, a cause it can tell: a folder it cannot write, ranks that failed before
+their own code ran (the only case for the ``__main__`` guard hint), a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import load_yaml
+
+from securevfl.app.launcher import RANK_CRASHED, explain_failure
+from securevfl.app.loader import load_protocol_dict
+from securevfl.app.rank_layout import layout_of
+from securevfl.errors import OutputError, PartyFailure
+from securevfl.runtime.session import ErrorNote, write_error_file
+
+LAYOUT = layout_of(load_protocol_dict(load_yaml("plain.yaml")))
+
+
+def _note(out: Path, rank: int, message: str, lost: int | None = None) -> None:
+    write_error_file(out, ErrorNote(rank=rank, kind="PartyFailure", message=message, lost_rank=lost))
+
+
+def test_a_rank_the_launcher_stopped_is_not_reported_as_killed(tmp_path):
+    _note(tmp_path, 0, "rank 2 (passive 'right') stopped responding", lost=2)
+    _note(tmp_path, 1, "lost rank 2", lost=2)
+    exc = explain_failure(LAYOUT, tmp_path, {0: 3, 1: 3, 2: None})
+    text = str(exc)
+    assert isinstance(exc, PartyFailure) and exc.rank == 2
+    assert "SIGKILL" not in text and "killed" not in text, text
+    assert text == (
+        "rank 0 (active 'active'): rank 2 (passive 'right') stopped responding (rank 2 (passive 'right') "
+        "did not end by itself and was stopped by the launcher)"
+    )
+
+
+def test_a_signal_from_elsewhere_is_named(tmp_path):
+    _note(tmp_path, 0, "lost rank 1", lost=1)
+    text = str(explain_failure(LAYOUT, tmp_path, {0: 3, 1: -9, 2: 3}))
+    assert text.startswith("rank 1 (passive 'left') was killed by SIGKILL"), text
+
+
+def test_the_guard_hint_only_for_ranks_that_failed_before_their_code_ran(tmp_path):
+    text = str(explain_failure(LAYOUT, tmp_path, {0: 1, 1: 1, 2: 1}))
+    assert "before their own code ran" in text and "__main__" in text, text
+    for codes in ({0: RANK_CRASHED, 1: 0, 2: 0}, {0: 2, 1: 3, 2: 3}):
+        text = str(explain_failure(LAYOUT, tmp_path, codes))
+        assert "__main__" not in text, text
+    assert "rank 0 (active 'active') failed with an internal error" in str(
+        explain_failure(LAYOUT, tmp_path, {0: RANK_CRASHED, 1: 0, 2: 0})
+    )
+
+
+def test_a_folder_that_cannot_be_written_is_named_as_the_cause(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("x")  # ranks/ cannot be made under a file
+    exc = explain_failure(LAYOUT, blocked, {0: 2, 1: 2, 2: 3})
+    assert isinstance(exc, OutputError)
+    assert f"the output folder {blocked} cannot be written (Not a directory)" in str(exc)
+
+
+@pytest.mark.parametrize("code", [2, 3])
+def test_no_report_and_a_writable_folder(tmp_path, code):
+    text = str(explain_failure(LAYOUT, tmp_path, {0: code, 1: 0, 2: 0}))
+    bad = {0: code}
+    assert (
+        text == f"ranks exited with codes {bad} before writing an error report; their messages are on stderr"
+    )
+    assert not list((tmp_path / "ranks").iterdir())  # the probe is gone
