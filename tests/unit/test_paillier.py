@@ -161,13 +161,13 @@ def test_products_need_the_right_layout(key, peer):
 
 def test_masks_are_uniform_integers_over_every_bit_of_their_width(scheme, arith):
     """A mask of the forward product (terms 64, hiding A's share) at the reference
-    run: sigma = 74 over a 63-bit bound on the hidden part, so 137 bits, uniform on
-    [-2^136, 2^136) at the result scale 2^-44: no bit below the top is fixed (the
+    run: sigma = 75 over a 63-bit bound on the hidden part, so 138 bits, uniform on
+    [-2^137, 2^137) at the result scale 2^-44: no bit below the top is fixed (the
     grid of the masks of an earlier version left the low 16 bits of every slot bare)."""
     prm = scheme.prm
-    assert (prm.sigma, prm.share) == (74, 77)
+    assert (prm.sigma, prm.share) == (75, 78)
     width = prm.mask_bits(64, prm.hidden_bits(True), prm.fxs)
-    assert width == 8 + 24 + 5 + 20 + 6 + 74 == 137
+    assert width == 8 + 24 + 5 + 20 + 6 + 75 == 138
     m = arith.mask(SecretStream.from_seed(3, "test"), (64, 64), terms=64, share=True)
     assert m.dtype == object and m.shape == (64, 64)
     vals = [int(v) for v in m.ravel()]
@@ -178,7 +178,7 @@ def test_masks_are_uniform_integers_over_every_bit_of_their_width(scheme, arith)
         assert abs(ones - len(vals) / 2) < 5 * (len(vals) / 4) ** 0.5, bit
     # a weight-gradient mask (tmatmul: terms = batch, hiding the whole embedding)
     r = arith.mask(SecretStream.from_seed(4, "test"), (8, 8), terms=256, share=False)
-    assert exact.signed_bits(r) <= prm.mask_bits(256, prm.v, prm.fxs) == 8 + 24 + 8 + 20 + 8 + 74
+    assert exact.signed_bits(r) <= prm.mask_bits(256, prm.v, prm.fxs) == 8 + 24 + 8 + 20 + 8 + 75
 
 
 def test_out_of_range_operands_are_refused(key, peer):
@@ -339,17 +339,17 @@ def test_the_former_width_options_are_refused(field, value):
 
 
 def test_check_refuses_overflowing_slots():
-    """paillier.yaml (batch 64, 16-wide embeddings and z): sigma 70, the widest
-    protocol slot (the weight gradient's) 138 bits; at batch 512, 144."""
+    """paillier.yaml (batch 64, 16-wide embeddings and z): sigma 71, the widest
+    protocol slot (the weight gradient's) 139 bits; at batch 512, 145."""
     with pytest.raises(ConfigError) as info:
         load_protocol_dict(paillier_doc(slot_bits=100))
     assert info.value.path == "exchange.params.slot_bits"
     assert "overflow" in str(info.value) and "batch_size 64" in str(info.value)
-    load_protocol_dict(paillier_doc(slot_bits=138))
+    load_protocol_dict(paillier_doc(slot_bits=139))
     with pytest.raises(ConfigError, match="slot_bits"):
-        load_protocol_dict(paillier_doc(slot_bits=137))
+        load_protocol_dict(paillier_doc(slot_bits=138))
     with pytest.raises(ConfigError, match="slot_bits"):  # a larger batch needs wider slots
-        load_protocol_dict({**paillier_doc(slot_bits=138), "training": {"batch_size": 512}})
+        load_protocol_dict({**paillier_doc(slot_bits=139), "training": {"batch_size": 512}})
 
 
 def test_options_reject_unknown_keys():
@@ -394,7 +394,7 @@ def test_redrawn_share_keeps_the_sum_and_forgets_the_old_share():
 
 def test_exact_redraw_keeps_the_sum_exactly_and_draws_u_at_full_resolution(arith, scheme):
     """P_i's re-draw in exact integers: the sum W^A + W^P does not move by one unit of
-    2^-44, and U is uniform on [-2^(k+44), 2^(k+44)) (k = 77), every low bit a coin."""
+    2^-44, and U is uniform on [-2^(k+44), 2^(k+44)) (k = 78), every low bit a coin."""
     st = SecretStream.from_seed(10, "test")
     w_a = exact.uniform(st, (40, 40), 150)
     w_p = exact.uniform(st, (40, 40), 150)
@@ -453,17 +453,17 @@ def test_exact_matmul_matches_python_integers():
 
 
 def test_shared_packing_decrypts_exactly_to_the_shared_integers(key, scheme):
-    """The protocol's Enc(h'_i): operands below 2^78 (A's share) and values at 2^-24,
-    masks of 137 bits: 139-bit slots, 14 per ciphertext; the generic packing hides
-    a whole 40-bit operand at 2^-48: 198-bit slots, 10."""
+    """The protocol's Enc(h'_i): operands below 2^79 (A's share) and values at 2^-24,
+    masks of 138 bits: 140-bit slots, 14 per ciphertext; the generic packing hides
+    a whole 40-bit operand at 2^-48: 199-bit slots, 10."""
     x = rng(11).normal(0.0, 1.0, size=(50, 64))
     blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=scheme.share_bits() + 1)
     ((head, _),) = sections(blob)
     layout, scale, slot_bits, slots, rows, cols, _, count = head
-    assert (layout, scale, slot_bits, slots) == (COLS, 24, 139, 14)
+    assert (layout, scale, slot_bits, slots) == (COLS, 24, 140, 14)
     assert (rows, cols, count) == (50, 64, 64 * 4)  # 50 rows in blocks of 14
     generic = sections(key.encrypt(x, ops=frozenset({"matmul"})))[0][0]
-    assert generic[2] == 198 and generic[3] == 10
+    assert generic[2] == 199 and generic[3] == 10
     copy = key.shared_copy(x)
     np.testing.assert_array_equal(key.decrypt(blob, x.shape), copy)
     np.testing.assert_array_equal(np.ldexp(key.shared_ints(x).astype(np.float64), -24), copy)
@@ -472,7 +472,7 @@ def test_shared_packing_decrypts_exactly_to_the_shared_integers(key, scheme):
 
 
 def test_protocol_forward_product_is_exact(key, peer, scheme, arith):
-    """z = Dec(Enc(h) W^A + eps) + h W^P - eps with W^A = W - U, |U| < 2^77: the
+    """z = Dec(Enc(h) W^A + eps) + h W^P - eps with W^A = W - U, |U| < 2^78: the
     masked share is exactly H round(W^A 2^20) + round(H W^P 2^20 / 2^24)... at 2^-44,
     and z meets h W within A's rounding of its operand to 2^-20."""
     r = rng(12)
@@ -545,7 +545,7 @@ def test_prepared_encryption_randomness_is_used_once(scheme):
     stocked = list(key._fresh._stock)
     blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=k)
     ((head, _),) = sections(blob)
-    assert len(stocked) == head[-1] == 7 * 4  # 7 columns x 4 row blocks of 15
+    assert len(stocked) == head[-1] == 7 * 4  # 7 columns x 4 row blocks of 14
     assert key._fresh.stocked() == 0
     np.testing.assert_array_equal(key.decrypt(blob, x.shape), key.shared_copy(x))
 

@@ -103,7 +103,7 @@ def test_phe_is_the_reference_both_ways(key, peer):
 
 
 def test_counters_count_one_matmul(key, peer, scheme):
-    """Generic packing of 3 terms: 194-bit slots (a 74-bit statistical margin over
+    """Generic packing of 3 terms: 195-bit slots (a 75-bit statistical margin over
     operands hidden whole), 10 per ciphertext: 40 rows are 4 row blocks."""
     x = np.ones((40, 3))
     blob = key.encrypt(x, ops=frozenset({"matmul"}))
@@ -136,12 +136,13 @@ def test_multiexp_matches_the_product_of_powers(k, j, top):
 
 
 @pytest.mark.parametrize(
-    "batch,blocks,enc,dec", [(20, 2, 6 + 4 + 20, 4 + 6 + 3), (60, 4, 12 + 8 + 60, 8 + 12 + 3)]
+    "batch,slots,blocks,enc,dec",
+    [(20, [16, 16, 15], 2, 6 + 4 + 20, 4 + 6 + 3), (60, [15, 16, 15], 4, 12 + 8 + 60, 8 + 12 + 3)],
 )
-def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
+def test_step_counts_match_the_protocol_shapes(batch, slots, blocks, enc, dec):
     """One step, one passive party, d = 3, o = 2, in the protocol's packing for a run
-    of this shape (sigma 65 or 66 bits, re-drawn shares below 2^68 or 2^69, values at
-    2^-24): 16 slots per ciphertext for h and g's ``cols``, 15 for g's ``rows``.
+    of this shape (sigma 65 or 67 bits, re-drawn shares below 2^68 or 2^70, values at
+    2^-24): ``slots`` per ciphertext for h, g's ``cols`` and g's ``rows``.
     Enc(h) 3 cols x ``blocks``; Enc(g) cols 2 x ``blocks`` plus rows ``batch`` x 1;
     outputs z 2 x ``blocks``, u 3 x ``blocks``, dW 3 rows x 1, each obfuscated once
     and decrypted once."""
@@ -149,7 +150,7 @@ def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
     assert [
         2047 // prm.protocol_slot(cols, t, op, 2048)
         for cols, t, op in ((True, 3, prm.share + 1), (True, 2, prm.share), (False, batch, prm.v))
-    ] == [16, 16, 15]
+    ] == slots
     counts, _ = step_counts(OPTS, batch, [3], 2)
     assert counts.encryptions == enc == 5 * blocks + batch
     assert counts.decryptions == counts.obfuscations == dec == 5 * blocks + 3
@@ -157,11 +158,11 @@ def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
 
 
 def test_bytes_floor_is_every_value_at_its_blob_density():
-    """Reference point (sigma 74, shares below 2^77): h'_i and its reply, dL/dz and
-    g W^P^T in 139-bit slots, the weight gradient in 144-bit ones, 14 per 512-byte
+    """Reference point (sigma 75, shares below 2^78): h'_i and its reply, dL/dz and
+    g W^P^T in 140-bit slots, the weight gradient in 145-bit ones, 14 per 512-byte
     ciphertext, dL/dz once; plus the plaintext integers per party at their widths:
-    z share and masked dL/dh at 139 bits, the re-draw at 123 (77 + 44 + 2)."""
+    z share and masked dL/dh at 140 bits, the re-draw at 124 (78 + 44 + 2)."""
     b, d, o = 256, 64, 64
     per_party = (2 * b * d + 2 * b * o + d * o) * 512 / 14
-    per_party += (b * o + b * d) * 139 / 8 + d * o * 123 / 8
+    per_party += (b * o + b * d) * 140 / 8 + d * o * 124 / 8
     assert bytes_floor(OPTS, b, [d, d], o) == pytest.approx(2 * per_party)

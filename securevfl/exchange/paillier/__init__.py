@@ -74,9 +74,10 @@ Masks: uniform over every bit of the slot, bounded for a whole run (DESIGN §13)
     obfuscators get the other half (obf_sigma = distance_bits + 1 + ceil log2 of a
     bound on the run's ciphertexts, at least 64; :mod:`.obfuscation`), so the run's
     masks and obfuscators together are within 2^-distance_bits (default 2^-40).
-    Reference workload (B = 256, d = o = 64, 2 passive parties, 100,000 steps):
-    N = 8.2e9 < 2^33, sigma = 74; eps and mu of 137 bits, R of 142; U below 2^77;
-    obf_sigma = 75. A run beyond ``run_steps`` stops with an error naming the option
+    Reference workload (B = 256, d = o = 64, 2 passive parties) and the default
+    ``run_steps`` of 131,072 passes (100,000 training steps and 31,072 evaluation or
+    prediction batches): N = 1.07e10 <= 2^34, sigma = 75; eps and mu of 138 bits, R
+    of 143; U below 2^78; obf_sigma = 76. A run beyond ``run_steps`` stops with an error naming the option
     (he.py counts passes, checkpoints keep the count); ``training.max_steps`` above it
     is refused at load, as are ``distance_bits`` below 40 and the former fixed-width
     options ``mask_bits`` and ``share_bits``. Assumptions the bound states: inputs
@@ -95,11 +96,11 @@ Packing (FATE-style; only additions and one scalar per ciphertext are possible)
     (:meth:`PaillierKey.encrypt_shared`): A multiplies Enc(h'_i) by its share W_i - U,
     below 2^(k+1); P_i multiplies the ``cols`` of Enc(dL/dz) by its share U, below
     2^k, and the ``rows`` by h'_i, below 2^value_bits. At the reference workload
-    (k = 77) that is S = 139 bits, L = 14 for Enc(h'_i) and for dL/dz's ``cols``
-    (the masks set the width), and S = 144, L = 14 for its ``rows`` (before the
+    (k = 78) that is S = 140 bits, L = 14 for Enc(h'_i) and for dL/dz's ``cols``
+    (the masks set the width), and S = 145, L = 14 for its ``rows`` (before the
     masks covered every bit: 82, 81 and 71 bits, L = 24, 25 and 28). The generic
     :meth:`PaillierKey.encrypt` sizes for masks that hide a whole operand below
-    2^scalar_bits at 2^-48: about 198 bits, L = 10.
+    2^scalar_bits at 2^-48: about 199 bits, L = 10.
 
     Layouts: ``cols`` packs L consecutive rows of one column into a ciphertext,
     so ``Enc(X) @ w`` multiplies every slot of column k by the same w[k, j] and
@@ -131,8 +132,8 @@ Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 pa
     and h'^T g - R (h x o), and three plaintext integer matrices (B x o, B x h, and
     the re-draw's h x o). Bytes floor (:func:`.profile.bytes_floor`): every
     encrypted value at the density of its blob, 2|n|/8 / L bytes (512 / 14 = 36.6),
-    dL/dz counted once, plus the integers at their widths (139 bits for the z share
-    and the masked dL/dh, 123 for the re-draw): 3.03 MiB per party, 6.06 MiB per
+    dL/dz counted once, plus the integers at their widths (140 bits for the z share
+    and the masked dL/dh, 124 for the re-draw): 3.04 MiB per party, 6.07 MiB per
     step (3.32 MiB before the masks covered every bit). The blobs as sent:
     ciphertexts 1,216 + 1,216 + 2,496 (dL/dz in both packings) + 1,216 + 320 per
     party, 6.31 MiB a step, plus the integers as int64 limbs (3 per value, 24
@@ -140,7 +141,7 @@ Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 pa
     Operation counts per step: 4,928 encryptions (h'_i 1,216 per party, dL/dz
     2,496 once), 5,504 decryptions and as many evaluator obfuscators (one per
     output ciphertext: 1,216 + 1,216 + 320 per party), 475,136 ciphertext x scalar
-    products (64 per output for z and g W^P^T, exponents of ~98 bits; 256 per
+    products (64 per output for z and g W^P^T, exponents of ~99 bits; 256 per
     output for h'^T g, exponents of ~22 bits), inside shared multi-exponentiations
     (before: 2,880 encryptions, 3,200 decryptions, 278,528 products with 41-bit
     exponents). :mod:`.profile` counts them with :mod:`.counters`, times each

@@ -60,11 +60,12 @@ class PaillierOptions(BaseModel):
         "2^-distance_bits of ideal ones (at least 40)",
     )
     run_steps: int = Field(
-        default=100_000,
+        default=1 << 17,
         ge=1,
         le=1 << 40,
         description="passes through the interactive layer (training steps, evaluation and prediction "
-        "batches) the statistical bound covers; a run that goes beyond stops with an error",
+        "batches) the statistical bound covers (default 131,072: 100,000 training steps and 31,072 "
+        "other batches); a run that goes beyond stops with an error",
     )
     weight_bits: int = Field(
         default=4,

@@ -187,7 +187,7 @@ def unit_costs(
 
 def profile_step(options: PaillierOptions, batch: int, dims: list[int], out: int) -> StepProfile:
     """Counts and unit costs of one step. ``unit_s["ct_scalar"]`` is the mean over the
-    step's products, weighted by how many are ``matmul`` products (98-bit scalars at
+    step's products, weighted by how many are ``matmul`` products (99-bit scalars at
     the defaults) and how many ``tmatmul`` products (~21-bit scalars): a single
     64 x 64 figure would overstate the latter several times."""
     rows: list[int] = []
