@@ -97,10 +97,11 @@ def masked_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> 
 
 
 def ciphertexts_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> int:
-    """An upper bound on the ciphertexts one training step makes, each with its own
-    obfuscator: one per value of every encrypted or output matrix (h'_i, h'_i W^A +
-    eps, g W^P^T + mu and h'^T g - R per party; dL/dz in two packings, once); the
-    packing puts several values in one, so the true count is several times lower."""
+    """An upper bound on the obfuscators one training step draws: one per value of
+    every encrypted or output matrix (h'_i, h'_i W^A + eps, g W^P^T + mu and h'^T g - R
+    per party; dL/dz in two packings, once). The packing puts at least two values
+    (10 to 16 at 2048 bits) in a ciphertext, so this also counts the key owner's
+    obfuscators twice, as their two CRT halves are each within 2^-obf_sigma."""
     return sum(2 * batch * d + batch * out + d * out for d in dims) + 2 * batch * out
 
 
