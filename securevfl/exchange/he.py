@@ -40,8 +40,10 @@ W_i = W^A + W^P rather than a (large) share.
 
 So A learns z_i = h W_i (the declared output) and masked values; P_i learns
 dL/dh and masked values; ciphertexts cross only towards the party without the
-key. Masks are real values drawn by the scheme (:meth:`HEScheme.mask`), so the
-hiding of a masked value is statistical, with the bound the scheme documents.
+key. Masks are drawn by the scheme's arithmetic (:class:`ShareArith`: float64
+masks from :meth:`HEScheme.mask` for ``ckks``; exact integers over every bit of a
+slot for ``paillier``), so the hiding of a masked value is statistical, with the
+bound the scheme documents (``paillier``: for the whole run).
 Secret keys never leave their owner: only :meth:`HEKey.public` is sent.
 
 A scheme (CKKS, Paillier) implements :class:`HEScheme`; the packing of values
@@ -162,9 +164,6 @@ class ShareArith:
     masks are :meth:`HEScheme.mask`, the re-draw uses :meth:`HEScheme.share_bits`.
     A scheme whose masks must be exact integers (``paillier``: no bit of a slot
     outside the mask's range) supplies its own (:meth:`HEScheme.arith`)."""
-
-    #: dtype of the plaintext matrices on the wire
-    wire_dtype: ClassVar[torch.dtype] = torch.float64
 
     def __init__(self, scheme: HEScheme):
         self.scheme = scheme

@@ -16,7 +16,7 @@ a function of the masked values, so they tell nothing the values do not.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,8 +34,6 @@ MAX_LIMBS = 16
 
 class PaillierArith(ShareArith):
     """Exact integer shares and masks at 2^-Fs (module docstring)."""
-
-    wire_dtype: ClassVar[torch.dtype] = torch.int64
 
     def __init__(self, scheme: Any, prm: Params):
         super().__init__(scheme)
