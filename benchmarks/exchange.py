@@ -27,9 +27,10 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
             passive party the encrypted h'_i (B x h), h'_i W^A + eps (B x o), dL/dz (B x o,
             counted once although Paillier needs it in two packings), g W^P^T + mu (B x h) and
             h'^T g - R (h x o), each value at its own blob's density 2|n|/8 bytes / L, L the
-            slots of the smallest overflow-free width for that blob's operands (bounded,
-            re-drawn weight shares: 24 to 28 slots at |n| = 2048), plus the plaintext float64
-            matrices (z share, masked dL/dh, the share re-draw). FATE's 0.26 MiB assumed
+            slots of the smallest overflow-free width for that blob's operands and masks
+            (bounded, re-drawn weight shares, masks over every bit of the slot: 14 slots at
+            |n| = 2048), plus the plaintext integer matrices at their widths (z share, masked
+            dL/dh, the share re-draw). FATE's 0.26 MiB assumed
             64-bit slots that only add; a slot holding a sum of products cannot be that narrow.
 
 Op-count floors (time, anchors §7): paillier and ckks count their primitive operations;

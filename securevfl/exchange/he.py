@@ -40,8 +40,10 @@ W_i = W^A + W^P rather than a (large) share.
 
 So A learns z_i = h W_i (the declared output) and masked values; P_i learns
 dL/dh and masked values; ciphertexts cross only towards the party without the
-key. Masks are real values drawn by the scheme (:meth:`HEScheme.mask`), so the
-hiding of a masked value is statistical, with the bound the scheme documents.
+key. Masks are drawn by the scheme's arithmetic (:class:`ShareArith`: float64
+masks from :meth:`HEScheme.mask` for ``ckks``; exact integers over every bit of a
+slot for ``paillier``), so the hiding of a masked value is statistical, with the
+bound the scheme documents (``paillier``: for the whole run).
 Secret keys never leave their owner: only :meth:`HEKey.public` is sent.
 
 A scheme (CKKS, Paillier) implements :class:`HEScheme`; the packing of values
@@ -74,12 +76,15 @@ from securevfl.snapshot import ComponentState
 HE_PUBLIC = register_tag("he_public", BYTES, "public HE context/key of the sender (no secret key)")
 HE_ENC_H = register_tag("he_enc_h", BYTES, "P_i -> A: Enc_P(h'_i)")
 HE_ENC_ZMASK = register_tag("he_enc_zmask", BYTES, "A -> P_i: Enc_P(h'_i W^A + eps)")
-HE_ZSHARE = register_tag("he_zshare", FLOATS, "P_i -> A: h'_i W_i + eps (masked)")
+#: plaintext matrices: float64 (``ckks``) or exact integers as int64 limbs (``paillier``); the
+#: receiver names the one its scheme uses (:class:`ShareArith`)
+PLAIN = FLOATS | {torch.int64}
+HE_ZSHARE = register_tag("he_zshare", PLAIN, "P_i -> A: h'_i W_i + eps (masked)")
 HE_ENC_G = register_tag("he_enc_g", BYTES, "A -> P_i: Enc_A(dL/dz)")
 HE_ENC_GH = register_tag("he_enc_gh", BYTES, "P_i -> A: Enc_A(g W^P^T + mu)")
 HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
-HE_GH_MASKED = register_tag("he_gh_masked", FLOATS, "A -> P_i: g W_i^T + mu (masked)")
-HE_RESHARE = register_tag("he_reshare", FLOATS, "P_i -> A: W^P - U, U P_i's fresh share (re-drawn share)")
+HE_GH_MASKED = register_tag("he_gh_masked", PLAIN, "A -> P_i: g W_i^T + mu (masked)")
+HE_RESHARE = register_tag("he_reshare", PLAIN, "P_i -> A: W^P - U, U P_i's fresh share (re-drawn share)")
 
 MAX_PUBLIC_BYTES = 512 << 20
 MATMUL, TMATMUL = "matmul", "tmatmul"
@@ -152,6 +157,78 @@ class HEPeer(ABC):
         return None
 
 
+class ShareArith:
+    """How a scheme computes on what he.py handles in the clear: the weight shares
+    and their momentum, the masks, the decrypted (masked) results, the owner's copy
+    of what it encrypted, and their wire form. This default is float64 (``ckks``):
+    masks are :meth:`HEScheme.mask`, the re-draw uses :meth:`HEScheme.share_bits`.
+    A scheme whose masks must be exact integers (``paillier``: no bit of a slot
+    outside the mask's range) supplies its own (:meth:`HEScheme.arith`)."""
+
+    def __init__(self, scheme: HEScheme):
+        self.scheme = scheme
+
+    def from_float(self, w: np.ndarray) -> Any:
+        """A share (initialisation, or a checkpoint saved as float64) in this arithmetic."""
+        return np.asarray(w, dtype=np.float64)
+
+    def to_float(self, v: Any) -> np.ndarray:
+        """A protocol output (z_i, dL/dh'_i) or a share, as float64."""
+        return np.asarray(v, dtype=np.float64)
+
+    def operand(self, w: Any) -> Any:
+        """A weight share as the peer's ``matmul`` and the owner's own product take it."""
+        return w
+
+    def copy_of(self, key: HEKey, x: np.ndarray) -> Any:
+        """The owner's copy of a matrix it encrypted, exactly as encrypted."""
+        return key.shared_copy(x)
+
+    def product(self, x: Any, w: Any) -> Any:
+        """x @ w for the owner's copy x and its own weight share w (the owner's half of
+        a product, at the share's full precision)."""
+        return x @ w
+
+    def decrypt(self, key: HEKey, blob: bytes, shape: tuple[int, int]) -> Any:
+        return key.decrypt(blob, shape)
+
+    def mask(self, stream: SecretStream, shape: tuple[int, int], *, terms: int, share: bool) -> Any:
+        """A fresh mask for a product of ``terms`` terms whose plaintext operand is a
+        weight share (``share``) or the evaluator's embedding (a ``tmatmul``)."""
+        return self.scheme.mask(stream, shape)
+
+    def redraw(self, stream: SecretStream, w: Any) -> tuple[Any, Any] | None:
+        """P_i's re-draw (module docstring): (delta sent to A, P_i's new share U), or
+        None when the scheme does not re-draw."""
+        k = self.scheme.share_bits()
+        if k is None:
+            return None
+        u = 2.0**k * (2.0 * stream.uniform_np(np.shape(w)) - 1.0)
+        return redraw_share(w, u)
+
+    def scaled(self, c: float, v: Any) -> Any:
+        """c v for the SGD update (learning rate, momentum)."""
+        return c * v
+
+    def check_pass(self, passes: int) -> None:
+        """Called before each pass through the layer with the passes so far, this one
+        included; a scheme whose statistical bound covers a limited run refuses more."""
+        return None
+
+    def send(self, ch: Channel, dst: int, tag: Any, v: Any) -> None:
+        ch.send(dst, tag, torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64)))
+
+    def recv(self, ch: Channel, src: int, tag: Any, shape: tuple[int, int]) -> Any:
+        return ch.recv(src, tag, shape=shape, dtype=torch.float64).numpy()
+
+    def save(self, v: Any) -> torch.Tensor:
+        """A share or momentum buffer for a checkpoint, exactly."""
+        return torch.from_numpy(np.array(v, dtype=np.float64, copy=True))
+
+    def load(self, t: torch.Tensor) -> Any:
+        return t.double().numpy().copy()
+
+
 class HEScheme(ABC):
     """A homomorphic scheme with its (validated) options."""
 
@@ -159,6 +236,16 @@ class HEScheme(ABC):
 
     def __init__(self, options: BaseModel):
         self.opts = options
+
+    @classmethod
+    def for_run(cls, ctx: ExchangeContext) -> HEScheme:
+        """The scheme for one run's role object; a scheme whose parameters depend on
+        the protocol's shape (batch, embedding sizes) reads them here."""
+        return cls(ctx.options)
+
+    def arith(self) -> ShareArith:
+        """The arithmetic of shares, masks and masked results (default: float64)."""
+        return ShareArith(self)
 
     @abstractmethod
     def new_key(self) -> HEKey: ...
@@ -168,10 +255,11 @@ class HEScheme(ABC):
         """Load a peer's public part; a malformed one raises ProtocolError naming
         ``sender``; one that carries a secret key is refused."""
 
-    @abstractmethod
     def mask(self, stream: SecretStream, shape: tuple[int, ...]) -> np.ndarray:
         """Fresh random mask values (float64) within the scheme's safe range, drawn
-        from ``stream`` (the party's secret stream, :mod:`securevfl.csprng`)."""
+        from ``stream`` (the party's secret stream, :mod:`securevfl.csprng`), for the
+        default float64 :class:`ShareArith`."""
+        raise NotImplementedError(f"{type(self).__name__} draws its masks in its own ShareArith")
 
     def share_bits(self) -> int | None:
         """k: P_i re-draws its weight share uniform in [-2^k, 2^k) every step (module
@@ -191,8 +279,17 @@ class HEScheme(ABC):
 def _init_shares(
     ctx: ExchangeContext, i: int, side: str, weight_init: str, stream: SecretStream
 ) -> np.ndarray:
-    """This side's share of W_i (d x o). ``private``: two independent Gaussian
-    halves (nobody knows W_i); ``seeded``: A starts from plain's W_i^0, P_i from 0."""
+    """This side's share of W_i (d x o), as float64.
+
+    ``private``: each side draws its own Gaussian half N(0, 1/(6d)) from its secret
+    stream, so W_i^0 ~ N(0, 1/(3d)) is known to nobody. Each half is, however,
+    correlated with W_i^0 (coefficient 1/sqrt(2), the least any split of W_i^0 into
+    two independent halves allows): a side knows W_i^0 up to an independent
+    N(0, 1/(6d)) error per weight, not as a uniform mask would hide it. This concerns
+    the initial weights only (data-independent); every later change of W_i is hidden
+    by the masks and the re-drawn share within their stated bounds.
+    ``seeded``: A starts from plain's W_i^0, P_i from 0 (A knows W_i^0: for
+    step-by-step comparisons with ``plain``, not for private runs)."""
     d, o = ctx.embed_dims[i], ctx.proto.interactive.out
     if weight_init == "seeded":
         if side == "active":
@@ -205,27 +302,30 @@ def _init_shares(
 
 class _Shares:
     """A weight share with its momentum buffer; SGD with momentum is linear, so
-    the two sides' updates add up to the update of W_i."""
+    the two sides' updates add up to the update of W_i (in the scheme's arithmetic:
+    exact integers round each product to the share's resolution, on each side)."""
 
-    def __init__(self, w: np.ndarray, lr: float, momentum: float):
+    def __init__(self, w: Any, lr: float, momentum: float, arith: ShareArith):
         self.w = w
-        self.v: np.ndarray | None = None
+        self.v: Any = None
         self.lr, self.momentum = lr, momentum
+        self.ar = arith
 
-    def step(self, grad: np.ndarray) -> None:
-        self.v = grad if self.v is None else self.momentum * self.v + grad
-        self.w = self.w - self.lr * self.v
+    def step(self, grad: Any) -> None:
+        ar = self.ar
+        self.v = grad if self.v is None else ar.scaled(self.momentum, self.v) + grad
+        self.w = self.w - ar.scaled(self.lr, self.v)
 
     def saved(self) -> dict[str, torch.Tensor]:
-        """The share and its momentum, exactly (float64), for a checkpoint."""
-        out = {"w": torch.from_numpy(self.w.copy())}
+        """The share and its momentum, exactly, for a checkpoint."""
+        out = {"w": self.ar.save(self.w)}
         if self.v is not None:
-            out["v"] = torch.from_numpy(self.v.copy())
+            out["v"] = self.ar.save(self.v)
         return out
 
     def load(self, saved: dict[str, torch.Tensor]) -> None:
-        self.w = saved["w"].double().numpy().copy()
-        self.v = saved["v"].double().numpy().copy() if "v" in saved else None
+        self.w = self.ar.load(saved["w"])
+        self.v = self.ar.load(saved["v"]) if "v" in saved else None
 
 
 def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -243,6 +343,7 @@ def _recv_public(scheme: HEScheme, ch: Channel, src: int, who: str) -> HEPeer:
 class HEActive(ActiveExchange):
     def __init__(self, ctx: ExchangeContext, scheme: HEScheme, weight_init: str):
         self.ctx, self.scheme = ctx, scheme
+        self.ar = scheme.arith()
         ch = ctx.channel
         self.peers_rank = [r.rank for r in ctx.layout.passive]
         self.key = scheme.new_key()
@@ -254,69 +355,83 @@ class HEActive(ActiveExchange):
             self.peer.append(_recv_public(scheme, ch, r.rank, f"rank {r.rank} ({r.label})"))
         ip = ctx.proto.interactive
         self.w = [
-            _Shares(_init_shares(ctx, i, "active", weight_init, self.stream), ip.lr, ip.momentum)
+            _Shares(
+                self.ar.from_float(_init_shares(ctx, i, "active", weight_init, self.stream)),
+                ip.lr,
+                ip.momentum,
+                self.ar,
+            )
             for i in range(len(self.peers_rank))
         ]
         self.o = ip.out
         self.share_bits = scheme.share_bits()
+        self.passes = 0
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
-        ch = self.ctx.channel
+        ch, ar = self.ctx.channel, self.ar
+        self.passes += 1
+        ar.check_pass(self.passes)
         z = np.zeros((batch_size, self.o))
         # Each pair runs the same messages in the same order; the pairs overlap: P_i
         # decrypts its reply while A evaluates the next party's product.
-        eps: list[np.ndarray] = []
+        eps: list[Any] = []
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
             blob = ch.recv_bytes(r, HE_ENC_H)
-            eps.append(self.scheme.mask(self.stream, (batch_size, self.o)))
-            ch.send_bytes(r, HE_ENC_ZMASK, self.peer[i].matmul(blob, (batch_size, d), self.w[i].w, eps[i]))
+            eps.append(ar.mask(self.stream, (batch_size, self.o), terms=d, share=True))
+            out = self.peer[i].matmul(blob, (batch_size, d), ar.operand(self.w[i].w), eps[i])
+            ch.send_bytes(r, HE_ENC_ZMASK, out)
         for i, r in enumerate(self.peers_rank):
-            s = ch.recv(r, HE_ZSHARE, shape=(batch_size, self.o), dtype=torch.float64).numpy()
-            z += s - eps[i]
+            s = ar.recv(ch, r, HE_ZSHARE, (batch_size, self.o))
+            z += ar.to_float(s - eps[i])
         return torch.from_numpy(z).float().to(self.ctx.device)
 
     def backward(self, grad_z: torch.Tensor) -> None:
-        ch = self.ctx.channel
+        ch, ar = self.ctx.channel, self.ar
         g = grad_z.detach().double().cpu().numpy()
         blob_g = self.key.encrypt_shared(g, share_bits=self.share_bits)  # P_i multiplies by its share
-        g = self.key.shared_copy(g)
+        gq = ar.copy_of(self.key, g)
         b = g.shape[0]
         for r in self.peers_rank:  # every P_i starts its products at once (they run in parallel)
             ch.send_bytes(r, HE_ENC_G, blob_g)
         for i, r in enumerate(self.peers_rank):
             d = self.ctx.embed_dims[i]
-            u = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GH), (b, d))
-            dw = self.key.decrypt(ch.recv_bytes(r, HE_ENC_GW), (d, self.o))
-            ch.send(r, HE_GH_MASKED, torch.from_numpy(u + g @ self.w[i].w.T))
+            u = ar.decrypt(self.key, ch.recv_bytes(r, HE_ENC_GH), (b, d))
+            dw = ar.decrypt(self.key, ch.recv_bytes(r, HE_ENC_GW), (d, self.o))
+            ar.send(ch, r, HE_GH_MASKED, u + ar.product(gq, self.w[i].w.T))
             self.w[i].step(dw)
         if self.share_bits is not None:
             for i, r in enumerate(self.peers_rank):
                 shape = (self.ctx.embed_dims[i], self.o)
-                self.w[i].w = self.w[i].w + ch.recv(r, HE_RESHARE, shape=shape, dtype=torch.float64).numpy()
+                self.w[i].w = self.w[i].w + ar.recv(ch, r, HE_RESHARE, shape)
         for i, peer in enumerate(self.peer):
             if peer.background_prepare:  # the next forward product's share, while A waits for Enc(h'_i)
-                peer.prepare_operands((b, self.ctx.embed_dims[i]), w=self.w[i].w)
+                peer.prepare_operands((b, self.ctx.embed_dims[i]), w=ar.operand(self.w[i].w))
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
-            f"interactive_share.{r.party}": torch.from_numpy(s.w).float()
+            f"interactive_share.{r.party}": torch.from_numpy(self.ar.to_float(s.w)).float()
             for r, s in zip(self.ctx.layout.passive, self.w, strict=True)
         }
 
     def checkpoint_state(self) -> ComponentState:
-        """A's shares W^A of every W_i and their momentum (keys are per session:
-        a resumed run exchanges fresh ones)."""
-        return ComponentState({"shares": [s.saved() for s in self.w]})
+        """A's shares W^A of every W_i and their momentum, and the passes so far (keys
+        are per session: a resumed run exchanges fresh ones). A share alone is not
+        uniform: under a re-drawing scheme it is W_i minus P_i's uniform U (within the
+        scheme's statistical bound of independent of W_i), otherwise W_i minus P_i's
+        accumulated masks; the initial halves are Gaussian (:func:`_init_shares`)."""
+        return ComponentState({"shares": [s.saved() for s in self.w]}, {"passes": self.passes})
 
     def restore(self, state: ComponentState) -> None:
         for s, saved in zip(self.w, state.tensors["shares"], strict=True):
             s.load(saved)
+        self.passes = int(state.meta.get("passes", 0))
 
 
 class HEPassive(PassiveExchange):
     def __init__(self, ctx: ExchangeContext, scheme: HEScheme, weight_init: str):
         self.ctx, self.scheme = ctx, scheme
+        self.ar = scheme.arith()
         ch = ctx.channel
         role = ctx.layout.role(ctx.rank)
         self.i = role.index
@@ -326,13 +441,17 @@ class HEPassive(PassiveExchange):
         self.peer = _recv_public(scheme, ch, self.a, f"rank {self.a} ({ctx.layout.active.label})")
         ch.send_bytes(self.a, HE_PUBLIC, self.key.public())
         ip = ctx.proto.interactive
-        self.w = _Shares(_init_shares(ctx, self.i, "passive", weight_init, self.stream), ip.lr, ip.momentum)
+        w0 = self.ar.from_float(_init_shares(ctx, self.i, "passive", weight_init, self.stream))
+        self.w = _Shares(w0, ip.lr, ip.momentum, self.ar)
         self.o = ip.out
         self.share_bits = scheme.share_bits()
         self._h: np.ndarray | None = None
+        self.passes = 0
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
-        ch = self.ctx.channel
+        ch, ar = self.ctx.channel, self.ar
+        self.passes += 1
+        ar.check_pass(self.passes)
         x = h.detach().double().cpu().numpy()
         self._h = x
         blob = self.key.encrypt_shared(x, ops=frozenset({MATMUL}), share_bits=self._h_bits())
@@ -341,12 +460,12 @@ class HEPassive(PassiveExchange):
         # to take Enc(h), after the products of the parties before this one)
         early = train and self.peer.background_prepare
         if early:
-            self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
+            self.peer.prepare_operands((x.shape[0], self.o), w=ar.operand(self.w.w).T, p=x)
         ch.send_bytes(self.a, HE_ENC_H, blob)
         if train and not early:
-            self.peer.prepare_operands((x.shape[0], self.o), w=self.w.w.T, p=x)
-        v = self.key.decrypt(ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
-        ch.send(self.a, HE_ZSHARE, torch.from_numpy(v + self.key.shared_copy(x) @ self.w.w))
+            self.peer.prepare_operands((x.shape[0], self.o), w=ar.operand(self.w.w).T, p=x)
+        v = ar.decrypt(self.key, ch.recv_bytes(self.a, HE_ENC_ZMASK), (x.shape[0], self.o))
+        ar.send(ch, self.a, HE_ZSHARE, v + ar.product(ar.copy_of(self.key, x), self.w.w))
 
     def _h_bits(self) -> int | None:
         """A only multiplies Enc(h'_i), by its share W_i - W^P: below 2^k + |W_i| <
@@ -354,36 +473,38 @@ class HEPassive(PassiveExchange):
         return None if self.share_bits is None else self.share_bits + 1
 
     def backward(self) -> torch.Tensor:
-        ch = self.ctx.channel
+        ch, ar = self.ctx.channel, self.ar
         h = self._h
         assert h is not None
         b, d = h.shape
         # while A encrypts dL/dz: the randomness of this party's next Enc(h'_i) (same batch size)
         self.key.prepare_encryption((b, d), ops=frozenset({MATMUL}), share_bits=self._h_bits())
         blob_g = ch.recv_bytes(self.a, HE_ENC_G)
-        mu = self.scheme.mask(self.stream, (b, d))
-        r_mask = self.scheme.mask(self.stream, (d, self.o))
-        ch.send_bytes(self.a, HE_ENC_GH, self.peer.matmul(blob_g, (b, self.o), self.w.w.T, mu))
+        mu = ar.mask(self.stream, (b, d), terms=self.o, share=True)
+        r_mask = ar.mask(self.stream, (d, self.o), terms=b, share=False)
+        ch.send_bytes(self.a, HE_ENC_GH, self.peer.matmul(blob_g, (b, self.o), ar.operand(self.w.w).T, mu))
         ch.send_bytes(self.a, HE_ENC_GW, self.peer.tmatmul(h, blob_g, (b, self.o), -r_mask))
-        masked = ch.recv(self.a, HE_GH_MASKED, shape=(b, d), dtype=torch.float64).numpy()
+        masked = ar.recv(ch, self.a, HE_GH_MASKED, (b, d))
         self.w.step(r_mask)
-        if self.share_bits is not None:  # re-draw: A's share becomes W_i - U (module docstring)
-            lim = 2.0**self.share_bits
-            u = lim * (2.0 * self.stream.uniform_np(self.w.w.shape) - 1.0)
-            delta, self.w.w = redraw_share(self.w.w, u)
-            ch.send(self.a, HE_RESHARE, torch.from_numpy(delta))
+        drawn = ar.redraw(self.stream, self.w.w)
+        if drawn is not None:  # re-draw: A's share becomes W_i - U (module docstring)
+            delta, self.w.w = drawn
+            ar.send(ch, self.a, HE_RESHARE, delta)
         self._h = None
-        return torch.from_numpy(masked - mu).float().to(self.ctx.device)
+        return torch.from_numpy(ar.to_float(masked - mu)).float().to(self.ctx.device)
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {"interactive_share": torch.from_numpy(self.w.w).float()}
+        return {"interactive_share": torch.from_numpy(self.ar.to_float(self.w.w)).float()}
 
     def checkpoint_state(self) -> ComponentState:
-        """P_i's share W^P of W_i and its momentum."""
-        return ComponentState({"share": self.w.saved()})
+        """P_i's share W^P of W_i and its momentum, and the passes so far. Under a
+        re-drawing scheme the share is P_i's own uniform U (independent of W_i);
+        its momentum is a sum of P_i's masks."""
+        return ComponentState({"share": self.w.saved()}, {"passes": self.passes})
 
     def restore(self, state: ComponentState) -> None:
         self.w.load(state.tensors["share"])
+        self.passes = int(state.meta.get("passes", 0))
 
 
 def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[ExchangeBackend]:
@@ -402,11 +523,11 @@ def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[
 
         @classmethod
         def active(cls, ctx: ExchangeContext) -> ActiveExchange:
-            return HEActive(ctx, scheme_cls(ctx.options), ctx.options.weight_init)  # type: ignore[attr-defined]
+            return HEActive(ctx, scheme_cls.for_run(ctx), ctx.options.weight_init)  # type: ignore[attr-defined]
 
         @classmethod
         def passive(cls, ctx: ExchangeContext) -> PassiveExchange:
-            return HEPassive(ctx, scheme_cls(ctx.options), ctx.options.weight_init)  # type: ignore[attr-defined]
+            return HEPassive(ctx, scheme_cls.for_run(ctx), ctx.options.weight_init)  # type: ignore[attr-defined]
 
         @classmethod
         def result_info(cls, options: BaseModel) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.exchange.crypten_comm import CRYPTEN_TAG
+from securevfl.exchange.paillier import PaillierOptions, exact
 from securevfl.models import build_top
 from tests.conftest import cli, run_doc, small_digits
 
@@ -89,11 +90,18 @@ def _view(out: Path, rank: int) -> dict[str, Any]:
     return torch.load(out / "ranks" / f"rank{rank}.view.pt", weights_only=False)
 
 
+# paillier's plaintext matrices are exact integers at this scale, sent as int64 limbs
+PAILLIER_SCALE = PaillierOptions().shared_precision_bits + PaillierOptions().scalar_precision_bits
+
+
 def _as_float(t: torch.Tensor) -> np.ndarray | None:
     """What a party can read off a received tensor as numbers: floats as they
-    are, CrypTen ring elements decoded as 16-bit fixed point; bytes are opaque."""
+    are, paillier's integers (int64 limbs, rows x cols x limbs) at their fixed-point
+    scale, CrypTen ring elements decoded as 16-bit fixed point; bytes are opaque."""
     if t.dtype in (torch.float32, torch.float64):
         return t.double().numpy()
+    if t.dtype == torch.int64 and t.dim() == 3:
+        return exact.to_float(exact.from_limbs(t.numpy()), PAILLIER_SCALE)
     if t.dtype == torch.int64:
         return t.double().numpy() / 2**16
     return None

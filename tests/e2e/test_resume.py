@@ -195,7 +195,9 @@ def test_budget_limited_dp_run_stops_at_the_same_step_when_resumed(tmp_path, mon
 
 
 @pytest.mark.slow  # three runs each, ~70 CPU s
-@pytest.mark.parametrize("backend", ["mpc", "ckks"])
+@pytest.mark.parametrize(
+    "backend", ["mpc", "ckks", pytest.param("paillier", marks=pytest.mark.timeout(1200))]
+)
 def test_crypto_resume_reaches_the_same_test_accuracy(tmp_path, monkeypatch, backend: str) -> None:
     """Under crypto a run is not bit-for-bit repeatable even uninterrupted (CrypTen's
     truncation and the HE masks draw fresh randomness; two uninterrupted seeded

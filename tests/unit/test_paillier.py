@@ -9,6 +9,7 @@ import struct
 import gmpy2
 import numpy as np
 import pytest
+import torch
 from conftest import load_yaml
 from phe import paillier as phe_paillier
 from pydantic import ValidationError
@@ -17,7 +18,7 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
-from securevfl.exchange.he import redraw_share
+from securevfl.exchange.he import _Shares, redraw_share
 from securevfl.exchange.paillier import (
     BLOB_HEAD,
     COLS,
@@ -29,13 +30,16 @@ from securevfl.exchange.paillier import (
     PaillierScheme,
     counting,
     dump_public,
+    exact,
     load_blob,
     pack,
     unpack,
 )
+from securevfl.exchange.paillier.encoding import unpack_ints
 
 OPTS = PaillierOptions(precompute=False, threads=1)
-FX, FW, M = OPTS.precision_bits, OPTS.scalar_precision_bits, OPTS.mask_bits
+FX, FW, FXS = OPTS.precision_bits, OPTS.scalar_precision_bits, OPTS.shared_precision_bits
+FS = FXS + FW  # the protocol's result scale: shares, masks and masked results
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,11 @@ def key(scheme) -> PaillierKey:
 @pytest.fixture(scope="module")
 def peer(scheme, key):
     return scheme.peer(key.public(), sender="rank 1 (left)")
+
+
+@pytest.fixture(scope="module")
+def arith(scheme):
+    return scheme.arith()
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -107,10 +116,10 @@ def test_packing_round_trip_with_negative_totals():
 
 def test_matmul_matches_numpy(key, peer, scheme):
     r = rng(1)
-    x = r.normal(0.0, 2.0, size=(19, 4))  # 19 rows: two row blocks of 16 slots
-    w = r.normal(0.0, 2.0**28, size=(4, 3))  # weight shares carry masks, so they are large
+    x = r.normal(0.0, 2.0, size=(19, 4))  # 19 rows: two row blocks of 10 slots
+    w = r.normal(0.0, 2.0**28, size=(4, 3))  # large operands, as weight shares are
     w[0, 0] = 0.0
-    mask = scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (19, 3))
+    mask = r.uniform(-(2.0**24), 2.0**24, size=(19, 3))  # the generic API takes float masks too
     got = key.decrypt(peer.matmul(key.encrypt(x), x.shape, w, mask), (19, 3))
     want = x @ w + mask
     # rounding: x at 2^-48 times |w|, w at 2^-20 times |x|, plus float64 on ~2^30 values
@@ -124,20 +133,22 @@ def test_tmatmul_matches_numpy(key, peer, scheme, rows, a, m):
     r = rng(2)
     p = r.normal(0.0, 2.0, size=(rows, a))
     y = r.normal(0.0, 0.05, size=(rows, m))
-    mask = -scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (a, m))
+    mask = -r.uniform(-(2.0**24), 2.0**24, size=(a, m))
     got = key.decrypt(peer.tmatmul(p, key.encrypt(y), y.shape, mask), (a, m))
     assert np.max(np.abs(got - (p.T @ y + mask))) < rows * 2.0**-FW * 0.05 * 4 + 2.0**-24
 
 
 def test_padding_slots_are_masked_too(key, peer, scheme):
-    """The last row block has unused slots; the peer masks them as well, so even a
-    sender that put values there would read nothing but noise."""
-    x = np.ones((19, 2))
-    out = peer.matmul(key.encrypt(x), x.shape, np.ones((2, 1)), np.zeros((19, 1)))
+    """The last row block has unused slots; the peer masks them as well (as wide as
+    the slot allows, whatever the caller's mask), so even a sender that put values
+    there would read nothing but noise."""
+    x = np.ones((17, 2))
+    out = peer.matmul(key.encrypt(x), x.shape, np.ones((2, 1)), np.zeros((17, 1)))
     (sec,) = load_blob(out, key.n, key.n2, "test")
-    slots = unpack(key.decrypt_ints(sec.cts), key.n, sec.slots, sec.slot_bits)
-    np.testing.assert_allclose(np.ldexp(slots[0], -sec.scale), 2.0)  # rows 0..15
-    assert np.all(np.abs(slots[1, 3:]) > 2.0**sec.scale)  # rows 16..18 are real, the rest masks
+    assert sec.slots == 10
+    slots = unpack_ints(key.decrypt_ints(sec.cts), key.n, sec.slots, sec.slot_bits)
+    assert np.all(slots[0] == 2 << sec.scale) and np.all(slots[1, :7] == 2 << sec.scale)  # rows 0..16
+    assert all(abs(int(v)).bit_length() > sec.slot_bits - 40 for v in slots[1, 7:])  # the rest: masks
 
 
 def test_products_need_the_right_layout(key, peer):
@@ -148,14 +159,26 @@ def test_products_need_the_right_layout(key, peer):
         peer.matmul(key.encrypt(x, ops=frozenset({"tmatmul"})), (3, 2), np.ones((2, 1)), np.zeros((3, 1)))
 
 
-def test_masks_are_in_range_and_on_the_grid(scheme):
-    m = scheme.mask(SecretStream.from_seed(3, "test"), (64, 64))
-    assert m.dtype == np.float64
-    assert np.max(np.abs(m)) <= 2.0**M
-    k = np.ldexp(m, 52 - M)
-    np.testing.assert_array_equal(k, np.rint(k))  # exact in float64, on the 2^(M-52) grid
-    assert np.max(m) > 2.0 ** (M - 1) and np.min(m) < -(2.0 ** (M - 1))  # spread over the range
-    assert abs(np.mean(m)) < 2.0 ** (M - 4)
+def test_masks_are_uniform_integers_over_every_bit_of_their_width(scheme, arith):
+    """A mask of the forward product (terms 64, hiding A's share) at the reference
+    run: sigma = 75 over a 63-bit bound on the hidden part, so 138 bits, uniform on
+    [-2^137, 2^137) at the result scale 2^-44: no bit below the top is fixed (the
+    grid of the masks of an earlier version left the low 16 bits of every slot bare)."""
+    prm = scheme.prm
+    assert (prm.sigma, prm.share) == (75, 78)
+    width = prm.mask_bits(64, prm.hidden_bits(True), prm.fxs)
+    assert width == 8 + 24 + 5 + 20 + 6 + 75 == 138
+    m = arith.mask(SecretStream.from_seed(3, "test"), (64, 64), terms=64, share=True)
+    assert m.dtype == object and m.shape == (64, 64)
+    vals = [int(v) for v in m.ravel()]
+    assert min(vals) >= -(1 << (width - 1)) and max(vals) < 1 << (width - 1)
+    assert max(vals) > 1 << (width - 2) and min(vals) < -(1 << (width - 2))  # spread over the range
+    for bit in (*range(24), width - 2):  # every low bit (and a high one) is a fair coin
+        ones = sum((v >> bit) & 1 for v in vals)
+        assert abs(ones - len(vals) / 2) < 5 * (len(vals) / 4) ** 0.5, bit
+    # a weight-gradient mask (tmatmul: terms = batch, hiding the whole embedding)
+    r = arith.mask(SecretStream.from_seed(4, "test"), (8, 8), terms=256, share=False)
+    assert exact.signed_bits(r) <= prm.mask_bits(256, prm.v, prm.fxs) == 8 + 24 + 8 + 20 + 8 + 75
 
 
 def test_out_of_range_operands_are_refused(key, peer):
@@ -164,8 +187,10 @@ def test_out_of_range_operands_are_refused(key, peer):
     blob = key.encrypt(np.ones((2, 2)))
     with pytest.raises(ConfigError, match="scalar_bits"):
         peer.matmul(blob, (2, 2), np.full((2, 1), 2.0**40), np.zeros((2, 1)))
-    with pytest.raises(ValueError, match="mask"):
-        peer.matmul(blob, (2, 2), np.ones((2, 1)), np.full((2, 1), 2.0 ** (M + 1)))
+    with pytest.raises(ProtocolError, match="could overflow"):  # a mask wider than the slot
+        peer.matmul(blob, (2, 2), np.ones((2, 1)), np.full((2, 1), 2.0**140))
+    with pytest.raises(ValueError, match="finite"):
+        peer.matmul(blob, (2, 2), np.ones((2, 1)), np.full((2, 1), np.inf))
 
 
 def test_every_value_in_a_blob_shares_one_scale(key):
@@ -287,19 +312,44 @@ def test_check_refuses_small_keys():
     assert "exchange.params.key_bits" in str(info.value) and "112-bit" in str(info.value)
 
 
-def test_check_refuses_weak_masks():
-    with pytest.raises(CryptoParameterError, match="statistical"):
-        load_protocol_dict(paillier_doc(mask_bits=12, scalar_bits=30))
+def test_check_refuses_a_run_bound_weaker_than_2_to_the_40():
+    with pytest.raises(CryptoParameterError, match="statistical distance") as info:
+        load_protocol_dict(paillier_doc(distance_bits=39))
+    assert info.value.path == "exchange.params.distance_bits"
+    load_protocol_dict(paillier_doc(distance_bits=40))
+
+
+def test_check_refuses_a_run_longer_than_the_bound_covers():
+    doc = paillier_doc(run_steps=1000)
+    doc["training"] = {**doc["training"], "max_steps": 1001}
+    with pytest.raises(CryptoParameterError, match="run_steps=1000") as info:
+        load_protocol_dict(doc)
+    assert info.value.path == "exchange.params.run_steps"
+    doc["training"]["max_steps"] = 1000
+    load_protocol_dict(doc)
+
+
+@pytest.mark.parametrize("field,value", [("mask_bits", 12), ("share_bits", 16)])
+def test_the_former_width_options_are_refused(field, value):
+    """Mask and share widths follow from distance_bits, run_steps and weight_bits;
+    a protocol file cannot set a narrower one."""
+    with pytest.raises(ConfigError) as info:
+        load_protocol_dict(paillier_doc(**{field: value}))
+    assert info.value.path == f"exchange.params.{field}"
 
 
 def test_check_refuses_overflowing_slots():
+    """paillier.yaml (batch 64, 16-wide embeddings and z): sigma 71, the widest
+    protocol slot (the weight gradient's) 139 bits; at batch 512, 145."""
     with pytest.raises(ConfigError) as info:
         load_protocol_dict(paillier_doc(slot_bits=100))
     assert info.value.path == "exchange.params.slot_bits"
     assert "overflow" in str(info.value) and "batch_size 64" in str(info.value)
-    load_protocol_dict(paillier_doc(slot_bits=126))
+    load_protocol_dict(paillier_doc(slot_bits=139))
+    with pytest.raises(ConfigError, match="slot_bits"):
+        load_protocol_dict(paillier_doc(slot_bits=138))
     with pytest.raises(ConfigError, match="slot_bits"):  # a larger batch needs wider slots
-        load_protocol_dict({**paillier_doc(slot_bits=126), "training": {"batch_size": 512}})
+        load_protocol_dict({**paillier_doc(slot_bits=139), "training": {"batch_size": 512}})
 
 
 def test_options_reject_unknown_keys():
@@ -342,95 +392,176 @@ def test_redrawn_share_keeps_the_sum_and_forgets_the_old_share():
     np.testing.assert_allclose(new_a, (w_a + w_p) - u, rtol=0, atol=4 * ulp)
 
 
-def test_shared_packing_is_narrower_and_decrypts_to_the_shared_copy(key):
-    """Operands below 2^21 (A's share) and values at 2^-24: 82-bit slots, 24 per
-    ciphertext, instead of the generic 125-bit slots (16)."""
+def test_exact_redraw_keeps_the_sum_exactly_and_draws_u_at_full_resolution(arith, scheme):
+    """P_i's re-draw in exact integers: the sum W^A + W^P does not move by one unit of
+    2^-44, and U is uniform on [-2^(k+44), 2^(k+44)) (k = 78), every low bit a coin."""
+    st = SecretStream.from_seed(10, "test")
+    w_a = exact.uniform(st, (40, 40), 150)
+    w_p = exact.uniform(st, (40, 40), 150)
+    delta, u = arith.redraw(st, w_p)
+    assert ((w_a + delta) + u == w_a + w_p).all()
+    k = scheme.prm.share + FS
+    vals = [int(v) for v in u.ravel()]
+    assert min(vals) >= -(1 << k) and max(vals) < 1 << k and max(vals) > 1 << (k - 1)
+    for bit in range(8):
+        ones = sum((v >> bit) & 1 for v in vals)
+        assert abs(ones - len(vals) / 2) < 5 * (len(vals) / 4) ** 0.5, bit
+
+
+def test_exact_sgd_step_matches_float_and_adds_up_on_shares(arith):
+    """lr and momentum act on integer shares as the exact dyadic rationals they are,
+    rounded once per side: the two shares' updates add up to the update of W_i
+    within one unit of 2^-44 per product."""
+    st = SecretStream.from_seed(11, "test")
+    w = arith.from_float(rng(11).normal(0.0, 0.3, size=(6, 5)))
+    u = exact.uniform(st, (6, 5), 120)
+    a, p = _Shares(w - u, 0.05, 0.9, arith), _Shares(u, 0.05, 0.9, arith)
+    grads = [arith.from_float(rng(12 + t).normal(0.0, 1e-3, size=(6, 5))) for t in range(5)]
+    plain_w, plain_v = arith.to_float(w), None
+    for g in grads:
+        r = exact.uniform(st, (6, 5), 140)
+        a.step(g - r)
+        p.step(r)
+        gf = arith.to_float(g)
+        plain_v = gf if plain_v is None else 0.9 * plain_v + gf
+        plain_w = plain_w - 0.05 * plain_v
+    got = arith.to_float(a.w + p.w)
+    assert np.max(np.abs(got - plain_w)) < 20 * 2.0**-FS
+    assert exact.bit_length(a.w) > 100  # the shares themselves are masks
+
+
+def test_limbs_round_trip_and_refuse_what_does_not_fit():
+    st = SecretStream.from_seed(12, "test")
+    v = exact.uniform(st, (5, 7), 150)
+    v[0, 0], v[0, 1] = -(1 << 191), (1 << 191) - 1
+    t = exact.to_limbs(v, 3)
+    assert t.dtype == np.int64 and t.shape == (5, 7, 3)
+    assert (exact.from_limbs(t) == v).all()
+    assert exact.limbs_for(v) == 3
+    with pytest.raises(OverflowError):
+        exact.to_limbs(v, 2)
+
+
+def test_exact_matmul_matches_python_integers():
+    r = rng(13)
+    st = SecretStream.from_seed(13, "test")
+    a = r.integers(-(2**32), 2**32, size=(9, 64))
+    b = exact.uniform(st, (64, 5), 160)
+    assert (exact.matmul(a, b, 32) == exact.ints(a) @ b).all()
+    wide = r.integers(-(2**61), 2**61, size=(3, 4))  # too wide for int64 limbs: big-integer path
+    assert (exact.matmul(wide, b[:4], 61) == exact.ints(wide) @ b[:4]).all()
+
+
+def test_shared_packing_decrypts_exactly_to_the_shared_integers(key, scheme):
+    """The protocol's Enc(h'_i): operands below 2^79 (A's share) and values at 2^-24,
+    masks of 138 bits: 140-bit slots, 14 per ciphertext; the generic packing hides
+    a whole 40-bit operand at 2^-48: 199-bit slots, 10."""
     x = rng(11).normal(0.0, 1.0, size=(50, 64))
-    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=21)
+    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=scheme.share_bits() + 1)
     ((head, _),) = sections(blob)
     layout, scale, slot_bits, slots, rows, cols, _, count = head
-    assert (layout, scale, slot_bits, slots) == (COLS, 24, 82, 24)
-    assert (rows, cols, count) == (50, 64, 64 * 3)  # 50 rows in blocks of 24
+    assert (layout, scale, slot_bits, slots) == (COLS, 24, 140, 14)
+    assert (rows, cols, count) == (50, 64, 64 * 4)  # 50 rows in blocks of 14
     generic = sections(key.encrypt(x, ops=frozenset({"matmul"})))[0][0]
-    assert generic[2] == 125 and generic[3] == 16
+    assert generic[2] == 199 and generic[3] == 10
     copy = key.shared_copy(x)
     np.testing.assert_array_equal(key.decrypt(blob, x.shape), copy)
+    np.testing.assert_array_equal(np.ldexp(key.shared_ints(x).astype(np.float64), -24), copy)
     assert np.max(np.abs(copy - x)) <= 2.0**-25
     assert sections(key.encrypt_shared(x, share_bits=None)) == sections(key.encrypt(x))  # generic
 
 
-def test_owner_copy_rounded_as_encrypted_cancels_against_a_large_share(key, peer, scheme):
-    """z = Dec(Enc(h) W^A + eps) + h W^P - eps with W^A = W - U, |U| < 2^20: with the
-    rounded copy the error meets W (small), with the raw copy it meets U (2^20)."""
+def test_protocol_forward_product_is_exact(key, peer, scheme, arith):
+    """z = Dec(Enc(h) W^A + eps) + h W^P - eps with W^A = W - U, |U| < 2^78: the
+    masked share is exactly H round(W^A 2^20) + round(H W^P 2^20 / 2^24)... at 2^-44,
+    and z meets h W within A's rounding of its operand to 2^-20."""
     r = rng(12)
+    st = SecretStream.from_seed(12, "test")
     h = r.normal(0.0, 1.0, size=(30, 8))
     w = r.normal(0.0, 0.2, size=(8, 4))
-    u = r.uniform(-(2.0**20), 2.0**20, size=(8, 4))
-    eps = scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (30, 4))
-    out = peer.matmul(key.encrypt_shared(h, ops=frozenset({"matmul"}), share_bits=21), h.shape, w - u, eps)
-    v = key.decrypt(out, (30, 4))
-    z = v + key.shared_copy(h) @ u - eps
-    # rounding: h at 2^-24 times |W|, W^A at 2^-20 times |h|, float64 on ~2^25 values
-    tol = 8 * (np.abs(w).sum(axis=0).max() * 2.0**-25 + np.abs(h).sum(axis=1).max() * 2.0**-21) + 2.0**-26
+    _, u = arith.redraw(st, arith.from_float(np.zeros((8, 4))))
+    w_a = arith.from_float(w) - u
+    eps = arith.mask(st, (30, 4), terms=8, share=True)
+    blob = key.encrypt_shared(h, ops=frozenset({"matmul"}), share_bits=scheme.share_bits() + 1)
+    out = peer.matmul(blob, h.shape, arith.operand(w_a), eps)
+    v = arith.decrypt(key, out, (30, 4))
+    hq = key.shared_ints(h)
+    assert (v == exact.matmul(hq, arith.operand(w_a), 32) + eps).all()
+    s = v + arith.product(hq, u)
+    z = arith.to_float(s - eps)
+    tol = 8 * np.abs(h).sum(axis=1).max() * 2.0**-21 + 8 * 2.0**-25 * np.abs(w).sum(axis=0).max()
     assert np.max(np.abs(z - h @ w)) < tol < 1e-4
-    assert np.max(np.abs(v + h @ u - eps - h @ w)) > 100 * tol  # the raw copy would not do
 
 
-def test_tmatmul_on_the_shared_rows_layout(key, peer, scheme):
+def test_tmatmul_on_the_shared_rows_layout(key, peer, scheme, arith):
     r = rng(13)
+    st = SecretStream.from_seed(13, "test")
     g = r.normal(0.0, 0.01, size=(40, 6))
     h = r.normal(0.0, 1.0, size=(40, 5))
-    mask = -scheme.mask(SecretStream.from_seed(int(r.integers(1 << 30)), "test"), (5, 6))
-    blob = key.encrypt_shared(g, share_bits=20)
-    got = key.decrypt(peer.tmatmul(h, blob, g.shape, mask), (5, 6))
-    want = h.T @ key.shared_copy(g) + mask
-    assert np.max(np.abs(got - want)) < 40 * 4 * 2.0**-21 * 0.05 + 2.0**-24
+    mask = arith.mask(st, (5, 6), terms=40, share=False)
+    blob = key.encrypt_shared(g, share_bits=scheme.share_bits())
+    got = arith.decrypt(key, peer.tmatmul(h, blob, g.shape, -mask), (5, 6))
+    hw = np.rint(np.ldexp(h, FW)).astype(np.int64)  # h as the evaluator encodes it
+    assert (got == exact.ints(hw.T) @ exact.ints(key.shared_ints(g)) - mask).all()
 
 
-def test_evaluator_refuses_operands_that_could_overflow_narrow_slots(key, peer):
-    blob = key.encrypt_shared(np.ones((3, 2)), ops=frozenset({"matmul"}), share_bits=21)
-    peer.matmul(blob, (3, 2), np.full((2, 1), 2.0**20), np.zeros((3, 1)))  # within the promise
+def test_evaluator_refuses_operands_that_could_overflow_narrow_slots(key, peer, scheme):
+    k = scheme.share_bits()
+    blob = key.encrypt_shared(np.ones((3, 2)), ops=frozenset({"matmul"}), share_bits=k + 1)
+    peer.matmul(blob, (3, 2), exact.ints(np.full((2, 1), 1)) << (k + FW), np.zeros((3, 1)))  # promised
     with pytest.raises(ProtocolError, match=r"rank 1 \(left\).*could overflow"):
-        peer.matmul(blob, (3, 2), np.full((2, 1), 2.0**30), np.zeros((3, 1)))
+        peer.matmul(blob, (3, 2), exact.ints(np.full((2, 1), 1)) << (k + FW + 8), np.zeros((3, 1)))
 
 
-def test_prepared_obfuscators_are_the_ones_the_products_take(key, peer, scheme):
+def test_prepared_obfuscators_are_the_ones_the_products_take(key, peer, scheme, arith):
     """P_i makes the obfuscators of its backward products while it waits: exactly one
     per output ciphertext, each used once, and the products still decrypt right."""
     r = rng(14)
+    st = SecretStream.from_seed(14, "test")
     b, d, o = 30, 5, 4
     g, h = r.normal(0.0, 0.01, size=(b, o)), r.normal(0.0, 1.0, size=(b, d))
-    wp = r.uniform(-(2.0**20), 2.0**20, size=(d, o))
+    wp = exact.uniform(st, (d, o), scheme.share_bits() + FW + 1)
     peer.prepare_operands((b, o), w=wp.T, p=h)
     stocked = list(peer._fresh._stock)
-    assert len(stocked) == d * 2 + d * 1  # u: d cols x 2 blocks of 26; dW: d rows x 1 block
-    blob = key.encrypt_shared(g, share_bits=20)
+    assert len(stocked) == d * 2 + d * 1  # u: d cols x 2 blocks of 15; dW: d rows x 1 block
+    blob = key.encrypt_shared(g, share_bits=scheme.share_bits())
+    zero = exact.ints(np.zeros((b, d), dtype=np.int64))
     with counting() as c:
-        u = peer.matmul(blob, (b, o), wp.T, np.zeros((b, d)))
-        dw = peer.tmatmul(h, blob, (b, o), np.zeros((d, o)))
+        u = peer.matmul(blob, (b, o), wp.T, zero)
+        dw = peer.tmatmul(h, blob, (b, o), exact.ints(np.zeros((d, o), dtype=np.int64)))
     assert c.obfuscations == 0 and peer._fresh.stocked() == 0
     assert len({int(v) for v in stocked}) == len(stocked)
-    gq = key.shared_copy(g)
-    assert np.max(np.abs(key.decrypt(u, (b, d)) - gq @ wp.T)) < 1e-4
-    assert np.max(np.abs(key.decrypt(dw, (d, o)) - h.T @ gq)) < 1e-6
-
-
-def test_check_refuses_weak_share_bounds():
-    with pytest.raises(CryptoParameterError, match="statistical") as info:
-        load_protocol_dict(paillier_doc(share_bits=16))
-    assert info.value.path == "exchange.params.share_bits"
-    with pytest.raises(ConfigError, match="share_bits") as info:
-        load_protocol_dict(paillier_doc(share_bits=30, scalar_bits=30))
-    assert info.value.path == "exchange.params.scalar_bits"
+    gq = key.shared_ints(g)
+    assert (arith.decrypt(key, u, (b, d)) == exact.ints(gq) @ wp.T).all()
+    hw = np.rint(np.ldexp(h, FW)).astype(np.int64)
+    assert (arith.decrypt(key, dw, (d, o)) == exact.ints(hw.T) @ exact.ints(gq)).all()
 
 
 def test_prepared_encryption_randomness_is_used_once(scheme):
     key = scheme.new_key()
     x = rng(15).normal(0.0, 1.0, size=(50, 7))
-    key.prepare_encryption(x.shape, ops=frozenset({"matmul"}), share_bits=21)
+    k = scheme.share_bits() + 1
+    key.prepare_encryption(x.shape, ops=frozenset({"matmul"}), share_bits=k)
     stocked = list(key._fresh._stock)
-    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=21)
+    blob = key.encrypt_shared(x, ops=frozenset({"matmul"}), share_bits=k)
     ((head, _),) = sections(blob)
-    assert len(stocked) == head[-1] == 7 * 2  # 7 columns x 2 row blocks of 25
+    assert len(stocked) == head[-1] == 7 * 4  # 7 columns x 4 row blocks of 14
     assert key._fresh.stocked() == 0
     np.testing.assert_array_equal(key.decrypt(blob, x.shape), key.shared_copy(x))
+
+
+def test_a_run_longer_than_run_steps_stops_with_a_clear_error():
+    arith = PaillierScheme(PaillierOptions(run_steps=3, threads=1)).arith()
+    for passes in (1, 2, 3):
+        arith.check_pass(passes)
+    with pytest.raises(ConfigError, match="run_steps=3") as info:
+        arith.check_pass(4)
+    assert info.value.path == "exchange.params.run_steps"
+
+
+def test_checkpointed_shares_load_exactly_and_from_float(arith):
+    st = SecretStream.from_seed(16, "test")
+    v = exact.uniform(st, (4, 3), 160)
+    assert (arith.load(arith.save(v)) == v).all()
+    old = torch.tensor([[0.5, -0.25], [1e-3, 3.0]], dtype=torch.float64)  # a float share of an older run
+    assert (arith.load(old) == exact.from_float(old.numpy(), FS)).all()

@@ -18,6 +18,7 @@ from securevfl.exchange.paillier.obfuscation import (
     shape_for,
     table_products,
 )
+from securevfl.exchange.paillier.options import Params
 from securevfl.exchange.paillier.profile import bytes_floor, step_counts
 
 OPTS = PaillierOptions(precompute=False, threads=1)
@@ -102,17 +103,19 @@ def test_phe_is_the_reference_both_ways(key, peer):
 
 
 def test_counters_count_one_matmul(key, peer, scheme):
-    x = np.ones((40, 3))  # 3 columns x 3 row blocks of 16 slots
+    """Generic packing of 3 terms: 195-bit slots (a 75-bit statistical margin over
+    operands hidden whole), 10 per ciphertext: 40 rows are 4 row blocks."""
+    x = np.ones((40, 3))
     blob = key.encrypt(x, ops=frozenset({"matmul"}))
     w = np.array([[1.0, 0.0], [2.0, 3.0], [0.5, 1.0]])
     with counting() as c:
         out = peer.matmul(blob, x.shape, w, np.zeros((40, 2)))
-    assert c.obfuscations == 6 and c.encryptions == 0 and c.decryptions == 0
-    assert c.ct_scalar == 3 * 5  # per row block: 5 non-zero scalars
-    assert c.ct_add == 3 * (5 - 2) + 6  # sums within an output, then the mask
+    assert c.obfuscations == 8 and c.encryptions == 0 and c.decryptions == 0
+    assert c.ct_scalar == 4 * 5  # per row block: 5 non-zero scalars
+    assert c.ct_add == 4 * (5 - 2) + 8  # sums within an output, then the mask
     with counting() as d:
         key.decrypt(out, (40, 2))
-    assert d.decryptions == 6 and d.modexps == 12
+    assert d.decryptions == 8 and d.modexps == 16
 
 
 @pytest.mark.parametrize("k,j,top", [(1, 1, 5), (3, 2, 2**40), (13, 5, 2**20), (70, 3, 2**36)])
@@ -133,14 +136,21 @@ def test_multiexp_matches_the_product_of_powers(k, j, top):
 
 
 @pytest.mark.parametrize(
-    "batch,blocks,enc,dec", [(20, 1, 3 + 2 + 20, 2 + 3 + 3), (60, 3, 9 + 6 + 60, 6 + 9 + 3)]
+    "batch,slots,blocks,enc,dec",
+    [(20, [16, 16, 15], 2, 6 + 4 + 20, 4 + 6 + 3), (60, [15, 16, 15], 4, 12 + 8 + 60, 8 + 12 + 3)],
 )
-def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
-    """One step, one passive party, d = 3, o = 2, in the protocol's packing (re-drawn
-    shares below 2^20, values at 2^-24): 26 slots per ciphertext for h and g's
-    ``cols`` (78- and 76-bit slots), 28 for g's ``rows`` (71 bits). Enc(h) 3 cols x
-    ``blocks``; Enc(g) cols 2 x ``blocks`` plus rows ``batch`` x 1; outputs z 2 x
-    ``blocks``, u 3 x ``blocks``, dW 3 rows x 1, each obfuscated once and decrypted once."""
+def test_step_counts_match_the_protocol_shapes(batch, slots, blocks, enc, dec):
+    """One step, one passive party, d = 3, o = 2, in the protocol's packing for a run
+    of this shape (sigma 65 or 67 bits, re-drawn shares below 2^68 or 2^70, values at
+    2^-24): ``slots`` per ciphertext for h, g's ``cols`` and g's ``rows``.
+    Enc(h) 3 cols x ``blocks``; Enc(g) cols 2 x ``blocks`` plus rows ``batch`` x 1;
+    outputs z 2 x ``blocks``, u 3 x ``blocks``, dW 3 rows x 1, each obfuscated once
+    and decrypted once."""
+    prm = Params.of(OPTS, batch, [3], 2)
+    assert [
+        2047 // prm.protocol_slot(cols, t, op, 2048)
+        for cols, t, op in ((True, 3, prm.share + 1), (True, 2, prm.share), (False, batch, prm.v))
+    ] == slots
     counts, _ = step_counts(OPTS, batch, [3], 2)
     assert counts.encryptions == enc == 5 * blocks + batch
     assert counts.decryptions == counts.obfuscations == dec == 5 * blocks + 3
@@ -148,10 +158,11 @@ def test_step_counts_match_the_protocol_shapes(batch, blocks, enc, dec):
 
 
 def test_bytes_floor_is_every_value_at_its_blob_density():
-    """Reference point: h'_i and its reply at 24 slots, dL/dz and g W^P^T at 25, the
-    weight gradient at 28 (512-byte ciphertexts), dL/dz once, plus three float64
-    matrices per party."""
+    """Reference point (sigma 75, shares below 2^78): h'_i and its reply, dL/dz and
+    g W^P^T in 140-bit slots, the weight gradient in 145-bit ones, 14 per 512-byte
+    ciphertext, dL/dz once; plus the plaintext integers per party at their widths:
+    z share and masked dL/dh at 140 bits, the re-draw at 124 (78 + 44 + 2)."""
     b, d, o = 256, 64, 64
-    per_party = 2 * b * d * 512 / 24 + (b * o + b * d) * 512 / 25 + d * o * 512 / 28
-    per_party += (b * o + b * d + d * o) * 8
+    per_party = (2 * b * d + 2 * b * o + d * o) * 512 / 14
+    per_party += (b * o + b * d) * 140 / 8 + d * o * 124 / 8
     assert bytes_floor(OPTS, b, [d, d], o) == pytest.approx(2 * per_party)

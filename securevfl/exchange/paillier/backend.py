@@ -1,18 +1,24 @@
 """The ``paillier`` HE scheme for :mod:`securevfl.exchange.he`: key and peer
-factories, masks, and the load-time refusal of insecure parameters."""
+factories, the exact share arithmetic, and the load-time refusal of insecure
+parameters."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel
 
 from securevfl.config import ModelSpec, Protocol
-from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError
-from securevfl.exchange.he import HEScheme, he_backend
-from securevfl.exchange.paillier.options import MASK_FLOOR_BITS, MIN_KEY_BITS, PaillierOptions, Params
+from securevfl.exchange.base import ExchangeContext
+from securevfl.exchange.he import HEScheme, ShareArith, he_backend
+from securevfl.exchange.paillier.arith import PaillierArith
+from securevfl.exchange.paillier.options import (
+    MIN_DISTANCE_BITS,
+    MIN_KEY_BITS,
+    PaillierOptions,
+    Params,
+)
 from securevfl.exchange.paillier.peer import PaillierPeer
 from securevfl.exchange.paillier.scheme import PaillierKey
 from securevfl.exchange.paillier.wire import load_public
@@ -22,13 +28,28 @@ def _embed_dims(proto: Protocol) -> list[int]:
     return [(p.model or ModelSpec()).out for p in proto.parties.passive]
 
 
+def params_for(proto: Protocol, options: PaillierOptions, dims: list[int] | None = None) -> Params:
+    """The parameters of a run of this protocol (its batch, embedding and output sizes)."""
+    return Params.of(options, proto.training.batch_size, dims or _embed_dims(proto), proto.interactive.out)
+
+
 class PaillierScheme(HEScheme):
     options = PaillierOptions
 
-    def __init__(self, options: BaseModel):
+    def __init__(self, options: BaseModel, params: Params | None = None):
         super().__init__(options)
         assert isinstance(options, PaillierOptions)
-        self.prm = Params.of(options)
+        self.prm = params or Params.of(options)
+
+    @classmethod
+    def for_run(cls, ctx: ExchangeContext) -> PaillierScheme:
+        """Sized for the run's shape: the per-value widths follow from the values and
+        ciphertexts a run of ``run_steps`` passes makes (:class:`Params`)."""
+        assert isinstance(ctx.options, PaillierOptions)
+        return cls(ctx.options, params_for(ctx.proto, ctx.options, list(ctx.embed_dims)))
+
+    def arith(self) -> ShareArith:
+        return PaillierArith(self, self.prm)
 
     def new_key(self) -> PaillierKey:
         return PaillierKey(self.prm, self.opts.key_bits)  # type: ignore[attr-defined]
@@ -38,21 +59,16 @@ class PaillierScheme(HEScheme):
         return PaillierPeer(self.prm, n, sender)
 
     def share_bits(self) -> int:
-        """P_i's weight share is re-drawn uniform in [-2^share_bits, 2^share_bits) every
-        step, so the plaintext operands stay short and the slots narrow (he.py)."""
-        return int(self.opts.share_bits)  # type: ignore[attr-defined]
-
-    def mask(self, stream: SecretStream, shape: tuple[int, ...]) -> np.ndarray:
-        """Uniform on the grid 2^(mask_bits-52) in [-2^mask_bits, 2^mask_bits) (exact in float64)."""
-        lim = 1 << 52
-        k = stream.integers_np(shape, -lim, lim)
-        return np.ldexp(k.astype(np.float64), -self.prm.grid)
+        """P_i's weight share is re-drawn uniform in [-2^k, 2^k) every step, k =
+        weight_bits + sigma - 1 (:attr:`Params.share`), so that A's share hides W_i
+        within the run's bound and the plaintext operands stay bounded (he.py)."""
+        return self.prm.share
 
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         assert isinstance(options, PaillierOptions)
         o = options
-        prm = Params.of(o)
+        prm = params_for(proto, o)
 
         def bad(field: str, why: str, crypto: bool = False) -> ConfigError:
             kind = CryptoParameterError if crypto else ConfigError
@@ -66,25 +82,22 @@ class PaillierScheme(HEScheme):
                 "security (NIST SP 800-57; 3072 bits for 128-bit)",
                 crypto=True,
             )
-        if o.mask_bits < MASK_FLOOR_BITS:
+        if o.distance_bits < MIN_DISTANCE_BITS:
             raise bad(
-                "mask_bits",
-                f"mask_bits={o.mask_bits} is below {MASK_FLOOR_BITS}: masks hide a value y only up to "
-                f"a statistical distance of |y| 2^-mask_bits per value",
+                "distance_bits",
+                f"distance_bits={o.distance_bits} is below {MIN_DISTANCE_BITS}: the masks and "
+                f"obfuscators of a whole run must stay within statistical distance 2^-{MIN_DISTANCE_BITS} "
+                "of ideal ones",
                 crypto=True,
             )
-        if o.share_bits < MASK_FLOOR_BITS:
+        steps = proto.training.max_steps
+        if steps is not None and steps > o.run_steps:
             raise bad(
-                "share_bits",
-                f"share_bits={o.share_bits} is below {MASK_FLOOR_BITS}: the re-drawn share hides W_i from "
-                f"A only up to a statistical distance of |W_i - W'_i| 2^-(share_bits+1) per weight",
+                "run_steps",
+                f"training.max_steps={steps} exceeds run_steps={o.run_steps}: the statistical bound "
+                f"of the masks covers {o.run_steps} passes through the interactive layer (training "
+                "steps, evaluation and prediction batches); raise run_steps",
                 crypto=True,
-            )
-        if o.scalar_bits < o.share_bits + 1:
-            raise bad(
-                "scalar_bits",
-                f"scalar_bits={o.scalar_bits} must be at least share_bits + 1 = {o.share_bits + 1}: A's "
-                "weight share is W_i minus P_i's, which is below 2^share_bits",
             )
         if o.value_bits + max(o.precision_bits, o.shared_precision_bits) > 62:
             raise bad(
@@ -95,32 +108,36 @@ class PaillierScheme(HEScheme):
             raise bad(
                 "scalar_precision_bits", "scalar_bits + scalar_precision_bits must be at most 62 (int64)"
             )
-        if prm.grid > prm.fw + min(prm.fx, prm.fxs):
-            field = "precision_bits" if prm.fx <= prm.fxs else "shared_precision_bits"
-            raise bad(field, f"{field} + scalar_precision_bits must be >= {prm.grid} (52 - mask_bits)")
-        terms = max(proto.training.batch_size, proto.interactive.out, *_embed_dims(proto))
-        need = prm.slot_need(terms)
-        if o.slot_bits is not None and o.slot_bits < need:
-            raise bad(
-                "slot_bits",
-                f"slot_bits={o.slot_bits} could overflow: a slot must hold a sum of up to {terms} "
-                f"products (batch_size {proto.training.batch_size}, embedding and interactive sizes) "
-                f"of values below 2^{o.value_bits} and 2^{o.scalar_bits} at 2^-{prm.F}, plus a mask "
-                f"below 2^{o.mask_bits}: at least {need} bits",
-            )
-        slot = o.slot_bits or need
-        if slot > o.key_bits - 1:
-            raise bad(
-                "slot_bits" if o.slot_bits else "key_bits",
-                f"a {slot}-bit slot does not fit a {o.key_bits}-bit plaintext",
-            )
+        b, dims, out = proto.training.batch_size, _embed_dims(proto), proto.interactive.out
+        nbits = o.key_bits
+        for terms, share, op, what in (
+            (max(dims), True, prm.share + 1, "Enc(h'_i) times A's weight share"),
+            (out, True, prm.share, "Enc(dL/dz) times P_i's weight share"),
+            (b, False, prm.v, "Enc(dL/dz) times h'_i (the weight gradient)"),
+        ):
+            m = prm.mask_bits(terms, prm.hidden_bits(share), prm.fxs)
+            need = prm.slot_need(terms, op, prm.fxs, m)
+            if o.slot_bits is not None and o.slot_bits < need:
+                raise bad(
+                    "slot_bits",
+                    f"slot_bits={o.slot_bits} could overflow: {what} sums {terms} products (batch_size "
+                    f"{b}, embedding and interactive sizes) of values below 2^{o.value_bits} and "
+                    f"operands below 2^{op} at 2^-{prm.Fs}, plus a {m}-bit mask: at least {need} bits",
+                )
+            slot = o.slot_bits or need
+            if slot > nbits - 1:
+                raise bad(
+                    "slot_bits" if o.slot_bits else "key_bits",
+                    f"a {slot}-bit slot ({what}) does not fit a {nbits}-bit plaintext",
+                )
 
     @classmethod
     def describe(cls, options: BaseModel) -> dict[str, Any]:
         assert isinstance(options, PaillierOptions)
         return {
             "security_bits": 128 if options.key_bits >= 3072 else 112,
-            "statistical_mask_bits": options.mask_bits,
+            "statistical_distance_bits": options.distance_bits,
+            "statistical_run_steps": options.run_steps,
         }
 
 

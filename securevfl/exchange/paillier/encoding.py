@@ -69,7 +69,10 @@ def slot_bias(slots: int, s: int) -> int:
 
 
 def pack(y: np.ndarray, s: int) -> list[int]:
-    """Signed int64 slots (ciphertexts x slots) -> packed integers sum_i y_i 2^(i s)."""
+    """Signed slots (ciphertexts x slots; int64, or Python ints of any size) ->
+    packed integers sum_i y_i 2^(i s)."""
+    if y.dtype == object:
+        return [sum(int(v) << (i * s) for i, v in enumerate(row)) for row in y.tolist()]
     nct, slots = y.shape
     raw8 = np.ascontiguousarray(y, dtype="<i8").view(np.uint8).reshape(nct, slots, 8)
     bits = np.unpackbits(raw8, axis=2, bitorder="little")
@@ -83,6 +86,20 @@ def pack(y: np.ndarray, s: int) -> list[int]:
     raw = np.packbits(flat, axis=1, bitorder="little")
     bias = slot_bias(slots, s)
     return [int.from_bytes(row.tobytes(), "little") - bias for row in raw]
+
+
+def unpack_ints(ms: list[Any], n: Any, slots: int, s: int) -> np.ndarray:
+    """Plaintexts mod n -> the exact signed slot values (ciphertexts x slots, Python
+    ints): negative totals wrap mod n and are read back centred."""
+    half = n >> 1
+    bias = slot_bias(slots, s)
+    low = (1 << s) - 1
+    top = 1 << (s - 1)
+    out = np.empty((len(ms), slots), dtype=object)
+    for r, m in enumerate(ms):
+        t = int((m - n if m > half else m) + bias)
+        out[r] = [((t >> (i * s)) & low) - top for i in range(slots)]
+    return out
 
 
 def unpack(ms: list[Any], n: Any, slots: int, s: int) -> np.ndarray:

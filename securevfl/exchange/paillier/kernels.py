@@ -85,21 +85,66 @@ def group_tables(bases: list[Any], g: int, c: int, mod: Any) -> list[list[Any]]:
     return tables
 
 
+LIMB_BITS = 62
+
+
+def _digits(eb: np.ndarray, c: int, nwin: int) -> np.ndarray:
+    """The c-bit digits of non-negative exponents, window 0 the most significant:
+    shape (window, k, j). int64 exponents are shifted directly; larger ones (Python
+    ints) are cut into 62-bit int64 limbs first, and a window that straddles two
+    limbs takes its high bits from the next one."""
+    mask = (1 << c) - 1
+    shifts = c * np.arange(nwin - 1, -1, -1)
+    if eb.dtype != object:
+        return (eb[None, :, :] >> shifts.reshape(nwin, 1, 1)) & mask
+    low = (1 << LIMB_BITS) - 1
+    nlimbs = -(-(c * nwin) // LIMB_BITS)
+    limbs = [((eb >> (LIMB_BITS * i)) & low).astype(np.int64) for i in range(nlimbs)]
+    out = np.empty((nwin, *eb.shape), dtype=np.int64)
+    for w, sh in enumerate(shifts.tolist()):
+        li, r = divmod(sh, LIMB_BITS)
+        d = limbs[li] >> r
+        if r + c > LIMB_BITS and li + 1 < nlimbs:
+            d = d | (limbs[li + 1] << (LIMB_BITS - r))
+        out[w] = d & mask
+    return out
+
+
 def digit_indices(e: np.ndarray, g: int, c: int, nwin: int) -> np.ndarray:
-    """Table indices (j, window from the top, group): sum_m digit(e[g q + m, j]) 2^(c m)."""
+    """Table indices (j, window from the top, group): sum_m digit(e[g q + m, j]) 2^(c m),
+    for non-negative exponents (int64, or Python ints of any size)."""
     k, j = e.shape
     groups = -(-k // g)
-    pad = np.zeros((groups * g, j), dtype=np.int64)
+    pad = np.zeros((groups * g, j), dtype=e.dtype)
     pad[:k] = e
-    shifts = (c * np.arange(nwin - 1, -1, -1)).reshape(nwin, 1, 1)
-    dig = (pad[None, :, :] >> shifts) & ((1 << c) - 1)  # window, k, j
+    dig = _digits(pad, c, nwin)  # window, k, j
     weights = (1 << (c * np.arange(g))).reshape(1, 1, g, 1)
     idx = (dig.reshape(nwin, groups, g, j) * weights).sum(axis=2)  # window, group, j
     return idx.transpose(2, 0, 1)
 
 
-def multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
-    """out[j] = prod_k bases[k]^e[k, j] mod n2 for signed int64 e (k x j).
+class Exponents:
+    """A plaintext operand prepared for :func:`multiexp`: its plan and digit
+    indices, computed once and shared by every block of ciphertexts it multiplies."""
+
+    def __init__(self, e: np.ndarray):
+        self.e = e
+        self.k, self.j = e.shape
+        top = int(np.abs(e).max()) if e.size else 0
+        self.zero = top == 0
+        self.bits = top.bit_length()
+        self.off = 1 << self.bits
+        self.g, self.c = plan(self.k, self.j, self.bits + 1)
+        self.nwin = -(-(self.bits + 1) // self.c)
+        self.idx: list[Any] = []
+        if not self.zero:
+            self.idx = digit_indices(e + self.off, self.g, self.c, self.nwin).tolist()
+        self.nonzero = int(np.count_nonzero(e))
+
+
+def multiexp(bases: list[Any], e: np.ndarray | Exponents, n2: Any) -> list[Any]:
+    """out[j] = prod_k bases[k]^e[k, j] mod n2 for signed integer e (k x j; int64 or
+    Python ints of any size, or an :class:`Exponents` prepared from them).
 
     Straus's simultaneous exponentiation with interleaved tables: the bases are
     grouped g at a time and each group gets one table of all its c-bit digit
@@ -111,26 +156,21 @@ def multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
     offset by 2^bits to be non-negative, and the common factor
     (prod_k bases[k])^(-2^bits) is computed once and multiplied into every output.
     A base that is not invertible mod n2 raises ZeroDivisionError."""
-    k, j = e.shape
-    top = int(np.abs(e).max()) if e.size else 0
-    if top == 0:
+    ex = e if isinstance(e, Exponents) else Exponents(e)
+    k, j = ex.k, ex.j
+    if ex.zero:
         return [ONE] * j
-    bits = top.bit_length()
-    off = 1 << bits
-    eb = e + off  # in [1, 2^(bits+1))
-    g, c = plan(k, j, bits + 1)
-    nwin = -(-(bits + 1) // c)
+    g, c, nwin, bits = ex.g, ex.c, ex.nwin, ex.bits
     tables = group_tables(bases, g, c, n2)
     prod = ONE
     for b in bases:
         prod = prod * b % n2
-    fix = gmpy2.powmod(gmpy2.invert(prod, n2), off, n2)
-    idx = digit_indices(eb, g, c, nwin).tolist()  # j, window, group
+    fix = gmpy2.powmod(gmpy2.invert(prod, n2), ex.off, n2)
     out = []
     muls = 0
     for jj in range(j):
         acc = ONE
-        for win in idx[jj]:
+        for win in ex.idx[jj]:
             if acc is not ONE:
                 for _ in range(c):  # c squarings: a product is ~3x cheaper than powmod(acc, 2^c)
                     acc = acc * acc % n2
@@ -142,7 +182,7 @@ def multiexp(bases: list[Any], e: np.ndarray, n2: Any) -> list[Any]:
                         acc = acc * tab[d] % n2
                         muls += 1
         out.append(acc * fix % n2)
-    nz = int(np.count_nonzero(e))
+    nz = ex.nonzero
     count(
         ct_scalar=nz,
         ct_add=max(0, nz - j),

@@ -33,7 +33,11 @@ eps = 1/2 sqrt(2^(G_bits - t b) + Delta)  (:func:`distance_bound_log2`);
 it holds even if the bases were public, and k obfuscators from the same bases are
 within k eps of independent uniform ones. :func:`shape_for` picks t >= 2 sigma + 2
 (so Delta <= ~2^-2 sigma) and t b >= G_bits + 2 sigma, which gives eps <= 2^-sigma
-(sigma = 64: per obfuscator 2^-65; 2^30 of them stay within 2^-35 of ideal).
+(sigma = 64: per obfuscator 2^-65; 2^30 of them stay within 2^-35 of ideal). The
+backend sizes sigma for a whole run (:class:`~.options.Params`, ``obf_sigma``): all
+the obfuscators of ``run_steps`` passes together within 2^-(distance_bits + 1), i.e.
+sigma = 76 at the reference workload and default run (t = 275 bases of one 8-bit
+digit for n^2, 154 for each CRT half).
 
 Cost: each x_j is cut into w-bit digits and z_j^(d 2^(w i)) is tabulated for every
 digit value d (Brickell-Gordon-McCurley-Wilson fixed-base windows), so a sample
@@ -41,8 +45,9 @@ is one modular multiplication per digit: at |n| = 2048 with sigma = 64 and w = 8
 272 multiplications mod n^2 and 35 MB of table per peer key; the key owner draws
 both CRT halves (144 multiplications mod p^2 and q^2 each) instead of r^n by CRT (2
 exponentiations of 1024 bits). Measured CPU per obfuscator (2026-11-23, 2-core box,
-|n| = 2048): evaluator 1.55 ms against 9.0 ms for r^n (5.8x), key owner 0.60 ms
-against 2.52 ms for the CRT powers (4.2x).
+|n| = 2048, sigma = 64): evaluator 1.55 ms against 9.0 ms for r^n (5.8x), key owner
+0.60 ms against 2.52 ms for the CRT powers (4.2x). At sigma = 76 the evaluator's
+sample takes 275 multiplications (1% more) and the key owner's 154 per half (7% more).
 
 Threat model: semi-honest parties. The bound uses nothing about p and q but the
 rank r of G (at most 2), so it holds for any modulus; the bases and digits come

@@ -21,6 +21,8 @@ import numpy as np
 
 from securevfl.csprng import SecretStream
 from securevfl.exchange.he import MATMUL
+from securevfl.exchange.paillier import exact
+from securevfl.exchange.paillier.arith import PaillierArith
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting
 from securevfl.exchange.paillier.kernels import multiexp
@@ -42,8 +44,9 @@ class StepProfile:
         return sum(c[op] * self.unit_s[op] for op in FLOOR_OPS)
 
 
-def _weights(rng: np.random.Generator, d: int, o: int, share_bits: int) -> np.ndarray:
-    return rng.uniform(-(2.0**share_bits), 2.0**share_bits, size=(d, o))
+def _weights(stream: SecretStream, d: int, o: int, prm: Params) -> np.ndarray:
+    """A weight share as the protocol multiplies it: uniform below 2^share at 2^-fw."""
+    return exact.uniform(stream, (d, o), prm.share + prm.fw + 1)
 
 
 def step_counts(
@@ -61,10 +64,12 @@ def step_counts(
     shares, to ``rows_products``). The weight shares used as scalars are drawn at
     their re-drawn size (P_i's below 2^share_bits, A's W_i minus it), which sets
     the exponent lengths."""
-    share_bits = options.share_bits
-    sch = PaillierScheme(options)
+    prm = Params.of(options, batch, dims, out)
+    sch = PaillierScheme(options, prm)
+    ar = PaillierArith(sch, prm)
+    share_bits = prm.share
     rng = np.random.default_rng(0)  # profile inputs (public, reproducible)
-    masks = SecretStream.from_seed(0, "paillier-profile")  # a mask stream as the exchange draws one
+    masks = SecretStream.from_seed(0, "paillier-profile")  # masks and shares as the exchange draws them
     ka = sch.new_key()
     keys = [sch.new_key() for _ in dims]
     at_a = [sch.peer(k.public(), sender=f"P{i + 1}") for i, k in enumerate(keys)]
@@ -79,20 +84,21 @@ def step_counts(
         for i, d in enumerate(dims):
             h = rng.normal(0.0, 0.5, size=(batch, d))
             blob = keys[i].encrypt_shared(h, ops=frozenset({MATMUL}), share_bits=share_bits + 1)
-            z = at_a[i].matmul(
-                blob, (batch, d), _weights(rng, d, out, share_bits), sch.mask(masks, (batch, out))
-            )
-            keys[i].decrypt(z, (batch, out))
+            eps = ar.mask(masks, (batch, out), terms=d, share=True)
+            z = at_a[i].matmul(blob, (batch, d), _weights(masks, d, out, prm), eps)
+            keys[i].decrypt_exact(z, (batch, out), prm.Fs)
         blob_g = ka.encrypt_shared(g, share_bits=share_bits)
         for i, d in enumerate(dims):
             h = rng.normal(0.0, 0.5, size=(batch, d))
-            wp = _weights(rng, d, out, share_bits)
-            u = at_p[i].matmul(blob_g, (batch, out), wp.T, sch.mask(masks, (batch, d)))
+            wp = _weights(masks, d, out, prm)
+            mu = ar.mask(masks, (batch, d), terms=out, share=True)
+            u = at_p[i].matmul(blob_g, (batch, out), wp.T, mu)
+            r_mask = ar.mask(masks, (d, out), terms=batch, share=False)
             with counting() as tm:
-                dw = at_p[i].tmatmul(h, blob_g, (batch, out), -sch.mask(masks, (d, out)))
+                dw = at_p[i].tmatmul(h, blob_g, (batch, out), -r_mask)
             tm_products += tm.ct_scalar
-            ka.decrypt(u, (batch, d))
-            ka.decrypt(dw, (d, out))
+            ka.decrypt_exact(u, (batch, d), prm.Fs)
+            ka.decrypt_exact(dw, (d, out), prm.Fs)
     if cpu is not None:
         cpu.append(time.process_time() - c0)
     if rows_products is not None:
@@ -106,22 +112,28 @@ def bytes_floor(options: PaillierOptions, batch: int, dims: list[int], out: int)
     (B x o, once although it is sent in two packings), g W^P^T + mu (B x d) and
     h'^T g - R (d x o), each value at 2|n|/8 / L bytes with L the slots of its
     blob in :meth:`PaillierKey.encrypt_shared`'s packing, plus the plaintext
-    float64 matrices z share (B x o), dL/dh masked (B x d) and the re-draw (d x o)."""
-    prm = Params.of(options)
+    integers z share (B x o), dL/dh masked (B x d), each at its slot's width in
+    bytes, and the re-draw (d x o) at the width of the re-drawn share."""
+    prm = Params.of(options, batch, dims, out)
     nbits = options.key_bits
     ct = 2 * nbits / 8
 
-    def per_value(terms: int, scalar_bits: int) -> float:
-        return ct / ((nbits - 1) // prm.slot_for(terms, nbits, scalar_bits, prm.fxs))
+    def slot(cols: bool, terms: int, op_bits: int) -> int:
+        return prm.protocol_slot(cols, terms, op_bits, nbits)
 
+    def per_value(cols: bool, terms: int, op_bits: int) -> float:
+        return ct / ((nbits - 1) // slot(cols, terms, op_bits))
+
+    share_bytes = (prm.share + prm.Fs + 2) / 8
     total = 0.0
     for d in dims:
-        h_blob = per_value(d, prm.share + 1)  # Enc(h'_i), and A's reply in its packing
-        g_cols = per_value(out, prm.share)  # Enc(dL/dz) for g W^P^T, and the reply
-        g_rows = per_value(batch, prm.v)  # Enc(dL/dz) for h'^T g, and the reply
+        h_blob = per_value(True, d, prm.share + 1)  # Enc(h'_i), and A's reply in its packing
+        g_cols = per_value(True, out, prm.share)  # Enc(dL/dz) for g W^P^T, and the reply
+        g_rows = per_value(False, batch, prm.v)  # Enc(dL/dz) for h'^T g, and the reply
         total += batch * d * h_blob + batch * out * h_blob
         total += batch * out * g_cols + batch * d * g_cols + d * out * g_rows
-        total += (batch * out + batch * d + d * out) * 8
+        total += batch * out * slot(True, d, prm.share + 1) / 8 + batch * d * slot(True, out, prm.share) / 8
+        total += d * out * share_bytes
     return total
 
 
@@ -132,14 +144,15 @@ def unit_costs(
     machine do not inflate them): encryption (with its obfuscator), decryption,
     evaluator obfuscator, and ciphertext x scalar product (with its addition) in a
     64 x 64 multi-exponentiation with scalars of share_bits + fw bits (default: the
-    re-drawn share's size, options.share_bits), the ``matmul`` products. Also
+    re-drawn share's size, :attr:`Params.share`), the ``matmul`` products. Also
     ``ct_scalar_rows``: the same in a ``batch`` x 64 multi-exponentiation with the
     scalars of a ``tmatmul``, embeddings of the replay's size (|h| < 2) at fw bits,
-    which are half as long and share tables over 4x the bases."""
-    if share_bits is None:
-        share_bits = options.share_bits
+    which are shorter and share tables over 4x the bases."""
     one = options.model_copy(update={"threads": 1, "precompute": False})
-    sch = PaillierScheme(one)
+    prm = Params.of(one, batch)
+    if share_bits is None:
+        share_bits = prm.share
+    sch = PaillierScheme(one, prm)
     key = sch.new_key()
     peer = sch.peer(key.public(), sender="profile")
     key.prepare()
@@ -159,11 +172,7 @@ def unit_costs(
     }
     k = 64
     bases = key.encrypt_ints(list(range(1, k + 1)))
-    e = np.random.default_rng(2).integers(
-        -(2 ** (share_bits + one.scalar_precision_bits)),
-        2 ** (share_bits + one.scalar_precision_bits),
-        (k, k),
-    )
+    e = exact.uniform(SecretStream.from_seed(2, "paillier-profile"), (k, k), share_bits + prm.fw + 1)
     with counting() as c:
         t = timed(lambda: multiexp(bases, e, key.n2))
     out["ct_scalar"] = t / max(1, c.ct_scalar)
@@ -178,9 +187,9 @@ def unit_costs(
 
 def profile_step(options: PaillierOptions, batch: int, dims: list[int], out: int) -> StepProfile:
     """Counts and unit costs of one step. ``unit_s["ct_scalar"]`` is the mean over the
-    step's products, weighted by how many are ``matmul`` products (41-bit scalars at
+    step's products, weighted by how many are ``matmul`` products (99-bit scalars at
     the defaults) and how many ``tmatmul`` products (~21-bit scalars): a single
-    64 x 64 figure would overstate the latter about twofold."""
+    64 x 64 figure would overstate the latter several times."""
     rows: list[int] = []
     counts, replay = step_counts(options, batch, dims, out, rows_products=rows)
     unit = unit_costs(options, batch=batch)

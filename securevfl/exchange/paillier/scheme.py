@@ -15,6 +15,7 @@ composite residuosity assumption (|n| >= 2048 bits: about 112-bit security).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gmpy2
@@ -33,21 +34,22 @@ from securevfl.exchange.paillier.encoding import (
     pack,
     unarrange,
     unpack,
+    unpack_ints,
 )
 from securevfl.exchange.paillier.kernels import powmods
 from securevfl.exchange.paillier.obfuscation import FixedBaseSampler, Fresh, randoms
-from securevfl.exchange.paillier.options import OBFUSCATION_SIGMA, Params
+from securevfl.exchange.paillier.options import Params
 from securevfl.exchange.paillier.wire import Section, ciphertext_bytes, dump_blob, dump_public, load_blob
 
 #: which packing each peer operation needs
 LAYOUT_OF = {MATMUL: COLS, TMATMUL: ROWS}
 
 
-def _half_sampler(p: Any, p2: Any) -> FixedBaseSampler:
+def _half_sampler(p: Any, p2: Any, sigma: int) -> FixedBaseSampler:
     """Statistically uniform elements of the order-(p-1) subgroup of (Z/p^2)^*; its
     bases r^p mod p^2 (r uniform) are exactly uniform on it."""
     bits = p.bit_length()
-    return FixedBaseSampler(lambda t: powmods(randoms(p2, t), p, p2, 1), p2, bits, OBFUSCATION_SIGMA)
+    return FixedBaseSampler(lambda t: powmods(randoms(p2, t), p, p2, 1), p2, bits, sigma)
 
 
 class PaillierKey(HEKey):
@@ -67,8 +69,8 @@ class PaillierKey(HEKey):
         self._hp = gmpy2.invert((gmpy2.powmod(g, p - 1, self._p2) - 1) // p, p)
         self._hq = gmpy2.invert((gmpy2.powmod(g, q - 1, self._q2) - 1) // q, q)
         self.ct_bytes = ciphertext_bytes(self.n2)
-        self._sp = _half_sampler(p, self._p2)
-        self._sq = _half_sampler(q, self._q2)
+        self._sp = _half_sampler(p, self._p2, params.obf_sigma)
+        self._sq = _half_sampler(q, self._q2, params.obf_sigma)
         self._fresh = Fresh(self._make_obfuscators, params.precompute)
 
     def public(self) -> bytes:
@@ -94,9 +96,11 @@ class PaillierKey(HEKey):
         return [(1 + (m % n) * n) * r % n2 for m, r in zip(ms, obf, strict=True)]
 
     def encrypt(self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS) -> bytes:
-        """Any plaintext operands below 2^scalar_bits, values at 2^-precision_bits."""
+        """Any plaintext operands below 2^scalar_bits, values at 2^-precision_bits;
+        slots sized for masks that hide the whole operand (:meth:`Params.generic_slot`)."""
         prm = self.prm
-        return self._encrypt(x, ops, prm.fx, {COLS: prm.sb, ROWS: prm.sb})
+        nbits = self.n.bit_length()
+        return self._encrypt(x, ops, prm.fx, lambda lay, terms: prm.generic_slot(terms, nbits))
 
     def encrypt_shared(
         self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
@@ -109,7 +113,11 @@ class PaillierKey(HEKey):
         if share_bits is None:
             return self.encrypt(x, ops=ops)
         prm = self.prm
-        return self._encrypt(x, ops, prm.fxs, {COLS: int(share_bits), ROWS: prm.v})
+        nbits = self.n.bit_length()
+        sb = int(share_bits)
+        return self._encrypt(
+            x, ops, prm.fxs, lambda lay, terms: prm.protocol_slot(lay == COLS, terms, sb, nbits)
+        )
 
     def prepare_encryption(
         self, shape: tuple[int, int], *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
@@ -121,22 +129,27 @@ class PaillierKey(HEKey):
         nbits = self.n.bit_length()
         need = 0
         for lay in sorted(LAYOUT_OF[op] for op in ops):
+            terms = cols if lay == COLS else rows
             if share_bits is None:
-                s = prm.slot_for(cols if lay == COLS else rows, nbits)
+                s = prm.generic_slot(terms, nbits)
             else:
-                sb = int(share_bits) if lay == COLS else prm.v
-                s = prm.slot_for(cols if lay == COLS else rows, nbits, sb, prm.fxs)
+                s = prm.protocol_slot(lay == COLS, terms, int(share_bits), nbits)
             a, b = (rows, cols) if lay == COLS else (cols, rows)
             need += b * block_count(a, (nbits - 1) // s)
         self._fresh.stock(need - self._fresh.stocked())
 
+    def shared_ints(self, x: np.ndarray) -> np.ndarray:
+        """The integers :meth:`encrypt_shared` encrypts: round(x 2^fxs), int64."""
+        prm = self.prm
+        return encode(x, prm.fxs, prm.v, "a value to encrypt", "value_bits")
+
     def shared_copy(self, x: np.ndarray) -> np.ndarray:
         """x exactly as :meth:`encrypt_shared` encodes it (float64 on the 2^-fxs grid)."""
-        prm = self.prm
-        xi = encode(x, prm.fxs, prm.v, "a value to encrypt", "value_bits")
-        return np.ldexp(xi.astype(np.float64), -prm.fxs)
+        return np.ldexp(self.shared_ints(x).astype(np.float64), -self.prm.fxs)
 
-    def _encrypt(self, x: np.ndarray, ops: frozenset[str], scale: int, scalar_bits: dict[int, int]) -> bytes:
+    def _encrypt(
+        self, x: np.ndarray, ops: frozenset[str], scale: int, slot: Callable[[int, int], int]
+    ) -> bytes:
         prm = self.prm
         unknown = set(ops) - set(LAYOUT_OF)
         if not ops or unknown:
@@ -150,7 +163,7 @@ class PaillierKey(HEKey):
         nbits = self.n.bit_length()
         secs = []
         for lay in layouts:
-            s = prm.slot_for(cols if lay == COLS else rows, nbits, scalar_bits[lay], scale)
+            s = slot(lay, cols if lay == COLS else rows)
             slots = (nbits - 1) // s
             packed = pack(arrange(xi, lay, slots), s)
             secs.append(Section(lay, scale, s, slots, rows, cols, self.encrypt_ints(packed)))
@@ -170,7 +183,16 @@ class PaillierKey(HEKey):
             out.append(mq + q * ((mp - mq) * self._qinv % p))
         return out
 
-    def decrypt(self, blob: bytes, shape: tuple[int, int]) -> np.ndarray:
+    def decrypt_exact(self, blob: bytes, shape: tuple[int, int], scale: int) -> np.ndarray:
+        """The exact integers of a result blob at 2^-scale (Python ints); a blob of
+        another shape or scale raises ProtocolError."""
+        sec = self._result(blob, shape)
+        if sec.scale != scale:
+            raise ProtocolError(f"blob to decrypt: fixed-point scale 2^-{sec.scale}, expected 2^-{scale}")
+        vals = unpack_ints(self.decrypt_ints(sec.cts), self.n, sec.slots, sec.slot_bits)
+        return unarrange(vals, sec.layout, sec.rows, sec.cols, sec.slots)
+
+    def _result(self, blob: bytes, shape: tuple[int, int]) -> Section:
         secs = load_blob(blob, self.n, self.n2, "blob to decrypt")
         sec = secs[0]
         rows, cols = (int(v) for v in shape)
@@ -179,8 +201,13 @@ class PaillierKey(HEKey):
                 f"blob to decrypt: holds a {sec.rows}x{sec.cols} matrix, expected {rows}x{cols}"
             )
         prm = self.prm
-        if sec.scale not in (prm.fx, prm.F, prm.fxs, prm.fxs + prm.fw):
+        if sec.scale not in (prm.fx, prm.F, prm.fxs, prm.Fs):
             raise ProtocolError(f"blob to decrypt: unexpected fixed-point scale 2^-{sec.scale}")
+        return sec
+
+    def decrypt(self, blob: bytes, shape: tuple[int, int]) -> np.ndarray:
+        sec = self._result(blob, shape)
+        rows, cols = sec.rows, sec.cols
         vals = unpack(self.decrypt_ints(sec.cts), self.n, sec.slots, sec.slot_bits)
         return np.ldexp(unarrange(vals, sec.layout, rows, cols, sec.slots), -sec.scale)
 
