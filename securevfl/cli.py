@@ -37,7 +37,7 @@ from securevfl.errors import ConfigError, PartyFailure, SecureVFLError, show_war
 from securevfl.exchange import EXCHANGES
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import print_summary, print_table, write_comparison
-from securevfl.runtime.secure.keys import Identity, fingerprint, key_string
+from securevfl.runtime.secure.keys import Identity, fingerprint, pin_instructions
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -320,8 +320,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     print(f"wrote {secret} (secret key: keep it; mode 0600)")
     print(f"wrote {public}")
     print(f"fingerprint: {fingerprint(identity.public)}")
-    print(f"pin it in the protocol file, under the entry of '{args.party}':")
-    print(f"    key: {key_string(identity.public)}")
+    for line in pin_instructions(args.party, identity.public):
+        print(line)
     return 0
 
 
