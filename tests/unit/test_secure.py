@@ -16,7 +16,9 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.app.ranks import layout_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, ProtocolError, SecurityWarning
+from securevfl.runtime.claims import pins_of, pins_required
 from securevfl.runtime.ledger import Ledger, merge_summaries
+from securevfl.runtime.notes import open_note, sign_note
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure.frames import FramePool
 from securevfl.runtime.secure.keys import (
@@ -30,7 +32,7 @@ from securevfl.runtime.secure.keys import (
     verify,
 )
 from securevfl.runtime.secure.link import TAG_BYTES, Link, Links, sealed_size
-from securevfl.runtime.session import Session, open_note, pins_of, pins_required, sign_note
+from securevfl.runtime.session import Session
 from tests.conftest import cli, load_yaml, small_digits
 
 SEED = bytes(range(32))
@@ -367,9 +369,11 @@ def test_a_rank_across_hosts_needs_every_key_pinned_unless_the_protocol_opts_out
     assert "no key is pinned for active 'active' (rank 0), passive 'right' (rank 2)" in str(err.value)
     assert "passive 'left'" not in str(err.value)  # its key is pinned
     assert "require_pinned_keys: false" in str(err.value)
-    assert set(Session(proto, layout, 1, "tcp://127.0.0.1:29500", tmp_path).pins) == {1}
+    assert set(Session(proto, layout, 1, "tcp://127.0.0.1:29500", tmp_path).seat.pins) == {1}
     launcher_pins = {r: key_string(Identity.generate().public) for r in range(3)}
-    assert Session(proto, layout, 1, "tcp://10.9.8.7:1", tmp_path, pins=launcher_pins).pins == launcher_pins
+    assert (
+        Session(proto, layout, 1, "tcp://10.9.8.7:1", tmp_path, pins=launcher_pins).seat.pins == launcher_pins
+    )
     opted_out = _unpinned(require_pinned_keys=False)
     with pytest.warns(SecurityWarning, match="anyone who reaches the rendezvous can take their place") as w:
         Session(opted_out, layout_of(opted_out), 1, "tcp://10.9.8.7:29500", tmp_path)
