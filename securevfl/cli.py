@@ -33,7 +33,7 @@ from securevfl.defenses import DEFENSES
 from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, show_warning
 from securevfl.exchange import EXCHANGES
 from securevfl.report.compare import print_summary, print_table
-from securevfl.runtime.secure.keys import Identity, fingerprint, key_string
+from securevfl.runtime.secure.keys import Identity, fingerprint, pin_instructions
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -277,8 +277,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     print(f"wrote {secret} (secret key: keep it; mode 0600)")
     print(f"wrote {public}")
     print(f"fingerprint: {fingerprint(identity.public)}")
-    print(f"pin it in the protocol file, under the entry of '{args.party}':")
-    print(f"    key: {key_string(identity.public)}")
+    for line in pin_instructions(args.party, identity.public):
+        print(line)
     return 0
 
 

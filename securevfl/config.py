@@ -355,12 +355,20 @@ class PrivacySpec(Strict):
 class SecuritySpec(Strict):
     """Identities of the ranks (issue #19, SECURITY.md §7). Parties pin their keys
     under their own entries (``parties.*.key``); helper ranks a backend adds (the
-    ``mpc`` backend's TTP ``dealer``) pin theirs here by helper name. With
-    ``require_pinned_keys`` every rank must present a pinned key; without it a rank
-    whose key is not pinned is accepted with whatever key it presents (its frames
-    are still sealed, but it is not authenticated)."""
+    ``mpc`` backend's TTP ``dealer``) pin theirs here by helper name.
+    ``require_pinned_keys``: ``auto`` (the default) requires a pinned key for every
+    rank whenever the run spans hosts (a rendezvous that is not a loopback
+    address, or ranks reporting different hosts) and not for ranks that all run
+    on one machine over loopback; ``true`` always requires them; ``false`` accepts
+    a rank whose key is not pinned with whatever key it presents (its frames are
+    still sealed, but it is not authenticated), with a warning when the run spans
+    hosts (SECURITY.md §4a)."""
 
-    require_pinned_keys: bool = False
+    require_pinned_keys: Literal["auto"] | bool = Field(
+        default="auto",
+        description="auto: pinned keys required when the run spans hosts; true: always; false: never "
+        "(unpinned ranks are not authenticated)",
+    )
     helper_keys: dict[str, Annotated[str, Field(pattern=PIN_PATTERN)]] = Field(
         default_factory=dict, description="helper name (e.g. 'dealer') -> pinned key or fingerprint"
     )
@@ -412,7 +420,7 @@ class Protocol(Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"party names must be unique, repeated: {sorted(dup)}")
-        if self.security.require_pinned_keys:
+        if self.security.require_pinned_keys is True:
             unpinned = [p.name for p in [self.parties.active, *self.parties.passive] if p.key is None]
             if unpinned:
                 raise ValueError(

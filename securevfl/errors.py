@@ -109,6 +109,12 @@ class DataWarning(UserWarning):
     column with nearly one class per row); printed to the owner's stderr."""
 
 
+class SecurityWarning(UserWarning):
+    """A run goes on with a protection switched off by its user (e.g. ranks on
+    several hosts that present keys nobody pinned); printed to the rank's stderr,
+    naming what an attacker could then do."""
+
+
 def show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -118,8 +124,9 @@ def show_warning(
     line: str | None = None,
 ) -> None:
     """``warnings.showwarning`` for securevfl's entry points: a :class:`DataWarning`
-    prints as one ``securevfl: warning:`` line, anything else as Python would."""
-    if issubclass(category, DataWarning):
+    or :class:`SecurityWarning` prints as one ``securevfl: warning:`` line, anything
+    else as Python would."""
+    if issubclass(category, (DataWarning, SecurityWarning)):
         print(f"securevfl: warning: {message}", file=file or sys.stderr, flush=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)

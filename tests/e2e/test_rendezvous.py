@@ -183,10 +183,19 @@ def test_store_listens_on_the_rendezvous_address_only(tmp_path: Path):
 
 def test_rank0_refuses_an_address_of_another_machine(tmp_path: Path):
     """Rank 0 binds the address it is given: one that is not this machine's
-    (192.0.2.1, TEST-NET-1) is a user error naming ``--rendezvous``, at once."""
+    (192.0.2.1, TEST-NET-1) is a user error naming ``--rendezvous``, at once.
+    (The protocol pins no key, so it opts out of pinned keys to get that far,
+    and is warned about it.)"""
     proto = _protocol(tmp_path)
     out = tmp_path / "r0"
-    proc = _party(proto, 0, free_port(), out, "--set", "runtime.startup_timeout_s=30", host="192.0.2.1")
+    proc = _party(
+        proto,
+        0,
+        free_port(),
+        out,
+        *("--set", "runtime.startup_timeout_s=30", "--set", "security.require_pinned_keys=false"),
+        host="192.0.2.1",
+    )
     try:
         began = _startup_began(proc, out)
     finally:
@@ -194,8 +203,27 @@ def test_rank0_refuses_an_address_of_another_machine(tmp_path: Path):
     assert proc.returncode == 2, err[-2000:]
     text = _flat(err)
     assert "--rendezvous" in text and "192.0.2.1 is not an address of this machine" in text, text
+    assert "securevfl: warning: security.require_pinned_keys is false and this run spans hosts" in text, text
+    assert "anyone who reaches the rendezvous can take their place" in text, text
     ended = (out / "ranks" / "rank0.error.json").stat().st_mtime
     assert ended - began < 5, f"took {ended - began:.1f} s"
+
+
+def test_a_rank_across_hosts_without_pinned_keys_is_refused(tmp_path: Path):
+    """A rendezvous that is not a loopback address makes the run span hosts: with
+    ``security.require_pinned_keys`` left at ``auto`` every rank must present a
+    pinned key, so a protocol pinning none is refused at once (exit 2), before
+    anything is sent, naming the ranks and the opt-out."""
+    proto = _protocol(tmp_path)
+    timeout = ("--set", f"runtime.startup_timeout_s={GIVE_UP_S}")
+    proc = _party(proto, 1, free_port(), tmp_path / "r1", *timeout, host="192.0.2.1")
+    (err,) = _finish([proc], timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    text = _flat(err)
+    assert "this run spans hosts (the rendezvous 192.0.2.1 is not a loopback address)" in text, text
+    assert "no key is pinned for active 'active' (rank 0), passive 'left' (rank 1)" in text, text
+    assert "security.require_pinned_keys: false" in text and "Traceback" not in text, text
+    assert not (tmp_path / "r1" / "ranks" / "rank1.error.json").exists()  # refused before the session
 
 
 @pytest.mark.parametrize("rank0", ["absent", "silent"])

@@ -1,19 +1,24 @@
 """Multi-command runs and failure handling with real processes:
 ranks started one per ``securevfl party`` command reproduce ``securevfl run``;
-a rank killed mid-training ends every other rank with an error naming it."""
+a rank killed mid-training ends every other rank with an error naming it, and
+heartbeats or ``done`` flags forged into the rendezvous store do not hide it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from securevfl.app.launcher import free_port
 from tests.conftest import ROOT, CliRun, party_process, small_digits, write_yaml
@@ -158,6 +163,52 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
             if p.poll() is None:
                 p.kill()
             p.communicate()  # reap it and close its pipes
+    assert elapsed < 60, elapsed
+    for r in (0, 1):
+        assert procs[r].returncode == 3, (r, errs[r][-1500:])
+        assert "rank 2 (passive 'right')" in errs[r] and "stopped responding" in errs[r], errs[r][-1500:]
+
+
+def test_forged_heartbeats_and_done_flags_do_not_hide_a_stalled_rank(tmp_path: Path):
+    """Anyone who reaches the rendezvous port can write into its store: while
+    rank 2 is stopped, a process keeps writing fresh heartbeats and a ``done``
+    flag for it. They are not signed by rank 2 for this run, so the other ranks
+    still declare it lost after peer_timeout_s (they used to stop watching it,
+    then wait in a receive for ``runtime.op_timeout_s``)."""
+    doc = small_digits(epochs=400, batch_size=32)
+    doc["runtime"] = {"peer_timeout_s": PEER_TIMEOUT_S}
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    port = free_port()
+    procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
+    stop = threading.Event()
+
+    def forge(store: dist.TCPStore) -> None:
+        beat = 1_000_000
+        while not stop.is_set():
+            beat += 1
+            with contextlib.suppress(RuntimeError):  # rank 0 has gone
+                store.set("hb/2", str(beat))
+                store.set("done/2", "1")
+            stop.wait(0.1)
+
+    forger: threading.Thread | None = None
+    try:
+        _wait_for(procs[0], "epoch 2/400", timeout=120)
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        forger = threading.Thread(target=forge, args=(store,), daemon=True)
+        forger.start()
+        t0 = time.monotonic()
+        errs = {r: procs[r].communicate(timeout=60)[1] for r in (0, 1)}
+        elapsed = time.monotonic() - t0
+    finally:
+        stop.set()
+        if forger is not None:
+            forger.join(timeout=30)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
     assert elapsed < 60, elapsed
     for r in (0, 1):
         assert procs[r].returncode == 3, (r, errs[r][-1500:])

@@ -12,16 +12,21 @@ value exactly as it leaves the rank:
   takes a rank's place in the store with the pinned public key but without its
   secret, are refused at start-up by the honest ranks (exit 2, naming the rank
   and the reason) before any frame is sent;
+* such a process cannot squat the rank: the real rank still runs, and the
+  squatter learns nothing about it; claims and error notes of an earlier run,
+  replayed into the store, neither take a rank nor abort the run;
 * the local launcher's throw-away keys never reach the output folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from base64 import b64encode
 from datetime import timedelta
@@ -46,11 +51,17 @@ pytestmark = pytest.mark.timeout(300)
 
 PARTIES = ("active", "left", "right")
 STARTUP_S = 30.0
+# the squatting tests start a rank only once another has stopped: interpreter
+# start-up under load must fit twice into the start-up deadline
+SQUAT_STARTUP_S = 120.0
 HEADER_FRAME = 12 * 8 + SEAL_BYTES
 
 
 def _protocol(
-    folder: Path, keys: dict[str, str] | None = None, passive: tuple[str, ...] = ("left", "right")
+    folder: Path,
+    keys: dict[str, str] | None = None,
+    passive: tuple[str, ...] = ("left", "right"),
+    startup_s: float = STARTUP_S,
 ) -> Path:
     """A tiny CSV protocol (active with labels, passive 'left' and 'right' or
     those named), pinning ``keys`` (party -> key string) and then requiring
@@ -78,7 +89,7 @@ def _protocol(
         },
         "interactive": {"out": 4},
         "training": {"epochs": 1, "batch_size": 16},
-        "runtime": {"startup_timeout_s": STARTUP_S, "dump_views": True},
+        "runtime": {"startup_timeout_s": startup_s, "dump_views": True},
     }
     if keys:
         doc["security"] = {"require_pinned_keys": True}
@@ -212,21 +223,27 @@ def test_secret_keys_appear_in_no_message_log_ledger_or_result(keyed: dict[str, 
     assert all(keyed["pins"][p].split(":")[1].encode() in store for p in PARTIES)
 
 
-def test_flipped_byte_aborts_naming_the_sender(tmp_path: Path, keyed: dict[str, Any]):
+@pytest.fixture(scope="module")
+def flipped(tmp_path_factory: pytest.TempPathFactory, keyed: dict[str, Any]) -> dict[str, Any]:
+    """A tapped run of the keyed protocol in which rank 1's fourth frame leaves
+    with one byte flipped."""
+    root = tmp_path_factory.mktemp("flipped")
     keys, proto = keyed["keys"], keyed["proto"]
     port = free_port()
     procs = {
-        r: _tapped(
-            proto, r, port, tmp_path / f"r{r}", tmp_path / "tap", keys / f"{p}.key", flip=3 if r == 1 else -1
-        )
+        r: _tapped(proto, r, port, root / f"r{r}", root / "tap", keys / f"{p}.key", flip=3 if r == 1 else -1)
         for r, p in enumerate(PARTIES)
     }
-    done = _wait(procs)
+    return {"root": root, "tap": root / "tap", "done": _wait(procs)}
+
+
+def test_flipped_byte_aborts_naming_the_sender(flipped: dict[str, Any]):
+    done = flipped["done"]
     code0, text0 = done[0]
     assert code0 == 2, text0[-2000:]
     assert "rank 1 (passive 'left') sent a frame that failed authentication" in text0
     assert all(code != 0 for code, _ in done.values())
-    assert not (tmp_path / "r0" / "result.json").exists()
+    assert not (flipped["root"] / "r0" / "result.json").exists()
 
 
 def _refused_within(done: dict[int, tuple[int, str]], ranks: list[int], reason: str) -> None:
@@ -236,16 +253,35 @@ def _refused_within(done: dict[int, tuple[int, str]], ranks: list[int], reason: 
         assert "rank 1 (passive 'left')" in text and reason in text, text[-2000:]
 
 
+def _sessions_began(procs: dict[int, subprocess.Popen[str]], outs: dict[int, Path]) -> dict[int, float]:
+    """When each rank's session began (its ``ranks/`` folder appears just before),
+    so that start-up is timed without the interpreter's start-up under load."""
+    began: dict[int, float] = {}
+    end = time.monotonic() + 240
+    while len(began) < len(outs) and time.monotonic() < end:
+        for r, out in outs.items():
+            if r not in began and (out / "ranks").is_dir():
+                began[r] = time.time()
+            assert r in began or procs[r].poll() is None, f"rank {r} ended before its session"
+        time.sleep(0.02)
+    return began
+
+
 def test_rank_with_an_unpinned_key_is_refused_before_any_frame(tmp_path: Path, keyed: dict[str, Any]):
+    """The rank with the wrong key stops at once naming its ``--key``; the honest
+    ranks wait for the pinned key until the start-up deadline (the real rank may
+    still come), then refuse rank 1 naming the key it presented."""
     keys, proto = keyed["keys"], keyed["proto"]
     wrong, _ = Identity.generate().write(tmp_path / "keys", "left")
     port = free_port()
     tap = tmp_path / "tap"
-    start = time.monotonic()
     key_of = {0: keys / "active.key", 1: wrong, 2: keys / "right.key"}
     procs = {r: _tapped(proto, r, port, tmp_path / f"r{r}", tap, key_of[r]) for r in range(3)}
+    began = _sessions_began({r: procs[r] for r in (0, 2)}, {r: tmp_path / f"r{r}" for r in (0, 2)})
     done = _wait(procs)
-    assert time.monotonic() - start < STARTUP_S + 30  # interpreter start-up under load included
+    for r in (0, 2):  # at the deadline, not later (the 2 s grace and writing the file included)
+        ended = (tmp_path / f"r{r}" / "ranks" / f"rank{r}.error.json").stat().st_mtime
+        assert ended - began[r] < STARTUP_S + 5, f"rank {r} gave up after {ended - began[r]:.1f} s"
     _refused_within(done, [0, 2], "not the key the protocol pins for passive 'left'")
     code1, text1 = done[1]
     assert code1 == 2 and "this rank's identity key" in text1
@@ -316,3 +352,140 @@ def test_local_run_keeps_its_throwaway_keys_out_of_the_output(
     for seed in seeds:
         for form in (seed, seed.hex().encode(), b64encode(seed)):
             assert not any(form in data for data in files.values())
+
+
+# -- squatting and replay ------------------------------------------------------------------
+
+
+def _store(port: int, timeout: float = 240) -> dist.TCPStore:
+    """A client of the rendezvous store on ``port``, as any process that reaches
+    the port can open one, once rank 0 listens."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+            return dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=20))
+        except (OSError, RuntimeError):
+            assert time.monotonic() < end, "the rendezvous never listened"
+            time.sleep(0.2)
+
+
+def _stored(tap: Path, rank: int, key: str) -> bytes:
+    """The last value rank ``rank`` of a tapped run wrote under ``key``."""
+    prefix = key.encode() + b"="
+    lines = (tap / f"rank{rank}.store").read_bytes().splitlines()
+    values = [line[len(prefix) :] for line in lines if line.startswith(prefix)]
+    assert values, f"rank {rank} never wrote {key}"
+    return values[-1]
+
+
+def _all_succeed(done: dict[int, tuple[int, str]]) -> None:
+    for r, (code, text) in done.items():
+        assert code == 0, f"rank {r}: {text[-3000:]}"
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_a_squatter_with_the_wrong_key_cannot_take_the_rank_or_learn_its_holder(
+    tmp_path: Path, keyed: dict[str, Any], order: str
+):
+    """A process started as rank 1 with a key that is not left's, before the real
+    rank 1 (which used to be refused as "already claimed") or after it (which
+    used to be told the holder's pid and host): its claim does not count, the
+    real rank 1 runs and the run completes; the squatter stops naming its own
+    ``--key`` and nothing it prints or writes names the real rank's process."""
+    keys = keyed["keys"]
+    proto = _protocol(tmp_path, keyed["pins"], startup_s=SQUAT_STARTUP_S)
+    wrong, _ = Identity.generate().write(tmp_path / "wrong", "left")
+    port = free_port()
+
+    def start(rank: int, key: Path, name: str) -> subprocess.Popen[str]:
+        return _tapped(proto, rank, port, tmp_path / name, tmp_path / f"tap-{name}", key)
+
+    procs = {0: start(0, keys / "active.key", "r0")}
+    if order == "before":
+        procs[2] = start(2, keys / "right.key", "r2")
+        squat = _wait({1: start(1, wrong, "squatter")})[1]
+        procs[1] = start(1, keys / "left.key", "r1")
+    else:
+        procs[1] = start(1, keys / "left.key", "r1")
+        store = _store(port)
+        end = time.monotonic() + 240
+        while not store.check(["hello/1"]):  # the real rank 1 holds its rank
+            assert time.monotonic() < end and procs[1].poll() is None, "rank 1 never published its hello"
+            time.sleep(0.1)
+        squat = _wait({1: start(1, wrong, "squatter")})[1]
+        procs[2] = start(2, keys / "right.key", "r2")
+    done = _wait(procs)
+    _all_succeed(done)
+    real = procs[1].pid
+    assert json.loads((tmp_path / "r0" / "result.json").read_text())["party_pids"]["1"] == real
+    code, text = squat
+    assert code == 2 and "this rank's identity key" in text and "--key" in text, text[-2000:]
+    written = "".join(
+        f.read_text(errors="replace") for f in (tmp_path / "squatter").rglob("*") if f.is_file()
+    )
+    for told in (f"pid {real}", str(real), socket.gethostname(), "already claimed"):
+        assert told not in text + written, f"the squatter learned {told!r}: {text[-2000:]}"
+
+
+def test_a_replayed_claim_of_an_earlier_run_does_not_take_the_rank(tmp_path: Path, keyed: dict[str, Any]):
+    """Rank 1's claim from the keyed run (signed with left's pinned key) is put
+    back into a later run's store before rank 1 starts: it is not this run's, so
+    rank 1 displaces it and the run completes."""
+    old_claim = _stored(keyed["tap"], 1, "claim/1")
+    port = free_port()
+    keys, proto, tap = keyed["keys"], keyed["proto"], tmp_path / "tap"
+    procs = {0: _tapped(proto, 0, port, tmp_path / "r0", tap, keys / "active.key")}
+    store = _store(port)
+    assert store.compare_set("claim/1", "", old_claim) == old_claim
+    for r in (1, 2):
+        procs[r] = _tapped(proto, r, port, tmp_path / f"r{r}", tap, keys / f"{PARTIES[r]}.key")
+    _all_succeed(_wait(procs))
+
+
+def test_a_replayed_error_note_of_an_earlier_run_does_not_abort(
+    tmp_path: Path, keyed: dict[str, Any], flipped: dict[str, Any]
+):
+    """Rank 0's signed error note from the aborted run (the flipped byte), written
+    again and again into a later run's store from its start: the ranks ignore it,
+    saying so, and the run completes."""
+    old_note = _stored(flipped["tap"], 0, "err/0")
+    assert b"failed authentication" in old_note  # rank 0's genuine report
+    port = free_port()
+    keys, proto, tap = keyed["keys"], keyed["proto"], tmp_path / "tap"
+    procs = {
+        r: _tapped(proto, r, port, tmp_path / f"r{r}", tap, keys / f"{p}.key") for r, p in enumerate(PARTIES)
+    }
+    stop = threading.Event()
+
+    def replay() -> None:
+        store = _store(port)
+        while not stop.is_set():
+            with contextlib.suppress(RuntimeError):  # rank 0 has gone
+                store.set("err/0", old_note)
+            stop.wait(0.1)
+
+    replayer = threading.Thread(target=replay, daemon=True)
+    replayer.start()
+    try:
+        done = _wait(procs)
+    finally:
+        stop.set()
+        replayer.join(timeout=30)
+    _all_succeed(done)
+    ignored = "ignoring an error note for rank 0 (active 'active') in the rendezvous store that is not signed"
+    assert any(ignored in done[r][1] for r in (1, 2)), done[1][1][-2000:]
+
+
+def test_a_lone_rank_with_the_wrong_key_says_so(tmp_path: Path, keyed: dict[str, Any]):
+    """No rank 0 anywhere and a key that is not left's: the rank names its key as
+    the reason (exit 2), and says that the rendezvous did not answer either."""
+    proto = _protocol(tmp_path, keyed["pins"], startup_s=2)
+    wrong, _ = Identity.generate().write(tmp_path / "wrong", "left")
+    code, text = _wait({1: _tapped(proto, 1, free_port(), tmp_path / "r1", tmp_path / "tap", wrong)})[1]
+    flat = " ".join(text.split())
+    assert code == 2, text[-2000:]
+    assert "this rank's identity key" in flat and "start it with --key" in flat, flat
+    assert "did not answer within 2 s either; nothing was sent to it" in flat, flat
+    assert "could not reach the rendezvous" not in flat and "Traceback" not in flat, flat

@@ -1,5 +1,5 @@
 """The checkpoint format (securevfl.app.checkpoints), the start-up agreement on
-the checkpoint to resume from (securevfl.runtime.session.agree_checkpoint), the
+the checkpoint to resume from (securevfl.runtime.resume.agree_checkpoint), the
 default component state (securevfl.snapshot) and --resume's output folder."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol_dict
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.errors import CheckpointError, ConfigError
-from securevfl.runtime.session import Hello, agree_checkpoint
+from securevfl.runtime.admission import Hello
+from securevfl.runtime.resume import agree_checkpoint
 from securevfl.snapshot import capture_attributes, restore_attributes
 from tests.conftest import small_digits
 

@@ -11,15 +11,29 @@ from pathlib import Path
 
 import pytest
 import torch
+from securevfl.app.ranks import layout_of
 
 from securevfl.app.loader import load_protocol_dict
-from securevfl.errors import ConfigError, ProtocolError
+from securevfl.config import Protocol
+from securevfl.errors import ConfigError, ProtocolError, SecurityWarning
+from securevfl.runtime.claims import pins_of, pins_required
 from securevfl.runtime.ledger import Ledger, merge_summaries
+from securevfl.runtime.notes import open_note, sign_note
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure.frames import FramePool
-from securevfl.runtime.secure.keys import Identity, fingerprint, key_string, matches, read_public, verify
+from securevfl.runtime.secure.keys import (
+    HELPER_RANKS,
+    Identity,
+    fingerprint,
+    key_string,
+    matches,
+    pin_instructions,
+    read_public,
+    verify,
+)
 from securevfl.runtime.secure.link import TAG_BYTES, Link, Links, sealed_size
-from tests.conftest import small_digits
+from securevfl.runtime.session import Session
+from tests.conftest import cli, load_yaml, small_digits
 
 SEED = bytes(range(32))
 
@@ -187,6 +201,23 @@ def test_tensor_frame_of_the_wrong_size_is_refused_before_anything_is_opened():
         d.open_tensor(bigger[:32], out)
 
 
+@pytest.mark.parametrize("where", ["payload", "tag"])
+def test_a_frame_that_fails_authentication_leaves_no_plaintext_behind(where: str):
+    """OpenSSL decrypts into the receive buffer before it checks the tag: after a
+    refusal neither the caller's tensor nor the frame holds anything of the
+    (unauthenticated) plaintext."""
+    a, b = _links()
+    t = torch.arange(1, 65, dtype=torch.int64) * 0x0101010101
+    frame = a.seal_tensor(t)
+    frame[0 if where == "payload" else -1] ^= 0x01  # altered in flight
+    out = torch.full_like(t, -1)
+    with pytest.raises(ProtocolError, match=r"rank 0 \(A\) sent a frame that failed authentication"):
+        b.open_tensor(frame, out)
+    assert not out.any() and not frame.any()
+    plain = t.numpy().tobytes()
+    assert plain[8:] not in out.numpy().tobytes() + frame.numpy().tobytes()
+
+
 # -- frame buffers ----------------------------------------------------------------------
 
 
@@ -293,8 +324,11 @@ def test_protocol_pins_validated_and_required_when_asked():
     assert pinned.parties.passive[0].key == pub and pinned.digest() != base
     explicit = copy.deepcopy(doc)
     explicit["parties"]["active"]["key"] = None
-    explicit["security"] = {"require_pinned_keys": False}
+    explicit["security"] = {"require_pinned_keys": "auto"}
     assert load_protocol_dict(explicit).digest() == base  # defaults leave the digest as it was
+    opted_out = copy.deepcopy(doc)
+    opted_out["security"] = {"require_pinned_keys": False}
+    assert load_protocol_dict(opted_out).digest() != base  # every rank must agree on the opt-out
     bad = copy.deepcopy(doc)
     bad["parties"]["passive"][0]["key"] = "ed25519:xyz"
     with pytest.raises(ConfigError, match=r"parties\.passive\[0\]\.key"):
@@ -303,3 +337,83 @@ def test_protocol_pins_validated_and_required_when_asked():
     req["security"] = {"require_pinned_keys": True}
     with pytest.raises(ConfigError, match="require_pinned_keys is on but parties"):
         load_protocol_dict(req)
+
+
+@pytest.mark.parametrize(
+    ("setting", "spans", "required"),
+    [("auto", None, False), ("auto", "why", True), (True, None, True), (False, "why", False)],
+)
+def test_pinned_keys_are_required_by_default_when_a_run_spans_hosts(setting, spans, required):
+    assert pins_required(setting, spans) is required
+
+
+def _unpinned(**security: object) -> Protocol:
+    doc = small_digits()
+    doc["parties"]["passive"][0]["key"] = key_string(Identity.from_seed(SEED).public)
+    if security:
+        doc["security"] = security
+    return load_protocol_dict(doc)
+
+
+def test_a_rank_across_hosts_needs_every_key_pinned_unless_the_protocol_opts_out(tmp_path: Path):
+    """With the default (``auto``), a rendezvous that is not a loopback address
+    refuses a protocol that leaves ranks unpinned, naming them; on loopback it
+    does not; an explicit ``false`` goes on across hosts with a warning naming
+    the risk; the local launcher's own pins are never second-guessed."""
+    proto = _unpinned()
+    layout = layout_of(proto)
+    with pytest.raises(
+        ConfigError, match=r"spans hosts \(the rendezvous 10\.9\.8\.7 is not a loopback"
+    ) as err:
+        Session(proto, layout, 1, "tcp://10.9.8.7:29500", tmp_path)
+    assert "no key is pinned for active 'active' (rank 0), passive 'right' (rank 2)" in str(err.value)
+    assert "passive 'left'" not in str(err.value)  # its key is pinned
+    assert "require_pinned_keys: false" in str(err.value)
+    assert set(Session(proto, layout, 1, "tcp://127.0.0.1:29500", tmp_path).seat.pins) == {1}
+    launcher_pins = {r: key_string(Identity.generate().public) for r in range(3)}
+    assert (
+        Session(proto, layout, 1, "tcp://10.9.8.7:1", tmp_path, pins=launcher_pins).seat.pins == launcher_pins
+    )
+    opted_out = _unpinned(require_pinned_keys=False)
+    with pytest.warns(SecurityWarning, match="anyone who reaches the rendezvous can take their place") as w:
+        Session(opted_out, layout_of(opted_out), 1, "tcp://10.9.8.7:29500", tmp_path)
+    assert "active 'active' (rank 0), passive 'right' (rank 2) present keys nobody pinned" in str(
+        w[0].message
+    )
+    # ranks reporting different hosts make a loopback run span hosts too (checked once the hellos are in)
+    with pytest.raises(ConfigError, match=r"spans hosts \(its ranks run on hosts a, b\)"):
+        pins_of(proto, layout, spans_hosts="its ranks run on hosts a, b")
+
+
+def test_store_notes_verify_only_for_their_run_rank_and_kind():
+    """A signed store value opens only with the signer's key, for the run
+    (nonce or session hash), rank and kind it was signed for: a note of an
+    earlier run, or one moved to another rank or kind, does not verify."""
+    me, other = Identity.from_seed(SEED), Identity.from_seed(bytes(32))
+    run1, run2 = hs.session_hash("d", b"n1", [b"h0", b"h1"]), hs.session_hash("d", b"n1", [b"h0", b"h1'"])
+    raw = sign_note(me, run1, 1, "error", '{"x": 1}').encode()
+    assert open_note(raw, me.public, run1, 1, "error") == '{"x": 1}'
+    assert open_note(raw, me.public, run2, 1, "error") is None  # a later run: replay refused
+    assert open_note(raw, me.public, run1, 2, "error") is None
+    assert open_note(raw, me.public, run1, 1, "done") is None
+    assert open_note(raw, other.public, run1, 1, "error") is None
+    assert open_note(b"not json", me.public, run1, 1, "error") is None
+    assert run1 != hs.session_hash("d", b"n2", [b"h0", b"h1"])  # the nonce alone changes the session
+
+
+def test_keygen_names_where_a_helper_key_is_pinned(tmp_path: Path):
+    """``keygen --party dealer`` points at ``security.helper_keys``, a party's key at
+    the party's entry; the helper names are those the backends add."""
+    pub = Identity.from_seed(SEED).public
+    assert pin_instructions("left", pub) == [
+        "pin it in the protocol file, under the entry of 'left':",
+        f"    key: {key_string(pub)}",
+    ]
+    assert "security.helper_keys" in pin_instructions("dealer", pub)[0]
+    assert pin_instructions("dealer", pub)[1] == f'    helper_keys: {{dealer: "{key_string(pub)}"}}'
+    mpc = load_yaml("mpc.yaml")
+    helpers = {r.party for r in layout_of(load_protocol_dict(mpc)).helpers}
+    assert helpers and helpers <= HELPER_RANKS
+    made = cli("keygen", "--party", "dealer", "--out", str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    assert "under security.helper_keys" in made.stdout and "entry of 'dealer'" not in made.stdout

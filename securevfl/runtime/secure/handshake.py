@@ -92,7 +92,19 @@ def stream_key(prk: bytes, stream: str, sender: int, receiver: int) -> bytes:
     return _expand(prk, f"key {stream} {sender}->{receiver}".encode())
 
 
-def note_message(digest: str, rank: int, kind: str, body: bytes) -> bytes:
-    """What a rank signs when it publishes a note in the store (an error note, a
-    claim): bound to the protocol digest, the rank and the note's kind."""
-    return _frame(DOMAIN, b"note", digest.encode(), str(rank).encode(), kind.encode(), body)
+def session_hash(digest: str, nonce: bytes, hellos: list[bytes]) -> bytes:
+    """The run's session hash: the protocol digest, rank 0's run nonce and every
+    rank's hello as published, in rank order. Each hello carries a fresh
+    ephemeral key, so no two runs share it, and only ranks that read the same
+    hellos (the verifier's own fresh one included) agree on it."""
+    return hashlib.sha256(_frame(DOMAIN, b"session", digest.encode(), nonce, *hellos)).digest()
+
+
+def note_message(binding: bytes, rank: int, kind: str, body: bytes) -> bytes:
+    """What a rank signs when it publishes a value in the store for its peers,
+    bound to the run, the writer's rank and the value's kind. ``binding`` is
+    rank 0's run nonce for what is written before every hello is in (a claim, a
+    hello) and the :func:`session_hash` for what is written after (an error
+    note, a heartbeat, a done flag): a value signed in an earlier run does not
+    verify in a later one."""
+    return _frame(DOMAIN, b"note", binding, str(rank).encode(), kind.encode(), body)

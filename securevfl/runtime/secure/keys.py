@@ -152,3 +152,23 @@ def read_public(path: Path) -> bytes:
     if not first or not re.fullmatch(r"ed25519:[0-9a-f]{64}", first[0]):
         raise ConfigError(f"{path} is not a securevfl public key file")
     return bytes.fromhex(first[0][len(KEY_PREFIX) :])
+
+
+# The helper ranks securevfl's exchange backends add (the ``mpc`` backend's TTP
+# dealer: ``Mpc.helper_names``). A helper is not a party entry of the protocol:
+# its key is pinned under ``security.helper_keys`` (a unit test keeps this in
+# step with the backends).
+HELPER_RANKS = frozenset({"dealer"})
+
+
+def pin_instructions(name: str, public: bytes) -> list[str]:
+    """The lines ``securevfl keygen`` prints to say where the protocol file pins
+    the key of ``name``: under the party's entry, or for a helper rank under
+    ``security.helper_keys``."""
+    if name in HELPER_RANKS:
+        return [
+            f"'{name}' is a helper rank, not a party: pin it in the protocol file under "
+            "security.helper_keys:",
+            f'    helper_keys: {{{name}: "{key_string(public)}"}}',
+        ]
+    return [f"pin it in the protocol file, under the entry of '{name}':", f"    key: {key_string(public)}"]

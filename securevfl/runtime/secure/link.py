@@ -17,7 +17,8 @@ each stream's frames are opened in the order they were sealed.
 
 A sealed frame is ``len(plaintext) + 16`` bytes (:data:`TAG_BYTES`). The tensor
 helpers seal straight from a tensor's memory into a frame buffer and open
-straight into the caller's tensor (no intermediate ``bytes``), reusing one AEAD
+straight into the caller's tensor (no intermediate ``bytes``; a frame that fails
+authentication leaves the tensor and the frame zeroed), reusing one AEAD
 object per direction. Frame buffers come from the rank's
 :class:`~securevfl.runtime.secure.frames.FramePool` (shared by its links) and go
 back to it once their send has completed or their frame has been opened
@@ -190,6 +191,10 @@ class Link:
         try:
             self._rx.decrypt_into(nonce, _bytes_of(frame), self._aad_rx, _bytes_of(out))
         except InvalidTag:
+            # OpenSSL decrypts into ``out`` before it checks the tag: wipe what it
+            # wrote (unauthenticated plaintext) and the frame before refusing
+            out.reshape(-1).view(torch.uint8).zero_()
+            frame.zero_()
             raise self._refuse("bad tag") from None
         self.received += 1
         self.meter.add("open_cpu_s", time.thread_time() - t0, 0)
