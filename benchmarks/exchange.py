@@ -358,7 +358,7 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
         f"{c['dealer_requests']:.3g} dealer requests (one bundle per offline chunk of up to "
         f"{opts.offline_steps} steps)\n"
         f"      unit: round trip {rep['round_trip_s'] * 1e3:.3f} ms, Beaver arithmetic (one party, all "
-        f"products) {rep['arithmetic_s'] * 1e3:.2f} ms\n"
+        f"products, {rep['ring_kernel']} ring kernel) {rep['arithmetic_s'] * 1e3:.2f} ms\n"
         f"      online floor {rep['floor_s'] * 1e3:.1f} ms/step; offline (dealer + one party, CPU) "
         f"{rep['offline_s'] * 1e3:.1f} ms/step, {c['offline_bytes'] / 1024:.0f} KiB/step dealer -> rank 0"
     )

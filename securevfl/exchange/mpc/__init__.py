@@ -67,6 +67,7 @@ from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.pairwise import PairRole
 from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, step_plan, top_up
+from securevfl.exchange.mpc.ringmatmul import RingProducts
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
 
@@ -317,7 +318,9 @@ class MpcDealer(HelperExchange):
         self.served = 0
 
     def serve(self) -> None:
-        self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure)
+        # every ring product the dealer computes (c = a b) on the CPU ring kernel
+        with RingProducts():
+            self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure)
         stop_crypten()
 
 

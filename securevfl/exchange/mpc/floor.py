@@ -4,11 +4,12 @@ Per training step: the Beaver products, openings, communication rounds,
 truncations and dealer requests of :func:`.plan.step_ops`; unit costs measured
 here, on this machine, now: one round trip between two processes over
 torch.distributed's gloo on loopback, and the local arithmetic of each Beaver
-product (c + eps b + a delta + eps delta in the ring, as every party computes
-it). The floor of the online step is rounds x round trip + one party's
-arithmetic; the offline phase (the dealer drawing every party's shares and
-computing c = a b, each party drawing its own) is measured per step and
-printed beside it.
+product (c + eps b + a delta + eps delta in the ring, computed as rank 0 computes
+it: :func:`.ringmatmul.beaver_terms` on the ring kernel this machine uses). The
+floor of the online step is rounds x round trip + one party's arithmetic; the
+offline phase (the dealer drawing every party's shares and computing c = a b on
+the same kernel, each party drawing its own) is measured per step and printed
+beside it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from securevfl.exchange.crypten_api import TTPServer, generate_random_ring_element
 from securevfl.exchange.crypten_pool import Triple, Wraps, dealer_bundle
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
+from securevfl.exchange.mpc.ringmatmul import RingProducts, beaver_terms, kernel
 
 PING_ROUNDS = 200
 
@@ -77,6 +79,7 @@ def _ring(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
 def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     """One party's local ring arithmetic for the plan's Beaver products (rank 0's
     share: it also adds eps delta), the best of ``repeats``: CPU time on one core."""
+    kernel()  # the kernel choice is measured once per process, not in the timing
     g = torch.Generator().manual_seed(0)
     ops = []
     for it in plan:
@@ -86,7 +89,7 @@ def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     for _ in range(repeats):
         t0 = time.process_time()
         for eps, delta, a, b, c in ops:
-            _ = c + eps.matmul(b) + a.matmul(delta) + eps.matmul(delta)
+            _ = c + beaver_terms(eps, delta, a, b, first=True)
         best = min(best, time.process_time() - t0)
     return best
 
@@ -107,8 +110,10 @@ def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
     draws of its own shares (a, b, c per triple; r, theta per wraps pair)."""
     server = _Dealer(n_mpc)
     g = torch.Generator().manual_seed(1)
+    kernel()
     t0 = time.process_time()
-    dealer_bundle(server, plan)
+    with RingProducts():  # as the dealer serves (MpcDealer.serve)
+        dealer_bundle(server, plan)
     for it in plan:  # rank 0's draws: it holds a share of every item in either layout
         sizes = [it.size0, it.size1, it.out] if isinstance(it, Triple) else [it.size, it.size]
         for s in sizes:
@@ -136,6 +141,7 @@ def report(
         "layout": layout,
         "counts": ops.as_dict(),
         "wraps_pairs": sum(isinstance(it, Wraps) for it in plan),
+        "ring_kernel": kernel(),
         "round_trip_s": rtt,
         "arithmetic_s": arith,
         "floor_s": ops.rounds * rtt + arith,
