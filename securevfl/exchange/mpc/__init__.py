@@ -167,8 +167,9 @@ class _MpcRole:
         steps = chunk_steps(
             crypten_pool.pooled_bytes(plan),
             self.opts.offline_steps,
-            self.ctx.proto.training.max_steps if train else None,
+            self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,
+            train=train,
         )
         stock = {it: self.pool.stock(it) for it in plan}
         bundle = top_up(plan, stock, steps)
