@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from securevfl.app.loader import load_protocol_dict
+from securevfl.errors import ConfigError
 from securevfl.exchange.mpc import ringmatmul as rm
+from tests.conftest import small_digits
 
 MIN, MAX = -(2**63), 2**63 - 1
 
@@ -192,8 +195,12 @@ def test_kernel_choice(monkeypatch):
     monkeypatch.setenv(rm.KERNEL_ENV, "INT64")
     assert rm.kernel() == "int64"
     monkeypatch.setenv(rm.KERNEL_ENV, "float")
-    with pytest.raises(ValueError, match="SECUREVFL_RING_KERNEL"):
+    with pytest.raises(ConfigError, match="SECUREVFL_RING_KERNEL='float'"):
         rm.kernel()
+    doc = small_digits()
+    doc["exchange"] = {"backend": "mpc"}
+    with pytest.raises(ConfigError, match="SECUREVFL_RING_KERNEL"):
+        load_protocol_dict(doc)  # refused when the protocol is loaded, before any rank starts
     monkeypatch.delenv(rm.KERNEL_ENV)
     assert rm.choose_kernel() in rm.KERNELS
     assert rm.kernel() in rm.KERNELS

@@ -67,7 +67,7 @@ from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.pairwise import PairRole
 from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, step_plan, top_up
-from securevfl.exchange.mpc.ringmatmul import RingProducts
+from securevfl.exchange.mpc.ringmatmul import RingProducts, forced_kernel
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
 
@@ -339,6 +339,7 @@ class Mpc(ExchangeBackend):
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         assert isinstance(options, MpcOptions)
+        forced_kernel()  # a misspelt SECUREVFL_RING_KERNEL stops the run before any rank starts
         if options.provider == "TFP" and not options.insecure:
             raise CryptoParameterError(
                 "CrypTen's TFP provider is insecure: rank 0 generates every Beaver triple in the "

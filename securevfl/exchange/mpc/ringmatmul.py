@@ -77,6 +77,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from securevfl.errors import ConfigError
+
 LIMB_BITS = 22
 LIMBS = 3
 CHUNK = 1024  # inner-dimension terms per float64 sum: 2 * 1024 * 2^42 = 2^53
@@ -208,14 +210,21 @@ def choose_kernel() -> str:
     return "int64" if t_int <= t_limbs else "limbs"
 
 
+def forced_kernel() -> str | None:
+    """The kernel ``SECUREVFL_RING_KERNEL`` names, None when it is unset; any other
+    value is a :class:`ConfigError` (checked when an ``mpc`` protocol is loaded)."""
+    forced = os.environ.get(KERNEL_ENV, "").strip().lower()
+    if forced and forced not in KERNELS:
+        raise ConfigError(f"{KERNEL_ENV}={forced!r}: the ring kernel is one of {', '.join(KERNELS)}")
+    return forced or None
+
+
 def kernel() -> str:
     """``int64`` or ``limbs``: ``SECUREVFL_RING_KERNEL`` if set, else the faster
     one here (:func:`choose_kernel`, measured once per process)."""
     global _KERNEL
-    forced = os.environ.get(KERNEL_ENV, "").strip().lower()
+    forced = forced_kernel()
     if forced:
-        if forced not in KERNELS:
-            raise ValueError(f"{KERNEL_ENV}={forced!r}: expected one of {', '.join(KERNELS)}")
         return forced
     if _KERNEL is None:
         _KERNEL = choose_kernel()
