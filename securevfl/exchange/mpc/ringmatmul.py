@@ -4,10 +4,10 @@ Every product of the ``mpc`` backend is a product of ring elements: each party's
 Beaver arithmetic (c + eps b + a delta + eps delta on its shares) and the dealer's
 c = a b for every triple. torch has no BLAS for integers. On a CPU with AVX-512
 its int64 ``matmul`` runs fbgemm's JIT kernel and costs about what float64 does;
-anywhere else (AVX2-only x86, the machines most users own, and ARM) it falls
-back to fbgemm's reference loops: (256 x 64) @ (64 x 64) takes 1.9 ms in int64
-against 0.063 ms in float64 on one core of an AMD EPYC with fbgemm's AVX-512 path
-turned off (docs/mpc-kernels.md), 2.8 ms against 0.12 ms on an AVX2-only EPYC.
+on AVX2-only x86 CPUs (the machines most users own) fbgemm runs reference loops:
+(256 x 64) @ (64 x 64) takes 1.9 ms in int64 against 0.063 ms in float64 on one
+core of an AMD EPYC with fbgemm's AVX-512 path turned off (docs/mpc-kernels.md),
+2.8 ms against 0.12 ms on an AVX2-only EPYC.
 
 The limb product (CrypTen does the same on CUDA, ``crypten/cuda/cuda_tensor.py``):
 every ring element is written in balanced base-2^22 digits,
