@@ -35,7 +35,8 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
 Op-count floors (time, anchors §7): paillier and ckks count their primitive operations;
 mpc counts each step's Beaver products and openings, communication rounds, truncations and
 dealer requests (securevfl.exchange.mpc.plan) and prices them with a loopback round trip and
-one party's ring arithmetic measured in the same run (securevfl.exchange.mpc.floor): the
+one party's ring arithmetic measured in the same run, on the ring kernel the parties use
+(securevfl.exchange.mpc.floor, .ringmatmul; docs/mpc-kernels.md): the
 online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
 drawing the step's tuples) is printed beside it and is not in the x plain ratio.
 
@@ -65,6 +66,8 @@ printed too; an unsealed run that sealed a frame, or a sealed run that sealed no
 the benchmark.
 
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick] [--channel-ab PAIRS]
+                                     [--device cuda] [--batch N]
+        benchmarks/cpu/avx2.sh python benchmarks/exchange.py ...   (as on an AVX2-only CPU)
 """
 
 from __future__ import annotations
