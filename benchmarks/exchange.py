@@ -36,7 +36,8 @@ Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
 Op-count floors (time, anchors §7): paillier and ckks count their primitive operations;
 mpc counts each step's Beaver products and openings, communication rounds, truncations and
 dealer requests (securevfl.exchange.mpc.plan) and prices them with a loopback round trip and
-one party's ring arithmetic measured in the same run (securevfl.exchange.mpc.floor): the
+one party's ring arithmetic measured in the same run, on the ring kernel the parties use
+(securevfl.exchange.mpc.floor, .ringmatmul; docs/mpc-kernels.md): the
 online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
 drawing the step's tuples) is printed beside it and is not in the x plain ratio.
 
@@ -66,6 +67,8 @@ printed too; an unsealed run that sealed a frame, or a sealed run that sealed no
 the benchmark.
 
 Usage:  python benchmarks/exchange.py [--backends plain,mpc,ckks,paillier] [--quick] [--channel-ab PAIRS]
+                                     [--device cuda] [--batch N]
+        benchmarks/cpu/avx2.sh python benchmarks/exchange.py ...   (as on an AVX2-only CPU)
 """
 
 from __future__ import annotations
@@ -155,6 +158,7 @@ def workload(
     dim: int = 64,
     max_steps: int | None = None,
     rows: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """The reference workload (digits) or, with ``rows``, the same shapes on a
     synthetic data set of 64 features and 10 classes with that many rows. With
@@ -192,13 +196,20 @@ def workload(
             "seed": 0,
             "max_steps": max_steps,
             "eval_every": epochs,
+            "device": device,
         },
         "runtime": {"record_views": False},
     }
 
 
 def floor_bytes(
-    backend: str, batch: int, parties: int, params: dict[str, Any] | None = None, h: int = 64, o: int = 64
+    backend: str,
+    batch: int,
+    parties: int,
+    params: dict[str, Any] | None = None,
+    h: int = 64,
+    o: int = 64,
+    device: str = "cpu",
 ) -> float:
     """Bytes per step the anchor note's floors give for this configuration."""
     per_dir = batch * h
@@ -207,7 +218,7 @@ def floor_bytes(
     if backend == "mpc":
         # the parties holding shares of each product: A and P_i in the pairwise layout,
         # A and every P_i in the joint one
-        pairwise = layout_of(MpcOptions.model_validate(params or {}), "cpu") == "pairwise"
+        pairwise = layout_of(MpcOptions.model_validate(params or {}), device) == "pairwise"
         n = 2 if pairwise else parties + 1
         matmuls = 3 * parties
         return matmuls * (n * (batch * h + h * o) * 8 + batch * o * 8)
@@ -359,7 +370,7 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
         f"{c['dealer_requests']:.3g} dealer requests (one bundle per offline chunk of up to "
         f"{opts.offline_steps} steps)\n"
         f"      unit: round trip {rep['round_trip_s'] * 1e3:.3f} ms, Beaver arithmetic (one party, all "
-        f"products) {rep['arithmetic_s'] * 1e3:.2f} ms\n"
+        f"products, {rep['ring_kernel']} ring kernel) {rep['arithmetic_s'] * 1e3:.2f} ms\n"
         f"      online floor {rep['floor_s'] * 1e3:.1f} ms/step; offline (dealer + one party, CPU) "
         f"{rep['offline_s'] * 1e3:.1f} ms/step, {c['offline_bytes'] / 1024:.0f} KiB/step dealer -> rank 0"
     )
@@ -404,6 +415,19 @@ def main() -> int:
         "their x plain, show how a backend scales)",
     )
     ap.add_argument("--json", help="also write the rows and the channel A/B here")
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="training.device of every run (cuda: mpc runs its joint layout, CrypTen's CUDA kernels)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="the reference point's batch size; other than 256 it runs on synthetic data of digits' "
+        "shapes with enough rows for full batches only (as the sweeps do)",
+    )
     ap.add_argument("--params", default="{}", help='JSON: per-backend params, e.g. {"paillier": {...}}')
     ap.add_argument("--no-op-counts", action="store_true", help="skip the operation counts and floors")
     ap.add_argument(
@@ -425,11 +449,12 @@ def main() -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="securevfl-bench-"))
     # (batch, passive parties, data set): the reference point on digits; the sweeps on
     # synthetic data of the same shapes with enough rows for full batches only
-    configs: list[tuple[int, int, str]] = [(256, 2, "digits")]
+    configs: list[tuple[int, int, str]] = [(args.batch, 2, "digits" if args.batch == 256 else "synthetic")]
     if not args.quick and args.sweep in ("both", "batch"):
         configs += [(b, 2, "synthetic") for b in (64, 128, 256, 512, 1024)]
     if not args.quick and args.sweep in ("both", "parties"):
         configs += [(256, k, "synthetic") for k in (1, 2, 3, 4) if (256, k, "synthetic") not in configs]
+    configs = list(dict.fromkeys(configs))  # --batch may name a sweep point
     rows = []
     sweep = set(args.sweep_backends.split(","))
     for batch, k, data in configs:
@@ -441,14 +466,17 @@ def main() -> int:
             print(f"  running {backend} batch={batch} passive={k} on {data} ...", file=sys.stderr, flush=True)
             steps = args.plain_steps if backend == "plain" else args.max_steps
             n_rows = sweep_rows(batch, steps) if data == "synthetic" else None
-            doc = workload(backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows)
+            doc = workload(
+                backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows, device=args.device
+            )
             res = run(doc, data_dir)
             t = step_time(res)
             base = t if backend == "plain" else base
-            fl = floor_bytes(backend, batch, k, extra.get(backend))
+            fl = floor_bytes(backend, batch, k, extra.get(backend), device=args.device)
             rows.append(
                 {
                     "backend": backend,
+                    "device": args.device,
                     "batch": batch,
                     "passive": k,
                     "data": data,
@@ -481,14 +509,17 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            if backend in OP_FLOORS and not args.no_op_counts and (batch, k, data) == configs[0]:
+            # the op floors price CPU primitives: not the figure for a CUDA run
+            cpu_floor = args.device == "cpu" and not args.no_op_counts
+            if backend in OP_FLOORS and cpu_floor and (batch, k, data) == configs[0]:
                 # primitive counts x unit costs measured now (anchors-crypto-performance §7)
                 r["ops"], r["floor_s"] = OP_FLOORS[backend](extra.get(backend) or {}, batch, [64] * k, 64)
                 print(r["ops"], file=sys.stderr, flush=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.processor() or platform.machine()}, {platform.python_version()}"
     print(
-        f"\nexchange benchmark, {stamp}, {machine}; MLP bottoms to 64-d, interactive k x 64 -> 64; "
+        f"\nexchange benchmark, {stamp}, {machine}, device {args.device}; MLP bottoms to 64-d, "
+        "interactive k x 64 -> 64; "
         f"median step of {args.max_steps} (plain: {args.plain_steps})"
     )
     print(
@@ -523,14 +554,19 @@ def main() -> int:
             print(f"\n{r['backend']}, measured {r['s_per_step']:.2f} s/step:\n{r['ops']}")
     ab = []
     if args.channel_ab > 0:
-        batch, k, _ = configs[0]
+        batch, k, data = configs[0]
         for backend in [b for b in ("plain", "mpc") if b in ["plain", *backends]]:
             steps = args.plain_steps if backend == "plain" else args.max_steps
-            doc = workload(backend, batch, k, extra.get(backend), max_steps=steps)
+            n_rows = sweep_rows(batch, steps) if data == "synthetic" else None
+            doc = workload(
+                backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows, device=args.device
+            )
             ab.append(channel_ab(backend, doc, data_dir, args.channel_ab))
         print_channel_ab(ab)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "channel_ab": ab}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"device": args.device, "machine": machine, "rows": rows, "channel_ab": ab}, indent=2)
+        )
     return 0
 
 

@@ -15,7 +15,7 @@ from securevfl.errors import ProtocolError
 from securevfl.exchange.crypten_pool import Triple, Trunc, Wraps, dealer_bundle, parse_bundle, plan_elements
 from securevfl.exchange.crypten_runtime import decode_obj, encode_obj, parse_dealer_request
 from securevfl.exchange.mpc.ops import fixed_scalar
-from securevfl.exchange.mpc.plan import step_ops, step_plan, top_up
+from securevfl.exchange.mpc.plan import chunk_steps, pair_plan, step_ops, step_plan, top_up
 
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (fixed_scalar)
 
@@ -65,6 +65,44 @@ def test_top_up_only_when_short_and_to_the_chunk():
     # the same forward triple serves both parties (equal widths): 2 a step, 8 wanted
     assert bundle.count(fwd) == 8
     assert all(bundle.count(it) == 0 for it in plan if it != fwd and stock[it] >= 4 * plan.count(it))
+
+
+def test_chunk_sizes():
+    assert chunk_steps(1000, 16, None, full_batch=True) == 16
+    assert chunk_steps(1000, 16, 3, full_batch=True) == 3
+    assert chunk_steps(1000, 16, None, full_batch=False) == 1  # an epoch's short batch
+    assert chunk_steps(64 << 20, 16, None, full_batch=True) == 1  # the pooled-bytes bound
+    # forward-only plans (evaluation, prediction) one step at a time
+    assert chunk_steps(1000, 16, None, full_batch=True, train=False) == 1
+    assert chunk_steps(1000, 16, 3, full_batch=True, train=False) == 1
+
+
+@pytest.mark.parametrize("layout", ["joint", "pairwise"])
+def test_an_epoch_end_evaluation_leaves_no_triples_in_the_pool(layout):
+    """The pool across 3 training steps (max_steps 3) and the evaluation that
+    follows (a full batch and a short one), as both layouts' roles drive it: every
+    tuple the dealer made is used; the evaluation used to fetch 16 forward steps
+    for its one full batch."""
+
+    def plan(batch: int, train: bool) -> list:
+        if layout == "joint":
+            return step_plan(batch, [64, 64], 64, 3, train=train)
+        return pair_plan(batch, [64, 64], 64, [1, 2], train=train)
+
+    stock: dict = {}
+    fetched = used = 0
+    for batch, train in [(256, True)] * 3 + [(256, False), (104, False)]:
+        p = plan(batch, train)
+        steps = chunk_steps(1 << 20, 16, 3, full_batch=batch == 256, train=train)
+        bundle = top_up(p, stock, steps)
+        fetched += len(bundle)
+        for it in bundle:
+            stock[it] = stock.get(it, 0) + 1
+        for it in p:
+            assert stock.get(it, 0) > 0
+            stock[it] -= 1
+        used += len(p)
+    assert fetched == used and not any(stock.values())
 
 
 def test_bundle_request_round_trips_and_is_validated():

@@ -73,6 +73,7 @@ from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.pairwise import PairRole
 from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, step_plan, top_up
+from securevfl.exchange.mpc.ringmatmul import RingProducts, forced_kernel
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
 
@@ -172,8 +173,9 @@ class _MpcRole:
         steps = chunk_steps(
             crypten_pool.pooled_bytes(plan),
             self.opts.offline_steps,
-            self.ctx.proto.training.max_steps if train else None,
+            self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,
+            train=train,
         )
         stock = {it: self.pool.stock(it) for it in plan}
         bundle = top_up(plan, stock, steps)
@@ -339,7 +341,9 @@ class MpcDealer(HelperExchange):
         self.served = 0
 
     def serve(self) -> None:
-        self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure)
+        # every ring product the dealer computes (c = a b) on the CPU ring kernel
+        with RingProducts():
+            self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure)
         stop_crypten()
 
 
@@ -357,6 +361,7 @@ class Mpc(ExchangeBackend):
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         assert isinstance(options, MpcOptions)
+        forced_kernel()  # a misspelt SECUREVFL_RING_KERNEL stops the run before any rank starts
         if options.provider == "TFP" and not options.insecure:
             raise CryptoParameterError(
                 "CrypTen's TFP provider is insecure: rank 0 generates every Beaver triple in the "

@@ -4,11 +4,12 @@ Per training step: the Beaver products, openings, communication rounds,
 truncations and dealer requests of :func:`.plan.step_ops`; unit costs measured
 here, on this machine, now: one round trip between two processes over
 torch.distributed's gloo on loopback, and the local arithmetic of each Beaver
-product (c + eps b + a delta + eps delta in the ring, as every party computes
-it). The floor of the online step is rounds x round trip + one party's
-arithmetic; the offline phase (the dealer drawing every party's shares and
-computing c = a b, each party drawing its own) is measured per step and
-printed beside it.
+product (c + eps b + a delta + eps delta in the ring, computed as rank 0 computes
+it: :func:`.ringmatmul.beaver_terms` on the ring kernel this machine uses). The
+floor of the online step is rounds x round trip + one party's arithmetic; the
+offline phase (the dealer drawing every party's shares and computing c = a b on
+the same kernel, each party drawing its own) is measured per step and printed
+beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from securevfl.csprng import SecretStream
 from securevfl.exchange.crypten_dealer import SecretDealer
 from securevfl.exchange.crypten_pool import Init, Triple, Trunc, Wraps, dealer_bundle
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
+from securevfl.exchange.mpc.ringmatmul import RingProducts, beaver_terms, kernel
 
 PING_ROUNDS = 200
 
@@ -77,6 +79,7 @@ LR = (1, 0)  # a plan's sizes and costs do not depend on the learning rate
 def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     """One party's local ring arithmetic for the plan's Beaver products (rank 0's
     share: it also adds eps delta), the best of ``repeats``: CPU time on one core."""
+    kernel()  # the kernel choice is measured once per process, not in the timing
     g = SecretStream.fresh()
     ops = []
     for it in plan:
@@ -86,7 +89,7 @@ def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     for _ in range(repeats):
         t0 = time.process_time()
         for eps, delta, a, b, c in ops:
-            _ = c + eps.matmul(b) + a.matmul(delta) + eps.matmul(delta)
+            _ = c + beaver_terms(eps, delta, a, b, first=True)
         best = min(best, time.process_time() - t0)
     return best
 
@@ -107,11 +110,14 @@ def _party_draws(it: Any) -> list[tuple[int, ...]]:
 def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
     """CPU time of one step's offline phase: the dealer's bundle plus one party's
     draws of its own shares (a, b, c per triple; r and its four truncation values
-    per truncation), from secret streams as the product draws them."""
+    per truncation), from secret streams as the product draws them, on the ring
+    kernel the dealer uses."""
     server = SecretDealer([SecretStream.fresh() for _ in range(n_mpc)])
     g = SecretStream.fresh()
+    kernel()
     t0 = time.process_time()
-    dealer_bundle(server, plan)
+    with RingProducts():  # as the dealer serves
+        dealer_bundle(server, plan)
     for it in plan:
         for s in _party_draws(it):
             g.ring(s)
@@ -138,6 +144,7 @@ def report(
         "layout": layout,
         "counts": ops.as_dict(),
         "truncation_items": sum(isinstance(it, Trunc) for it in plan),
+        "ring_kernel": kernel(),
         "round_trip_s": rtt,
         "arithmetic_s": arith,
         "floor_s": ops.rounds * rtt + arith,

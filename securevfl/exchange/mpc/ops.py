@@ -38,6 +38,7 @@ import torch
 import securevfl.exchange.truncation as truncation
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm, crypten, torch_cat
 from securevfl.exchange.crypten_pool import Trunc, TruncShares
+from securevfl.exchange.mpc.ringmatmul import RingProducts, beaver_terms
 
 # CrypTen's ArithmeticSharedTensor; typed loosely (CrypTen ships no type information)
 Shared = Any
@@ -103,9 +104,10 @@ def beaver_matmuls(pairs: Sequence[tuple[Shared, Shared]]) -> list[Shared]:
     only), eps = x - a and delta = y - b opened together. The result is not
     truncated: its precision is the sum of the operands'."""
     provider = crypten.mpc.get_default_provider()
-    triples = [
-        provider.generate_additive_triple(x.size(), y.size(), "matmul", device=x.device) for x, y in pairs
-    ]
+    with RingProducts():  # a provider that computes c = a b here (CrypTen's TFP) gets the ring kernel
+        triples = [
+            provider.generate_additive_triple(x.size(), y.size(), "matmul", device=x.device) for x, y in pairs
+        ]
     masked = []
     for (x, y), (a, b, _) in zip(pairs, triples, strict=True):
         masked += [x.share - a.share, y.share - b.share]
@@ -114,9 +116,7 @@ def beaver_matmuls(pairs: Sequence[tuple[Shared, Shared]]) -> list[Shared]:
     out = []
     for j, ((x, y), (a, b, c)) in enumerate(zip(pairs, triples, strict=True)):
         eps, delta = opened[2 * j], opened[2 * j + 1]
-        z = c.share + torch.matmul(eps, b.share) + torch.matmul(a.share, delta)
-        if rank == 0:
-            z = z + torch.matmul(eps, delta)
+        z = c.share + beaver_terms(eps, delta, a.share, b.share, first=rank == 0)
         out.append(from_shares(z, precision(x) + precision(y)))
     return out
 

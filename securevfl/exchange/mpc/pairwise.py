@@ -156,8 +156,9 @@ class PairRole:
         steps = chunk_steps(
             crypten_pool.pooled_bytes(plan),
             self.offline_steps,
-            self.ctx.proto.training.max_steps if train else None,
+            self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,
+            train=train,
         )
         bundle = plan_top_up(plan, {it: self.pool.stock(it) for it in plan}, steps)
         if bundle:

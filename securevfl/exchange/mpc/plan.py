@@ -45,14 +45,21 @@ OFFLINE_BYTES = 64 << 20  # bound on one party's pooled tuples
 _ANY_LR = (1, 0)  # a plan's sizes do not depend on the learning rate
 
 
-def chunk_steps(per_step_bytes: int, offline_steps: int, max_steps: int | None, *, full_batch: bool) -> int:
+def chunk_steps(
+    per_step_bytes: int, offline_steps: int, max_steps: int | None, *, full_batch: bool, train: bool = True
+) -> int:
     """How many steps' tuples one offline bundle holds: ``offline_steps``, no more
     than the run's ``max_steps``, one for an epoch's short last batch (its shape
-    comes once per epoch), and within :data:`OFFLINE_BYTES` of pooled shares."""
+    comes once per epoch), and within :data:`OFFLINE_BYTES` of pooled shares.
+
+    A forward-only plan (evaluation, prediction: ``train`` false) takes one step at
+    a time: the evaluation at the end of an epoch runs a batch or two, and a chunk
+    of ``offline_steps`` left the rest of the dealer's forward triples in the pool,
+    serving the next epoch's training at best and nothing after the last one."""
     steps = offline_steps
     if max_steps:
         steps = min(steps, max_steps)
-    if not full_batch:
+    if not full_batch or not train:
         steps = 1
     return max(1, min(steps, OFFLINE_BYTES // max(1, per_step_bytes)))
 

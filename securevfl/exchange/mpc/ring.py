@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from securevfl.exchange.mpc.ringmatmul import beaver_terms
+
 
 def encode(x: torch.Tensor, bits: int) -> torch.Tensor:
     """A float tensor at ``bits`` fractional bits, truncated toward zero as CrypTen does."""
@@ -42,8 +44,7 @@ def beaver_share(
     shares of the triple (a, b, c = a b): c + eps b + a delta, plus eps delta at the
     first party only (Beaver 1991; CrypTen's ``beaver.matmul``). The result carries
     the operands' precisions added (untruncated)."""
-    z = c + eps.matmul(b) + a.matmul(delta)
-    return z + eps.matmul(delta) if first else z
+    return c + beaver_terms(eps, delta, a, b, first=first)
 
 
 def truncate(share: torch.Tensor, bits: int) -> torch.Tensor:
