@@ -86,8 +86,8 @@ def test_an_epoch_end_evaluation_leaves_no_triples_in_the_pool(layout):
 
     def plan(batch: int, train: bool) -> list:
         if layout == "joint":
-            return step_plan(batch, [64, 64], 64, 3, train=train)
-        return pair_plan(batch, [64, 64], 64, [1, 2], train=train)
+            return step_plan(batch, [64, 64], 64, 3, train=train, lr=LR)
+        return pair_plan(batch, [64, 64], 64, [1, 2], train=train, lr=LR)
 
     stock: dict = {}
     fetched = used = 0

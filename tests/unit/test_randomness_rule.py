@@ -55,10 +55,12 @@ REPRODUCIBLE: dict[tuple[str, str], str] = {
 #: where OS entropy is drawn directly instead of through a secret stream, and why
 OS_ENTROPY: dict[tuple[str, str], str] = {
     ("securevfl/csprng.py", "*"): "the secret streams' 256-bit keys",
-    ("securevfl/runtime/session.py", "*"): "run identifiers and claim tokens (public nonces)",
+    ("securevfl/runtime/session.py", "*"): "run identifiers (public)",
+    ("securevfl/runtime/claims.py", "claim_record"): "claim tokens (public nonces)",
+    ("securevfl/runtime/rendezvous.py", "Rendezvous.publish_nonce"): "the run nonce claims and notes are "
+    "bound to (public, must be fresh)",
     ("securevfl/exchange/paillier/obfuscation.py", "*"): "Paillier obfuscators r^n mod n^2 "
     "(big integers below n from `secrets`, the OS CSPRNG)",
-    ("securevfl/exchange/paillier/peer.py", "*"): "the masks of unused padding slots",
 }
 
 TORCH_SAMPLERS = {
@@ -154,8 +156,6 @@ class _Scanner(ast.NodeVisitor):
             self.aliases[local] = a.name if a.asname else a.name.split(".")[0]
             if a.name == "random" or a.name.startswith("numpy.random"):
                 self._add(node, f"import {a.name}")
-            if a.name == "secrets":
-                self._add(node, "import secrets", "os")
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         mod = node.module or ""

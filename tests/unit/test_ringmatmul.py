@@ -234,20 +234,15 @@ def test_ring_products_scope_routes_cpu_int64_products_only(monkeypatch):
 
 @pytest.mark.parametrize("kernel", rm.KERNELS)
 def test_dealer_bundles_are_the_same_on_either_kernel(monkeypatch, kernel):
-    """The dealer's c_0 for joint (CrypTen's TTPServer.additive) and pair triples
-    (pair_c0), computed inside the dealer's scope, equal the int64 ones."""
-    from securevfl._compat import import_crypten
+    """The dealer's c_0 for joint (its ``additive``) and pair triples (pair_c0),
+    computed inside the dealer's scope, equal the int64 ones."""
+    from securevfl.csprng import SecretStream
+    from securevfl.exchange.crypten_dealer import SecretDealer
     from securevfl.exchange.crypten_pool import Triple, dealer_bundle
 
-    import_crypten()
-    from crypten.mpc.provider.ttp_provider import TTPServer
-
     def dealer():
-        server = TTPServer.__new__(TTPServer)
-        server.device = "cpu"
-        server.generators = [torch.Generator().manual_seed(s) for s in (3, 4, 5)]
-        server.generators_cuda = [None] * 3
-        return server
+        keys = [bytes([k]) * 32 for k in (3, 4, 5)]
+        return SecretDealer([SecretStream(k) for k in keys], own=SecretStream(bytes([6]) * 32))
 
     plan = [Triple((256, 64), (64, 64)), Triple((64, 256), (256, 64), "matmul", 1), Triple((7, 3), (3, 5))]
     want = dealer_bundle(dealer(), plan)

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
+import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.errors import CheckpointError, ConfigError, ProtocolError
 from securevfl.exchange.he import HEKey, ShareArith
-from securevfl.exchange.paillier import exact
 from securevfl.exchange.paillier.options import Params
 from securevfl.runtime.channel import Channel
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.he import HEPeer
-from securevfl.exchange.paillier import exact
 from securevfl.exchange.paillier.counters import count
 from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, block_count, encode, pack
 from securevfl.exchange.paillier.kernels import Exponents, multiexp, powmods

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.exchange.he import MATMUL
-from securevfl.exchange.paillier import exact
 from securevfl.exchange.paillier.arith import PaillierArith
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting
