@@ -30,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import run_doc, small_digits  # noqa: E402
+from tests.support.protocols import small_digits  # noqa: E402
+from tests.support.runs import run_doc  # noqa: E402
 
 ATTACKS: list[dict[str, Any]] = [
     {"name": "gradient_clusters", "params": {"label": "gc_row_norm"}},

@@ -16,7 +16,7 @@ import pytest
 
 from securevfl import api
 from securevfl.errors import ConfigError
-from tests.conftest import ROOT, small_digits
+from tests.support.protocols import ROOT, small_digits
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.exchange.crypten_comm import CRYPTEN_TAG
 from securevfl.exchange.paillier import PaillierOptions, exact
 from securevfl.models import build_top
-from tests.conftest import cli, run_doc, small_digits
+from tests.support.protocols import small_digits
+from tests.support.runs import cli, run_doc
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -178,7 +179,7 @@ def test_passive_receives_only_its_gradient_and_protocol_traffic(crypto_run):
 def test_mpc_three_passive_parties(tmp_path: Path):
     """breast_cancer over 3 passive parties + a label-only active party + dealer:
     truncation with more than two MPC parties uses the dealer's wraps protocol."""
-    from tests.conftest import load_yaml
+    from tests.support.protocols import load_yaml
 
     doc = load_yaml("breast_cancer.yaml")
     doc["exchange"] = {"backend": "mpc"}

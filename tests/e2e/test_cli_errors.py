@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROTOCOLS, cli, load_yaml, write_yaml
 
 from securevfl.cli import main
+from tests.support.protocols import PROTOCOLS, load_yaml, write_yaml
+from tests.support.runs import cli
 
 
 def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
     """``securevfl ARGS`` through :func:`securevfl.cli.main` in this process, with its
-    exit code and output as :func:`conftest.cli` reports a subprocess's."""
+    exit code and output as :func:`tests.support.runs.cli` reports a subprocess's."""
     capsys.readouterr()  # drop anything printed before
     code = main(list(args))
     out = capsys.readouterr()

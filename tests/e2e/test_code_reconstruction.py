@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_doc, small_digits
 from tests.e2e.test_hashvfl_runs import _hashed
+from tests.support.protocols import small_digits
+from tests.support.runs import run_doc
 
 SHAPE = [8, 4]
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import cli, small_digits, write_yaml
 
 from securevfl.cli import main
+from tests.support.protocols import small_digits, write_yaml
+from tests.support.runs import cli
 
 EPS = "parties.active.defenses[0].params.epsilon"
 

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import load_yaml, run_doc
+from tests.support.protocols import load_yaml
+from tests.support.runs import run_doc
 
 # every run here takes ~2-3 min on the shared 2-core box (measured), hence slow
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import cli
+from tests.support.runs import cli
 
 pytestmark = pytest.mark.timeout(300)
 

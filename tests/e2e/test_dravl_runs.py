@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import SHORT_STEPS, run_doc, short_sgd_digits
+from tests.support.protocols import SHORT_STEPS, short_sgd_digits
+from tests.support.runs import run_doc
 
 pytestmark = pytest.mark.timeout(600)
 

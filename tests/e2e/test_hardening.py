@@ -18,10 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, CliRun, cli, party_process, small_digits, write_yaml
 from test_psi import csv_protocol, make_ids
 
 from securevfl.app.launcher import free_port
+from tests.support.protocols import ROOT, small_digits, write_yaml
+from tests.support.runs import CliRun, cli, party_process
 
 pytestmark = pytest.mark.timeout(300)
 

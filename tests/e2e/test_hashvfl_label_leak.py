@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_doc, small_digits
+from tests.support.protocols import small_digits
+from tests.support.runs import run_doc
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 

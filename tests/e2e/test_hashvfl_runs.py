@@ -16,7 +16,8 @@ import torch
 
 from securevfl.app.loader import load_protocol, load_protocol_dict
 from securevfl.errors import UnsupportedCombination
-from tests.conftest import PROTOCOLS, cli, load_yaml, run_doc, small_digits, write_yaml
+from tests.support.protocols import PROTOCOLS, load_yaml, small_digits, write_yaml
+from tests.support.runs import cli, run_doc
 
 pytestmark = pytest.mark.timeout(900)
 

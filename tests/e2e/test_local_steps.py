@@ -19,7 +19,9 @@ import torch.nn.functional as F
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.config import Protocol
-from tests.conftest import ReferenceSplit, run_doc, small_digits, split_state, training_rows
+from tests.support.protocols import small_digits
+from tests.support.reference import ReferenceSplit, split_state, training_rows
+from tests.support.runs import run_doc
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from securevfl.exchange.mpc.ringmatmul import KERNEL_ENV
-from tests.conftest import run_doc, short_sgd_digits
+from tests.support.protocols import short_sgd_digits
+from tests.support.runs import run_doc
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -15,7 +15,7 @@ import yaml
 
 from securevfl.app.launcher import free_port
 from securevfl.cli import build_parser, main
-from tests.conftest import PROTOCOLS
+from tests.support.protocols import PROTOCOLS
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from securevfl.cli import main
-from tests.conftest import ROOT, CliRun, small_digits, write_yaml
+from tests.support.protocols import ROOT, small_digits, write_yaml
+from tests.support.runs import CliRun
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROTOCOLS, CliRun, write_yaml
 from test_cli_errors import assert_clean_user_error, in_process
 
-from tests.conftest import ROOT
+from tests.support.protocols import PROTOCOLS, ROOT, write_yaml
+from tests.support.runs import CliRun
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import torch
-from conftest import CliRun, run_doc, small_digits
 
 from securevfl.app.harness import _VIEW_GLOBALS
+from tests.support.protocols import small_digits
+from tests.support.runs import CliRun, run_doc
 
 PHASES = {"startup", "data", "alignment", "setup", "training", "evaluation", "write_out"}
 

@@ -24,7 +24,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from securevfl.cli import main
-from tests.conftest import cli, party_process, write_yaml
+from tests.support.protocols import write_yaml
+from tests.support.runs import cli, party_process
 
 pytestmark = pytest.mark.timeout(600)
 

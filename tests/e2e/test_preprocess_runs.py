@@ -19,7 +19,8 @@ import yaml
 
 from securevfl.data.party_data import split_indices
 from securevfl.seeding import generator
-from tests.conftest import ROOT, cli, run_doc, write_yaml
+from tests.support.protocols import ROOT, write_yaml
+from tests.support.runs import cli, run_doc
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tests.conftest import CliRun, run_doc, small_digits
+from tests.support.protocols import small_digits
+from tests.support.runs import CliRun, run_doc
 
 
 def test_label_dp_run_carries_its_privacy_record(tmp_path) -> None:

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PROTOCOLS, cli
 
 from securevfl.app.comparison import read_comparison_file
 from securevfl.cli import main
+from tests.support.protocols import PROTOCOLS
+from tests.support.runs import cli
 
 Path_ = list[str | int]
 

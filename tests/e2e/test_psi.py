@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_doc
 
 from securevfl.errors import DataError, SecureVFLError
+from tests.support.runs import run_doc
 
 ROWS = 400
 

@@ -21,7 +21,9 @@ from securevfl.models import interactive_optimizer, make_optimizer
 from securevfl.parties.tasks import regression_metrics
 from securevfl.schedule import eval_batches, train_batches
 from securevfl.seeding import generator
-from tests.conftest import ReferenceSplit, load_yaml, run_doc
+from tests.support.protocols import load_yaml
+from tests.support.reference import ReferenceSplit
+from tests.support.runs import run_doc
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from securevfl.app.launcher import free_port
-from tests.conftest import party_process, write_yaml
+from tests.support.protocols import write_yaml
+from tests.support.runs import party_process
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -18,7 +18,8 @@ import torch
 from securevfl.app.checkpoints import load_model
 from securevfl.app.rank import KILL_ENV
 from securevfl.errors import CheckpointError, PartyFailure
-from tests.conftest import cli, run_doc, small_digits, write_yaml
+from tests.support.protocols import small_digits, write_yaml
+from tests.support.runs import cli, run_doc
 
 
 def resumable(doc: dict[str, Any], epochs: int = 3) -> dict[str, Any]:

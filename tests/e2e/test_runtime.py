@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from securevfl.app.launcher import free_port
-from tests.conftest import ROOT, CliRun, party_process, small_digits, write_yaml
+from tests.support.protocols import ROOT, small_digits, write_yaml
+from tests.support.runs import CliRun, party_process
 
 pytestmark = pytest.mark.timeout(300)
 

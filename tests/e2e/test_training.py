@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from securevfl.app.loader import load_protocol, load_protocol_dict
 from securevfl.data.partition import ID_COLUMN, LABEL_COLUMN, dataset_key
-from tests.conftest import PROTOCOLS, ReferenceSplit, run_doc, small_digits, split_state, training_rows
+from tests.support.protocols import PROTOCOLS, small_digits
+from tests.support.reference import ReferenceSplit, split_state, training_rows
+from tests.support.runs import run_doc
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from securevfl.privacy.gaussian import classic_sigma, gdp_composed_epsilon
-from tests.conftest import SHORT_STEPS, load_yaml, run_doc, short_sgd_digits, small_digits
+from tests.support.protocols import SHORT_STEPS, load_yaml, short_sgd_digits, small_digits
+from tests.support.runs import run_doc
 
 pytestmark = pytest.mark.timeout(900)  # two launches per test; slow only on a loaded machine
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import load_yaml, run_doc, small_digits
+from tests.support.protocols import load_yaml, small_digits
+from tests.support.runs import run_doc
 
 # A test's time includes the module fixtures it is the first to need (an mpc run
 # is 1.5-5 minutes on a shared 2-core box); the membership pairs run twice.

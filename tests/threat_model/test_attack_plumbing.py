@@ -13,7 +13,8 @@ import torch
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError
-from tests.conftest import run_doc, small_digits
+from tests.support.protocols import small_digits
+from tests.support.runs import run_doc
 
 
 def test_attacks_need_recorded_views(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from securevfl.app.checkpoints import model_dir, read_state
-from tests.conftest import run_doc, small_digits
+from tests.support.protocols import small_digits
+from tests.support.runs import run_doc
 from tests.threat_model.mt19937 import ELEMENTS, clone_from_ring
 
 pytestmark = pytest.mark.timeout(400)

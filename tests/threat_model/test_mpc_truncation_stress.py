@@ -37,7 +37,8 @@ from securevfl.csprng import SecretStream
 from securevfl.exchange import truncation
 from securevfl.exchange.crypten_api import count_wraps
 from securevfl.exchange.mpc import ring
-from tests.conftest import run_doc, small_digits
+from tests.support.protocols import small_digits
+from tests.support.runs import run_doc
 
 FRAC = 16
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (ops.fixed_scalar)

@@ -26,7 +26,7 @@ import torch
 from securevfl.app.launcher import free_port
 from securevfl.runtime.ledger import SEAL_BYTES
 from securevfl.runtime.secure.keys import Identity
-from tests.conftest import ROOT, write_yaml
+from tests.support.protocols import ROOT, write_yaml
 from tests.threat_model.wire_tap import read_frames, write_party_files
 
 pytestmark = pytest.mark.timeout(400)

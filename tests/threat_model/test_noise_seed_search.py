@@ -25,7 +25,7 @@ import torch
 from securevfl.app.loader import load_protocol_dict
 from securevfl.defenses.base import build_stack
 from securevfl.seeding import derive_seed
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 WINDOW = 1 << 16
 B, D = 8, 16  # one batch of released rows (small_digits bottoms output 16 values)

@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import load_yaml
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeContext
 from securevfl.exchange.paillier import PaillierOptions, load_blob
 from securevfl.runtime.layout import Layout
+from tests.support.protocols import load_yaml
 
 pytestmark = pytest.mark.timeout(600)
 

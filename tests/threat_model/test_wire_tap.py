@@ -44,7 +44,8 @@ from securevfl.app.loader import load_protocol
 from securevfl.runtime.ledger import SEAL_BYTES
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure.keys import Identity
-from tests.conftest import ROOT, cli, write_yaml
+from tests.support.protocols import ROOT, write_yaml
+from tests.support.runs import cli
 from tests.threat_model.wire_tap import read_frames, write_party_files
 
 pytestmark = pytest.mark.timeout(300)

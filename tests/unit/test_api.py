@@ -14,7 +14,7 @@ from securevfl import api
 from securevfl.app.loader import override_expr, parse_override
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
-from tests.conftest import PROTOCOLS, ROOT, load_yaml, small_digits
+from tests.support.protocols import PROTOCOLS, ROOT, load_yaml, small_digits
 
 
 def test_every_public_name_has_a_docstring():

@@ -210,7 +210,7 @@ def test_invert_recovers_the_input_of_an_invertible_map():
 def test_result_keys_label_or_name_and_index_for_repeats():
     from securevfl.app.harness import attack_keys
     from securevfl.app.loader import load_protocol_dict
-    from tests.conftest import small_digits
+    from tests.support.protocols import small_digits
 
     doc = small_digits()
     doc["attacks"] = [

@@ -30,7 +30,7 @@ from securevfl.errors import CheckpointError, ConfigError
 from securevfl.runtime.admission import Hello
 from securevfl.runtime.resume import agree_checkpoint
 from securevfl.snapshot import capture_attributes, restore_attributes
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 DIGEST = "0123456789abcdef"
 

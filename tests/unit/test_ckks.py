@@ -21,7 +21,7 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
-from tests.conftest import load_yaml, small_digits
+from tests.support.protocols import load_yaml, small_digits
 
 ts = pytest.importorskip("tenseal")
 

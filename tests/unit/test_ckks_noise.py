@@ -15,7 +15,7 @@ import pytest
 from securevfl.app.loader import load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError, Diverged
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 pytest.importorskip("tenseal")
 

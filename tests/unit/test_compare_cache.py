@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROTOCOLS
 
 import securevfl.app.comparison as comparison
 from securevfl.app.comparison import MARKER, Source, cached, execute, mark_done, plan
+from tests.support.protocols import PROTOCOLS
 
 
 def _finish(run) -> None:

@@ -26,7 +26,7 @@ from securevfl.defenses.spending import allowed_steps, spent
 from securevfl.errors import ProtocolError
 from securevfl.exchange import EXCHANGES
 from securevfl.privacy.step_budget import plan_for
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 N_TRAIN = 1437
 

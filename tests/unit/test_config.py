@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import load_yaml
 
 from securevfl.app.loader import load_protocol, load_protocol_dict
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
+from tests.support.protocols import load_yaml
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from securevfl.privacy.correlated import (
     quantile_codes,
 )
 from securevfl.privacy.step_budget import plan_for
-from tests.conftest import load_yaml
+from tests.support.protocols import load_yaml
 
 
 def _doc(*, noise_seed: int | None = 0, **params: Any) -> dict[str, Any]:

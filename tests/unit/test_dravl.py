@@ -31,7 +31,7 @@ from securevfl.defenses.dravl import (
     sample_noise,
 )
 from securevfl.errors import ConfigError
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 Q = 16  # small_digits bottoms output 16 values
 D_X = 8

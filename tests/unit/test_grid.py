@@ -5,11 +5,11 @@ list elements refused with their path, the product of the axes."""
 from __future__ import annotations
 
 import pytest
-from conftest import PROTOCOLS, small_digits, write_yaml
 
 from securevfl.app.comparison import Source, plan
 from securevfl.app.grid import apply_point, check_axis, parse_axis, point_label, points, split_values
 from securevfl.errors import ConfigError
+from tests.support.protocols import PROTOCOLS, small_digits, write_yaml
 
 EPS = "parties.active.defenses[0].params.epsilon"
 

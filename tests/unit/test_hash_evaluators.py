@@ -16,7 +16,7 @@ from securevfl.attacks.targeted_pgd import bn_eval, pick_rows, presign_values, t
 from securevfl.errors import UnsupportedCombination
 from securevfl.models import Top
 from securevfl.privacy import hashing
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 
 def _server(d: int = 4, classes: int = 5, hidden: int = 16, seed: int = 0) -> ServerModel:

@@ -21,7 +21,7 @@ from securevfl.errors import ConfigError, ProtocolError
 from securevfl.models import build_interactive, build_top, mlp
 from securevfl.privacy import hashing
 from securevfl.privacy.accountant import Plan, account
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 BITS = 4
 

@@ -125,7 +125,7 @@ def test_same_seed_same_noise() -> None:
 
 def _proto(eps: float | None, budget: float | None = None):
     from securevfl.app.loader import load_protocol_dict
-    from tests.conftest import small_digits
+    from tests.support.protocols import small_digits
 
     doc = small_digits()
     doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": eps}}]
@@ -171,7 +171,7 @@ def test_label_dp_at_a_passive_party_is_refused_at_load() -> None:
     from securevfl.app.loader import load_protocol_dict
     from securevfl.errors import UnsupportedCombination
     from securevfl.validation import check_protocol
-    from tests.conftest import small_digits
+    from tests.support.protocols import small_digits
 
     doc = small_digits()
     doc["parties"]["passive"][0]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]

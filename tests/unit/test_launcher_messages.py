@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import load_yaml
 
 from securevfl.app.launcher import RANK_CRASHED, explain_failure
 from securevfl.app.loader import load_protocol_dict
 from securevfl.app.rank_layout import layout_of
 from securevfl.errors import OutputError, PartyFailure
 from securevfl.runtime.session import ErrorNote, write_error_file
+from tests.support.protocols import load_yaml
 
 LAYOUT = layout_of(load_protocol_dict(load_yaml("plain.yaml")))
 

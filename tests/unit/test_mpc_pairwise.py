@@ -121,7 +121,7 @@ def test_layout_auto_and_refusals():
     from securevfl.app.loader import load_protocol_dict
     from securevfl.errors import ConfigError
     from securevfl.exchange.mpc import MpcOptions, layout_of
-    from tests.conftest import small_digits
+    from tests.support.protocols import small_digits
 
     assert layout_of(MpcOptions(), "cpu") == "pairwise"
     assert layout_of(MpcOptions(), "cuda") == "joint"

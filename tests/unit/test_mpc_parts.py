@@ -11,7 +11,7 @@ import torch
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.crypten_runtime import decode_obj, encode_obj
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 
 def _mpc(**params):

@@ -10,7 +10,6 @@ import gmpy2
 import numpy as np
 import pytest
 import torch
-from conftest import load_yaml
 from phe import paillier as phe_paillier
 from pydantic import ValidationError
 
@@ -36,6 +35,7 @@ from securevfl.exchange.paillier import (
     unpack,
 )
 from securevfl.exchange.paillier.encoding import unpack_ints
+from tests.support.protocols import load_yaml
 
 OPTS = PaillierOptions(precompute=False, threads=1)
 FX, FW, FXS = OPTS.precision_bits, OPTS.scalar_precision_bits, OPTS.shared_precision_bits

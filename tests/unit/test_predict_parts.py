@@ -19,7 +19,7 @@ from securevfl.data.party_data import load_new_records
 from securevfl.data.preprocess import fit_preprocessor
 from securevfl.errors import ConfigError, DataError
 from securevfl.parties.tasks import TASKS
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 
 def _frame(n: int = 200, seed: int = 0) -> pd.DataFrame:

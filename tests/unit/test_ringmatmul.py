@@ -13,7 +13,7 @@ import torch
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError
 from securevfl.exchange.mpc import ringmatmul as rm
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 MIN, MAX = -(2**63), 2**63 - 1
 

@@ -13,7 +13,7 @@ from securevfl.defenses import DEFENSES, Defense, DefenseStack
 from securevfl.defenses.base import DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.registry import Registry
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 
 class Shift(Defense):

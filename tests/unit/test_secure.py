@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from securevfl.app.ranks import layout_of
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.app.rank_layout import layout_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, ProtocolError, SecurityWarning
 from securevfl.runtime.claims import pins_of, pins_required
@@ -33,7 +33,8 @@ from securevfl.runtime.secure.keys import (
 )
 from securevfl.runtime.secure.link import TAG_BYTES, Link, Links, sealed_size
 from securevfl.runtime.session import Session
-from tests.conftest import cli, load_yaml, small_digits
+from tests.support.protocols import load_yaml, small_digits
+from tests.support.runs import cli
 
 SEED = bytes(range(32))
 

@@ -13,7 +13,7 @@ from securevfl.data import splits
 from securevfl.data.datasets import feature_columns
 from securevfl.data.partition import resolve_partition
 from securevfl.errors import ConfigError, DataError
-from tests.conftest import load_yaml
+from tests.support.protocols import load_yaml
 
 # -- spec 004 §8.2 item 12 ----------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from sklearn.metrics import mean_absolute_error, r2_score, roc_auc_score
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.parties.tasks import TASKS, classification_metrics, regression_metrics
-from tests.conftest import load_yaml
+from tests.support.protocols import load_yaml
 
 
 def test_regression_metrics_match_scikit_learn():

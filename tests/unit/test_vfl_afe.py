@@ -20,7 +20,7 @@ from securevfl.defenses.vfl_afe import NOT_DATASET_DP, EmbeddingDP, EmbeddingDPO
 from securevfl.errors import ConfigError
 from securevfl.privacy import gaussian as gm
 from securevfl.privacy.accountant import GaussianRelease, Plan, account
-from tests.conftest import small_digits
+from tests.support.protocols import small_digits
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PROTOCOLS
 
 from securevfl.app.grid import parse_axis
 from securevfl.app.loader import load_protocol, parse_override
 from securevfl.app.yamldoc import MAX_VALUES, load_yaml
 from securevfl.errors import ConfigError
+from tests.support.protocols import PROTOCOLS
 
 
 def alias_bomb(levels: int = 10, width: int = 9) -> str:
