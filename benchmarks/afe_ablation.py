@@ -1,4 +1,4 @@
-"""VFL-AFE ablation (spec 000 §4.4, Table 2): unprotected / vanilla / +R / +D / full.
+"""VFL-AFE ablation (docs/methods/vfl-afe.md §6, Table 2): unprotected / vanilla / +R / +D / full.
 
 Tasks: ``protocols/plain.yaml`` (digits halves, 2 passive parties, C=10) and
 ``protocols/breast_cancer.yaml`` (3 passive parties, C=2), with ``embedding_dp`` added to
@@ -6,7 +6,7 @@ every passive party at the given per-release eps. Every run goes through the rea
 (one OS process per rank). Runs are ordered seed-major, so when ``--deadline-min`` is hit the
 table covers the first seeds of every row; the table says how many seeds each row has.
 
-The eps is calibrated as spec 000 §6 says, adapted: our datasets are not the paper's, so
+The eps is calibrated as docs/methods/vfl-afe.md §6 says, adapted: our datasets are not the paper's, so
 ``--calibrate`` runs vanilla alone over an eps grid (seed 0) and reports the drop against
 unprotected; pick the eps whose drop falls in the paper's "vanilla loses 4-11%" band.
 

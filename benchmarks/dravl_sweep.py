@@ -1,4 +1,4 @@
-"""DRAVL dCor-weight sweep on the plain.yaml task (spec 002 §3.3, issue acceptance).
+"""DRAVL dCor-weight sweep on the plain.yaml task (docs/methods/dravl.md §3.3).
 
 Each configuration runs protocols/plain.yaml (digits halves on two passive parties,
 CNN bottoms to 64-d embeddings) through the real launcher, with the ``dravl``

@@ -1,4 +1,4 @@
-"""Exchange-backend benchmark on the reference workload (DESIGN §10).
+"""Exchange-backend benchmark on the reference workload (docs/design.md §10).
 
 digits, passive parties holding column blocks (2 by default: left/right halves),
 MLP bottoms to 64-d embeddings, interactive layer k x 64 -> 64, top 64 -> 10,
@@ -16,7 +16,7 @@ for every measured step to be a full batch: digits has 1,437 training rows, so a
 batch 1,024 it gave one full step and one of 413 rows, each with its own offline
 bundle under ``mpc`` (the 217 ms of the 18:54 sweep).
 
-Floors (specs/anchors-crypto-performance.md §5, for B=256, h=64, o=64):
+Floors (docs/crypto-performance.md §5, for B=256, h=64, o=64):
   plain     B*h*4 per direction per passive party            (fp32 split learning)
   mpc       per Beaver matmul [B x h][h x o] each party holding its shares sends
             (Bh + ho) * 8 (2 parties, A and P_i, in the pairwise layout; all k + 1 in the
@@ -41,7 +41,7 @@ one party's ring arithmetic measured in the same run, on the ring kernel the par
 online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
 drawing the step's tuples) is printed beside it and is not in the x plain ratio.
 
-Secure channel (issue #19): every frame travels sealed (AES-256-GCM). The channel
+Secure channel (SECURITY.md §4a): every frame travels sealed (AES-256-GCM). The channel
 table gives, per backend at each configuration, the payload bytes (the columns above, which
 the floors compare), the sealed bytes on the wire (headers and 16-byte tags included), the
 sealed frames, and the CPU the seal/open calls took, all ranks together, per training step,
@@ -512,7 +512,7 @@ def main() -> int:
             # the op floors price CPU primitives: not the figure for a CUDA run
             cpu_floor = args.device == "cpu" and not args.no_op_counts
             if backend in OP_FLOORS and cpu_floor and (batch, k, data) == configs[0]:
-                # primitive counts x unit costs measured now (anchors-crypto-performance §7)
+                # primitive counts x unit costs measured now (docs/crypto-performance.md §7)
                 r["ops"], r["floor_s"] = OP_FLOORS[backend](extra.get(backend) or {}, batch, [64] * k, 64)
                 print(r["ops"], file=sys.stderr, flush=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -1,4 +1,4 @@
-"""HashVFL on digits (spec 004 §8.2 item 13): test accuracy with and without
+"""HashVFL on digits (docs/methods/hashvfl.md §8.2 item 13): test accuracy with and without
 hashing, and per-bit balance of the codes sent for the final evaluation, over
 several seeds, each run through the real launcher (one process per rank).
 
@@ -9,13 +9,12 @@ and interactive.out 16):
   no-defense baseline at the same width);
 * ``hashvfl``: the faithful profile (BN + sign + STE, random class codes,
   consistency loss weight 1);
-* ``balanced``: the same with the balanced class codes (spec 004 §7 items 5-6);
+* ``balanced``: the same with the balanced class codes (docs/methods/hashvfl.md §7 items 5-6);
 * ``median``: balanced codes and ``balance: median`` (BN, then Sign at each
-  unit's batch median in training and its running median at evaluation; spec
-  004 §7 item 5);
+  unit's batch median in training and its running median at evaluation; docs/methods/hashvfl.md §7 item 5);
 * ``median_batch``: the same with ``balance_eval: batch`` (evaluation codes
   thresholded at each evaluation batch's own median, as in training);
-* ``no_bn``: the paper's "Ours w/o BN" ablation (spec 004 Table X): no BN,
+* ``no_bn``: the paper's "Ours w/o BN" ablation (docs/methods/hashvfl.md Table X): no BN,
   sign + STE, CE + consistency loss;
 * ``greedyhash``: the paper's GreedyHash ablation (Table X): no BN, sign + STE,
   CE + ||V - H||_3 (``quantization_weight: 1``), no consistency loss;
@@ -62,7 +61,7 @@ ARMS = (
     "no_consistency",
     "no_consistency_continuous",
 )
-# the ablation arms' hashvfl params (spec 004 §8.1, Table X, Fig. 6), and those run without the
+# the ablation arms' hashvfl params (docs/methods/hashvfl.md §8.1, Table X, Fig. 6), and those run without the
 # active party's consistency loss
 ABLATIONS: dict[str, dict[str, Any]] = {
     "no_bn": {"batchnorm": False},

@@ -1,4 +1,4 @@
-"""Label leakage under HashVFL on digits (spec 004 §7 items 2-3, §5.4, §8.2
+"""Label leakage under HashVFL on digits (docs/methods/hashvfl.md §7 items 2-3, §5.4, §8.2
 item 19): the gradient label-leak probe (``gradient_clusters``, k-means over the
 gradients a passive party received) and passive model completion with and without
 MixMatch, on a hashed run and on the same run without hashing, each through the

@@ -1,4 +1,4 @@
-"""Scale benchmark: synthetic rows x passive parties, end to end (issue #16).
+"""Scale benchmark: synthetic rows x passive parties, end to end.
 
 Workload (the issue's reference protocol): ``synthetic`` rows with 64 features
 split in equal column blocks over k passive parties, MLP bottoms (hidden 64) to

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets")
     crit = sub.add_parser(
         "criteo",
-        help="split a Criteo TSV into the passive and active parties' CSV files (spec 002 §4.4)",
+        help="split a Criteo TSV into the passive and active parties' CSV files (docs/methods/dravl.md §4.4)",
     )
     crit.add_argument("file", help="Criteo Display Advertising TSV (label, I1..I13, C1..C26)")
     crit.add_argument("--out", required=True, help="folder for passive.csv, active.csv, protocol.yaml")

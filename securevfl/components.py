@@ -1,5 +1,5 @@
 """A protocol's components with their options validated once, and the typed
-query "what does party X run" (DESIGN §5, §8).
+query "what does party X run" (docs/design.md §5, §8).
 
 The schema (:mod:`securevfl.config`) keeps each component's ``params`` as the
 mapping written in the protocol file: it sits below the registries and cannot

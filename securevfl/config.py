@@ -42,7 +42,7 @@ class Strict(BaseModel):
 
 class RatioBlock(Strict):
     """Party ``part``'s contiguous block when the feature columns are cut in
-    ``ratios`` (HashVFL's ``feature_distribute``, spec 004 §4): round(n r) columns,
+    ``ratios`` (HashVFL's ``feature_distribute``, docs/methods/hashvfl.md §4): round(n r) columns,
     Python's round (half to even), for every ratio but the last, the rest for the
     last; e.g. 95 columns at [0.5, 0.5] give 48/47."""
 
@@ -170,7 +170,7 @@ class ImputeSpec(Strict):
 
 
 class PreprocessSpec(Strict):
-    """A party's own preprocessing (DESIGN §12), fitted on its aligned training
+    """A party's own preprocessing (docs/design.md §12), fitted on its aligned training
     rows only and applied unchanged to its test rows. Numeric columns go through
     ``log1p`` or ``signed_log1p`` (if listed), imputation (if declared) and
     standardization (if on), in that order; categorical columns are one-hot encoded. Without a ``preprocess``
@@ -340,7 +340,7 @@ class BudgetSpec(Strict):
 
 
 class PrivacySpec(Strict):
-    """Accounting settings (DESIGN §7): the delta every (eps, delta) is reported at,
+    """Accounting settings (docs/design.md §7): the delta every (eps, delta) is reported at,
     and an optional budget that truncates training before it is exceeded."""
 
     delta: float = Field(default=1e-5, gt=0, lt=1)
@@ -353,7 +353,7 @@ class PrivacySpec(Strict):
 
 
 class SecuritySpec(Strict):
-    """Identities of the ranks (issue #19, SECURITY.md §7). Parties pin their keys
+    """Identities of the ranks (SECURITY.md §7). Parties pin their keys
     under their own entries (``parties.*.key``); helper ranks a backend adds (the
     ``mpc`` backend's TTP ``dealer``) pin theirs here by helper name.
     ``require_pinned_keys``: ``auto`` (the default) requires a pinned key for every

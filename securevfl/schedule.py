@@ -45,7 +45,7 @@ def schedule(
 
 def rounds_of(batches: list[np.ndarray], local_steps: int) -> list[list[np.ndarray]]:
     """An epoch's batches grouped into communication rounds of ``local_steps``
-    consecutive batches (FedBCD, spec 003 §2.2 Eq. 14); the last round of an epoch
+    consecutive batches (FedBCD, docs/methods/crdp-fl.md §2.2 Eq. 14); the last round of an epoch
     may be shorter, so a run has ``sum over epochs of ceil(T_e / R)`` rounds."""
     return [batches[i : i + local_steps] for i in range(0, len(batches), local_steps)]
 

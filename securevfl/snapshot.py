@@ -1,4 +1,4 @@
-"""Typed containers for the state a component saves to a checkpoint (issue #18 §3).
+"""Typed containers for the state a component saves to a checkpoint (docs/design.md §12).
 
 A component (an exchange role object, a defense) describes what it needs to
 continue a run exactly as a :class:`ComponentState`: its tensors, which the file

@@ -197,7 +197,7 @@ def resolve_components(
     options: BaseModel | None = None,
 ) -> Components:
     """Look up every component of a schema-valid protocol and validate its params
-    with its own options model: the one place that does (DESIGN §8). Unknown names,
+    with its own options model: the one place that does (docs/design.md §8). Unknown names,
     invalid params and capabilities the backend lacks are ConfigErrors naming the
     YAML path. ``backend``/``options``: the exchange, when the caller resolved it."""
 

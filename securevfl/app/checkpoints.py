@@ -1,4 +1,4 @@
-"""The on-disk format of a rank's checkpoints and of its final model (issue #18 §3).
+"""The on-disk format of a rank's checkpoints and of its final model (docs/design.md §12).
 
 Each rank writes its own state only, under its own folder of the output folder::
 

@@ -1,4 +1,4 @@
-"""Run a protocol's attacks after training (DESIGN §6).
+"""Run a protocol's attacks after training (docs/design.md §6).
 
 The local launcher calls :func:`run_attacks` once every rank has finished. Each
 rank has saved its view (``ranks/rank<R>.view.pt``: what it received plus what it

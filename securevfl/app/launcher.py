@@ -288,7 +288,7 @@ def start_ranks(
     reservation = reserve_port()
     rendezvous = f"tcp://127.0.0.1:{reservation.getsockname()[1]}"
     env = dict(os.environ)
-    # Throw-away identities for this run (issue #19): every rank gets its own secret
+    # Throw-away identities for this run (SECURITY.md §4a): every rank gets its own secret
     # key through its start arguments (a local pipe, never a file) and every rank pins
     # all public keys; keys a protocol pins are for multi-host runs and are not used here.
     identities = [Identity.generate() for _ in layout.roles]
@@ -373,7 +373,7 @@ def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
     """The run's result once every rank has ended, or the root cause of its failure."""
     codes = watch_ranks(proto, procs)
     if all(c == 0 for c in codes.values()):
-        if proto.attacks:  # DESIGN §6: attacks run on the saved views once every rank is done
+        if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
             run_attacks(proto, out_dir)
         return json.loads((out_dir / "result.json").read_text())
     raise explain_failure(layout_of(proto), out_dir, codes)

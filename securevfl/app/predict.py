@@ -1,6 +1,6 @@
 """Federated prediction: ``securevfl predict RUN_DIR --out DIR`` (every rank
 locally) and ``securevfl party FILE --rank R --predict RUN_DIR`` (one rank, one
-organization), DESIGN §12 and issue #18 point 4.
+organization), docs/design.md §12.
 
 Every rank starts as in training (rendezvous, start-up checks, watchdog), with
 the purpose ``predict`` in its hello, so a rank started to train cannot join a

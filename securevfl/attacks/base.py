@@ -1,4 +1,4 @@
-"""The attack seam (DESIGN §6).
+"""The attack seam (docs/design.md §6).
 
 An attack runs after training on a :class:`View`: the tensors the adversary's
 rank received (from its ledger), its own data and models (``own``), and the prior

@@ -1,4 +1,4 @@
-"""HashVFL's abnormal-input detection, evaluated at the server (spec 004 §2.9,
+"""HashVFL's abnormal-input detection, evaluated at the server (docs/methods/hashvfl.md §2.9,
 §5.6, Table VI).
 
 Setting: the active party A (the paper's server) runs the detector on the codes
@@ -9,7 +9,7 @@ the codes and the server function in the clear at A, so it requires
 
 Two measurements:
 
-* **Table VI protocol** (spec 004 §2.9): for each class i, party A's code (option
+* **Table VI protocol** (docs/methods/hashvfl.md §2.9): for each class i, party A's code (option
   ``party``, default the first passive party) is fixed to the class code o_i and
   all 2^d codes of the other party B are enumerated through the server function
   (:mod:`securevfl.attacks.server`); the cases are split into prediction == i and
@@ -17,7 +17,7 @@ Two measurements:
   group is reported per class and averaged over the classes (None, the paper's
   '-', for an empty group; ``pooled`` is the mean over all cases of a group).
   The paper's finding: wrong > correct.
-* **Detection-rate sweep** (spec 004 §5.6; the paper gives none): for every
+* **Detection-rate sweep** (docs/methods/hashvfl.md §5.6; the paper gives none): for every
   threshold t in 0..d, the fraction of test pairs flagged (Ham > t), on the honest
   pairs A received in its final evaluation, and on the same pairs with B's code
   replaced by a uniformly random code, or (``pgd``) by B's targeted-PGD
@@ -72,7 +72,7 @@ def _code_bits(proto: Protocol, index: int) -> int:
 
 def hamming_pm1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Hamming distance of +-1 codes along the last axis, as the official code
-    computes it (spec 004 §2.9): sum((a * b - 1) / -2)."""
+    computes it (docs/methods/hashvfl.md §2.9): sum((a * b - 1) / -2)."""
     return ((a * b - 1) / -2).sum(-1)
 
 
@@ -90,7 +90,7 @@ def _mean(x: torch.Tensor) -> float | None:
 def table_vi(
     f: Callable[[list[torch.Tensor]], torch.Tensor], codes: torch.Tensor, fixed: int = 0
 ) -> dict[str, Any]:
-    """The Table VI protocol (spec 004 §2.9) for two parties: party ``fixed``
+    """The Table VI protocol (docs/methods/hashvfl.md §2.9) for two parties: party ``fixed``
     (0 or 1) gets the class code o_i, the other party every code of {-1, +1}^d;
     ``f`` maps the two parties' codes to logits. Per class: the mean Hamming
     distance for the cases predicted i (``correct``) and not i (``wrong``), None
@@ -182,8 +182,8 @@ class CodeDetection(Attack[CodeDetectionOptions]):
         passive = proto.parties.passive
         if len(passive) != 2:
             raise ConfigError(
-                f"code_detection compares two parties' codes (spec 004 §2.9); the protocol has "
-                f"{len(passive)} passive parties",
+                f"code_detection compares two parties' codes (docs/methods/hashvfl.md §2.9); the protocol "
+                f"has {len(passive)} passive parties",
                 path=path,
                 source=source,
             )

@@ -1,4 +1,4 @@
-"""Class-code reconstruction against HashVFL (spec 004 §5.2, Fig. 3).
+"""Class-code reconstruction against HashVFL (docs/methods/hashvfl.md §5.2, Fig. 3).
 
 Threat model: the active party A (honest-but-curious, the paper's server) wants
 the image a class code stands for. Its view: the +-1 codes the victim passive
@@ -9,10 +9,10 @@ paper ("the adversary knows f_theta"): the victim's trained bottom model and its
 defense modules (HashVFL's BatchNorm), white-box.
 
 Attack: x* = argmin_x MSE(v(x), o_y) + lambda TV(x), with v(x) the pre-Sign
-BatchNorm output (spec 004 §5.2 [GAP]: Sign has zero gradient, so the BN output
+BatchNorm output (docs/methods/hashvfl.md §5.2 [GAP]: Sign has zero gradient, so the BN output
 is matched). Without hashing the same attack matches the class mean of the
 received embeddings with the bottom output: the "no-defense upper bound".
-Metrics (spec 004 §5.3, pairing: each class's reconstruction against every test
+Metrics (docs/methods/hashvfl.md §5.3, pairing: each class's reconstruction against every test
 image of that class, victim's half, model-input space): SSIM, mean (and std) over
 classes of the per-class mean; ``ssim_mean_image`` is the same for the average
 training image, the know-nothing baseline. DCOR (per image over pixels) and KLD
@@ -47,13 +47,13 @@ class CodeReconstructionOptions(AttackOptions):
     mode: Literal["class_code", "sample"] = Field(
         default="class_code",
         description="class_code: invert each class's code (the paper's attack); sample: invert individual "
-        "test records' continuous pre-Sign values, the upper bound of spec 004 §5.2 [C]",
+        "test records' continuous pre-Sign values, the upper bound of docs/methods/hashvfl.md §5.2 [C]",
     )
     samples: int = Field(default=20, ge=1, description="test records inverted in mode 'sample'")
 
 
 def isotropic_tv(x: torch.Tensor) -> torch.Tensor:
-    """Isotropic TV of a batch (n, H, W), differentiable (spec 004 §5.2)."""
+    """Isotropic TV of a batch (n, H, W), differentiable (docs/methods/hashvfl.md §5.2)."""
     dx = x[:, 1:, :-1] - x[:, :-1, :-1]
     dy = x[:, :-1, 1:] - x[:, :-1, :-1]
     return torch.sqrt(dx**2 + dy**2 + 1e-8).sum()
@@ -88,7 +88,7 @@ def invert(
 
 def pre_sign(bottom: torch.nn.Module, bn: dict[str, torch.Tensor] | None):
     """x -> the victim's pre-Sign value: its bottom output, through its BatchNorm
-    in eval mode when it has one (spec 004 §5.2 [GAP]: the BN output is matched)."""
+    in eval mode when it has one (docs/methods/hashvfl.md §5.2 [GAP]: the BN output is matched)."""
 
     def f(x: torch.Tensor) -> torch.Tensor:
         h = bottom(x)
@@ -115,7 +115,7 @@ class CodeReconstruction(Attack[CodeReconstructionOptions]):
         return None
 
     def knowledge(self, world: World) -> dict[str, Any]:
-        """White-box victim bottom model and defense modules (spec 004 §5.2)."""
+        """White-box victim bottom model and defense modules (docs/methods/hashvfl.md §5.2)."""
         idx, victim = world.locate(self.params.target)
         vv = world.views[victim].own
         spec = world.proto.parties.passive[idx]
@@ -161,7 +161,7 @@ class CodeReconstruction(Attack[CodeReconstructionOptions]):
                 "used": {
                     "input": f"declared prior: continuous pre-Sign values of {len(targets)} test records",
                     "prior": "victim bottom model and defense modules (white-box); the upper bound of "
-                    "spec 004 §5.2 [C]",
+                    "docs/methods/hashvfl.md §5.2 [C]",
                 },
             }
         forwards = own.forwards
@@ -180,7 +180,7 @@ class CodeReconstruction(Attack[CodeReconstructionOptions]):
             "binary": binary,
             "used": {
                 "input": f"ledger '{EMBEDDING.name}' from {prior['victim']} (codes) and A's labels",
-                "prior": "victim bottom model and defense modules (white-box, spec 004 §5.2)",
+                "prior": "victim bottom model and defense modules (white-box, docs/methods/hashvfl.md §5.2)",
                 "codes_are_binary": binary,
             },
         }

@@ -1,8 +1,8 @@
-"""Feature reconstruction by the active party (spec 000 §5.1, spec 002 §5).
+"""Feature reconstruction by the active party (docs/methods/vfl-afe.md §5.1, docs/methods/dravl.md §5).
 
 Threat model: A is honest-but-curious. It knows the raw features of an auxiliary
 set of *training* records of the victim passive party (``aux_fraction`` of the
-training rows; spec 002's worst case is the "reconstructor that knows the
+training rows; docs/methods/dravl.md's worst case is the "reconstructor that knows the
 ground-truth inputs"). It trains a decoder from what it saw of those records to
 their raw features, then applies it to what it saw of the test records.
 
@@ -11,7 +11,7 @@ embedding h'_i (ledger tag ``embedding``); under ``mpc``/``ckks``/``paillier`` i
 only learns the revealed interactive output z (for HE backends, the sum over
 parties of the revealed z_i). For a training record the decoder's input is the
 latest tensor A saw for it (its last training step); for a test record, the
-tensor of the final evaluation pass. Following spec 002 §5's hygiene, inputs are
+tensor of the final evaluation pass. Following docs/methods/dravl.md §5's hygiene, inputs are
 z-scored with the attacker's own statistics and the attacker answers with the
 better (on its held-out aux rows) of the decoder and the aux mean, so nmse <= 1.
 """

@@ -1,4 +1,4 @@
-"""Gradient label-leak probe against HashVFL's backward channel (spec 004 §7
+"""Gradient label-leak probe against HashVFL's backward channel (docs/methods/hashvfl.md §7
 item 2, §8.1 "additionally", §8.2 item 19).
 
 Threat model: the attacking passive party P_i is honest-but-curious. Its view:
@@ -8,7 +8,7 @@ each gradient row's training record through the shared batch schedule). Declared
 prior knowledge: the number of classes C only. It knows no label.
 
 Why it should leak: HashVFL's consistency term adds exactly -o_{y_u}/(N B d) to
-row u's gradient (spec 004 §8.2 item 6), a per-class constant vector, and the
+row u's gradient (docs/methods/hashvfl.md §8.2 item 6), a per-class constant vector, and the
 cross-entropy part dL/dh = (p - onehot(y)) W is label-dependent too. So k-means
 with k = C over the received gradient rows may recover the label partition.
 

@@ -1,6 +1,6 @@
-"""Label inference by a passive party (spec 001 §1; anchors note: VFLAIR's
+"""Label inference by a passive party (docs/methods/label-dp.md §1; anchors note: VFLAIR's
 Norm/DirectionbasedScoring after Li et al. 2022, arXiv 2102.08504, and model
-completion after Fu et al., USENIX Security 2022; spec 004 §5.4).
+completion after Fu et al., USENIX Security 2022; docs/methods/hashvfl.md §5.4).
 
 Threat model: the attacking passive party P_i is honest-but-curious. Its view is
 the gradient dL/dh'_i the exchange revealed to it at every training step (under

@@ -22,7 +22,7 @@ def _mlp(d_in: int, hidden: list[int], d_out: int) -> nn.Sequential:
 
 class Standardizer:
     """Per-column z-score with statistics of the attacker's own training set
-    (spec 002 §5 hygiene: the embedding's scale cannot fake privacy)."""
+    (docs/methods/dravl.md §5 hygiene: the embedding's scale cannot fake privacy)."""
 
     def __init__(self, x: torch.Tensor):
         self.mean = x.mean(0)
@@ -50,7 +50,7 @@ def fit_regressor(
     """Train an MLP x -> y (MSE, Adam, minibatches) with early stopping on a
     held-out part of (x, y). Returns ``predict(x) -> y`` and the validation MSEs
     of the model and of the constant mean predictor, so the caller can answer
-    with whichever of the two is better (spec 002 §5)."""
+    with whichever of the two is better (docs/methods/dravl.md §5)."""
     g = torch.Generator().manual_seed(seed)
     n = x.shape[0]
     perm = torch.randperm(n, generator=g)

@@ -1,5 +1,5 @@
 """Membership inference by the active party with shadow models (Shokri et al.
-2017; spec 000 §5.2, adapted to what A sees).
+2017; docs/methods/vfl-afe.md §5.2, adapted to what A sees).
 
 Threat model: A is honest-but-curious and asks whether a record was in the
 training set, from its own model's output on that record. Its view: the z the
@@ -7,7 +7,7 @@ exchange revealed for every record (its last training step for a training record
 the final evaluation pass for a test record), its own final top model and bias,
 and its labels. The target's output for a record is softmax(top(z + b)).
 
-Shadow step (spec 000 §5.2, K = 2 so in:out is 1:1): the shadow pool is half of
+Shadow step (docs/methods/vfl-afe.md §5.2, K = 2 so in:out is 1:1): the shadow pool is half of
 the test records (known non-members of the target, with A's labels and z). It is
 split into two chunks; shadow model k (same architecture and optimizer as A's top
 model) trains on chunk k, and its outputs on chunk k are labelled "in", on the

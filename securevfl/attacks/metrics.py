@@ -1,4 +1,4 @@
-"""Pure metric math for attacks (DESIGN §6): reconstruction error, image
+"""Pure metric math for attacks (docs/design.md §6): reconstruction error, image
 similarity, inference AUC/accuracy, and VFLAIR's defense capability score.
 
 Everything here takes arrays and returns numbers; nothing knows about parties,
@@ -28,7 +28,7 @@ def mse(pred: np.ndarray, true: np.ndarray) -> float:
 
 def normalized_mse(pred: np.ndarray, true: np.ndarray, mean: np.ndarray) -> dict[str, float]:
     """Reconstruction error relative to the attacker who predicts ``mean`` (its
-    auxiliary column means) for every row (spec 002 §5, "attacker hygiene").
+    auxiliary column means) for every row (docs/methods/dravl.md §5, "attacker hygiene").
 
     Returns ``mse`` (raw), ``mse_mean`` (the mean predictor's), ``nmse_raw`` =
     mse / mse_mean and ``nmse`` = min(nmse_raw, 1): an attacker that does worse
@@ -45,7 +45,7 @@ def normalized_mse(pred: np.ndarray, true: np.ndarray, mean: np.ndarray) -> dict
 
 
 def per_feature_r2(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
-    """``1 - MSE_j / Var_j`` per column j (spec 002 §5: per-feature R² = 1 - nMSE_j);
+    """``1 - MSE_j / Var_j`` per column j (docs/methods/dravl.md §5: per-feature R² = 1 - nMSE_j);
     nan for a constant column."""
     pred, true = np.asarray(pred, dtype=np.float64), np.asarray(true, dtype=np.float64)
     if pred.shape != true.shape or true.ndim != 2:
@@ -97,7 +97,7 @@ def _filter_valid(img: np.ndarray, w: np.ndarray) -> np.ndarray:
 def ssim(
     pred: np.ndarray, true: np.ndarray, data_range: float, *, win: int = 7, sigma: float = 1.5
 ) -> np.ndarray:
-    """Per-image SSIM (Wang et al. 2004; spec 004 §5.3) of batches (n, H, W).
+    """Per-image SSIM (Wang et al. 2004; docs/methods/hashvfl.md §5.3) of batches (n, H, W).
 
     Gaussian window with ``sigma`` 1.5; its size is ``win`` shrunk to the largest
     odd number that fits the image (8x4 digit halves use 3x3), statistics over
@@ -175,7 +175,7 @@ def dcs(mp: float, ap: float, mp_ref: float, ap_ideal: float = 0.0, beta: float 
 
 
 def total_variation(img: np.ndarray) -> float:
-    """Isotropic total variation of one (H, W) image (spec 004 §5.2), summed over
+    """Isotropic total variation of one (H, W) image (docs/methods/hashvfl.md §5.2), summed over
     the pixels that have both a lower and a right neighbour."""
     x = np.asarray(img, dtype=np.float64)
     dx = x[1:, :-1] - x[:-1, :-1]
@@ -184,7 +184,7 @@ def total_variation(img: np.ndarray) -> float:
 
 
 def dcor_pixels(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
-    """Per-image distance correlation over pixels (Székely; spec 004 §5.3, DCOR).
+    """Per-image distance correlation over pixels (Székely; docs/methods/hashvfl.md §5.3, DCOR).
 
     Each pair of images (``pred[k]``, ``true[k]``) is flattened to two vectors a
     and b whose pixels are the paired samples; with A and B the double-centred
@@ -220,11 +220,10 @@ def pixel_distribution(img: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 
 def kld_pixels(raw: np.ndarray, rec: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Per-image KL(P_raw || P_rec) in nats between pixel distributions (spec
-    004 §5.3, KLD; the paper leaves the definition open): each image becomes a
-    distribution over its pixel positions by :func:`pixel_distribution` (shift to
-    its minimum, normalise to sum 1, ``eps`` floor). The shift and normalisation
-    make the value blind to brightness offset and contrast: it compares where the
+    """Per-image KL(P_raw || P_rec) in nats between pixel distributions (docs/methods/hashvfl.md §5.3, KLD;
+    the paper leaves the definition open): each image becomes a distribution over its pixel positions by
+    :func:`pixel_distribution` (shift to its minimum, normalise to sum 1, ``eps`` floor). The shift and
+    normalisation make the value blind to brightness offset and contrast: it compares where the
     intensity mass lies. 0 for identical images (and for affine copies with a
     positive scale); larger means less alike (less leakage). Returns one value per
     image pair, shape (n,)."""

@@ -1,5 +1,5 @@
 """MixMatch (Berthelot et al., NeurIPS 2019) for the model-completion head of the
-passive label-inference attack (Fu et al., USENIX Security 2022; spec 004 §5.4).
+passive label-inference attack (Fu et al., USENIX Security 2022; docs/methods/hashvfl.md §5.4).
 
 The attacker holds a few labelled training records and its own features of every
 training record (the unlabelled pool). Each step:

@@ -1,6 +1,6 @@
-"""Online feature reconstruction over a launcher run (spec 002 §5, mode 1).
+"""Online feature reconstruction over a launcher run (docs/methods/dravl.md §5, mode 1).
 
-Threat model: the simulated worst-case active party of spec 002 §5. It knows the
+Threat model: the simulated worst-case active party of docs/methods/dravl.md §5. It knows the
 ground-truth inputs phi(x) of the victim's *training* records (declared prior
 knowledge: all of them, not an auxiliary fraction) and watches the exchange as
 it happens. Its reconstructor R_I takes one Adam step on ``(Z_sent, phi(x))``
@@ -11,14 +11,14 @@ Because R_I only observes, replaying the ledger after the run in arrival order
 is the same computation as training it during the run: after the training
 stretch that precedes each evaluation pass (one per epoch), R_I predicts phi(x)
 of the test records from what A received for them in that pass. The score is
-R_I's MSE and nMSE per evaluation pass (spec 002 §5 metric 1, nMSE = MSE / mean
+R_I's MSE and nMSE per evaluation pass (docs/methods/dravl.md §5 metric 1, nMSE = MSE / mean
 column variance of phi over the test rows) and their average over the passes:
 the paper's per-day averaging, with securevfl's epochs in the role of days.
 Per-feature R² is reported for the last pass. The post-hoc attacker of §5 mode 2
 (the default for claims) is ``feature_reconstruction``.
 
 phi is the victim's model input (``target_space: model_input``: its features
-after the protocol's standardisation, spec 002 §4.3 rule 2) or its raw columns
+after the protocol's standardisation, docs/methods/dravl.md §4.3 rule 2) or its raw columns
 (``raw``). Under ``plain`` R_I reads the victim's embedding; under a crypto
 backend, the revealed z (``source``).
 """
@@ -47,10 +47,13 @@ class OnlineReconstructionOptions(AttackOptions):
         "the backend shows it to A, else z",
     )
     target_space: Literal["model_input", "raw"] = Field(
-        default="model_input", description="phi(x): the victim's model input (spec 002 §4.3) or raw columns"
+        default="model_input",
+        description="phi(x): the victim's model input (docs/methods/dravl.md §4.3) or raw columns",
     )
-    hidden: list[int] = Field(default=[256, 256], description="R_I's hidden sizes (spec 002 §4.2)")
-    lr: float = Field(default=1e-3, gt=0, description="R_I's Adam learning rate (spec 002 §4.2)")
+    hidden: list[int] = Field(
+        default=[256, 256], description="R_I's hidden sizes (docs/methods/dravl.md §4.2)"
+    )
+    lr: float = Field(default=1e-3, gt=0, description="R_I's Adam learning rate (docs/methods/dravl.md §4.2)")
 
 
 def _phi(own: OwnView, space: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +102,7 @@ class OnlineReconstruction(Attack[OnlineReconstructionOptions]):
     options = OnlineReconstructionOptions
 
     def knowledge(self, world: World) -> dict[str, Any]:
-        """phi(x) of every training record of the victim (spec 002 §5: the
+        """phi(x) of every training record of the victim (docs/methods/dravl.md §5: the
         reconstructor that knows the ground-truth inputs)."""
         idx, victim = world.locate(self.params.target)
         phi_train, _ = _phi(world.views[victim].own, self.params.target_space)

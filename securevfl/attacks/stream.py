@@ -1,4 +1,4 @@
-"""The online evaluation attacker and the day-chunked stream protocol of spec 002
+"""The online evaluation attacker and the day-chunked stream protocol of docs/methods/dravl.md
 (§5 mode 1, §4.2 "training regime", §8.8).
 
 Threat model: the simulated worst-case active party that knows the ground-truth
@@ -29,7 +29,7 @@ from securevfl import optim
 
 class OnlineReconstructor:
     """R_I: an MLP from the sent embedding to ``phi(x)``, one Adam step per
-    observed training batch (spec 002 §4.2: ``q -> 256 -> 256 -> d_x``, lr 1e-3)."""
+    observed training batch (docs/methods/dravl.md §4.2: ``q -> 256 -> 256 -> d_x``, lr 1e-3)."""
 
     def __init__(
         self, d_in: int, d_out: int, *, hidden: Sequence[int] = (256, 256), lr: float = 1e-3, seed: int = 0
@@ -65,7 +65,7 @@ class OnlineReconstructor:
 
     @torch.no_grad()
     def mse(self, z_sent: torch.Tensor, x: torch.Tensor) -> float:
-        """Mean over elements of ``(R_I(z) - phi(x))^2`` (spec 002 §5, metric 1)."""
+        """Mean over elements of ``(R_I(z) - phi(x))^2`` (docs/methods/dravl.md §5, metric 1)."""
         return float(((self.net(z_sent.float()) - x.float()) ** 2).mean())
 
 

@@ -1,4 +1,4 @@
-"""Targeted PGD by a passive party on its own test-time submission (spec 004
+"""Targeted PGD by a passive party on its own test-time submission (docs/methods/hashvfl.md
 §5.5, Table V).
 
 Threat model: a malicious passive party P_a wants the server to predict a
@@ -10,7 +10,7 @@ them. White-box, as in the paper: its declared prior is the server function
 ``sent_test``). Its own bottom model and defense modules (HashVFL's BatchNorm,
 median threshold) are in its own view.
 
-The attack (spec 004 §5.5):
+The attack (docs/methods/hashvfl.md §5.5):
 
     x_m = x_{m-1} - eta * sign(grad CE(f_top(.., Sign(x_{m-1}), ..), y_t))
     phi = clip(x_m - x_0, -omega, omega);  x_m = x_0 + phi
@@ -18,7 +18,7 @@ The attack (spec 004 §5.5):
 * ``perturb: pre_sign`` (default; the [GAP] resolved as the spec suggests):
   x_0 = v~, the party's pre-Sign value (BatchNorm in evaluation mode, minus the
   median threshold under ``balance: median``); the submission is Sign(x_M), the
-  gradient through Sign the straight-through identity (spec 004 §2.4).
+  gradient through Sign the straight-through identity (docs/methods/hashvfl.md §2.4).
 * ``perturb: code``: x_0 is the +-1 code itself, re-signed after each step.
 * Without hashing, x_0 is the float embedding the party sends and the
   submission is x_M itself (the paper's "Base" column).
@@ -27,7 +27,7 @@ Records: ``samples`` test rows drawn (seeded) among those whose true label is
 not y_t. Metric per (omega, eta) cell: ASR = % of them predicted y_t after the
 attack; also over the subset the server classified correctly before, the clean
 rate of y_t predictions, and the mean number of changed code bits.
-Spec 004 §8.2 item 18: if |phi| < min |v~| per record, no code bit can change,
+docs/methods/hashvfl.md §8.2 item 18: if |phi| < min |v~| per record, no code bit can change,
 so the ASR is 0 (tests/unit/test_hash_evaluators.py).
 """
 
@@ -50,14 +50,14 @@ from securevfl.errors import ProtocolError
 from securevfl.privacy import hashing
 from securevfl.records import OwnView
 
-BN_EPS = 1e-5  # HashVFL's BatchNorm1d eps (spec 004 §2.3)
+BN_EPS = 1e-5  # HashVFL's BatchNorm1d eps (docs/methods/hashvfl.md §2.3)
 
 
 # -- pure functions ---------------------------------------------------------------------------------
 
 
 def bn_eval(h: torch.Tensor, state: dict[str, torch.Tensor], eps: float = BN_EPS) -> torch.Tensor:
-    """BatchNorm1d in evaluation mode from its state dict (spec 004 §2.3)."""
+    """BatchNorm1d in evaluation mode from its state dict (docs/methods/hashvfl.md §2.3)."""
     return (h - state["running_mean"]) / torch.sqrt(state["running_var"] + eps) * state["weight"] + state[
         "bias"
     ]
@@ -96,7 +96,7 @@ def targeted_pgd(
     iterations: int,
     binary: bool,
 ) -> torch.Tensor:
-    """Targeted sign-gradient PGD on a submission (spec 004 §5.5); returns what
+    """Targeted sign-gradient PGD on a submission (docs/methods/hashvfl.md §5.5); returns what
     is submitted after ``iterations`` steps: Sign(x_M) when ``binary`` (gradient
     through Sign by the straight-through identity), else x_M. ``f`` maps a B x d
     submission to logits; ``omega`` is a scalar or a per-record B x 1 radius."""
@@ -167,7 +167,7 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
         return world.passive(self.params.party).party
 
     def knowledge(self, world: World) -> dict[str, Any]:
-        """White-box prior (spec 004 §5.5): the server function, the other
+        """White-box prior (docs/methods/hashvfl.md §5.5): the server function, the other
         parties' final test submissions, and which records to attack."""
         p = self.params
         a = world.active.own
@@ -226,7 +226,7 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
             "used": {
                 "input": f"{view.party}'s own bottom outputs and defense modules (h_test, BN/median state)",
                 "prior": "server function (top, bias, interactive blocks) and the other parties' final test "
-                "submissions (white-box, spec 004 §5.5)",
+                "submissions (white-box, docs/methods/hashvfl.md §5.5)",
                 "perturbed": ("pre-Sign v~" if p.perturb == "pre_sign" else "+-1 code")
                 if binary
                 else "float embedding (no hashing)",

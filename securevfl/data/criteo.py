@@ -1,4 +1,4 @@
-"""Criteo Display Advertising (Kaggle 2014) TSV, split for VFL (spec 002 §4.4).
+"""Criteo Display Advertising (Kaggle 2014) TSV, split for VFL (docs/methods/dravl.md §4.4).
 
 The format has one record per line and 40 tab-separated fields: the click label
 (0/1), 13 integer features I1..I13 (count-like; empty when missing; I2 can be
@@ -8,7 +8,7 @@ into 7 equal chunks by row order (``day``).
 
 :func:`read_criteo` parses; :func:`split_criteo` writes the spec's party split as
 two CSV files of *raw* fields, and :func:`criteo_protocol` the protocol that trains
-on them, whose per-party ``preprocess`` entries (DESIGN §12,
+on them, whose per-party ``preprocess`` entries (docs/design.md §12,
 :mod:`securevfl.data.preprocess`) do the transforms the spec asks for:
 
 * passive (the media platform): I1..I13 and C1..C13 (the spec's extended
@@ -91,7 +91,7 @@ def split_criteo(
     path: Path | str, out_dir: Path | str, *, max_rows: int | None = None, days: int = 7
 ) -> dict[str, Path]:
     """Write ``passive.csv`` (id, I1..I13, C1..C13) and ``active.csv`` (id, day,
-    label, C14..C26) under ``out_dir``, raw fields as read (spec 002 §4.4's split);
+    label, C14..C26) under ``out_dir``, raw fields as read (docs/methods/dravl.md §4.4's split);
     returns their paths. Categorical fields are written as text so that a hash
     such as ``00a1b2c3`` keeps its leading zeros."""
     frame = read_criteo(path, max_rows=max_rows, days=days)

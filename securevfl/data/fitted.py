@@ -1,5 +1,5 @@
 """A party's fitted preprocessing, applied from its saved parameters
-(``securevfl predict``; DESIGN §12).
+(``securevfl predict``; docs/design.md §12).
 
 Training fits scikit-learn's transformers on the party's training rows
 (:mod:`securevfl.data.preprocess`); the fitted parameters are saved with the

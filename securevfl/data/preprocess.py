@@ -1,4 +1,4 @@
-"""A party's own preprocessing (DESIGN §12): scikit-learn transformers fitted on
+"""A party's own preprocessing (docs/design.md §12): scikit-learn transformers fitted on
 the party's aligned *training* rows only and applied unchanged to its test rows.
 
 What a protocol declares (:class:`~securevfl.config.PreprocessSpec`) becomes one

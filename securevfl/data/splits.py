@@ -1,4 +1,4 @@
-"""Vertical-split and data-preparation rules of HashVFL's experiments (spec 004
+"""Vertical-split and data-preparation rules of HashVFL's experiments (docs/methods/hashvfl.md
 §3.1, §3.2, §4, §8.1 "Data and split utilities", §8.2 item 12), as pure functions.
 
 * :func:`feature_ratios`: the official code's party ratios, round(1/N, 2) for the
@@ -15,7 +15,7 @@
   2002), applied to the training rows after the train/test split by default; the
   official code's order (SMOTE on the whole set, then the split) is a flag,
   because it puts synthetic neighbours of training rows into the test set
-  (spec 004 §7 item 8).
+  (docs/methods/hashvfl.md §7 item 8).
 
 SMOTE is a *centralised* preparation step, not a protocol option: a synthetic
 row interpolates a minority row and one of its nearest minority neighbours in
@@ -37,7 +37,7 @@ from sklearn.model_selection import train_test_split
 
 from securevfl.errors import ConfigError, DataError
 
-# -- column splits (spec 004 §3.1, §4) ------------------------------------------------------------
+# -- column splits (docs/methods/hashvfl.md §3.1, §4) --------------------------------------------------------
 
 
 def feature_ratios(parties: int) -> list[float]:
@@ -80,7 +80,7 @@ def contiguous_blocks(n: int, ratios: Sequence[float]) -> list[tuple[int, int]]:
 
 def image_column_widths(width: int, parties: int = 2) -> list[int]:
     """Widths of the vertical strips an image of ``width`` columns is cut into:
-    equal halves at the centre line for two parties (spec 004 §4: 28 -> 14/14,
+    equal halves at the centre line for two parties (docs/methods/hashvfl.md §4: 28 -> 14/14,
     32 -> 16/16, 48 -> 24/24). For more parties the paper gives no rule; we use
     the code's feature ratios (:func:`block_sizes` at :func:`feature_ratios`)."""
     return block_sizes(width, feature_ratios(parties))
@@ -104,14 +104,14 @@ def image_columns(height: int, width: int, parties: int = 2, channels: int = 1) 
 
 def text_slices(text: str, parties: int = 2, width: int = 160) -> list[str]:
     """Party k's share of a raw text: the character slice text[width k : width (k+1)]
-    (the official IMDb split, spec 004 §3.2; each slice is tokenised separately).
+    (the official IMDb split, docs/methods/hashvfl.md §3.2; each slice is tokenised separately).
     A short text leaves the later parties empty strings."""
     if parties < 1 or width < 1:
         raise ConfigError(f"need parties >= 1 and width >= 1, got {parties} and {width}")
     return [text[width * k : width * (k + 1)] for k in range(parties)]
 
 
-# -- SMOTE (spec 004 §4, §7 item 8) ---------------------------------------------------------------
+# -- SMOTE (docs/methods/hashvfl.md §4, §7 item 8) -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -249,11 +249,11 @@ def split_and_smote(
 ) -> SplitData:
     """A stratified train/test split and SMOTE, in the sound order by default:
     split first, then oversample the training rows only, so the test rows are
-    exactly the original rows of the plain split (spec 004 §8.1).
+    exactly the original rows of the plain split (docs/methods/hashvfl.md §8.1).
 
-    ``smote_before_split=True`` is the official code's order (spec 004 §4): SMOTE
+    ``smote_before_split=True`` is the official code's order (docs/methods/hashvfl.md §4): SMOTE
     on the whole set, then the split of the enlarged set, so the test set holds
-    synthetic rows interpolated from training rows (a leak, spec 004 §7 item 8)
+    synthetic rows interpolated from training rows (a leak, docs/methods/hashvfl.md §7 item 8)
     and is class-balanced rather than of the data's own class mix."""
     x, y = _check_xy(x, y)
     if smote_before_split:

@@ -1,5 +1,5 @@
 """Defenses: one small class per mechanism, registered by name in DEFENSES,
-applied as an ordered stack per party at the hook points of DESIGN §5. A
+applied as an ordered stack per party at the hook points of docs/design.md §5. A
 defense is generic in its options model and gets the options validated at load
 (:mod:`securevfl.components`); a defense that depends on what another party runs
 asks :meth:`~securevfl.components.Components.options` for that party's typed

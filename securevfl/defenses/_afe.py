@@ -1,8 +1,8 @@
-"""VFL-AFE's distribution-adjustment pieces (spec 000 §2.5-2.7), as pure functions.
+"""VFL-AFE's distribution-adjustment pieces (docs/methods/vfl-afe.md §2.5-2.7), as pure functions.
 
 * :func:`fcm`: fuzzy c-means (Bezdek et al. 1984) on the gradients a passive party receives,
   giving pseudo-classes. This is a label-clustering attack the passive party runs on
-  purpose (spec 000 §1): it degrades the active party's label privacy by design.
+  purpose (docs/methods/vfl-afe.md §1): it degrades the active party's label privacy by design.
 * :func:`contrastive_loss`: Eq. 8 over confidently clustered rows, with the spec's sign
   fix (``push``, default), the ``pull`` alternative and the printed ``literal`` form.
 * :func:`kl_gaussian_loss`: Eq. 6, a scale-free soft-histogram KL between the pairwise
@@ -126,8 +126,8 @@ def contrastive_loss(
 
 
 def kl_gaussian_loss(d: torch.Tensor, alpha: float = 1.0, bins: int = 64) -> torch.Tensor:
-    """``alpha * KL(P(d) || N(mu, sigma^2))`` of distances ``d`` (spec §2.5): standardise ``d``
-    (gradients flow through ``d``, its mean and std), soft-histogram it with a Gaussian
+    """``alpha * KL(P(d) || N(mu, sigma^2))`` of distances ``d`` (docs/methods/vfl-afe.md §2.5): standardise
+    ``d`` (gradients flow through ``d``, its mean and std), soft-histogram it with a Gaussian
     kernel of one bin width over ``linspace(-4, 4, bins)``, and compare with the standard
     normal smoothed by the same kernel. Invariant to scaling ``d``."""
     if d.numel() < 2:

@@ -1,4 +1,4 @@
-"""The defense seam (DESIGN §5).
+"""The defense seam (docs/design.md §5).
 
 A defense is a class registered by name with any of these hooks; the default of
 each hook is the identity, so a defense implements only what it changes:
@@ -13,10 +13,10 @@ each hook is the identity, so a defense implements only what it changes:
   statistics on test traffic; nothing it does changes a prediction)
 * data, before training: :meth:`Defense.select_features`
 * accounting: :meth:`Defense.mechanisms` declares what a DP defense releases
-  about one record over a planned run, for the one accountant (DESIGN §7). It is a
+  about one record over a planned run, for the one accountant (docs/design.md §7). It is a
   function of the protocol and the plan, not of the data, so every rank can
-  compute a budget's stopping step before training (this replaces DESIGN's
-  ``privacy_spent()``, which could only look back).
+  compute a budget's stopping step before training (a look-back
+  ``privacy_spent()`` could not).
 * reporting: :meth:`Defense.report` adds run statistics to the result
 * collective set-up: :meth:`Defense.joins_collective` / :meth:`Defense.collective`,
   a step every party rank (active and passive, with or without the defense)

@@ -1,8 +1,8 @@
 """DRAVL: passive-side defenses against input reconstruction from embeddings
-(spec 002; Sun et al., "Defending against Reconstruction Attack in Vertical
+(docs/methods/dravl.md; Sun et al., "Defending against Reconstruction Attack in Vertical
 Federated Learning", ~2021).
 
-Threat model (spec 002 §1.2): an honest-but-curious active party A that sees the
+Threat model (docs/methods/dravl.md §1.2): an honest-but-curious active party A that sees the
 embeddings h' a passive party P sends and trains a decoder to recover P's raw
 inputs. The defender is P alone: every term below is a loss P adds to its own
 bottom model's objective, so nothing new crosses the wire and A's code path is the
@@ -11,7 +11,7 @@ guarantee (no DP, no MI bound); the effect is empirical.
 
 Registered defenses:
 
-* ``dravl``: the unified loss of spec 002 §3.4 (paper eq. 4) with three independent
+* ``dravl``: the unified loss of docs/methods/dravl.md §3.4 (paper eq. 4) with three independent
   weights, a weight of 0 switching a module off, so every combination is one entry:
 
   - AR (§3.1): ``alpha_r * ||R(GRL_lambda(h)) - X||^2``: one combined update of the
@@ -58,7 +58,7 @@ from securevfl.seeding import generator, seeded
 Reduction = Literal["sum_feat_mean_batch", "mean_all"]
 NoiseKind = Literal["gaussian", "uniform"]
 
-# The paper's named runs (spec 002 §8.10); DRAVL's alpha_n is not in the paper,
+# The paper's named runs (docs/methods/dravl.md §8.10); DRAVL's alpha_n is not in the paper,
 # we assume the NR_0.001 value. ``embnoise_{s}`` is the ``gaussian_noise`` defense.
 PRESETS: dict[str, dict[str, Any]] = {
     "vanilla": {},
@@ -76,7 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class GradReverse(torch.autograd.Function):
     """Gradient reversal (Ganin & Lempitsky 2015): identity forward, ``-lambda * g``
-    backward (spec 002 §3.1)."""
+    backward (docs/methods/dravl.md §3.1)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, lam: float) -> torch.Tensor:
@@ -95,14 +95,14 @@ def grad_reverse(x: torch.Tensor, lam: float) -> torch.Tensor:
 
 def reconstruction_loss(pred: torch.Tensor, target: torch.Tensor, reduction: Reduction) -> torch.Tensor:
     """``||pred - target||^2``: summed over features and averaged over the batch
-    (spec 002 default), or averaged over every element."""
+    (docs/methods/dravl.md default), or averaged over every element."""
     sq = (pred - target) ** 2
     return sq.sum(1).mean() if reduction == "sum_feat_mean_batch" else sq.mean()
 
 
 def nr_loss(r: nn.Module, h: torch.Tensor, noise: torch.Tensor, reduction: Reduction) -> torch.Tensor:
     """``||R'(h) - N||^2`` through R' with detached parameters: the gradient reaches
-    h (and the bottom model) but never R' (spec 002 §3.2)."""
+    h (and the bottom model) but never R' (docs/methods/dravl.md §3.2)."""
     frozen = {k: v.detach() for k, v in r.named_parameters()}
     rec = torch.func.functional_call(r, frozen, (h,))
     return reconstruction_loss(rec, noise, reduction)
@@ -182,7 +182,7 @@ class _EvalProbe:
 
 
 class DravlOptions(DefenseOptions):
-    """Weights and knobs of spec 002 eq. 4; every weight defaults to 0 (off)."""
+    """Weights and knobs of docs/methods/dravl.md eq. 4; every weight defaults to 0 (off)."""
 
     preset: Literal[tuple(PRESETS)] | None = Field(  # type: ignore[valid-type]
         default=None, description="one of the paper's named runs; explicit keys override it"
@@ -221,7 +221,7 @@ class DravlOptions(DefenseOptions):
 
 
 class Dravl(Defense[DravlOptions]):
-    """AR + NR + dCor on the passive party (spec 002 §3, §8.3-8.6): a bottom-model
+    """AR + NR + dCor on the passive party (docs/methods/dravl.md §3, §8.3-8.6): a bottom-model
     loss only; the reconstructor R is P's private module (it joins P's optimizer,
     its optional inner steps use an optimizer of its own)."""
 
@@ -363,7 +363,7 @@ class GaussianNoiseOptions(DefenseOptions):
 
 
 class GaussianNoise(Defense[GaussianNoiseOptions]):
-    """Spec 002 §3.5, the paper's baseline: Gaussian noise on the sent embedding.
+    """docs/methods/dravl.md §3.5, the paper's baseline: Gaussian noise on the sent embedding.
     The returned gradient applies to h unchanged (``d h'/d h = I``). Not DP: h is
     not clipped and nothing is accounted; the bottom model can outgrow a fixed s."""
 

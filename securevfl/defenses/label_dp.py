@@ -1,11 +1,11 @@
-"""Label DP by randomized response at the active party (spec 001).
+"""Label DP by randomized response at the active party (docs/methods/label-dp.md).
 
 Threat model: a semi-honest passive party infers A's labels from the gradients
 dL/dh'_i it receives (norm/direction scoring, model completion). A trains on
 labels perturbed once, before training, by K-ary randomized response, so the
 gradients can reveal at most the perturbed labels: each label is pure
 ``epsilon``-label-DP, and reusing the same noisy labels every epoch is
-post-processing (the total stays ``epsilon``, spec 001 §3). Test labels are never
+post-processing (the total stays ``epsilon``, docs/methods/label-dp.md §3). Test labels are never
 perturbed (they are only used to score the model).
 """
 

@@ -1,19 +1,19 @@
 """VFL-AFE: Gaussian DP on shared embeddings with adaptive rescaling and distribution
-adjustment (spec 000; Mi et al. 2023), registered as ``embedding_dp``.
+adjustment (docs/methods/vfl-afe.md; Mi et al. 2023), registered as ``embedding_dp``.
 
-Threat model (spec 000 §1): an honest-but-curious active party, or an eavesdropper on the
+Threat model (docs/methods/vfl-afe.md §1): an honest-but-curious active party, or an eavesdropper on the
 passive -> active channel, sees every embedding a passive party releases and tries to invert
 it or infer membership. The protected unit is one passive party's feature row. Under the
 crypto backends the active party never sees the embedding in the clear; the noise is still
-added before encryption/sharing (spec §9), so it also guards whatever is finally opened.
+added before encryption/sharing (docs/methods/vfl-afe.md §9), so it also guards whatever is finally opened.
 
-Per batch, at train and at evaluation (every released row is noised, spec §2.9):
+Per batch, at train and at evaluation (every released row is noised, docs/methods/vfl-afe.md §2.9):
 clip each row to L2 norm ``t`` -> (variants R/full) rescale by ``s = 2t / Delta~`` -> add
 ``N(0, (2 sigma t)^2)``. After the gradient comes back, variants D/full fuzzy-cluster it and
 add a contrastive loss; R/full add the KL loss that keeps pairwise distances Gaussian.
 
-What is guaranteed (spec §7): vanilla is an ``(eps, delta)`` Gaussian release per row and per
-step, conditional on the passive model; the accountant composes those releases. Paper-mode
+What is guaranteed (docs/methods/vfl-afe.md §7): vanilla is an ``(eps, delta)`` Gaussian release per row and
+per step, conditional on the passive model; the accountant composes those releases. Paper-mode
 rescaling is local-sensitivity calibration: its true per-release multiplier is ``sigma / s``,
 which the accountant uses (``s_max`` if capped, else the largest ``s`` observed). The
 ``rescale_mode: dp`` variant (ours) rescales with privately estimated centre and spread and
@@ -36,12 +36,13 @@ from securevfl.privacy import gaussian as gm
 from securevfl.privacy.accountant import GaussianRelease, Mechanism, Plan
 from securevfl.seeding import derive_seed
 
-#: The flag every VFL-AFE accounting record carries (spec 000 §7, critique 2 and 6).
+#: The flag every VFL-AFE accounting record carries (docs/methods/vfl-afe.md §7, critique 2 and 6).
 NOT_DATASET_DP = "theta-channel and batch coupling not accounted; not dataset-level DP"
 
 
 class EmbeddingDPOptions(DefenseOptions):
-    """Options of ``embedding_dp`` (defaults: spec 000 §3; paper-faithful where the paper says)."""
+    """Options of ``embedding_dp`` (defaults: docs/methods/vfl-afe.md §3; paper-faithful where the paper
+    says)."""
 
     variant: Literal["vanilla", "R", "D", "full"] = Field(
         default="full", description="vanilla = clip+noise; R = +rescaling and L_KL; D = +FCM and L_CL"
@@ -56,7 +57,9 @@ class EmbeddingDPOptions(DefenseOptions):
     sens_estimator: Literal["quantile", "max"] = "quantile"
     rescale_mode: Literal["paper", "dp"] = "paper"
     s_max: float | None = Field(default=None, ge=1.0, description="cap on the paper-mode factor s")
-    rescale_grad: bool = Field(default=False, description="let gradients flow through s (spec §2.8)")
+    rescale_grad: bool = Field(
+        default=False, description="let gradients flow through s (docs/methods/vfl-afe.md §2.8)"
+    )
     est_epsilon: float = Field(
         default=1.0, gt=0, description="rescale_mode dp: per-batch eps of each centre/spread estimate"
     )
@@ -69,7 +72,9 @@ class EmbeddingDPOptions(DefenseOptions):
     fcm_iter: int = Field(default=100, ge=1)
     fcm_tol: float = Field(default=1e-5, gt=0)
     kl_bins: int = Field(default=64, ge=4)
-    eval_noise: bool = Field(default=True, description="noise evaluation releases too (spec §2.9)")
+    eval_noise: bool = Field(
+        default=True, description="noise evaluation releases too (docs/methods/vfl-afe.md §2.9)"
+    )
 
     @field_validator("epsilon", mode="before")
     @classmethod
@@ -108,7 +113,7 @@ class EmbeddingDPOptions(DefenseOptions):
 
 
 class EmbeddingDP(Defense[EmbeddingDPOptions]):
-    """VFL-AFE's passive-side mechanism (spec 000 §2, §8.1): clip, optional rescale, Gaussian
+    """VFL-AFE's passive-side mechanism (docs/methods/vfl-afe.md §2, §8.1): clip, optional rescale, Gaussian
     noise on every released embedding; optional FCM + contrastive and KL local losses.
     Passive only, needs nothing from the backend (the noise is added before the exchange)."""
 
@@ -116,8 +121,8 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
     sides = frozenset({"passive"})
     local_steps_refusal = (
         "its rescaling and sensitivity estimate are fitted on each released batch, and its gradient "
-        "adjustment (fuzzy c-means, spec 000 §2.6) on the gradient of that release; stale gradients "
-        "over R local steps match neither"
+        "adjustment (fuzzy c-means, docs/methods/vfl-afe.md §2.6) on the gradient of that release; stale "
+        "gradients over R local steps match neither"
     )
     options = EmbeddingDPOptions
 
@@ -161,7 +166,7 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
                 (self.s_train if train else self.s_eval).append(float(s))
                 if train:
                     self.dt_train.append(float(dt))
-            # fewer than 3 rows: no spread to estimate, s = 1 (spec §2.5 guards)
+            # fewer than 3 rows: no spread to estimate, s = 1 (docs/methods/vfl-afe.md §2.5 guards)
         elif p.rescales:  # rescale_mode dp: private centre/spread, then re-clip (sensitivity 2t)
             if train:
                 self.centre, r = gm.dp_centre_scale(hc, self.t, self.est_sigma, self.gen)
@@ -226,8 +231,8 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
         return 1.0, "paper-mode rescaling is uncapped and no s was observed yet: figure assumes s=1"
 
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
-        """Per-record releases of one passive party over ``plan`` (spec 000 §7): one Gaussian row
-        release per step the record was in (or per evaluation, for a test row) at the effective
+        """Per-record releases of one passive party over ``plan`` (docs/methods/vfl-afe.md §7): one Gaussian
+        row release per step the record was in (or per evaluation, for a test row) at the effective
         multiplier ``sigma / s``; in ``rescale_mode dp`` also two estimate releases per step."""
         p = self.params
         if self.sigma == 0:
@@ -250,7 +255,7 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
         if p.calibration == "classic" and p.eps >= 1:
             notes.append("classic calibration used outside Lemma 3.3's range (eps < 1)")
         claim = {
-            "source": "Mi et al. 2023, Thm 3.4/3.6 (spec 000 §7)",
+            "source": "Mi et al. 2023, Thm 3.4/3.6 (docs/methods/vfl-afe.md §7)",
             "epsilon": p.epsilon,
             "delta": p.delta,
             "per": "one released embedding row, one step; no composition claimed",
@@ -264,7 +269,7 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
 
     def report(self) -> dict[str, Any]:
         """Rescaling statistics, the effective per-release eps at the largest ``s``, and the
-        adjustment diagnostics (spec 000 §7, §8.1.9)."""
+        adjustment diagnostics (docs/methods/vfl-afe.md §7, §8.1 item 9)."""
         p = self.params
         out: dict[str, Any] = {
             "variant": p.variant,

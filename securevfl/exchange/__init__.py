@@ -1,5 +1,5 @@
 """Exchange backends: how the interactive layer z = sum_i h'_i W_i is formed and
-what each party learns (DESIGN §4). Backends register by name in EXCHANGES.
+what each party learns (docs/design.md §4). Backends register by name in EXCHANGES.
 
 The built-in backends are registered by where they live and imported on first
 lookup (:meth:`~securevfl.registry.Registry.add_path`): a process imports the

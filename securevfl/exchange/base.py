@@ -62,7 +62,7 @@ class ActiveExchange(ABC):
     @abstractmethod
     def backward(self, grad_z: torch.Tensor) -> None: ...
 
-    # -- FedBCD rounds (capability ``local_steps``; spec 003 §2.2 Eq. 14) --------------
+    # -- FedBCD rounds (capability ``local_steps``; docs/methods/crdp-fl.md §2.2 Eq. 14) --------------
     def receive_round(self, sizes: list[int]) -> None:
         """Receive every passive party's embeddings for a round's batches (of
         ``sizes`` rows), one message per party, and keep them for the round."""
@@ -97,8 +97,8 @@ class ActiveExchange(ABC):
     def checkpoint_state(self) -> ComponentState:
         """What this rank holds of the interactive layer, to continue a run from a
         checkpoint or to predict with the trained model: its weights or its
-        shares of them, their optimizer state. It never leaves this rank (issue
-        #18 §3). The default holds nothing."""
+        shares of them, their optimizer state. It never leaves this rank (docs/design.md
+        §12). The default holds nothing."""
         return ComponentState()
 
     def restore(self, state: ComponentState) -> None:
@@ -136,8 +136,8 @@ class PassiveExchange(ABC):
     def checkpoint_state(self) -> ComponentState:
         """What this rank holds of the interactive layer, to continue a run from a
         checkpoint or to predict with the trained model: its weights or its
-        shares of them, their optimizer state. It never leaves this rank (issue
-        #18 §3). The default holds nothing."""
+        shares of them, their optimizer state. It never leaves this rank (docs/design.md
+        §12). The default holds nothing."""
         return ComponentState()
 
     def restore(self, state: ComponentState) -> None:

@@ -9,7 +9,7 @@ Twister) that ``crypten._setup_prng`` seeds and keeps in ``crypten.generators``
 (``prev``/``next``: shared with the neighbouring ranks, ``global``: shared by all,
 ``local``: the party's own). MT19937's state follows from 624 of its outputs, and
 in the ``mpc`` backend a party receives that many raw outputs of its peer's stream
-in a few openings; its CPU seed has 32 effective bits (DESIGN §13).
+in a few openings; its CPU seed has 32 effective bits (docs/design.md §13).
 
 CrypTen has no public seam for its PRG, so securevfl takes the one its code
 offers (:func:`install`, idempotent):

@@ -2,7 +2,7 @@
 
 Per passive party P_i, between A (rank 0) and P_i, with two key pairs: P_i's (it
 encrypts its embedding) and A's (it encrypts dL/dz). W_i never exists anywhere:
-A holds a share W^A, P_i holds W^P, W_i = W^A + W^P (DESIGN §4).
+A holds a share W^A, P_i holds W^P, W_i = W^A + W^P (docs/design.md §4).
 
 Forward, batch of B rows (h = h'_i, B x d; W shares d x o)::
 

@@ -1,6 +1,6 @@
 """``plain``: no protection. P_i sends h'_i; A holds every W_i and computes z.
 
-What each party learns (DESIGN §4): A learns every h'_i and z; P_i learns
+What each party learns (docs/design.md §4): A learns every h'_i and z; P_i learns
 dL/dh'_i. This is the baseline every other backend is measured against, and the
 setting in which feature-reconstruction attacks are strongest.
 
@@ -94,7 +94,7 @@ class PlainActive(ActiveExchange):
         if not self._round:
             raise RuntimeError("forward_local outside a round (receive_round first)")
         self._record_grad = record_grad
-        # fresh leaves: the stale h'_i of batch r (spec 003 §2.2: peers' parts from the round)
+        # fresh leaves: the stale h'_i of batch r (docs/methods/crdp-fl.md §2.2: peers' parts from the round)
         return self._combine([parts[r].detach().clone().requires_grad_(True) for parts in self._round], True)
 
     def backward_local(self, grad_z: torch.Tensor) -> None:

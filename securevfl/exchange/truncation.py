@@ -5,7 +5,7 @@ divided by 2^f ("truncated") in shares. SecureML's local truncation (each party
 divides its own share; CrypTen's two-party ``div_``) and CrypTen's wraps protocol
 (which assumes x + r does not wrap) both fail with probability about |x| / 2^64
 per element, adding +-2^(64 - f) to the result; over a run's 10^8 and more
-truncations that happens (DESIGN §13, "ring arithmetic never wraps silently").
+truncations that happens (docs/design.md §13, "ring arithmetic never wraps silently").
 
 Here the truncation is exact for every |x| < 2^62 (values within half the ring's
 range at their precision), for any number of parties, in one opening:

@@ -1,5 +1,5 @@
 """The active party A: labels, optional own features, its block of the
-interactive layer, the bias and the top model (DESIGN §3)."""
+interactive layer, the bias and the top model (docs/design.md §3)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ class ActiveParty(Party):
         return float(loss)
 
     def train_round(self, batches: list[np.ndarray]) -> list[float]:
-        """One FedBCD round (``training.local_steps`` = R; spec 003 §2.2 Eq. 14):
+        """One FedBCD round (``training.local_steps`` = R; docs/methods/crdp-fl.md §2.2 Eq. 14):
         receive each passive party's embeddings of the R batches in one message;
         compute dL/dh'_i of every batch at the round's parameters and send them in
         one message per party; then take R local steps on those same, stale

@@ -182,7 +182,7 @@ class Party:
 
     def _collective(self, n_train: int) -> None:
         """Every party rank enters the defenses' collective set-up steps here, once
-        the exchange is up and before the first training step (DESIGN §5 seam)."""
+        the exchange is up and before the first training step (docs/design.md §5 seam)."""
         self.ctx.channel.phase = "setup"
         comm = CollectiveContext(
             self.proto,
@@ -318,7 +318,7 @@ class Party:
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         raise NotImplementedError
 
-    # -- checkpoints and the saved model (issue #18 §3) --------------------------------
+    # -- checkpoints and the saved model (docs/design.md §12) --------------------------------
     def model_tensors(self) -> dict[str, Any]:
         """This side's models as state dicts (``models.pt``)."""
         raise NotImplementedError

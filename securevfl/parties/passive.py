@@ -54,7 +54,7 @@ class PassiveParty(Party):
         self._update(idx, x, h, h2, revealed)
 
     def train_round(self, batches: list[np.ndarray]) -> None:
-        """One FedBCD round (``training.local_steps`` = R; spec 003 §2.2 Eq. 14):
+        """One FedBCD round (``training.local_steps`` = R; docs/methods/crdp-fl.md §2.2 Eq. 14):
         release h'_i of the R batches in one message, receive dL/dh'_i of all R
         (computed by A at the round's parameters) in one message, then take R
         local steps. In each the own h is recomputed with the current bottom model

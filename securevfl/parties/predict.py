@@ -1,4 +1,4 @@
-"""The parties' side of federated prediction (DESIGN §12, issue #18 point 4): a
+"""The parties' side of federated prediction (docs/design.md §12): a
 trained split model applied to new, aligned rows.
 
 Each side does exactly what it does in an evaluation pass of training

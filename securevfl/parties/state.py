@@ -1,5 +1,5 @@
 """What a party saves to continue a run, and what it keeps of its trained model
-(issue #18 §3; DESIGN §12 "Checkpoints").
+(docs/design.md §12 "Checkpoints").
 
 A party's state is a set of named files: tensor files (nested tensors, saved by
 ``torch.save``, loaded with ``weights_only=True``) and JSON documents, each

@@ -1,4 +1,4 @@
-"""Privacy math (pure functions) and the one accountant (DESIGN §7).
+"""Privacy math (pure functions) and the one accountant (docs/design.md §7).
 
 Mechanisms declare what they release as :class:`~securevfl.privacy.accountant.Release`
 objects; :mod:`securevfl.privacy.accountant` composes them per party on

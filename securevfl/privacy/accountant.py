@@ -1,4 +1,4 @@
-"""The one privacy accountant (DESIGN §7), on ``dp_accounting``'s exact
+"""The one privacy accountant (docs/design.md §7), on ``dp_accounting``'s exact
 privacy-loss distributions (PLD); no hand-written RDP.
 
 A DP defense describes what it releases about one record over a planned run as
@@ -17,8 +17,8 @@ standard deviation ``sigma * Delta`` where ``Delta`` bounds how far one record c
 move the released value has ``noise_multiplier = sigma``.
 
 A mechanism may also carry the source method's own figure (``claim``), reported
-verbatim next to the sound one so that a user sees which is which (spec 000 §7,
-spec 003 §2.8).
+verbatim next to the sound one so that a user sees which is which (docs/methods/vfl-afe.md §7,
+docs/methods/crdp-fl.md §2.8).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from securevfl.privacy.gaussian import gaussian_epsilon
 
-#: PLD discretization; 1e-4 reproduces spec 000 appendix A to 3 decimals.
+#: PLD discretization; 1e-4 reproduces docs/methods/vfl-afe.md appendix A to 3 decimals.
 VALUE_DISCRETIZATION = 1e-4
 
 

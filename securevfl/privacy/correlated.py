@@ -1,24 +1,24 @@
-"""Correlated differential privacy for CRDP-FL (spec 003 §2.5, §2.7, §2.8): pure math.
+"""Correlated differential privacy for CRDP-FL (docs/methods/crdp-fl.md §2.5, §2.7, §2.8): pure math.
 
-Record correlation here is the *feature-oriented* similarity of spec 003 Def. 9:
+Record correlation here is the *feature-oriented* similarity of docs/methods/crdp-fl.md Def. 9:
 two records are correlated to degree ``w_ij = match(i, j) / l``, the share of the
 ``l`` considered features on which their (discretised) values agree. Correlated
 sensitivity (Eqs. 20-21) inflates a query's record sensitivity ``s`` by the
 thresholded degrees of a record's correlated rows, so that the Laplace noise of
 the communication step covers them too.
 
-Threat model (spec 003 §1): organisations are honest-but-curious towards each
+Threat model (docs/methods/crdp-fl.md §1): organisations are honest-but-curious towards each
 other; the noise is added by the organisation (a curator) over its whole dataset,
 so this is central DP at organisation level, not LDP as the paper says.
 
 Everything here is a pure function of its arguments (random draws take an
 explicit ``numpy.random.Generator``), with the known flaws of the paper kept as
-named options next to their fixes (spec 003 §6):
+named options next to their fixes (docs/methods/crdp-fl.md §6):
 
 * thresholds and sensitivities are data-dependent (local sensitivity), so the
   noise scale itself leaks; the accountants below cannot cover that;
 * :func:`paper_epsilon` reproduces the paper's total ``max(eps1, m eps2 + t eps3)``;
-  :func:`sound_epsilon` is spec 003's corrected basic composition.
+  :func:`sound_epsilon` is docs/methods/crdp-fl.md's corrected basic composition.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from securevfl.csprng import SecretStream
 from securevfl.privacy.accountant import VALUE_DISCRETIZATION, Release
 
-# -- discretisation (spec 003 §2.5(a) [GAP], §4 preprocessing) ---------------------------
+# -- discretisation (docs/methods/crdp-fl.md §2.5(a) [GAP], §4 preprocessing) ---------------------------
 
 
 def fit_quantile_edges(x: np.ndarray, q: int = 10) -> list[np.ndarray]:
     """Per-column interior quantile edges (``q - 1`` of them) for ``q`` bins.
 
     Exact matches almost never happen on continuous data, so correlation is
-    computed on bin ids (spec 003 §2.5(a)); the edges are fitted on training rows."""
+    computed on bin ids (docs/methods/crdp-fl.md §2.5(a)); the edges are fitted on training rows."""
     if q < 2:
         raise ValueError(f"q must be at least 2, got {q}")
     x = np.asarray(x, dtype=np.float64)
@@ -74,7 +74,7 @@ def match_counts(codes: np.ndarray, *, block: int = 512) -> np.ndarray:
 
     Counts are additive over disjoint column sets (``M(A + B) = M(A) + M(B)``),
     which is what lets parties sum their own counts (securely) to the merged
-    data's counts (spec 003 §2.5(f)). Computed in row blocks to bound memory."""
+    data's counts (docs/methods/crdp-fl.md §2.5(f)). Computed in row blocks to bound memory."""
     codes = np.asarray(codes)
     n = codes.shape[0]
     out = np.zeros((n, n), dtype=np.int32)
@@ -122,7 +122,7 @@ def distributed_cs(w_merged: np.ndarray, mcd: float, s: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class PartDegree:
-    """One part's contribution to the MCD (spec 003 §2.5(e))."""
+    """One part's contribution to the MCD (docs/methods/crdp-fl.md §2.5(e))."""
 
     mean: float  # Delta_CS^n / k_n (0 if k_n = 0)
     delta: float  # Delta_CS^n: off-diagonal thresholded row sum of the busiest record
@@ -131,7 +131,7 @@ class PartDegree:
 
 
 def part_mean_degree(w: np.ndarray, w0: float) -> PartDegree:
-    """Steps 1-4 of spec 003 §2.5(e) on one part's correlation matrix."""
+    """Steps 1-4 of docs/methods/crdp-fl.md §2.5(e) on one part's correlation matrix."""
     wt = threshold_correlation(w, w0)
     np.fill_diagonal(wt, 0.0)
     sums = wt.sum(axis=1)
@@ -153,7 +153,7 @@ def mean_correlated_degree(parts: Sequence[np.ndarray], w0: float) -> float:
 
 
 def raised_threshold(w0: float, mcd: float) -> float:
-    """The guard ``max(w0, MCD)`` (spec 003 §6, Theorem 3's premise)."""
+    """The guard ``max(w0, MCD)`` (docs/methods/crdp-fl.md §6, Theorem 3's premise)."""
     return max(w0, mcd)
 
 
@@ -177,7 +177,7 @@ def communication_scale(delta_cs_p: float, eps3: float) -> float:
 
 
 def record_sensitivity(mode: str, *, d_out: int, clip: float) -> float:
-    """Record-level L1 sensitivity ``s`` of one released row (spec 003 §2.5(c)).
+    """Record-level L1 sensitivity ``s`` of one released row (docs/methods/crdp-fl.md §2.5(c)).
 
     ``unit``: ``s = 1`` as the paper assumes, with nothing enforcing it;
     ``clipped``: each coordinate clipped to ``[-clip, clip]``, so replacing one
@@ -189,16 +189,17 @@ def record_sensitivity(mode: str, *, d_out: int, clip: float) -> float:
     raise ValueError(f"unknown sensitivity mode {mode!r}")
 
 
-# -- the two accountants (spec 003 §2.8) --------------------------------------------------
+# -- the two accountants (docs/methods/crdp-fl.md §2.8) --------------------------------------------------
 
 
 def paper_epsilon(eps1: float, eps2: float, m: int, eps3: float, t: int) -> float:
-    """The paper's claimed total ``max(eps1, m eps2 + t eps3)`` (spec 003 §2.8; unsound, §6)."""
+    """The paper's claimed total ``max(eps1, m eps2 + t eps3)`` (docs/methods/crdp-fl.md §2.8; unsound,
+    §6)."""
     return max(eps1, m * eps2 + t * eps3)
 
 
 def sound_epsilon(n_orgs: int, eps1: float, eps2: float, eps3: float, t: int) -> float:
-    """Spec 003's corrected basic composition ``N eps1 + eps2 + t eps3``: every
+    """docs/methods/crdp-fl.md's corrected basic composition ``N eps1 + eps2 + t eps3``: every
     organisation's Pearson release touches the same individual, the exponential
     mechanism costs ``eps2`` once, and each of the ``t`` rounds costs ``eps3``.
     It still takes the paper's sensitivities at face value."""
@@ -206,7 +207,7 @@ def sound_epsilon(n_orgs: int, eps1: float, eps2: float, eps3: float, t: int) ->
 
 
 def utility_sensitivity(form: str, *, n: int, s: float, w0: float) -> float:
-    """A bound on how far one replaced record moves the EM utility (spec 003 §2.6 step 4).
+    """A bound on how far one replaced record moves the EM utility (docs/methods/crdp-fl.md §2.6 step 4).
 
     ``difference`` (``u = w0 - Delta_CS_p``): replacing record r can rewrite row r
     of ``w`` (its row sum moves by up to ``(n - 1) s``) and one entry of every
@@ -240,13 +241,13 @@ class UnboundedRelease(Release):
         return {"kind": "unbounded", "reason": self.reason, "count": self.count}
 
 
-# -- the merged data of several organisations (spec 003 §2.5(e)-(f), §7.3) ---------------
+# -- the merged data of several organisations (docs/methods/crdp-fl.md §2.5(e)-(f), §7.3) ---------------
 
 
 @dataclass(frozen=True)
 class MergedSensitivity:
     """``Delta_CS_p`` of the merged (all-organisation, selected-column) data and
-    what it was computed from (spec 003 §2.5(f), Eq. 30)."""
+    what it was computed from (docs/methods/crdp-fl.md §2.5(f), Eq. 30)."""
 
     delta_unit: float  # max_i sum_j [w_ij >= threshold] w_ij on the merged counts: Delta_CS_p at s = 1
     n_features: int  # l: the organisations' kept columns, summed

@@ -1,6 +1,6 @@
 """Distance correlation between a batch of inputs and a batch of embeddings.
 
-Pure functions used by the DRAVL defense (spec 002 §3.3) as a training loss and as
+Pure functions used by the DRAVL defense (docs/methods/dravl.md §3.3) as a training loss and as
 a leakage metric: how strongly a passive party's embedding ``Z`` still depends on
 its raw inputs ``X`` (any dependence, not only linear). Everything is computed in
 float64 whatever the input dtype; the result keeps the graph, so ``log dCor`` can be
@@ -86,7 +86,7 @@ def _check_pair(x: torch.Tensor, z: torch.Tensor) -> None:
 def v_dcor2(x: torch.Tensor, z: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """Squared V-statistic distance correlation, clamped to [0, 1]; 0 when either
     argument is constant (its distance variance is 0). ``eps`` in the denominator
-    (spec 002 Appendix A) only matters for embeddings at a scale near sqrt(eps)."""
+    (docs/methods/dravl.md Appendix A) only matters for embeddings at a scale near sqrt(eps)."""
     _check_pair(x, z)
     a = double_centre(pairwise_distances(x, eps))
     b = double_centre(pairwise_distances(z, eps))
@@ -96,7 +96,7 @@ def v_dcor2(x: torch.Tensor, z: torch.Tensor, eps: float = 1e-12) -> torch.Tenso
 
 
 def v_dcor(x: torch.Tensor, z: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """V-statistic distance correlation ``sqrt(dCor^2 + eps)`` in [0, 1] (spec 002
+    """V-statistic distance correlation ``sqrt(dCor^2 + eps)`` in [0, 1] (docs/methods/dravl.md
     §3.3; eps keeps the gradient finite at dCor = 0)."""
     return torch.sqrt(v_dcor2(x, z, eps) + eps).clamp_max(1.0)
 
@@ -133,7 +133,7 @@ def dcor_loss(
     """The paper's eq. 3 loss ``log(dCor(X, Z) + log_eps)`` (or plain ``dCor``).
 
     ``d log dCor / d dCor = 1 / dCor``: the push grows as dCor shrinks, which is why
-    large weights collapse Z to a constant (spec 002 §7.7)."""
+    large weights collapse Z to a constant (docs/methods/dravl.md §7.7)."""
     d = v_dcor(x, z, eps)
     return torch.log(d + log_eps) if use_log else d
 
@@ -150,7 +150,7 @@ def permutation_baseline(
 def batched_metrics(
     x: torch.Tensor, z: torch.Tensor, *, batch: int = 512, generator: torch.Generator, eps: float = 1e-12
 ) -> dict[str, float]:
-    """Leakage metrics over consecutive batches of ``batch`` rows, averaged (spec 002
+    """Leakage metrics over consecutive batches of ``batch`` rows, averaged (docs/methods/dravl.md
     §5, metric 2): V-dCor, its permutation baseline and the bias-corrected dCor².
     A trailing batch smaller than 4 rows is merged into the previous one."""
     _check_pair(x, z)

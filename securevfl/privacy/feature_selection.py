@@ -1,4 +1,4 @@
-"""CRDP-FL's private feature selection and optimisation (spec 003 §2.3, §2.4, §2.6): pure math.
+"""CRDP-FL's private feature selection and optimisation (docs/methods/crdp-fl.md §2.3, §2.4, §2.6): pure math.
 
 The pipeline one organisation runs on its own training rows (Algorithm 1):
 
@@ -13,7 +13,7 @@ The pipeline one organisation runs on its own training rows (Algorithm 1):
 
 Threat model: as :mod:`securevfl.privacy.correlated` (central DP at the
 organisation, honest-but-curious peers). The stability selection, the MCD and
-``Delta_CS_p`` are computed from the data without noise (spec 003 §6, items 3
+``Delta_CS_p`` are computed from the data without noise (docs/methods/crdp-fl.md §6, items 3
 and 10); only the Pearson coefficients (eps1) and the candidate choice (eps2) are
 randomised.
 """
@@ -52,7 +52,7 @@ def row_subsets(n: int, n_subsets: int, mode: str, rng: SecretStream) -> list[np
     """The data subsets of stability selection.
 
     ``shards``: a random partition of the rows into ``n_subsets`` near-equal shards
-    (spec 003's default: the organisation's client shards); ``subsamples``:
+    (docs/methods/crdp-fl.md's default: the organisation's client shards); ``subsamples``:
     ``n_subsets`` random half-size subsamples (classic stability selection)."""
     if n_subsets < 1:
         raise ValueError(f"n_subsets must be at least 1, got {n_subsets}")
@@ -64,7 +64,7 @@ def row_subsets(n: int, n_subsets: int, mode: str, rng: SecretStream) -> list[np
 
 
 def l1_logistic_selector(c: float = 0.1) -> Selector:
-    """Spec 003's base selector: L1 logistic regression (liblinear, ``C``); a
+    """docs/methods/crdp-fl.md's base selector: L1 logistic regression (liblinear, ``C``); a
     feature is important iff some class has a nonzero coefficient. Needs labels."""
 
     def select(x: np.ndarray, y: np.ndarray | None) -> np.ndarray:
@@ -130,7 +130,7 @@ def pearson_noise_scale(eps1: float, n_pairs: int, mode: str) -> float:
 
     ``paper``: ``Delta_CS_per = 1`` and each coefficient gets the whole ``eps1``
     (the paper's claim; the max-over-pairs sensitivity and the [0, 1] range are
-    both wrong, spec 003 §6 item 4). ``strict``: global sensitivity 2 (Pearson is in
+    both wrong, docs/methods/crdp-fl.md §6 item 4). ``strict``: global sensitivity 2 (Pearson is in
     [-1, 1]) and ``eps1`` split over the ``n_pairs`` coefficients by basic
     composition, so the whole release is ``eps1``-DP. 0 when ``eps1`` is infinite."""
     if eps1 <= 0:
@@ -185,7 +185,7 @@ def pearson_filter(
 
 def generate_candidates(beta: Sequence[int], b: float, m: int, rng: SecretStream) -> list[list[int]]:
     """``m`` candidate subsets of beta, each ``ceil(b |beta|)`` features drawn
-    uniformly without replacement (spec 003 §2.6 step 1 [GAP] default). An empty
+    uniformly without replacement (docs/methods/crdp-fl.md §2.6 step 1 [GAP] default). An empty
     beta gives one empty candidate."""
     beta = sorted(int(i) for i in beta)
     if not 0.0 < b <= 1.0:
@@ -233,7 +233,7 @@ def exponential_mechanism(u: np.ndarray, eps2: float, delta_u: float, rng: Secre
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    """Every knob of :func:`select_features` (spec 003 §2.3-2.6, Table 1, [GAP] defaults)."""
+    """Every knob of :func:`select_features` (docs/methods/crdp-fl.md §2.3-2.6, Table 1, [GAP] defaults)."""
 
     theta: float = 0.5
     theta_per: float = 0.9

@@ -1,4 +1,4 @@
-"""Gaussian embedding-release math for VFL-AFE (spec 000 §2.3-2.5, §7), as pure functions.
+"""Gaussian embedding-release math for VFL-AFE (docs/methods/vfl-afe.md §2.3-2.5, §7), as pure functions.
 
 Everything here is stateless: clipping rows to an L2 ball, calibrating a noise
 multiplier from ``(eps, delta)`` (the paper's classic Lemma 3.3 formula and the
@@ -128,7 +128,7 @@ def _check_eps_delta(eps: float, delta: float) -> None:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
 
 
-# -- exact privacy figures (spec 000 §7) ----------------------------------------------------
+# -- exact privacy figures (docs/methods/vfl-afe.md §7) ----------------------------------------------------
 
 
 def gaussian_epsilon(z: float, delta: float) -> float:
@@ -218,7 +218,7 @@ def rescale(
     floor: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s * hc, s)`` with ``s = 2t / Delta~`` (guards of :func:`rescale_factor`). ``s`` is a
-    stop-gradient constant unless ``grad`` (spec §2.8)."""
+    stop-gradient constant unless ``grad`` (docs/methods/vfl-afe.md §2.8)."""
     s_val = rescale_factor(float(dt), t, s_max=s_max, floor=floor)
     if grad and s_val == 2.0 * t / float(dt):
         s = 2.0 * t / dt
@@ -239,7 +239,7 @@ def add_noise(h: torch.Tensor, sigma: float, t: float, stream: SecretStream) -> 
     return h + (2.0 * sigma * t * noise).to(dtype=h.dtype, device=h.device)
 
 
-# -- the sound rescaling variant (spec 000 §7, rescale_mode="dp"; ours, not the paper) ---------
+# -- the sound rescaling variant (docs/methods/vfl-afe.md §7, rescale_mode="dp"; ours, not the paper) --------
 
 
 def dp_centre_scale(

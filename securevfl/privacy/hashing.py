@@ -1,4 +1,4 @@
-"""Pure functions behind HashVFL (spec 004): the sign hash with its
+"""Pure functions behind HashVFL (docs/methods/hashvfl.md): the sign hash with its
 straight-through gradient, the pre-defined class codes, the consistency loss,
 the abnormal-input detector, bit-balance statistics, the DP add-on's noise and
 its honest per-bit epsilon, and a lossless bit packing of codes.
@@ -6,7 +6,7 @@ its honest per-bit epsilon, and a lossless bit packing of codes.
 Nothing here holds state; the defense classes in
 :mod:`securevfl.defenses.hashvfl` only wire these into the party hooks.
 
-Codes are float tensors with values in {-1, +1} (the hash of spec 004 §2.4);
+Codes are float tensors with values in {-1, +1} (the hash of docs/methods/hashvfl.md §2.4);
 ``d`` is the code length, ``C`` the number of classes.
 """
 
@@ -21,7 +21,7 @@ import torch
 from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError
 
-# -- the hash (spec 004 §2.4) ---------------------------------------------------------------------
+# -- the hash (docs/methods/hashvfl.md §2.4) -----------------------------------------------------------------
 
 
 def sign(v: torch.Tensor) -> torch.Tensor:
@@ -51,20 +51,20 @@ class _SignSTE(torch.autograd.Function):
 
 def sign_ste(v: torch.Tensor, *, clipped: bool = False) -> torch.Tensor:
     """The hash layer H = Sign(v) with a straight-through gradient dL/dv := dL/dH
-    (spec 004 §2.4; ``clipped=True`` is the non-default |v| <= 1 variant)."""
+    (docs/methods/hashvfl.md §2.4; ``clipped=True`` is the non-default |v| <= 1 variant)."""
     return _SignSTE.apply(v, clipped)
 
 
 def straight_through(clean: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
     """``noisy`` forward, the gradient of ``clean`` backward (the DP noise of
-    spec 004 §2.10 is passed through like the outer Sign's STE)."""
+    docs/methods/hashvfl.md §2.10 is passed through like the outer Sign's STE)."""
     return clean + (noisy - clean).detach()
 
 
 def quantization_norm(v: torch.Tensor, p: float = 3.0) -> torch.Tensor:
     """||V - H||_p = (sum |V - H|^p)^(1/p) over the whole B x d batch matrix, with
     H = :func:`sign` (V): GreedyHash's quantization penalty, the loss term of the
-    GreedyHash and "w/o consistency" ablations of spec 004 §8.1 (Table X note:
+    GreedyHash and "w/o consistency" ablations of docs/methods/hashvfl.md §8.1 (Table X note:
     p = 3, weight 1, one norm per batch matrix, not a per-row mean).
 
     H is treated as a constant (detached). That is the true derivative of the
@@ -83,11 +83,11 @@ def quantization_norm(v: torch.Tensor, p: float = 3.0) -> torch.Tensor:
     return total ** (1.0 / p)
 
 
-# -- pre-defined class codes (spec 004 §2.5, §7 item 6) -------------------------------------------
+# -- pre-defined class codes (docs/methods/hashvfl.md §2.5, §7 item 6) ---------------------------------------
 
 
 def min_code_length(classes: int) -> int:
-    """ceil(log2 C): the paper's default code length (spec 004 §3.1)."""
+    """ceil(log2 C): the paper's default code length (docs/methods/hashvfl.md §3.1)."""
     return max(1, math.ceil(math.log2(classes)))
 
 
@@ -104,7 +104,7 @@ def _check_room(classes: int, bits: int) -> None:
 
 def random_codes(classes: int, bits: int, generator: torch.Generator) -> torch.Tensor:
     """The paper's codes: i.i.d. uniform +-1 per class and bit, duplicates
-    rejected and redrawn (spec 004 §2.5, official ``generateOrthogonalTargets``).
+    rejected and redrawn (docs/methods/hashvfl.md §2.5, official ``generateOrthogonalTargets``).
     Not orthogonal and not bit-balanced across classes."""
     _check_room(classes, bits)
     rows: list[torch.Tensor] = []
@@ -131,7 +131,7 @@ def code_quality(codes: torch.Tensor) -> tuple[int, int, float]:
 
 
 def balanced_codes(classes: int, bits: int, generator: torch.Generator, *, tries: int = 400) -> torch.Tensor:
-    """The fix of spec 004 §7 items 5-6: codes whose every bit is +1 for half
+    """The fix of docs/methods/hashvfl.md §7 items 5-6: codes whose every bit is +1 for half
     the classes (floor/ceil for odd C), so that codes matching their class code
     on class-balanced data are bit-balanced, and, among ``tries`` seeded draws
     of such column-balanced matrices with distinct rows, the one with the
@@ -169,7 +169,7 @@ def class_codes(
     return random_codes(classes, bits, generator)
 
 
-# -- consistency loss and Hamming (spec 004 §2.6, §2.9) ------------------------------------------
+# -- consistency loss and Hamming (docs/methods/hashvfl.md §2.6, §2.9) ---------------------------------------
 
 
 def hamming(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -179,7 +179,7 @@ def hamming(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def consistency_loss(codes: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
-    """L_cons = (1/N) sum_i mean_u (1 - <h_i^(u), o_{y_u}> / d) (spec 004 §2.6).
+    """L_cons = (1/N) sum_i mean_u (1 - <h_i^(u), o_{y_u}> / d) (docs/methods/hashvfl.md §2.6).
 
     ``codes`` are the N parties' B x d codes, ``targets`` = o_Y (B x d). For
     binary vectors <h, o>/d is their cosine, and 1 - cos = 2 Ham / d; the
@@ -193,7 +193,7 @@ def consistency_loss(codes: list[torch.Tensor], targets: torch.Tensor) -> torch.
 def detect(
     codes: list[torch.Tensor], predicted_codes: torch.Tensor, threshold: float
 ) -> dict[str, torch.Tensor]:
-    """The abnormal-input detector of spec 004 §2.9 on one batch.
+    """The abnormal-input detector of docs/methods/hashvfl.md §2.9 on one batch.
 
     Returns per-sample tensors: ``pair_max`` (largest Hamming distance between any
     two parties' codes, O(N^2)), ``to_pred_max`` (largest distance of any party's
@@ -214,7 +214,7 @@ def detect(
     }
 
 
-# -- bit balance (spec 004 §2.3, §7 item 5) -------------------------------------------------------
+# -- bit balance (docs/methods/hashvfl.md §2.3, §7 item 5) ---------------------------------------------------
 
 
 def bit_balance(codes: torch.Tensor) -> torch.Tensor:
@@ -244,7 +244,7 @@ def column_median(u: torch.Tensor) -> torch.Tensor:
 
 def running_update(running: torch.Tensor, batch: torch.Tensor, momentum: float) -> torch.Tensor:
     """Exponential moving average (1 - momentum) * running + momentum * batch,
-    the update BatchNorm applies to its running mean (spec 004 §2.3)."""
+    the update BatchNorm applies to its running mean (docs/methods/hashvfl.md §2.3)."""
     return (1 - momentum) * running + momentum * batch
 
 
@@ -252,7 +252,7 @@ def median_sign_ste(u: torch.Tensor, threshold: torch.Tensor, *, clipped: bool =
     """The median-threshold hash Sign(u - m) with the same straight-through
     gradient as :func:`sign_ste` (dL/du := dL/dH; ``m`` is a constant).
 
-    The fix of spec 004 §7 item 5: BN's zero batch mean balances a bit only for
+    The fix of docs/methods/hashvfl.md §7 item 5: BN's zero batch mean balances a bit only for
     a distribution symmetric about its mean, whereas thresholding each unit at
     its median balances it for any distribution. In training ``m`` is the batch
     median (:func:`column_median`), so every bit of a batch with distinct values
@@ -262,7 +262,7 @@ def median_sign_ste(u: torch.Tensor, threshold: torch.Tensor, *, clipped: bool =
     return sign_ste(u - threshold.detach(), clipped=clipped)
 
 
-# -- the DP add-on (spec 004 §2.10, §7 item 1) ----------------------------------------------------
+# -- the DP add-on (docs/methods/hashvfl.md §2.10, §7 item 1) ------------------------------------------------
 
 
 def paper_flip_probability(epsilon: float) -> float:
@@ -278,7 +278,7 @@ def rr_flip_probability(epsilon: float) -> float:
 def paper_bit_epsilon(epsilon: float) -> float:
     """The pure per-bit epsilon that the paper's mechanism actually gives:
     ln((1 - p) / p) = ln(2 e^(eps/2) - 1) with p its flip probability
-    (spec 004 §7 item 1; 0.83, 1.49, 5.69 at eps = 1, 2, 10)."""
+    (docs/methods/hashvfl.md §7 item 1; 0.83, 1.49, 5.69 at eps = 1, 2, 10)."""
     p = paper_flip_probability(epsilon)
     return math.log((1 - p) / p)
 
@@ -312,7 +312,7 @@ def dp_noise(
     epsilon: float,
     stream: SecretStream,
 ) -> torch.Tensor:
-    """The DP add-on's output for clean codes (spec 004 §2.10).
+    """The DP add-on's output for clean codes (docs/methods/hashvfl.md §2.10).
 
     * ``paper``: Sign(Sign(v) + Lap(2/eps)), i.e. +-1 with flip prob 0.5 e^(-eps/2);
     * ``code``: Sign(v) + Lap(2/eps), continuous (the official code; not +-1);
@@ -325,7 +325,7 @@ def dp_noise(
     return noisy if mode == "code" else sign(noisy)
 
 
-# -- wire encoding (spec 004 §8.2 item 8) ---------------------------------------------------------
+# -- wire encoding (docs/methods/hashvfl.md §8.2 item 8) -----------------------------------------------------
 
 
 def pack_codes(codes: torch.Tensor) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Randomized response on labels (spec 001 §2): pure functions.
+"""Randomized response on labels (docs/methods/label-dp.md §2): pure functions.
 
 Binary labels flip with probability ``1 / (1 + e^eps)``; K-ary labels (one-hot or
 class index) keep the true class with probability ``e^eps / (K - 1 + e^eps)`` and

@@ -1,8 +1,8 @@
-"""Secure summation for CRDP-FL's merged-data statistics (spec 003 §2.5(f), §7.3).
+"""Secure summation for CRDP-FL's merged-data statistics (docs/methods/crdp-fl.md §2.5(f), §7.3).
 
 The paper computes the correlated sensitivity ``Delta_CS_p`` and the feature
 optimisation over the *merged* data of all organisations, which no organisation
-holds (spec 003 §6 item 10). Match counts are additive over disjoint column sets,
+holds (docs/methods/crdp-fl.md §6 item 10). Match counts are additive over disjoint column sets,
 so the merged counts are the sum of every organisation's own counts; these
 functions compute such sums with CrypTen secret sharing, on CrypTen's
 communicator as :func:`securevfl.exchange.crypten_runtime.start_crypten` brings
@@ -96,7 +96,7 @@ def secure_merged_sensitivity(
     *,
     w0: float,
 ) -> MergedSensitivity:
-    """Spec 003 §2.5(e)-(f) across organisations, in MPC: the MPC twin of
+    """docs/methods/crdp-fl.md §2.5(e)-(f) across organisations, in MPC: the MPC twin of
     :func:`securevfl.privacy.correlated.merged_correlated_sensitivity`.
 
     ``local`` is this rank's ``(counts, l_r, mcd_r)``: its ``n x n`` match counts

@@ -3,7 +3,7 @@
 Every rank derives the same plan from the protocol and the aligned training-row
 count, so all of them stop at the same step without exchanging anything: the
 run is truncated at the largest step count whose composed epsilon stays within
-``privacy.budget.epsilon`` for every party (DESIGN §7).
+``privacy.budget.epsilon`` for every party (docs/design.md §7).
 
 The math here is pure: the caller supplies every party's mechanisms for a plan
 (:data:`MechanismsOf`; :mod:`securevfl.defenses.spending` builds them from the

@@ -11,7 +11,7 @@ import math
 from securevfl.report.aggregate import Group, Summary
 from securevfl.report.stats import Interval
 
-#: a composed epsilon above this is reported as no meaningful guarantee (issue 17)
+#: a composed epsilon above this is reported as no meaningful guarantee
 EPS_MEANINGFUL = 8.0
 #: a utility loss (points) above which the report says the budget ruins utility
 RUINOUS_POINTS = 10.0

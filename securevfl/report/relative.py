@@ -1,4 +1,4 @@
-"""Defended runs against vanilla in the form of spec 002's headline H11 (§6, §9.5
+"""Defended runs against vanilla in the form of docs/methods/dravl.md's headline H11 (§6, §9.5
 item 23): the relative change of the attacker's MSE, of dCor and of the task AUC,
 in percent of the vanilla value, plus the absolute AUC change and the active-only
 AUC (the floor an embedding that carries nothing reaches). Pure functions."""

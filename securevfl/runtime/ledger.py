@@ -60,7 +60,7 @@ class Ledger:
     With a ``spill_dir``, received tensors stay in memory only up to
     ``spill_bytes``; beyond that their raw bytes are appended, in arrival order,
     to ``spill_dir/rank<R>.received.bin`` (the index stays here) and
-    :meth:`received_view` maps them back read-only (issue #16: memory stays
+    :meth:`received_view` maps them back read-only (memory stays
     bounded however long the run). Nothing is pickled or unpickled."""
 
     rank: int
@@ -176,7 +176,7 @@ def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str
         "bytes_per_step": train["bytes"] / n_train_steps if n_train_steps else 0.0,
         "messages_per_step": train["messages"] / n_train_steps if n_train_steps else 0.0,
         "header_bytes_per_message": HEADER_BYTES,
-        # the secure channel (issue #19): bytes on the wire (headers and AEAD tags
+        # the secure channel (SECURITY.md §4a): bytes on the wire (headers and AEAD tags
         # included) and CPU seconds sealing and opening, all ranks together
         # every sealed frame of the training phase (the channel's and, under mpc, CrypTen's)
         "sealed_bytes_per_step": ch.get("sealed_bytes", 0) * per,

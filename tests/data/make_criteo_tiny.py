@@ -1,6 +1,6 @@
 """Writes criteo_tiny.tsv: 300 synthetic records in the Criteo Display Advertising
 TSV format (label, I1..I13, C1..C26; empty fields for missing values), for the
-loader's tests (spec 002 §4.4: CI has no network, so no real Criteo rows).
+loader's tests (docs/methods/dravl.md §4.4: CI has no network, so no real Criteo rows).
 
 The click depends on I1, I3 (passive side) and C14 (active side), so a split model
 trained on the two files has something to learn. Run from the repository root:

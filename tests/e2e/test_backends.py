@@ -226,7 +226,7 @@ def test_he_public_material_only(crypto_run):
         scheme.peer(blob.numpy().tobytes(), sender="test")
 
 
-# -- federated prediction through each crypto backend (issue #18 point 4) ------------------------
+# -- federated prediction through each crypto backend (docs/design.md §12) ------------------------
 PREDICT_ROWS = 64  # two batches of 32: keep the crypto runs tiny
 
 

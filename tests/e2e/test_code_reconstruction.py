@@ -1,4 +1,4 @@
-"""Spec 004 §8.2 item 17 over a real launcher run: inverting individual records'
+"""docs/methods/hashvfl.md §8.2 item 17 over a real launcher run: inverting individual records'
 continuous pre-Sign values (the upper bound of §5.2 [C], ``mode: sample``) gets
 clearly closer to the images than inverting the class codes A received (the
 paper's attack), on the same hashed digits run. Every metric of §5.3 agrees."""

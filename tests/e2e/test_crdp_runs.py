@@ -147,7 +147,7 @@ def test_merged_secure_sensitivity_equals_the_central_value(tmp_path: Path):
         assert r["delta_used"] != r["delta_cs_p"]  # not the own-columns value
         comm = result["privacy"]["parties"][p]["mechanisms"]["crdp.communication"]
         assert comm["claim"]["delta_scope"] == "merged_secure"
-    # not a theorem (spec 003 makes no such claim): the merged data has more columns, so its
+    # not a theorem (docs/methods/crdp-fl.md makes no such claim): the merged data has more columns, so its
     # records agree on a smaller share of them; measured 3.33 vs 7.67 / 8.83 / 17.5 here
     assert central < min(r["delta_cs_p"] for r in reps.values())
     print(f"merged_secure run: {wall:.1f} s wall, Delta_CS_p merged {central:.4f}")

@@ -1,5 +1,5 @@
 """``securevfl criteo`` splits a Criteo-format TSV (the checked-in fixture) into the
-two parties' files and a protocol that the real launcher trains (spec 002 §4.4)."""
+two parties' files and a protocol that the real launcher trains (docs/methods/dravl.md §4.4)."""
 
 from __future__ import annotations
 

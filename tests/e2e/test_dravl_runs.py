@@ -1,5 +1,5 @@
 """DRAVL and the embedding-noise baseline end to end, through the real launcher
-(spec 002 §9.4): nothing new crosses the wire, zero weights are vanilla bit for
+(docs/methods/dravl.md §9.4): nothing new crosses the wire, zero weights are vanilla bit for
 bit, the first embedding A receives is the vanilla one, and the passive-side
 losses run unchanged under the mpc and ckks backends (each tracks the plain run
 step by step within that backend's precision)."""

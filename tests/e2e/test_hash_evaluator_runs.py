@@ -1,4 +1,4 @@
-"""The white-box HashVFL evaluators over real launcher runs (spec 004 §5.5, §5.6,
+"""The white-box HashVFL evaluators over real launcher runs (docs/methods/hashvfl.md §5.5, §5.6,
 §8.2 item 10): ``targeted_pgd`` and ``code_detection`` listed under ``attacks:``
 of a short hashed digits run (slow) and ``targeted_pgd`` on a run without
 hashing (float embeddings, the paper's "Base" column). Both check that the
@@ -58,7 +58,7 @@ def test_hashed_run_pgd_and_detection(tmp_path: Path):
         assert all(a >= b for a, b in itertools.pairwise(rates))
     # a random replacement is flagged more often than honest traffic at the paper's d/2
     assert rnd["pair_flag_rate"][BITS // 2] > honest["pair_flag_rate"][BITS // 2]
-    # Table VI direction (spec 004 §8.2 item 10): wrong predictions sit farther apart
+    # Table VI direction (docs/methods/hashvfl.md §8.2 item 10): wrong predictions sit farther apart
     assert det["wrong_gt_correct"] is True
     assert t6["average"]["wrong"] > t6["average"]["correct"]
     assert det["traffic"]["pgd_b"]["records"] == 100 and det["pgd"]["omega"] == 1.0

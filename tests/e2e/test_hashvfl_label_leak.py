@@ -1,5 +1,5 @@
 """The label-leak probe and MixMatch model completion on a real HashVFL digits
-run through the launcher (spec 004 §7 item 2, §5.4, §8.2 item 19): the attacks
+run through the launcher (docs/methods/hashvfl.md §7 item 2, §5.4, §8.2 item 19): the attacks
 run on the passive party's recorded view and report well-formed results. The
 amount of leakage is documented (docs, benchmarks/hashvfl_label_leak.py), not
 asserted here. Slow: 81 s of CPU, 6 min wall on a loaded 2-core machine."""

@@ -1,4 +1,4 @@
-"""HashVFL end to end with the real launcher (spec 004 §8.2 items 8, 13, 15):
+"""HashVFL end to end with the real launcher (docs/methods/hashvfl.md §8.2 items 8, 13, 15):
 only +-1 codes leave a passive party (faithful hash and ``balance: median``), the
 backward message is B x d, the active-side half is refused where the backend
 hides the codes, and (slow) the digits behaviour of the recommended profile:
@@ -96,7 +96,7 @@ def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
 
 
 def test_every_party_batches_the_same_sample_ids(plain_run):
-    """Spec 004 §8.2 item 12's last clause: aligned batches, one shared order of
+    """docs/methods/hashvfl.md §8.2 item 12's last clause: aligned batches, one shared order of
     the sample IDs for every party (each rank logs the rows of its training
     forwards; A also logs its evaluation forwards)."""
     _, out = plain_run
@@ -131,7 +131,7 @@ def test_consistency_and_detector_report(plain_run):
 
 
 def test_detector_runs_on_test_traffic(plain_run):
-    """The detector also watches the evaluation pass (spec 004 §2.9 applies it at
+    """The detector also watches the evaluation pass (docs/methods/hashvfl.md §2.9 applies it at
     inference): its pairwise flag rate equals the one recomputed from the test
     codes A received."""
     result, out = plain_run
@@ -155,7 +155,7 @@ def test_detector_runs_on_test_traffic(plain_run):
     ],
 )
 def test_ablation_runs_send_what_they_declare(tmp_path: Path, hash_params: dict[str, Any]):
-    """The GreedyHash ablation (spec 004 Table X) sends only +-1 and trains with
+    """The GreedyHash ablation (docs/methods/hashvfl.md Table X) sends only +-1 and trains with
     the quantization penalty; ``send: continuous`` (the Fig. 6 "w/o consistency"
     arm of the official code) sends the BN output, every value counted as
     non-binary. Neither has the active-side consistency loss."""
@@ -214,7 +214,7 @@ def test_cli_validate_accepts_the_protocols_and_names_the_refusal(tmp_path: Path
     assert "parties.active.defenses[0]" in text and "active_sees_embeddings" in text
 
 
-# -- behaviour (spec 004 §8.2 item 13, plus the balanced-code fix) ---------------------------------
+# -- behaviour (docs/methods/hashvfl.md §8.2 item 13, plus the balanced-code fix) ----------------------------
 
 
 def _digits(seed: int, hashed: bool, bits: int) -> dict[str, Any]:

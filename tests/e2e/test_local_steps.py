@@ -1,4 +1,4 @@
-"""FedBCD local steps (``training.local_steps`` = R; spec 003 §2.2 Eq. 14, §7.2
+"""FedBCD local steps (``training.local_steps`` = R; docs/methods/crdp-fl.md §2.2 Eq. 14, §7.2
 "VFL correctness" with R > 1) with the real launcher: the run's final parameters
 equal an in-process reference that uses, at local step r, the peers' embeddings
 from the last communication round and the party's own part recomputed fresh; a
@@ -42,7 +42,7 @@ def fedbcd_reference(
     own_transform=lambda h: h,
     stale_own: bool = False,
 ) -> tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]:
-    """FedBCD in one process, written from spec 003 §2.2 Eq. 14 with the split
+    """FedBCD in one process, written from docs/methods/crdp-fl.md §2.2 Eq. 14 with the split
     model's roles. At each round the passive parties' bottom outputs of the R
     batches are taken once (``sent_copies[k][j]``, the copies actually sent, when
     given: they carry the defense's noise); A computes dL/dh'_k of every batch at

@@ -1,4 +1,4 @@
-"""Federated prediction end to end (issue #18 point 4), real processes: ``securevfl
+"""Federated prediction end to end (docs/design.md §12), real processes: ``securevfl
 predict`` on rows of the training parties' files gives the training run's
 evaluation exactly on ``plain``; ``securevfl party --predict`` (one process per
 organization) gives the same file; bad models, files and folders exit 2 naming

@@ -1,4 +1,4 @@
-"""Privacy records and budgets in real runs (DESIGN §7)."""
+"""Privacy records and budgets in real runs (docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoint and resume in real runs (issue #18 §3): a rank is killed with SIGKILL
+"""Checkpoint and resume in real runs (docs/design.md §12): a rank is killed with SIGKILL
 right after its epoch-1 checkpoint, the run is resumed with ``--resume``, and the
 outcome is compared with an uninterrupted run; corrupted or mismatched
 checkpoints stop every rank with exit code 2 and a message naming the rank and

@@ -1,5 +1,5 @@
-"""``embedding_dp`` (VFL-AFE, spec 000) end to end with real processes: it runs under plain, mpc
-and ckks (it is passive-only and adds its noise before the exchange), result.json carries the
+"""``embedding_dp`` (VFL-AFE, docs/methods/vfl-afe.md) end to end with real processes: it runs under plain,
+mpc and ckks (it is passive-only and adds its noise before the exchange), result.json carries the
 accountant's record next to the paper's claim, the wire carries only noised embeddings and
 gradients (§8.2 item 10), and the identity configuration is unprotected VFL (item 12)."""
 

@@ -1,4 +1,4 @@
-"""Threat-model suites (DESIGN §6): each attack is strong on ``plain``, still
+"""Threat-model suites (docs/design.md §6): each attack is strong on ``plain``, still
 measurable under crypto-only, and reduced by the defense aimed at it.
 
 Every run goes through the real launcher (one OS process per rank); the attacks
@@ -106,7 +106,7 @@ def test_feature_reconstruction_from_plain_embeddings(plain_digits: dict[str, An
 def test_online_reconstruction_learns_during_training_and_noise_slows_it(
     plain_digits: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Spec 002 §5 mode 1 over launcher runs: R_I, one step per batch A received,
+    """docs/methods/dravl.md §5 mode 1 over launcher runs: R_I, one step per batch A received,
     scored after every epoch. Measured (5 epochs, seed 0; attack seeds 0 / 1):
     plain nmse per epoch 1.18 0.97 0.71 0.52 0.45 (last 0.447 / 0.440); with
     gaussian_noise std 1 on both halves 1.23 1.11 0.99 0.91 0.80 (last 0.796 / 0.797)."""

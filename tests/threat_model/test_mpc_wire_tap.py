@@ -1,4 +1,4 @@
-"""CrypTen's traffic on the wire (issue #19, point 3): a keyed ``mpc`` run of
+"""CrypTen's traffic on the wire (SECURITY.md §4a): a keyed ``mpc`` run of
 real ``securevfl party`` processes (two passive parties, the active party and
 the pinned TTP dealer) through a tap (:mod:`tests.threat_model.mpc_tap`) that
 records every frame each rank puts on the wire and every CrypTen plaintext its

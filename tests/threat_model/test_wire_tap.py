@@ -1,4 +1,4 @@
-"""The secure channel on the wire (issue #19), with real ``securevfl party``
+"""The secure channel on the wire (SECURITY.md §4a), with real ``securevfl party``
 processes on loopback, each run through a transport tap
 (:mod:`tests.threat_model.wire_tap`) that records every frame and every store
 value exactly as it leaves the rank:

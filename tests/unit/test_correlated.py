@@ -1,4 +1,4 @@
-"""CRDP-FL's pure math (spec 003 §7.2): record correlation, correlated
+"""CRDP-FL's pure math (docs/methods/crdp-fl.md §7.2): record correlation, correlated
 sensitivities and the MCD, the golden WDBC fixture, Laplace calibration, the DP
 Pearson filter, the exponential mechanism and both accountants."""
 
@@ -151,7 +151,7 @@ def test_mcd_zero_without_correlated_records():
 
 
 def test_golden_fixture_wdbc(wdbc_codes):
-    """Spec 003 §5: WDBC (all 569 rows), 10-quantile bins, three contiguous
+    """docs/methods/crdp-fl.md §5: WDBC (all 569 rows), 10-quantile bins, three contiguous
     10-feature parts, w0 = 0.4, s = 1."""
     parts = [correlation_matrix(wdbc_codes[:, k : k + 10]) for k in (0, 10, 20)]
     degrees = [part_mean_degree(p, 0.4) for p in parts]
@@ -164,7 +164,7 @@ def test_golden_fixture_wdbc(wdbc_codes):
     assert count_global_sensitivity(w, 0.4) == 40
     assert correlated_sensitivity(w, 0.4) == pytest.approx(19.533, abs=1e-3)
     assert distributed_cs(w, raised_threshold(0.4, mcd)) == pytest.approx(9.70, abs=1e-2)
-    # removing features raises correlation (spec 003 §2.6 step 5)
+    # removing features raises correlation (docs/methods/crdp-fl.md §2.6 step 5)
     prefix = [correlated_sensitivity(correlation_matrix(wdbc_codes[:, :k]), 0.4) for k in (5, 10, 15, 20, 30)]
     assert prefix == pytest.approx([41.2, 34.0, 27.667, 22.95, 19.533], abs=1e-3)
 

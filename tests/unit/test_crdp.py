@@ -1,4 +1,4 @@
-"""The ``crdp`` defense (spec 003): options and load-time checks, feature selection
+"""The ``crdp`` defense (docs/methods/crdp-fl.md): options and load-time checks, feature selection
 decided once on training rows, the Laplace release on embeddings, the accounting
 it declares, and the CrypTen secure sum of per-party statistics across real
 processes."""

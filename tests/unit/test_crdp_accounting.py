@@ -1,4 +1,4 @@
-"""CRDP-FL's accounting as pure functions of its options and the plan (spec 003 §2.8)."""
+"""CRDP-FL's accounting as pure functions of its options and the plan (docs/methods/crdp-fl.md §2.8)."""
 
 from __future__ import annotations
 

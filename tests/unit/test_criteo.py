@@ -1,4 +1,4 @@
-"""The Criteo TSV loader, its VFL split (spec 002 §4.4) and the per-party
+"""The Criteo TSV loader, its VFL split (docs/methods/dravl.md §4.4) and the per-party
 preprocessing that encodes it, on the checked-in 300-record fixture in Criteo
 format (tests/data/criteo_tiny.tsv)."""
 

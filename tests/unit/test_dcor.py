@@ -1,4 +1,4 @@
-"""Distance correlation (spec 002 §9.1): the float64 torch estimators against a
+"""Distance correlation (docs/methods/dravl.md §9.1): the float64 torch estimators against a
 numpy reference written out from the definitions, their invariances, the
 independent/dependent separations the spec measured, and gradient safety.
 
@@ -25,7 +25,7 @@ from securevfl.privacy.dcor import (
     v_dcor2,
 )
 
-# -- numpy reference (spec 002 §3.3 formulas, Székely & Rizzo 2014 for U) --------
+# -- numpy reference (docs/methods/dravl.md §3.3 formulas, Székely & Rizzo 2014 for U) --------
 
 
 def np_dist(x: np.ndarray, eps: float) -> np.ndarray:
@@ -145,7 +145,7 @@ def test_nonlinear_dependence_that_pearson_misses():
 
 
 def test_v_statistic_floor_is_large_in_high_dimension():
-    """Documents the bias (spec 002 §3.3): independent 13/64-dim data is far from 0,
+    """Documents the bias (docs/methods/dravl.md §3.3): independent 13/64-dim data is far from 0,
     and smaller batches make it worse; the bias-corrected form stays near 0."""
     g = rng(10)
     big = float(v_dcor(t(g.normal(size=(512, 13))), t(g.normal(size=(512, 64)))))

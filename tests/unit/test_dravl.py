@@ -1,4 +1,4 @@
-"""DRAVL mechanics (spec 002 §9.2-9.4, the parts that need no training run):
+"""DRAVL mechanics (docs/methods/dravl.md §9.2-9.4, the parts that need no training run):
 gradient reversal, AR/NR gradient routing, the NR expectation identity, noise
 shape and resampling, the embedding-noise baseline, options and presets.
 
@@ -220,7 +220,7 @@ def test_nr_moves_f_never_r():
     ("kind", "mean", "std", "target"), [("gaussian", 0.0, 1.0, 0.0), ("uniform", 0.5, 12**-0.5, 0.5)]
 )
 def test_nr_expected_gradient_is_shrinkage_to_noise_mean(kind, mean, std, target):
-    """E_N dL_n/dZ = d||R(Z) - mu_N||^2/dZ (spec 002 §3.2); T = 4000 draws.
+    """E_N dL_n/dZ = d||R(Z) - mu_N||^2/dZ (docs/methods/dravl.md §3.2); T = 4000 draws.
     Measured relative error at this seed: 3.9 % (Gaussian), 0.7 % (U(0,1))."""
     torch.manual_seed(0)
     r = nn.Sequential(nn.Linear(Q, 32), nn.ReLU(), nn.Linear(32, D_X))
@@ -374,7 +374,7 @@ def test_stack_builds_from_protocol():
 #
 # The defense object is driven exactly as the passive party drives it (h = F(x),
 # h' = embed(h), obj = (h' * dL/dh').sum() + local_loss(x, h)), in one process, on
-# spec 002 §4.4's synthetic data: x_p ~ N(0, I_8) at P, x_a ~ N(0, I_4) at A,
+# docs/methods/dravl.md §4.4's synthetic data: x_p ~ N(0, I_8) at P, x_a ~ N(0, I_4) at A,
 # logit = 1.5 (x0 + x1 - x2 + 0.7 x3 x4) + (xa0 - xa1) - 1.5. The post-hoc attacker
 # is a fresh MLP on z-scored embeddings with early stopping, falling back to the
 # mean predictor (§5 hygiene), scored by nMSE on disjoint rows.
@@ -397,12 +397,12 @@ def auc(score: torch.Tensor, y: torch.Tensor) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-BATCH = 512  # spec 002 §4.2 (the paper's n; §3.3 computes dCor on batches of 512)
+BATCH = 512  # docs/methods/dravl.md §4.2 (the paper's n; §3.3 computes dCor on batches of 512)
 
 
 class _Split:
     """The synthetic split model: F at P (with ``defense``, or none), H at A. F is
-    spec 002 §4.2's MLP ``d_x -> 256 -> 128 -> q`` (ReLU, the cut layer too), q = 16
+    docs/methods/dravl.md §4.2's MLP ``d_x -> 256 -> 128 -> q`` (ReLU, the cut layer too), q = 16
     as in the spec's prototype (§9.6); H is the deep logit plus the wide part on A's
     features (§4.1); Adam at 1e-3 for both (§4.2)."""
 
@@ -463,7 +463,7 @@ def train_split(defense, seed: int, epochs: int = 3, n: int = 10_000) -> tuple[n
 
 
 def stream_split(defense, seed: int, days: int = 7, n: int = 10_000) -> dict[str, float]:
-    """Spec 002's stream protocol (§4.2 "training regime", §5 mode 1): one pass over
+    """docs/methods/dravl.md's stream protocol (§4.2 "training regime", §5 mode 1): one pass over
     the rows cut into ``days`` chunks in row order; each day is evaluated first (AUC,
     log-loss, the online R_I's MSE on that day's sent embeddings), then trained on
     in batches of 512, R_I observing every training batch. Per-day averages."""
@@ -490,7 +490,7 @@ def stream_split(defense, seed: int, days: int = 7, n: int = 10_000) -> dict[str
 
 
 def active_only_auc(seed: int, n: int = 10_000) -> float:
-    """The floor an embedding that carries nothing leaves (spec 002 §4.4, about
+    """The floor an embedding that carries nothing leaves (docs/methods/dravl.md §4.4, about
     0.68): A's wide part alone, trained to convergence on its own features."""
     _, xa, y = synthetic(seed, n + 2000)
     torch.manual_seed(seed)
@@ -509,7 +509,7 @@ def active_only_auc(seed: int, n: int = 10_000) -> float:
 
 def attack_nmse(embed, seed: int) -> float:
     """Post-hoc attacker R_I on fresh rows: train 4000 / val 1000 / test 1000;
-    spec 002 §4.2's ``q -> 256 -> 256 -> d_x`` with early stopping (§5)."""
+    docs/methods/dravl.md §4.2's ``q -> 256 -> 256 -> d_x`` with early stopping (§5)."""
     xp, _, _ = synthetic(100 + seed, 6000)
     with torch.no_grad():
         z = embed(xp)
@@ -743,7 +743,7 @@ def test_reporting_format_relative_to_vanilla(vanilla_runs, nr_runs):
     floor = median(active_only_auc(seed) for seed in SEEDS)
     table = h11_table(med, active_only_auc=floor)
     print(table)
-    assert 0.64 <= floor <= 0.72, floor  # spec 002 §4.4: about 0.68
+    assert 0.64 <= floor <= 0.72, floor  # docs/methods/dravl.md §4.4: about 0.68
     rows = {r["config"]: r for r in h11_rows(med)}
     assert set(rows) == {"nr_0.01", "nr_0.1", "nr_1.0"}
     for label, r in rows.items():

@@ -1,6 +1,6 @@
-"""Pure Gaussian-release math of VFL-AFE (spec 000 §2.3-2.5, §7; tests §8.2 items 1-6, 14).
+"""Pure Gaussian-release math of VFL-AFE (docs/methods/vfl-afe.md §2.3-2.5, §7; tests §8.2 items 1-6, 14).
 
-Reference numbers are spec 000 appendix A (computed there with scipy), copied here.
+Reference numbers are docs/methods/vfl-afe.md appendix A (computed there with scipy), copied here.
 Statistical tests use fixed seeds and two-sided alpha = 1e-3 bounds (z = 3.29), as §8.2 asks.
 """
 
@@ -245,8 +245,8 @@ def test_audit_vanilla_respects_claim():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="documents spec 000 critique 5-6: paper-mode rescaling amplifies rows by s>1 and couples "
-    "the batch, so neighbouring releases sit ~(s_a+s_b)t apart under noise sized for 2t",
+    reason="documents docs/methods/vfl-afe.md critique 5-6: paper-mode rescaling amplifies rows by s>1 and "
+    "couples the batch, so neighbouring releases sit ~(s_a+s_b)t apart under noise sized for 2t",
 )
 def test_audit_paper_rescaling_violates_claim():
     eps, delta, t = 1.0, 1e-2, 1.0

@@ -1,4 +1,4 @@
-"""The gradient label-leak probe (spec 004 §7 item 2, §8.2 item 19) on hand-built
+"""The gradient label-leak probe (docs/methods/hashvfl.md §7 item 2, §8.2 item 19) on hand-built
 passive views: a per-class constant offset in the received gradients (what
 HashVFL's consistency term adds) is found by k-means; pure noise is not."""
 

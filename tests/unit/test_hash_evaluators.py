@@ -1,4 +1,4 @@
-"""The white-box HashVFL evaluators' pure functions (spec 004 §2.9, §5.5, §5.6,
+"""The white-box HashVFL evaluators' pure functions (docs/methods/hashvfl.md §2.9, §5.5, §5.6,
 §8.2 items 10 and 18): the rebuilt server function, the pre-Sign value, targeted
 PGD (the no-flip property below the radius, a float-embedding positive control,
 the code-perturbation asymmetry at omega = 1), the Table VI enumeration on a case
@@ -102,7 +102,7 @@ def _toy_attack(d: int = 4, n: int = 200, seed: int = 3):
 
 @pytest.mark.parametrize("eta", [0.1, 1.0, 5.0])
 def test_pgd_below_the_smallest_presign_magnitude_changes_nothing(eta: float):
-    """Spec 004 §8.2 item 18: |phi| < min |v~| per record -> same codes, same
+    """docs/methods/hashvfl.md §8.2 item 18: |phi| < min |v~| per record -> same codes, same
     predictions, 0% ASR, however large the step; a larger radius does flip bits."""
     f, v = _toy_attack()
     target = 0

@@ -1,4 +1,4 @@
-"""HashVFL mechanics (spec 004 §8.2, unit items 1-11): the sign hash and its
+"""HashVFL mechanics (docs/methods/hashvfl.md §8.2, unit items 1-11): the sign hash and its
 straight-through gradient, gradient flow through BN and the bottom model, bit
 balance, the class codes, the consistency-loss identities, the top-model
 mapping, bit packing, eval determinism, the detector and the DP add-on with its
@@ -183,7 +183,7 @@ def test_median_sign_ste_passes_the_gradient_and_treats_the_threshold_as_constan
 
 
 def test_median_balances_skewed_codes_where_bn_alone_does_not():
-    """Spec 004 §7 item 5's negative control: on right-skewed pre-sign values BN
+    """docs/methods/hashvfl.md §7 item 5's negative control: on right-skewed pre-sign values BN
     (zero batch mean) leaves every bit near 0.31, in training and, with running
     statistics, on held-out rows; the median threshold balances both."""
     bn, med = _passive(bits=16), _passive({"balance": "median"}, bits=16)
@@ -446,7 +446,7 @@ def test_detector_against_predicted_code_is_linear_in_parties(monkeypatch):
 # test_hash_evaluators::test_table_vi_on_a_case_computed_by_hand
 @pytest.mark.slow
 def test_table_vi_protocol_on_a_toy_model():
-    """Spec 004 §2.9: train a small top model on noisy class codes of 2 parties,
+    """docs/methods/hashvfl.md §2.9: train a small top model on noisy class codes of 2 parties,
     then fix party A to o_i, enumerate all 2^d codes for party B, and compare the
     mean Hamming(A, B) of correct and wrong predictions."""
     d, c = 4, 10
@@ -556,14 +556,14 @@ def test_registered_names_and_sides():
     assert isinstance(_passive(), DEFENSES.get("hashvfl"))
 
 
-# -- ablations (spec 004 §8.1): GreedyHash's ||V - H||_3 and send: continuous --------------------
+# -- ablations (docs/methods/hashvfl.md §8.1): GreedyHash's ||V - H||_3 and send: continuous -----------------
 
 
 def test_quantization_norm_matches_a_hand_computation():
     v = torch.tensor([[0.5, -2.0], [1.0, -0.25]])
     # H = [[1, -1], [1, -1]]; |V - H| = [[0.5, 1], [0, 0.75]]; sum of cubes 0.125 + 1 + 0 + 0.421875
     assert float(hashing.quantization_norm(v)) == pytest.approx(1.546875 ** (1 / 3), abs=1e-6)
-    # zero maps to +1 (spec 004 §2.4), so |0 - 1|^3 = 1
+    # zero maps to +1 (docs/methods/hashvfl.md §2.4), so |0 - 1|^3 = 1
     assert float(hashing.quantization_norm(torch.zeros(2, 3))) == pytest.approx(6 ** (1 / 3), abs=1e-6)
     assert float(hashing.quantization_norm(torch.tensor([[1.0, -1.0]]))) == 0.0
 

@@ -1,4 +1,4 @@
-"""HashVFL's detector (spec 004 §2.9): one batch's statistics, the rates, and
+"""HashVFL's detector (docs/methods/hashvfl.md §2.9): one batch's statistics, the rates, and
 the running record kept at the active party."""
 
 from __future__ import annotations

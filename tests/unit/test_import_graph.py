@@ -54,7 +54,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 #: The house from the top floor down: a module may import only from its own entry or
-#: from entries below it (the longest matching prefix places a module; README's Layout).
+#: from entries below it (the longest matching prefix places a module; docs/design.md §11).
 LAYERS: tuple[str, ...] = (
     "securevfl.__main__",
     "securevfl.cli",

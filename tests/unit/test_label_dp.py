@@ -1,4 +1,4 @@
-"""Spec 001 §4: randomized response on labels, its kinds, its DP audit and its
+"""docs/methods/label-dp.md §4: randomized response on labels, its kinds, its DP audit and its
 accounting. Statistical checks use fixed seeds and exact binomial / chi-square
 tests at alpha = 1e-3 (the spec's level)."""
 

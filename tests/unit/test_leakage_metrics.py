@@ -1,4 +1,4 @@
-"""Statistical leakage metrics of spec 004 §5.3 (§8.2 item 17: SSIM(x, x) = 1,
+"""Statistical leakage metrics of docs/methods/hashvfl.md §5.3 (§8.2 item 17: SSIM(x, x) = 1,
 DCOR(x, x) = 1, KL(P, P) = 0, plus hand-computed values) and the clustering
 scores of the label-leak probe (§8.2 item 19: AMI, matched accuracy)."""
 

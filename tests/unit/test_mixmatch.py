@@ -1,4 +1,4 @@
-"""MixMatch for the model-completion head (spec 004 §5.4): the pure pieces
+"""MixMatch for the model-completion head (docs/methods/hashvfl.md §5.4): the pure pieces
 (sharpening, MixUp) and, on two moons with 2 labels per class, that the
 unlabelled pool helps: MixMatch beats the labelled-only head on average."""
 

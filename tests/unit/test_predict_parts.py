@@ -1,4 +1,4 @@
-"""The pure parts of federated prediction (issue #18 point 4): a saved, fitted
+"""The pure parts of federated prediction (docs/design.md §12): a saved, fitted
 preprocessing applied without scikit-learn gives scikit-learn's bits; the new
 records' loader; ``--data PARTY=PATH``; the predictions file per task kind."""
 

@@ -36,7 +36,7 @@ REPRODUCIBLE: dict[tuple[str, str], str] = {
     "(model initialisation, dropout) in a party's checkpoint",
     ("securevfl/snapshot.py", "*"): "type checks when a component's generator states are checkpointed",
     ("securevfl/privacy/hashing.py", "random_codes"): "HashVFL class codes: every party derives them "
-    "from the shared seed by design (spec 004); public",
+    "from the shared seed by design (docs/methods/hashvfl.md); public",
     ("securevfl/privacy/hashing.py", "balanced_codes"): "HashVFL class codes (public, shared seed)",
     ("securevfl/defenses/hashvfl/consistency.py", "*"): "HashVFL class codes (public, shared seed)",
     ("securevfl/privacy/dcor.py", "*"): "the permutation baseline of a distance-correlation metric "

@@ -1,4 +1,4 @@
-"""The H11 relative-change report (spec 002 §6 H11, §9.5 item 23)."""
+"""The H11 relative-change report (docs/methods/dravl.md §6 H11, §9.5 item 23)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The secure channel's parts without processes (issue #19): key files and pins,
+"""The secure channel's parts without processes (SECURITY.md §4a): key files and pins,
 the handshake's key schedule, and sealed links refusing forged, replayed,
 reordered, truncated and misdirected frames."""
 

@@ -1,4 +1,4 @@
-"""Split and data-preparation rules of HashVFL's experiments (spec 004 §4, §8.1
+"""Split and data-preparation rules of HashVFL's experiments (docs/methods/hashvfl.md §4, §8.1
 "Data and split utilities", §8.2 item 12): image column strips, the code's
 feature ratios and contiguous blocks with Python's round, the text character
 slices, SMOTE, and its order relative to the train/test split (§7 item 8)."""
@@ -15,7 +15,7 @@ from securevfl.data.partition import resolve_partition
 from securevfl.errors import ConfigError, DataError
 from tests.support.protocols import load_yaml
 
-# -- spec 004 §8.2 item 12 ----------------------------------------------------------------------
+# -- docs/methods/hashvfl.md §8.2 item 12 --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("width, halves", [(28, [14, 14]), (32, [16, 16]), (48, [24, 24])])

@@ -1,4 +1,4 @@
-"""Spec 002 §5 mode 1 and §8.8: the online evaluation attacker R_I, the day-chunked
+"""docs/methods/dravl.md §5 mode 1 and §8.8: the online evaluation attacker R_I, the day-chunked
 stream, per-day averages, per-feature R² and log-loss."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _forwards() -> tuple[list[dict], list[torch.Tensor], torch.Tensor]:
 
 
 def test_replay_trains_on_training_forwards_in_order_and_predicts_each_evaluation_pass():
-    """The registered online attacker (spec 002 §5 mode 1 over a launcher run):
+    """The registered online attacker (docs/methods/dravl.md §5 mode 1 over a launcher run):
     replaying the view in arrival order is R_I trained during the run."""
     from securevfl.attacks.online_reconstruction import replay
 

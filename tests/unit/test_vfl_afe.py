@@ -1,4 +1,4 @@
-"""VFL-AFE's adjustment pieces and the ``embedding_dp`` defense (spec 000 §8.2 items 7-12, plus
+"""VFL-AFE's adjustment pieces and the ``embedding_dp`` defense (docs/methods/vfl-afe.md §8.2 items 7-12, plus
 options validation and the accountant record of §7)."""
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def test_rescale_mode_dp_keeps_rows_in_ball(proto):
     assert d.s_train[0] > 1.0  # the packed batch is still amplified, but re-clipped
 
 
-# -- accounting (spec §7) ---------------------------------------------------------------------
+# -- accounting (docs/methods/vfl-afe.md §7) -----------------------------------------------------------------
 
 
 def test_mechanism_vanilla_record(proto):
@@ -409,7 +409,7 @@ def test_budget_with_uncapped_paper_rescaling_refused():
 
 def test_tiny_effective_multiplier_is_accounted_exactly_and_fast(proto):
     """Per-release eps 40 with s ~ 4.7 gives z ~ 0.03, whose PLD would take minutes: the
-    accountant composes Gaussian-only releases in closed form, exactly (spec 000 §7)."""
+    accountant composes Gaussian-only releases in closed form, exactly (docs/methods/vfl-afe.md §7)."""
     import time
 
     from securevfl.privacy.accountant import account

@@ -1,7 +1,7 @@
 """``crdp``: CRDP-FL, vertically federated learning with correlated differential
-privacy (spec 003; Zhao et al., Electronics 2022).
+privacy (docs/methods/crdp-fl.md; Zhao et al., Electronics 2022).
 
-Threat model (spec 003 §1): the other organisations are honest-but-curious and
+Threat model (docs/methods/crdp-fl.md §1): the other organisations are honest-but-curious and
 try to infer records from what an organisation releases during training. The
 organisation itself sees its raw rows (central DP at organisation level; the
 paper's "LDP" label is wrong, §6 item 8).
@@ -19,18 +19,18 @@ test alike. Pure math: :mod:`securevfl.privacy.correlated`,
 :mod:`securevfl.privacy.feature_selection`.
 
 Faithful defaults reproduce the paper's choices; ``variant: fixed`` (or the
-individual options) switch to spec 003's fixes: ``pearson: strict`` (global
+individual options) switch to docs/methods/crdp-fl.md's fixes: ``pearson: strict`` (global
 sensitivity 2, eps1 split over the pairs), ``delta_u: strict`` (the utility's real
 sensitivity), ``sensitivity: clipped`` (each coordinate of ``h`` clipped, so the
 record sensitivity ``s`` holds).
 
 ``delta_scope`` says whose columns ``Delta_CS_p`` (the noise scale) is computed
 on: ``own`` (default) the party's kept columns alone; ``merged_secure`` the
-merged data of every crdp party's kept columns (spec 003 §2.5(f), Eq. 30), via the
+merged data of every crdp party's kept columns (docs/methods/crdp-fl.md §2.5(f), Eq. 30), via the
 defense's collective set-up step: match counts are additive over disjoint
 column sets, so the parties secret-share their count matrices in CrypTen, the
 threshold and the max row sum are taken in MPC, and only the scalar is opened
-(spec 003 §7.3; :mod:`securevfl.privacy.secure_sum`). It needs the ``mpc``
+(docs/methods/crdp-fl.md §7.3; :mod:`securevfl.privacy.secure_sum`). It needs the ``mpc``
 backend (CrypTen and its TTP dealer are already up there) and is refused at load
 under any other backend.
 

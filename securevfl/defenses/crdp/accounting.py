@@ -1,4 +1,4 @@
-"""CRDP-FL's privacy accounting (spec 003 §2.8): the three releases about one
+"""CRDP-FL's privacy accounting (docs/methods/crdp-fl.md §2.8): the three releases about one
 training record (the Pearson filter, the exponential mechanism, the noisy
 embeddings), with the paper's own figures as claims. Pure functions of the
 options, the plan and what the protocol says about the party, so every rank can
@@ -83,7 +83,7 @@ def communication_notes(p: CrdpOptions) -> tuple[str, ...]:
 def crdp_mechanisms(
     p: CrdpOptions, plan: Plan, *, width: int | None, s: float, n_orgs: int
 ) -> list[Mechanism]:
-    """The three releases of spec 003 §2.8 about one training record, composed
+    """The three releases of docs/methods/crdp-fl.md §2.8 about one training record, composed
     soundly by the shared accountant; the paper's own figures are in ``claim``.
 
     Data-independent bounds: the Pearson count uses the party's column count

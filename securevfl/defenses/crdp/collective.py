@@ -1,5 +1,5 @@
 """CRDP-FL's collective set-up step: the merged correlated sensitivity
-(``delta_scope: merged_secure``, spec 003 §2.5(f), Eq. 30, §7.3).
+(``delta_scope: merged_secure``, docs/methods/crdp-fl.md §2.5(f), Eq. 30, §7.3).
 
 Match counts are additive over disjoint column sets, so every crdp party
 secret-shares its kept columns' count matrix over the aligned training rows (the

@@ -38,7 +38,7 @@ from securevfl.privacy.feature_selection import (
 
 
 class Crdp(Defense[CrdpOptions]):
-    """CRDP-FL at one passive party (spec 003 §2.3-2.8): private feature selection
+    """CRDP-FL at one passive party (docs/methods/crdp-fl.md §2.3-2.8): private feature selection
     before training, Laplace noise calibrated to the correlated sensitivity on
     every released embedding during training."""
 
@@ -136,7 +136,7 @@ class Crdp(Defense[CrdpOptions]):
             return h.clamp(-self.p.clip, self.p.clip)
         return h
 
-    # -- the merged sensitivity (collective set-up, spec 003 §2.5(f), §7.3) ---------------
+    # -- the merged sensitivity (collective set-up, docs/methods/crdp-fl.md §2.5(f), §7.3) ---------------
     @classmethod
     def joins_collective(cls, proto: Protocol) -> bool:
         """Every party rank joins when some passive party runs crdp with ``merged_secure``."""
@@ -236,7 +236,7 @@ class Crdp(Defense[CrdpOptions]):
 
     # -- accounting ------------------------------------------------------------------
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
-        """The three releases of spec 003 §2.8 (:func:`.accounting.crdp_mechanisms`).
+        """The three releases of docs/methods/crdp-fl.md §2.8 (:func:`.accounting.crdp_mechanisms`).
         The claim names the ``delta_scope``; the value used is in :meth:`report`
         (``delta_used``), since it depends on the data."""
         n_orgs = len(collective.crdp_parties(self.ctx.proto))

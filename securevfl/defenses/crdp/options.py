@@ -1,4 +1,4 @@
-"""CRDP-FL's options (spec 003 Table 1 and its [GAP] defaults)."""
+"""CRDP-FL's options (docs/methods/crdp-fl.md Table 1 and its [GAP] defaults)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from securevfl.defenses.base import DefenseOptions
 
 
 class CrdpOptions(DefenseOptions):
-    """CRDP-FL's parameters (spec 003 Table 1 and its [GAP] defaults)."""
+    """CRDP-FL's parameters (docs/methods/crdp-fl.md Table 1 and its [GAP] defaults)."""
 
     variant: Literal["faithful", "fixed"] = "faithful"
     eps1: float = Field(1.0, gt=0, description="Pearson-filter budget (inf: no noise)")

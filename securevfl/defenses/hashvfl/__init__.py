@@ -1,4 +1,4 @@
-"""HashVFL (spec 004; Qiu et al., arXiv:2212.00325): passive parties send only
+"""HashVFL (docs/methods/hashvfl.md; Qiu et al., arXiv:2212.00325): passive parties send only
 +-1 hash codes of their bottom-model output, and the active party pulls every
 party's code toward a pre-defined code of the sample's class.
 
@@ -6,11 +6,11 @@ Two registered defenses, because the two halves need different things from the
 exchange backend:
 
 * ``hashvfl`` (passive): BatchNorm1d(d) -> Sign with a straight-through gradient
-  (spec 004 §2.2-2.4), plus the optional DP add-on (§2.10). ``balance: median``
+  (docs/methods/hashvfl.md §2.2-2.4), plus the optional DP add-on (§2.10). ``balance: median``
   (our fix for §7 item 5, not in the paper) thresholds each unit at its median
   instead of at 0, so that every bit is balanced whatever the unit's
   distribution. It only changes what the passive party computes and sends, so it
-  runs under every backend. The ablations of spec 004 §8.1 are options of it too:
+  runs under every backend. The ablations of docs/methods/hashvfl.md §8.1 are options of it too:
   ``batchnorm: false`` (w/o BN), ``quantization_weight`` (GreedyHash's
   ||V - Sign(V)||_3 as the party's local loss) and ``send: continuous`` (the
   official code's w/o-consistency arm, which sends V: not a hashed system).
@@ -20,7 +20,7 @@ exchange backend:
   ``paillier`` it is refused at load (the loss and the detector would have to be
   computed inside the secure computation, which no backend offers yet).
 
-Threat model (spec 004 §1.2): honest-but-curious parties; the hash limits what
+Threat model (docs/methods/hashvfl.md §1.2): honest-but-curious parties; the hash limits what
 the active party (the paper's server, co-located with the label owner) learns
 about a passive party's continuous features to d bits per sample per pass. It
 does not protect the returned gradient, which carries -o_y/(N B d), a label

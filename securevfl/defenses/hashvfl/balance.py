@@ -1,4 +1,4 @@
-"""Bit-balance bookkeeping of the passive hash (spec 004 §7 item 5): a counter of
+"""Bit-balance bookkeeping of the passive hash (docs/methods/hashvfl.md §7 item 5): a counter of
 +1 bits per unit for the report, and the running per-unit median that
 ``balance: median`` thresholds at in evaluation."""
 
@@ -37,7 +37,7 @@ class _BalanceCounter:
 
 class MedianThreshold(torch.nn.Module):
     """Running per-unit median of the bottom model's output v (before BN), for
-    the ``balance: median`` hash (spec 004 §7 item 5). It has no trainable
+    the ``balance: median`` hash (docs/methods/hashvfl.md §7 item 5). It has no trainable
     parameters; the running median is a buffer, so it travels with the party's
     defense modules like BN's running statistics.
 

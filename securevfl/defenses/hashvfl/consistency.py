@@ -1,4 +1,4 @@
-"""``hashvfl_consistency``, the active side of HashVFL (spec 004 §2.5, §2.6,
+"""``hashvfl_consistency``, the active side of HashVFL (docs/methods/hashvfl.md §2.5, §2.6,
 §2.9): the consistency loss pulling every passive party's code toward its class
 code, and the abnormal-input detector (:mod:`.detector`) on the same codes."""
 
@@ -19,7 +19,7 @@ from securevfl.seeding import generator
 
 
 class HashVFLConsistency(Defense[ConsistencyOptions]):
-    """Active side of HashVFL (spec 004 §2.5, §2.6, §2.9): adds
+    """Active side of HashVFL (docs/methods/hashvfl.md §2.5, §2.6, §2.9): adds
     weight * (1/N) sum_i mean_u (1 - <h_i, o_y>/d) to the loss, whose gradient
     -o_y/(N B d) reaches each passive party through the returned dL/dh'_i, and
     runs the detector (pairwise and against o_{y_hat}) on every training batch.
@@ -117,7 +117,7 @@ class HashVFLConsistency(Defense[ConsistencyOptions]):
     def observe_eval(
         self, logits: torch.Tensor, y: torch.Tensor, embeddings: list[torch.Tensor] | None
     ) -> None:
-        """The detector on test traffic (spec 004 §2.9 runs it at inference)."""
+        """The detector on test traffic (docs/methods/hashvfl.md §2.9 runs it at inference)."""
         if embeddings is None:  # refused at load; kept for a backend that stops showing them
             return
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""HashVFL's abnormal-input detector at the active party (spec 004 §2.9).
+"""HashVFL's abnormal-input detector at the active party (docs/methods/hashvfl.md §2.9).
 
 Each batch of codes h_i is compared pairwise (the largest Hamming distance
 between two parties' codes of one sample) and against the class code of the

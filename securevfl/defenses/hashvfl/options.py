@@ -1,4 +1,4 @@
-"""HashVFL's options (spec 004 §8.1): the passive-side hash and the active-side
+"""HashVFL's options (docs/methods/hashvfl.md §8.1): the passive-side hash and the active-side
 consistency loss with its detector. Plain models, so that an attack can ask what
 a party runs (:meth:`securevfl.components.Components.options`) without building
 the defense."""
@@ -13,7 +13,7 @@ from securevfl.defenses.base import DefenseOptions
 
 
 class HashOptions(DefenseOptions):
-    """Options of the passive-side hash (spec 004 §8.1)."""
+    """Options of the passive-side hash (docs/methods/hashvfl.md §8.1)."""
 
     batchnorm: bool = Field(
         default=True, description="BatchNorm1d(d) before Sign (False: the w/o-BN ablation)"
@@ -22,7 +22,7 @@ class HashOptions(DefenseOptions):
         default="off",
         description="off: Sign at 0 (the paper; BN's mean-centring is the only balancing); "
         "median: Sign(u - m) with m the batch median per unit in training and a running average of "
-        "those medians at evaluation (the fix of spec 004 §7 item 5)",
+        "those medians at evaluation (the fix of docs/methods/hashvfl.md §7 item 5)",
     )
     balance_eval: Literal["running", "batch"] = Field(
         default="running",
@@ -49,12 +49,12 @@ class HashOptions(DefenseOptions):
         description="weight of GreedyHash's quantization penalty ||V - Sign(V)||_3 over the batch matrix, "
         "V the pre-sign value (the BN output, or the bottom output without BN), divided by the number of "
         "passive parties (bn.py averages it over parties) and added to the party's local loss in training "
-        "(spec 004 §8.1 ablations; the paper's HashVFL: 0, GreedyHash: 1)",
+        "(docs/methods/hashvfl.md §8.1 ablations; the paper's HashVFL: 0, GreedyHash: 1)",
     )
     send: Literal["codes", "continuous"] = Field(
         default="codes",
         description="codes: send Sign(V) in {-1, +1}^d (HashVFL); continuous: send V itself, NOT a hashed "
-        "system (the official code's 'w/o consistency' arm of spec 004 Fig. 6; counted in "
+        "system (the official code's 'w/o consistency' arm of docs/methods/hashvfl.md Fig. 6; counted in "
         "non_binary_values_sent)",
     )
 
@@ -79,12 +79,12 @@ class HashOptions(DefenseOptions):
 
 
 class ConsistencyOptions(DefenseOptions):
-    """Options of the active-side consistency loss and detector (spec 004 §8.1)."""
+    """Options of the active-side consistency loss and detector (docs/methods/hashvfl.md §8.1)."""
 
     codes: Literal["random", "balanced"] = Field(
         default="random",
         description="random: the paper's i.i.d. codes; balanced: every bit +1 for half the classes, "
-        "max-min Hamming distance (the fix of spec 004 §7 items 5-6)",
+        "max-min Hamming distance (the fix of docs/methods/hashvfl.md §7 items 5-6)",
     )
     code_seed: int | None = Field(default=None, description="seed of the class codes (default training.seed)")
     weight: float = Field(default=1.0, ge=0, description="lambda on the consistency loss (paper: 1)")

@@ -1,4 +1,4 @@
-"""``hashvfl``, the passive side of HashVFL (spec 004 §2.2-2.4, §2.10, §8.1):
+"""``hashvfl``, the passive side of HashVFL (docs/methods/hashvfl.md §2.2-2.4, §2.10, §8.1):
 BatchNorm, Sign with a straight-through gradient, the optional median
 threshold, the DP add-on and GreedyHash's quantization penalty. It only changes
 what the passive party computes and sends, so it runs under every backend."""
@@ -25,18 +25,18 @@ def _passive_index(ctx: DefenseContext) -> int:
 
 
 class HashVFL(Defense[HashOptions]):
-    """Passive side of HashVFL (spec 004 §2.2-2.4, §2.10): the party sends
+    """Passive side of HashVFL (docs/methods/hashvfl.md §2.2-2.4, §2.10): the party sends
     Sign(BN(f_i(x))) in {-1, +1}^d and trains through the sign with a
     straight-through gradient. The BatchNorm is a trainable module of the party.
 
-    ``balance: median`` (spec 004 §7 item 5): the party sends Sign(BN(v) - BN(m))
+    ``balance: median`` (docs/methods/hashvfl.md §7 item 5): the party sends Sign(BN(v) - BN(m))
     instead, m the per-unit batch median of v in training and a running average
     of those medians at evaluation. BN centres the mean, which balances a bit
     only for a distribution symmetric about it; the median balances it for any
     distribution, exactly on every training batch. Same straight-through
     gradient, the threshold held constant.
 
-    DP add-on (spec 004 §2.10, §7 item 1), threat model: the receiver of the codes
+    DP add-on (docs/methods/hashvfl.md §2.10, §7 item 1), threat model: the receiver of the codes
     (A) learns at most what the randomized bits reveal. ``paper`` and ``rr`` keep
     the codes +-1; ``code`` sends continuous values. The sound figure is
     per-bit randomized response composed over every bit a record can change
@@ -128,7 +128,7 @@ class HashVFL(Defense[HashOptions]):
 
     def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
         """quantization_weight * ||V - Sign(V)||_3 on the V of this training step
-        (spec 004 §8.1 GreedyHash / w/o-consistency ablations).
+        (docs/methods/hashvfl.md §8.1 GreedyHash / w/o-consistency ablations).
 
         V is the very tensor :meth:`embed` signed (kept from it, not recomputed,
         so BN's running statistics move once per step), so the penalty's gradient
@@ -201,7 +201,7 @@ class HashVFL(Defense[HashOptions]):
         return self.bits * (batch_size if self._batch_coupled else 1)
 
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
-        """Sound accounting of the DP add-on over the training rows (spec 004 §7 item 1).
+        """Sound accounting of the DP add-on over the training rows (docs/methods/hashvfl.md §7 item 1).
 
         Each bit is randomized response (``paper``: eps' = ln(2 e^(eps/2) - 1);
         ``rr``: eps) or Laplace (``code``); a record's replacement can change

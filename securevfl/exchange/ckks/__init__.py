@@ -4,7 +4,7 @@ What it protects: W_i exists only as two additive shares (A's and P_i's); every
 operand that crosses to the other party is a CKKS ciphertext under the key of
 the party that produced it (P_i's h'_i, A's dL/dz) or a value the receiver may
 learn plus a mask. A learns z_i = h'_i W_i (the declared output); P_i learns
-dL/dh'_i (DESIGN §4, SECURITY.md ``ckks``). Semi-honest parties; TenSEAL/SEAL
+dL/dh'_i (docs/design.md §4, SECURITY.md ``ckks``). Semi-honest parties; TenSEAL/SEAL
 with 128-bit parameters (N = 8192, 218 bits, HomomorphicEncryption.org table).
 
 Decryptions that leave the key owner are flooded (IND-CPA-D). CKKS decrypts to
@@ -59,7 +59,7 @@ per value, statistical distance |v - v'| / 2^22 (v: the part of the masked
 product the key owner must not learn); over a run, Gaussian masks compose as
 KL: ||v - v'||_2 / 2^22 for all masked values together (a 100k-step reference
 run masks about 2^31 values per key owner: 2^-6.5 for unit differences in every
-value, far from DESIGN §13's 2^-40; uniform masks of the same width would
+value, far from docs/design.md §13's 2^-40; uniform masks of the same width would
 compose linearly, to about 2^8). The masks are float64, on the grid of their ulp
 (2^-28); the evaluator's smudging noise (2^-27, two ulps) hides that grid. P_i's
 weight share is re-drawn uniform in +-2^share_bits (2^16) every step

@@ -1,6 +1,6 @@
 """Counts of CKKS primitive operations, so that a step's cost can be compared
 with its floor: counts x unit costs measured on the same machine
-(specs/anchors-crypto-performance.md §7). Pure bookkeeping: counting reveals
+(docs/crypto-performance.md §7). Pure bookkeeping: counting reveals
 nothing beyond the shapes, which both parties know from the protocol file."""
 
 from __future__ import annotations

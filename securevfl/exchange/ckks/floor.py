@@ -1,6 +1,6 @@
 """A ``ckks`` step's primitive-operation counts and their unit costs, measured
 in one process on this machine, so that the floor (counts x unit costs) can be
-printed beside a measured step (specs/anchors-crypto-performance.md §7).
+printed beside a measured step (docs/crypto-performance.md §7).
 
 :func:`step_counts` runs the HE calls of one protocol step
 (:mod:`securevfl.exchange.he`: per passive party, Enc_P(h), A's product, P's

@@ -1,7 +1,7 @@
 """Slot layouts and the diagonal form of the two products: pure numpy, no keys.
 
 Packing is across the batch, never one ciphertext per sample
-(specs/anchors-crypto-performance.md §6 item 4). A real matrix X (r x c)
+(docs/crypto-performance.md §6 item 4). A real matrix X (r x c)
 becomes complex columns Z_l = X[:, 2l] + i X[:, 2l+1] (both halves of a CKKS
 slot carry data); each complex column is a block of ``bp`` slots (bp a power of
 two >= r, spread so the columns fill the ciphertexts evenly). At N=8192 (4096

@@ -1,6 +1,6 @@
 """CKKS ring, security and noise parameters: the options a protocol file may set,
 the 128-bit check against the HomomorphicEncryption.org standard (SEAL's
-``native/src/seal/util/hestdparms.h``, specs/anchors-crypto-performance.md §3),
+``native/src/seal/util/hestdparms.h``, docs/crypto-performance.md §3),
 the noise budget (the CKKS error model, the flooding and smudging widths, the
 bounds the guards enforce) as pure functions, and the key owner's TenSEAL context.
 

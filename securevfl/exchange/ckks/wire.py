@@ -1,6 +1,6 @@
 """What crosses the wire under ``ckks``: ciphertext blobs and the public part.
 
-Nothing is pickled (DESIGN §2). A blob is a fixed header (magic, version,
+Nothing is pickled (docs/design.md §2). A blob is a fixed header (magic, version,
 layout: rows, cols, nb, bp, chunk, count) then length-prefixed SEAL
 ciphertexts in SEAL's own serialization, which SEAL checks against the context
 on load. The public part is a header (magic, version, two lengths), the TenSEAL

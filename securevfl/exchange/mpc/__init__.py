@@ -1,4 +1,4 @@
-"""``mpc``: the interactive layer inside CrypTen secret sharing (DESIGN §4).
+"""``mpc``: the interactive layer inside CrypTen secret sharing (docs/design.md §4).
 
 Every passive party P_i secret-shares its (defended) embedding h'_i from its own
 rank; the blocks W_i exist only as shares; z = sum_i h'_i W_i is computed on
@@ -20,7 +20,7 @@ random in Z_2^64. Correlated randomness comes from a trusted dealer rank (the
 ``TFP`` provider lets rank 0 generate every triple in the clear, so rank 0 (A)
 could unmask all openings: it is refused unless ``insecure: true``.
 
-Rounds (anchors-crypto-performance §7; counts in :mod:`.plan`): the dealer's
+Rounds (docs/crypto-performance.md §7; counts in :mod:`.plan`): the dealer's
 tuples for up to ``offline_steps`` steps come in one offline bundle
 (:mod:`securevfl.exchange.crypten_pool`); online, a training step opens all its
 forward products in one round and all its backward products in another
@@ -249,7 +249,7 @@ class _MpcRole:
 
     def checkpoint_state(self) -> ComponentState:
         """This rank's CrypTen shares of every W_i and of its momentum, with their
-        fixed-point precision: a share alone is uniformly random (issue #18 §3)."""
+        fixed-point precision: a share alone is uniformly random (docs/design.md §12)."""
 
         def saved(x: Any) -> dict[str, Any]:
             return {"share": ops.shares(x).cpu().clone(), "precision": ops.precision(x)}

@@ -1,4 +1,4 @@
-"""The ``mpc`` backend's op-count floor (anchors-crypto-performance §7).
+"""The ``mpc`` backend's op-count floor (docs/crypto-performance.md §7).
 
 Per training step: the Beaver products, openings, communication rounds,
 truncations and dealer requests of :func:`.plan.step_ops`; unit costs measured

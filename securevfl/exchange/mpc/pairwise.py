@@ -270,7 +270,7 @@ class PairRole:
         self._h = {}
         return None if mine is None else mine.float()
 
-    # -- checkpoints (issue #18 §3) ----------------------------------------------------
+    # -- checkpoints (docs/design.md §12) ----------------------------------------------------
     def checkpoint_state(self) -> ComponentState:
         """This rank's ring shares of W_i and of its momentum for the pairs it is in
         (A: every pair; P_i: its own). A share alone is uniformly random (the dealer

@@ -6,7 +6,7 @@ Pure functions of the step's shape, shared by the backend (which asks the
 dealer for exactly this plan), the benchmark's op-count floor and the tests.
 
 A training step, k passive parties with embedding widths d_i, batch B, output
-o, N = k + 1 MPC parties (DESIGN §4, the mpc section of README):
+o, N = k + 1 MPC parties (docs/design.md §4, docs/benchmarks.md §3.2):
 
 * forward: k products h_i W_i (one opening round), their untruncated sum z
   revealed to A (one reduce);

@@ -12,7 +12,7 @@ SecureML's local truncation (:func:`truncate`: each party divides its own share,
 CrypTen's two-party ``div_``) is kept only as the reference the tests compare
 against: it fails, adding +-2^(64 - f), with probability about |x| / 2^64 per
 element when the shares wrap, which over a run of 10^8 truncations happens
-(DESIGN §13).
+(docs/design.md §13).
 """
 
 from __future__ import annotations

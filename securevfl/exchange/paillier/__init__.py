@@ -2,7 +2,7 @@
 with packed Paillier encryption (g = n + 1), arithmetic in gmpy2.
 
 What it protects is that protocol's (A never sees h'_i, P_i never sees dL/dz,
-nobody holds W_i; DESIGN §4, SECURITY.md ``paillier``); this package is the scheme:
+nobody holds W_i; docs/design.md §4, SECURITY.md ``paillier``); this package is the scheme:
 
 - :mod:`.options`     the options, and the bit budgets derived from them;
 - :mod:`.encoding`    fixed point (one public scale per blob) and slot packing;
@@ -42,7 +42,7 @@ Exact integers, no float64 (:mod:`.exact`, :mod:`.arith`)
     The plaintext matrices on the wire (z share, masked dL/dh, re-draw delta) are
     int64 limbs; only z_i and dL/dh'_i, the protocol outputs, become float64.
 
-Masks: uniform over every bit of the slot, bounded for a whole run (DESIGN §13)
+Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.md §13)
     Every mask is an integer at 2^-Fs, uniform on [-2^(m-1), 2^(m-1)), drawn from
     the party's secret stream (AES-256-CTR, :mod:`securevfl.csprng`): no bit of a
     slot lies outside its range. (An earlier version drew float64 masks on a 2^-28
@@ -125,7 +125,7 @@ Keys and randomness
     decryption exponentiations; with ``precompute`` a daemon thread also makes
     the next obfuscators while the party waits on the network.
 
-Costs and floors (reference workload, DESIGN §10: B = 256, h = o = 64, k = 2 passive)
+Costs and floors (reference workload, docs/design.md §10: B = 256, h = o = 64, k = 2 passive)
     Per passive party and step the protocol moves the encrypted matrices h'_i
     (B x h), h'_i W^A + eps (B x o), dL/dz (B x o; Paillier needs it in both
     packings, ``cols`` for g W^P^T and ``rows`` for h'^T g), g W^P^T + mu (B x h)

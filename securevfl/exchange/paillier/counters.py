@@ -1,7 +1,7 @@
 """Counts of the primitive operations ``paillier`` performs in this process.
 
 Each party is its own OS process, so a counter counts one party's work. What is
-counted (anchors-crypto-performance §7: count primitives, multiply by unit costs
+counted (docs/crypto-performance.md §7: count primitives, multiply by unit costs
 measured in the same run, and the product is the protocol's floor):
 
 - ``encryptions``: plaintexts encrypted by the key owner (one obfuscator each);

@@ -2,7 +2,7 @@
 
 Fixed point: one public scale per blob, never a per-value exponent (phe's default
 encoding sends an exponent per value in the clear, which leaks its magnitude;
-anchors-crypto-performance §4). Packing: a plaintext holds ``slots`` signed slots
+docs/crypto-performance.md §4). Packing: a plaintext holds ``slots`` signed slots
 of ``s`` bits, sum_i y_i 2^(i s); negative totals wrap mod n and are read back with
 a bias of 2^(s-1) per slot (FATE ``cipher_compressor``; only additions and one
 scalar per ciphertext work on packed plaintexts). Layouts: ``COLS`` packs

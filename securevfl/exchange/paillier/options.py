@@ -1,12 +1,12 @@
 """The ``paillier`` backend's options and the parameters derived from them.
 
-Two fixed-point scales (DESIGN §4, SECURITY.md ``paillier``): every encrypted
+Two fixed-point scales (docs/design.md §4, SECURITY.md ``paillier``): every encrypted
 value x is round(x 2^precision_bits) with |x| < 2^value_bits, every plaintext
 operand w is round(w 2^scalar_precision_bits), and a result carries the sum of
 the two. Why two, and why 48 fractional bits for the generic API's encrypted
 values: see :mod:`securevfl.exchange.paillier` (package docstring).
 
-The statistical parameters are stated for a whole run (DESIGN §13): the run's
+The statistical parameters are stated for a whole run (docs/design.md §13): the run's
 masked values and obfuscators together are within statistical distance
 2^-distance_bits of ideal ones for up to ``run_steps`` passes through the
 interactive layer, half of the budget each (:class:`Params`: ``sigma`` and
@@ -25,11 +25,11 @@ from securevfl.errors import ConfigError
 
 MIN_KEY_BITS = 2048
 MAX_KEY_BITS = 16384
-#: the smallest whole-run statistical distance budget accepted: 2^-40 (DESIGN §13)
+#: the smallest whole-run statistical distance budget accepted: 2^-40 (docs/design.md §13)
 MIN_DISTANCE_BITS = 40
 #: the fewest bits per obfuscator whatever the run: 2^-64 from uniform
 MIN_OBFUSCATION_SIGMA = 64
-#: the workload the parameters are sized for when no protocol is given (DESIGN §10)
+#: the workload the parameters are sized for when no protocol is given (docs/design.md §10)
 REFERENCE_SHAPE = (256, (64, 64), 64)
 
 
@@ -135,7 +135,7 @@ class Params:
         out: int | None = None,
     ) -> Params:
         """The parameters for a protocol of this shape (default: the reference
-        workload, DESIGN §10: batch 256, two passive parties with 64-d embeddings, o = 64)."""
+        workload, docs/design.md §10: batch 256, two passive parties with 64-d embeddings, o = 64)."""
         rb, rd, ro = REFERENCE_SHAPE
         b, ds, oo = batch or rb, tuple(dims or rd), out or ro
         masked = masked_per_pass(b, ds, oo)

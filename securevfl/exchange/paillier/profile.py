@@ -1,6 +1,6 @@
 """Count and cost one training step of the ``paillier`` exchange, in one process.
 
-anchors-crypto-performance §7: next to a backend's measured step, print the count
+docs/crypto-performance.md §7: next to a backend's measured step, print the count
 of its primitive operations and their unit costs measured on the same machine;
 the product is the protocol's floor there, and measured / floor shows how much
 is overhead rather than cryptography. :func:`step_counts` replays the scheme

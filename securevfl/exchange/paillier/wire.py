@@ -1,7 +1,7 @@
 """Wire formats of ``paillier``: the public key and ciphertext blobs.
 
 No pickle; every field is validated and anything malformed is a ProtocolError
-naming the sender (DESIGN §2). Public key: b"SVPK", version, u16 byte length,
+naming the sender (docs/design.md §2). Public key: b"SVPK", version, u16 byte length,
 n big-endian, nothing else (a key with extra bytes is refused: only n is public).
 Blob: b"SVPB", version, section count; per section a u32 length, a header (layout,
 scale, slot bits, slots, rows, cols, ciphertext bytes, count) and ``count``

@@ -1,4 +1,4 @@
-"""The secure channel (issue #19): party identities, the start-up handshake and
+"""The secure channel (SECURITY.md §4a): party identities, the start-up handshake and
 sealed per-peer links.
 
 * :mod:`.keys`: long-term Ed25519 identities, key files, key strings and

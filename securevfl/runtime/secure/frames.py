@@ -1,4 +1,4 @@
-"""Reusable frame buffers for one rank's sealed links (issue #19).
+"""Reusable frame buffers for one rank's sealed links (SECURITY.md §4a).
 
 A sealed frame needs a uint8 buffer of its own on both ends: the sender seals
 into one and hands it to the transport, the receiver has the transport fill one

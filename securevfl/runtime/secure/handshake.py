@@ -1,4 +1,4 @@
-"""The start-up handshake's cryptography, as pure functions (issue #19).
+"""The start-up handshake's cryptography, as pure functions (SECURITY.md §4a).
 
 SIGMA-style mutual authentication (Krawczyk, CRYPTO 2003; the "sign and MAC"
 shape TLS 1.3 uses for mutual authentication, RFC 8446 §4.4), run between every

@@ -1,4 +1,4 @@
-"""Sealed links: one peer, one stream, two directions (issue #19).
+"""Sealed links: one peer, one stream, two directions (SECURITY.md §4a).
 
 A :class:`Link` seals what this rank sends to one peer and opens what it
 receives from that peer with AES-256-GCM (NIST SP 800-38D) under per-direction
