@@ -48,6 +48,7 @@ same frames unsealed, for a process group made without a session (unit tests,
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -220,6 +221,50 @@ class RankSet:
 
     name: str
     ranks: tuple[int, ...]
+
+
+# -- CrypTen's CUDA shares ----------------------------------------------------------------
+# On CUDA CrypTen keeps a share as a ``CUDALongTensor``, a wrapper (not a torch.Tensor)
+# whose int64 CUDA tensor is its ``data``. The communicator moves that tensor (frames are
+# CPU bytes either way) and hands results back in the wrapper type it was given, as
+# CrypTen's own communicator does; plain tensors pass through untouched. Duck-typed so
+# this module stays free of CrypTen imports.
+
+
+def _raw(x: Any, seen: list[type]) -> Any:
+    if x is None or isinstance(x, (torch.Tensor, int, float, str, RankSet)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_raw(v, seen) for v in x)
+    data = getattr(x, "data", None)
+    if isinstance(data, torch.Tensor) and hasattr(x, "tensor"):
+        seen.append(type(x))
+        return data
+    return x
+
+
+def _wrap(x: Any, cls: type) -> Any:
+    if isinstance(x, torch.Tensor):
+        return cls(x)
+    if isinstance(x, list):
+        return [_wrap(v, cls) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_wrap(v, cls) for v in x)
+    return x
+
+
+def cuda_shares(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Let a communicator method take and return CrypTen's CUDA share wrappers."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kw: Any) -> Any:
+        seen: list[type] = []
+        args = tuple(_raw(a, seen) for a in args)
+        kw = {k: _raw(v, seen) for k, v in kw.items()}
+        out = method(self, *args, **kw)
+        return _wrap(out, seen[0]) if seen else out
+
+    return call
 
 
 # -- helpers (pure) -----------------------------------------------------------------------
@@ -410,11 +455,13 @@ class FramedCommunicator(Communicator):
         )
 
     # -- point to point ----------------------------------------------------------------
+    @cuda_shares
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         self._member(None, dst)
         self.exchange([(dst, flat_cat([tensor]))], [])
         self._log("sent", self.rank, dst, "send", tensor)
 
+    @cuda_shares
     def recv(self, tensor: torch.Tensor, src: int | None = None) -> torch.Tensor:
         if src is None:
             raise ProtocolError("securevfl's MPC exchange never receives from an unnamed rank")
@@ -425,6 +472,7 @@ class FramedCommunicator(Communicator):
         self._log("recv", src, self.rank, "recv", out, payload=out)
         return out
 
+    @cuda_shares
     def isend(self, tensor: torch.Tensor, dst: int) -> _Req:
         self._member(self.ttp_group, dst)
         t = flat_cat([tensor])
@@ -436,6 +484,7 @@ class FramedCommunicator(Communicator):
 
         return _Req(self, pending, dst, t, done)
 
+    @cuda_shares
     def irecv(self, tensor: torch.Tensor, src: int | None = None) -> _Req:
         """Receive into ``tensor`` (in place, as CrypTen's irecv). Used for PRG
         seeds: metered without keeping the payload."""
@@ -461,6 +510,7 @@ class FramedCommunicator(Communicator):
             return list(x)
         return [x]
 
+    @cuda_shares
     def all_reduce(self, input: Any, op: Any = dist.ReduceOp.SUM, batched: bool = False) -> Any:
         """Open the reduction of every party's share to every party. With up to
         :attr:`EXCHANGE_MAX` parties, one round: each sends its (concatenated)
@@ -499,6 +549,7 @@ class FramedCommunicator(Communicator):
             self._log("recv", GROUP, self.rank, "all_reduce", t_out, nbytes, t_out)
         return outs if batched else outs[0]
 
+    @cuda_shares
     def reduce(self, input: Any, dst: int, op: Any = dist.ReduceOp.SUM, batched: bool = False) -> Any:
         """Open the reduction of every party's share to ``dst`` alone: the others
         send their shares there (one frame each)."""
@@ -518,6 +569,7 @@ class FramedCommunicator(Communicator):
             self._log("recv", GROUP, self.rank, "reveal", t_out, _numel_bytes(t_in) * len(peers), t_out)
         return outs if batched else outs[0]
 
+    @cuda_shares
     def reveal_many(self, shares: list[torch.Tensor], dsts: list[int]) -> list[torch.Tensor | None]:
         """Open shares[j] to rank dsts[j] only, every opening in the same round,
         one frame per (sender, destination) pair carrying all the sender's shares
@@ -550,6 +602,7 @@ class FramedCommunicator(Communicator):
                 self._log("recv", GROUP, self.rank, "reveal", total, _numel_bytes(total) * (n - 1), total)
         return out
 
+    @cuda_shares
     def reveal_open(
         self, shares: list[torch.Tensor], dsts: list[int], opening: torch.Tensor
     ) -> tuple[list[torch.Tensor | None], torch.Tensor]:
@@ -624,6 +677,7 @@ class FramedCommunicator(Communicator):
             out.append(pieces)
         return out
 
+    @cuda_shares
     def gather(self, tensor: torch.Tensor, dst: int) -> list[Any]:
         """Every party's tensor at ``dst`` (in rank order); [None] elsewhere."""
         self._member(None, dst)
@@ -636,6 +690,7 @@ class FramedCommunicator(Communicator):
         self.exchange([], list(bufs.items()))
         return self._in_group_order(tensor, bufs, "gather")
 
+    @cuda_shares
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         flat = flat_cat([tensor])
         peers = self._others(self.main_group.ranks)
@@ -659,6 +714,7 @@ class FramedCommunicator(Communicator):
             out.append(t)
         return out
 
+    @cuda_shares
     def broadcast(self, input: Any, src: int, group: Any = None, batched: bool = False) -> Any:
         """``src`` sends its tensor(s) to each other member of ``group`` (one
         frame per member); the others receive in place, as CrypTen's broadcast."""

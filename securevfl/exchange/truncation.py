@@ -37,6 +37,7 @@ share once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -79,6 +80,12 @@ def material(
     return q0, q1, mul_shift(scale, q0, shift), mul_shift(scale, q1, shift)
 
 
+def plain(t: Any) -> torch.Tensor:
+    """The int64 tensor of a share: itself, or the ``data`` of CrypTen's CUDA share
+    wrapper (this arithmetic runs on plain tensors wherever the shares live)."""
+    return t if isinstance(t, torch.Tensor) else t.data
+
+
 def masked(x: torch.Tensor, r: torch.Tensor, first: bool) -> torch.Tensor:
     """This party's share of c = x + 2^62 + r (the first party adds the offset)."""
     y = x + r
@@ -96,7 +103,8 @@ def finish(
     """This party's shares of V = floor(x / 2^frac) (+ 0 or 1) and of
     floor(scale V / 2^shift) (+ 0 or 1), from the opened c and its shares of
     (Q_0, Q_1, S_0, S_1). Exact for |x| < 2^62."""
-    q0, q1, s0, s1 = shares
+    c = plain(c)
+    q0, q1, s0, s1 = (plain(t) for t in shares)
     beta = c < 0  # msb(c), public
     q = torch.where(beta, q1, q0)
     s = torch.where(beta, s1, s0)

@@ -199,11 +199,16 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @pytest.mark.cuda
 @pytest.mark.parametrize("backend", ["plain", "mpc"])
 def test_cuda_device(tmp_path: Path, backend: str):
-    doc = small_digits(epochs=2, device="cuda")
-    doc["exchange"] = {"backend": backend}
-    result = run_doc(doc, tmp_path)
-    assert result["device"] == "cuda"
-    assert result["test_accuracy"] > 0.5
+    """The same run on CUDA and on the CPU: it trains (far above the 10% of chance)
+    and lands where the CPU run does (2 epochs of small digits reach about 0.38)."""
+    results = {}
+    for device in ("cpu", "cuda"):
+        doc = small_digits(epochs=2, device=device)
+        doc["exchange"] = {"backend": backend}
+        results[device] = run_doc(doc, tmp_path / device)
+    assert results["cuda"]["device"] == "cuda"
+    assert results["cuda"]["test_accuracy"] > 0.3
+    assert abs(results["cuda"]["test_accuracy"] - results["cpu"]["test_accuracy"]) < 0.05
 
 
 def test_he_public_material_only(crypto_run):

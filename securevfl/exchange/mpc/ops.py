@@ -171,7 +171,7 @@ def reveal_and_truncate(
     for v, dst, t in zip(values, dsts, got, strict=True):
         if dst == me:
             assert t is not None
-            mine = t.double() / 2 ** precision(v)
+            mine = truncation.plain(t).double() / 2 ** precision(v)
     lr, shift = scale
     low, step = truncation.finish(opened, material.material, frac, lr, shift, first)
     like = [v.share for v in raws]
