@@ -52,7 +52,7 @@ from securevfl.errors import (
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
 from securevfl.runtime.secure.keys import Identity, key_string
-from securevfl.runtime.session import ErrorNote
+from securevfl.runtime.session import EXIT_INTERRUPTED, ErrorNote
 
 ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "ConfigError": ConfigError,
@@ -266,6 +266,11 @@ def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, 
         target(*args)
     except SystemExit:
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every process of the terminal's group, a rank still starting
+        # up included: a stop the launcher reports, not a bug (and a traceback cut short
+        # by the launcher's SIGTERM would reach the user's terminal)
+        sys.exit(EXIT_INTERRUPTED)
     except BaseException:  # a bug before the rank could report it: keep the traceback
         traceback.print_exc()
         sys.stderr.flush()

@@ -65,7 +65,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
-from securevfl.runtime.session import Session
+from securevfl.runtime.session import EXIT_INTERRUPTED, Session
 from securevfl.timing import PhaseClock, peak_rss_mib
 
 PREDICTIONS_FILE = "predictions.csv"
@@ -295,7 +295,7 @@ def predict_rank(
     except SecureVFLError as exc:
         return report_failure(session, exc)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BaseException as exc:
         user = output_error(exc)  # a full disk, a read-only folder: the user's to fix
         if user is not None:

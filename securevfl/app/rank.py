@@ -61,7 +61,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Role
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
-from securevfl.runtime.session import ResumeOffer, Session, exit_code_for
+from securevfl.runtime.session import EXIT_INTERRUPTED, ResumeOffer, Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
 from securevfl.validation import check_task
 
@@ -319,7 +319,7 @@ def run_rank(
     except SecureVFLError as exc:
         return report_failure(session, exc)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BaseException as exc:
         user = output_error(exc)  # a full disk, a read-only folder: the user's to fix
         if user is not None:

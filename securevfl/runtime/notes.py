@@ -28,6 +28,7 @@ from securevfl.runtime.secure.keys import Identity
 
 EXIT_USER_ERROR = 2
 EXIT_PARTY_FAILURE = 3
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2
 
 
 class SignedNote(BaseModel):

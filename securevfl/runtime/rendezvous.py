@@ -17,7 +17,6 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import urlparse
 
 import torch.distributed as dist
 
@@ -29,13 +28,6 @@ RETRY_S = 0.05  # pause between probes while rank 0 is not (yet) listening (a re
 LISTEN_BACKLOG = 128
 NONCE_KEY = "run/nonce"  # rank 0's fresh run nonce (hex), the first value in its store
 NONCE_BYTES = 16
-
-
-def parse_rendezvous(addr: str) -> tuple[str, int]:
-    u = urlparse(addr)
-    if u.scheme != "tcp" or not u.hostname or not u.port:
-        raise ConfigError(f"rendezvous must look like tcp://HOST:PORT (got {addr!r})", path="--rendezvous")
-    return u.hostname, u.port
 
 
 def is_loopback(host: str) -> bool:

@@ -42,11 +42,12 @@ import torch.distributed as dist
 from securevfl import __version__
 from securevfl.config import Protocol
 from securevfl.errors import PartyFailure
+from securevfl.runtime.address import check_rendezvous
 from securevfl.runtime.admission import Hello, authenticate, check_hellos, exchange_hellos
 from securevfl.runtime.claims import PRESENT_S, claim_rank, own_key_refusal, pins_of, present
 from securevfl.runtime.layout import Layout, Role
-from securevfl.runtime.notes import ErrorNote, error_note, exit_code_for, write_error_file
-from securevfl.runtime.rendezvous import PROBE_S, Rendezvous, is_loopback, parse_rendezvous
+from securevfl.runtime.notes import EXIT_INTERRUPTED, ErrorNote, error_note, exit_code_for, write_error_file
+from securevfl.runtime.rendezvous import PROBE_S, Rendezvous, is_loopback
 from securevfl.runtime.resume import ResumeOffer, agree_checkpoint
 from securevfl.runtime.seat import Seat
 from securevfl.runtime.secure import handshake as hs
@@ -56,7 +57,7 @@ from securevfl.runtime.summaries import gather_summaries, linger, send_summary
 from securevfl.runtime.watchdog import Watchdog
 
 # what the app imports from here
-__all__ = ["ErrorNote", "ResumeOffer", "Session", "exit_code_for"]
+__all__ = ["EXIT_INTERRUPTED", "ErrorNote", "ResumeOffer", "Session", "exit_code_for"]
 
 STARTUP_GRACE_S = 2.0  # past the start-up deadline, a blocked native call is abandoned
 
@@ -92,7 +93,7 @@ class Session:
         self.layout = layout
         self.role: Role = layout.role(rank)
         self.rank = rank
-        self.host, self.port = parse_rendezvous(rendezvous)
+        self.host, self.port = check_rendezvous(rendezvous)
         self.rt = proto.runtime
         self.out_dir = Path(out_dir)
         self.store: dist.TCPStore | None = None

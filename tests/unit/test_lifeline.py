@@ -133,3 +133,32 @@ def test_stop_ranks_kills_a_rank_that_ignores_sigterm_after_the_grace():
     elapsed = time.monotonic() - t0
     assert p.exitcode == -signal.SIGKILL
     assert STOP_GRACE_S <= elapsed < STOP_GRACE_S + 1.0, elapsed
+
+
+RANK_ENTRY = """
+import os, sys
+from securevfl.app.launcher import _rank_main
+
+def entry(kind):
+    if kind == "interrupt":
+        raise KeyboardInterrupt  # Ctrl-C while the rank is still starting up
+    raise RuntimeError("a bug before the rank could report it")
+
+_rank_main(entry, dict(os.environ), os.getppid(), sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "traceback"),
+    [("interrupt", 130, False), ("bug", 70, True)],
+)
+def test_a_rank_interrupted_while_starting_stops_quietly(kind: str, code: int, traceback: bool):
+    """Ctrl-C reaches a rank that has not yet entered its run (the terminal signals the
+    whole group): it ends with 130 and prints nothing, where a traceback would reach
+    the user's terminal (cut short by the launcher's SIGTERM, as it once was). A bug
+    in the same window still keeps its traceback and exits 70."""
+    p = subprocess.run(
+        [sys.executable, "-c", RANK_ENTRY, kind], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert p.returncode == code, p.stderr
+    assert ("Traceback" in p.stderr) is traceback, p.stderr
