@@ -7,6 +7,7 @@ CrypTen's own product."""
 
 from __future__ import annotations
 
+import time
 import traceback
 
 import pytest
@@ -208,6 +209,19 @@ def test_kernel_choice(monkeypatch):
     assert rm.kernel() in rm.KERNELS
     x, _ = rm._probe_operands(8, 8, 8)
     assert x.unique().numel() == 64 and (x < 0).any() and (x > 2**62).any()  # full range, no generator
+
+
+def test_the_kernel_probe_times_cpu_not_waiting():
+    """Every rank probes the kernels at the same moment of its start-up: time spent
+    descheduled (here, asleep) must not count against the kernel being timed."""
+    calls = []
+
+    def sleepy() -> None:
+        calls.append(1)
+        time.sleep(0.02)
+
+    assert rm._timed(sleepy, repeats=3) < 0.005
+    assert len(calls) == 4  # one warm-up, then the timed repeats
 
 
 def test_ring_products_scope_routes_cpu_int64_products_only(monkeypatch):
