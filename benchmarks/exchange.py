@@ -4,8 +4,9 @@ digits, passive parties holding column blocks (2 by default: left/right halves),
 MLP bottoms to 64-d embeddings, interactive layer k x 64 -> 64, top 64 -> 10,
 batch 256, CPU. Every configuration runs with real processes through the local
 launcher; time per step is measured at the active party (median over the run's
-training steps: ``--max-steps`` for the crypto backends, ``--plain-steps`` (16) for
-``plain``, the ratio's denominator, over as many epochs as that takes), bytes per
+training steps: ``--plain-steps`` (16) for ``plain``, the ratio's denominator,
+``--mpc-steps`` (16) for ``mpc``, ``--max-steps`` for the HE backends, over as many
+epochs as that takes), bytes per
 step come from the ledger, and CPU per step is every rank's CPU time in training
 (``train_cpu_s``; the dealer's whole serving) over the steps: on a loaded machine the
 figure to compare. Ratios are to ``plain`` measured in the same run.
@@ -377,6 +378,12 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
     return text, rep["floor_s"]
 
 
+def steps_for(backend: str, args: argparse.Namespace) -> int:
+    """Training steps to take the median of: many for the cheap backends, whose
+    medians of a few steps move between runs, ``--max-steps`` for the HE ones."""
+    return {"plain": args.plain_steps, "mpc": args.mpc_steps}.get(backend, args.max_steps)
+
+
 # backend -> (params, batch, embedding dims, out) -> (printable counts and unit costs, floor s/step)
 OP_FLOORS = {"paillier": paillier_floor, "ckks": ckks_floor, "mpc": mpc_floor}
 
@@ -394,13 +401,19 @@ def main() -> int:
         help="backends included in the batch and party sweeps (paillier takes minutes a step "
         "at batch 1024, so it is measured at the reference point unless named here)",
     )
-    ap.add_argument("--max-steps", type=int, default=4, help="training steps per crypto configuration")
+    ap.add_argument("--max-steps", type=int, default=4, help="training steps of ckks and paillier")
     ap.add_argument(
         "--plain-steps",
         type=int,
         default=16,
         help="training steps of plain, the ratio's denominator (a few ms a step: a median of 3 "
         "moved by 2x between runs)",
+    )
+    ap.add_argument(
+        "--mpc-steps",
+        type=int,
+        default=16,
+        help="training steps of mpc (tens of ms a step: a median of 3 moved by half between runs)",
     )
     ap.add_argument(
         "--sweep",
@@ -464,7 +477,7 @@ def main() -> int:
             if (batch, k, data) != configs[0] and not in_sweep:
                 continue
             print(f"  running {backend} batch={batch} passive={k} on {data} ...", file=sys.stderr, flush=True)
-            steps = args.plain_steps if backend == "plain" else args.max_steps
+            steps = steps_for(backend, args)
             n_rows = sweep_rows(batch, steps) if data == "synthetic" else None
             doc = workload(
                 backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows, device=args.device
@@ -520,7 +533,7 @@ def main() -> int:
     print(
         f"\nexchange benchmark, {stamp}, {machine}, device {args.device}; MLP bottoms to 64-d, "
         "interactive k x 64 -> 64; "
-        f"median step of {args.max_steps} (plain: {args.plain_steps})"
+        f"median step of {args.max_steps} (plain: {args.plain_steps}, mpc: {args.mpc_steps})"
     )
     print(
         "| backend | data | batch | passive | time/step | x plain | op floor | measured/floor "
@@ -556,7 +569,7 @@ def main() -> int:
     if args.channel_ab > 0:
         batch, k, data = configs[0]
         for backend in [b for b in ("plain", "mpc") if b in ["plain", *backends]]:
-            steps = args.plain_steps if backend == "plain" else args.max_steps
+            steps = steps_for(backend, args)
             n_rows = sweep_rows(batch, steps) if data == "synthetic" else None
             doc = workload(
                 backend, batch, k, extra.get(backend), max_steps=steps, rows=n_rows, device=args.device

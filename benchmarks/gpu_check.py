@@ -127,6 +127,8 @@ def benchmark(batch: int, timeout: float) -> dict[str, Any]:
             str(batch),
             "--max-steps",
             "3",
+            "--mpc-steps",
+            "3",
             "--plain-steps",
             "8",
             "--channel-ab",

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_exchange_benchmark_on_cuda(tmp_path: Path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "benchmarks/exchange.py", "--quick", "--backends", "plain,mpc"]
-    cmd += ["--device", "cuda", "--batch", "64", "--max-steps", "2", "--plain-steps", "2"]
+    cmd += ["--device", "cuda", "--batch", "64", "--mpc-steps", "2", "--plain-steps", "2"]
     cmd += ["--channel-ab", "0", "--no-op-counts", f"--json={out}"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert p.returncode == 0, p.stderr[-3000:]
