@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from securevfl.errors import ConfigError, OutputError
+from securevfl.runtime.lifeline import alive
 
 # what the file system answers when a file cannot be written for reasons of the
 # machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
@@ -135,16 +136,6 @@ def check_writable(out: Path) -> None:
         ) from None
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def sweep_stale_staging(out: Path) -> list[Path]:
     """Remove the staging folders in ``out`` left by launches that ended without
     committing or abandoning them (a launcher killed by SIGKILL, or a power cut):
@@ -158,7 +149,7 @@ def sweep_stale_staging(out: Path) -> list[Path]:
         return removed
     for p in sorted(out.glob(f"{STAGING_PREFIX}*")):
         pid = p.name[len(STAGING_PREFIX) :]
-        if p.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if p.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed

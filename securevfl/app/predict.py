@@ -32,7 +32,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,8 @@ from securevfl.app.checkpoints import load_model, save_tensors
 from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
-from securevfl.app.outdir import OutputFolder, holds_training_run, output_error
-from securevfl.app.rank import AUDIT_ENV, install_open_audit, report_failure
+from securevfl.app.outdir import OutputFolder, holds_training_run
+from securevfl.app.rank import AUDIT_ENV, failure_exit, install_open_audit
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
@@ -65,7 +64,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
-from securevfl.runtime.session import EXIT_INTERRUPTED, Session
+from securevfl.runtime.session import Session
 from securevfl.timing import PhaseClock, peak_rss_mib
 
 PREDICTIONS_FILE = "predictions.csv"
@@ -292,17 +291,8 @@ def predict_rank(
                 record = _record(proto, [RankSummary.model_validate(p) for p in parts], t_start)
                 (out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
         return 0
-    except SecureVFLError as exc:
-        return report_failure(session, exc)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
     except BaseException as exc:
-        user = output_error(exc)  # a full disk, a read-only folder: the user's to fix
-        if user is not None:
-            return report_failure(session, user)
-        traceback.print_exc()  # a bug: keep the traceback, still tell the peers
-        report_failure(session, exc)
-        return 1
+        return failure_exit(session, exc)
 
 
 def _record(proto: Protocol, parts: list[RankSummary], t_start: float) -> PredictionRecord:

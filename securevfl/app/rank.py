@@ -316,17 +316,25 @@ def run_rank(
                 )
                 write_result(out_dir, result)
         return 0
-    except SecureVFLError as exc:
-        return report_failure(session, exc)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
     except BaseException as exc:
-        user = output_error(exc)  # a full disk, a read-only folder: the user's to fix
-        if user is not None:
-            return report_failure(session, user)
-        traceback.print_exc()  # a bug: keep the traceback, still tell the peers
-        report_failure(session, exc)
-        return 1
+        return failure_exit(session, exc)
+
+
+def failure_exit(session: Session, exc: BaseException) -> int:
+    """The exit code of a rank (training or prediction) whose run raised ``exc``,
+    after reporting it: Ctrl-C is a stop (130), securevfl's own errors and the
+    user's full disk or read-only folder are reported as they are, and anything
+    else is a bug, whose traceback is kept and which the peers still hear of."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, SecureVFLError):
+        return report_failure(session, exc)
+    user = output_error(exc)
+    if user is not None:
+        return report_failure(session, user)
+    traceback.print_exception(exc)
+    report_failure(session, exc)
+    return 1
 
 
 def report_failure(session: Session, exc: BaseException) -> int:
