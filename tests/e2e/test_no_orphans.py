@@ -24,7 +24,7 @@ import pytest
 
 from securevfl.cli import main
 from tests.support.protocols import ROOT, small_digits, write_yaml
-from tests.support.runs import CliRun
+from tests.support.runs import CliRun, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,21 +66,6 @@ def start_run(proto: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
         cwd=ROOT,
         start_new_session=True,
     )
-
-
-def wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
-    """Read proc's stderr until a line contains needle."""
-    assert proc.stderr is not None
-    seen: list[str] = []
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return "".join(seen)
-    raise AssertionError(f"never saw {needle!r}: {''.join(seen)[-2000:]}")
 
 
 def kill_session(sid: int) -> None:

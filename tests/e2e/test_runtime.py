@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from securevfl.app.launcher import free_port
 from tests.support.protocols import ROOT, small_digits, write_yaml
-from tests.support.runs import CliRun, party_process
+from tests.support.runs import CliRun, party_process, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,24 +62,9 @@ def test_party_commands_reproduce_run(small_cli_run: CliRun, tmp_path: Path):
     assert len(pids) == 3 and os.getpid() not in pids
 
 
-def _wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
-    """Read proc's stderr until a line contains needle."""
-    assert proc.stderr is not None
-    seen = []
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return "".join(seen)
-    raise AssertionError(f"never saw {needle!r}: {''.join(seen)[-2000:]}")
-
-
 def _long_cli_run(tmp_path: Path, out: Path, **runtime: float) -> subprocess.Popen[str]:
     """``securevfl run`` of a 400-epoch small protocol into ``out``, in the background
-    (its stderr piped, for :func:`_wait_for`)."""
+    (its stderr piped, for :func:`~tests.support.runs.wait_for`)."""
     doc = small_digits(epochs=400, batch_size=32)
     if runtime:
         doc["runtime"] = runtime
@@ -101,7 +86,7 @@ def test_killed_rank_ends_all_others_naming_it(tmp_path: Path, victim: int):
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
     try:
-        _wait_for(procs[0], "epoch 2/400", timeout=120)  # training is under way
+        wait_for(procs[0], "epoch 2/400", timeout=120)  # training is under way
         os.kill(procs[victim].pid, signal.SIGKILL)
         t0 = time.monotonic()
         survivors = [r for r in range(3) if r != victim]
@@ -128,7 +113,7 @@ def test_launcher_reports_killed_rank(tmp_path: Path):
     out = tmp_path / "out"
     proc = _long_cli_run(tmp_path, out, peer_timeout_s=PEER_TIMEOUT_S)
     try:
-        _wait_for(proc, "epoch 2/400", timeout=120)
+        wait_for(proc, "epoch 2/400", timeout=120)
         pids = json.loads((out / "ranks" / "launcher_pids.json").read_text())
         os.kill(pids["1"], signal.SIGKILL)
         t0 = time.monotonic()
@@ -154,7 +139,7 @@ def test_stalled_rank_ends_all_others_naming_it(tmp_path: Path):
     port = free_port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}") for r in range(3)]
     try:
-        _wait_for(procs[0], "epoch 2/400", timeout=120)
+        wait_for(procs[0], "epoch 2/400", timeout=120)
         os.kill(procs[2].pid, signal.SIGSTOP)
         t0 = time.monotonic()
         errs = {r: procs[r].communicate(timeout=60)[1] for r in (0, 1)}
@@ -194,7 +179,7 @@ def test_forged_heartbeats_and_done_flags_do_not_hide_a_stalled_rank(tmp_path: P
 
     forger: threading.Thread | None = None
     try:
-        _wait_for(procs[0], "epoch 2/400", timeout=120)
+        wait_for(procs[0], "epoch 2/400", timeout=120)
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10))
         os.kill(procs[2].pid, signal.SIGSTOP)
         forger = threading.Thread(target=forge, args=(store,), daemon=True)
@@ -253,7 +238,7 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path: Path):
     out = tmp_path / "out"
     proc = _long_cli_run(tmp_path, out)
     try:
-        _wait_for(proc, "epoch 2/400", timeout=120)
+        wait_for(proc, "epoch 2/400", timeout=120)
         pids = list(json.loads((out / "ranks" / "launcher_pids.json").read_text()).values())
         assert all(_running(p) for p in pids)
         proc.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ import copy
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,3 +67,18 @@ class CliRun:
     proc: subprocess.CompletedProcess[str]
     result: dict[str, Any]
     out: Path
+
+
+def wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
+    """Read proc's stderr until a line contains needle."""
+    assert proc.stderr is not None
+    seen: list[str] = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"never saw {needle!r}: {''.join(seen)[-2000:]}")
