@@ -31,6 +31,17 @@ from securevfl.runtime.layout import Layout
 from securevfl.snapshot import ComponentState
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """The batch sizes a run will put through the exchange, the same at every party
+    (:mod:`securevfl.schedule` derives them from the protocol and the aligned row
+    counts): ``train``, every training step still to come, in order; ``evaluation``,
+    one evaluation pass (every evaluation runs the same batches)."""
+
+    train: tuple[int, ...]
+    evaluation: tuple[int, ...]
+
+
 class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +69,12 @@ class ActiveExchange(ABC):
 
     @abstractmethod
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor: ...
+
+    def expect(self, plan: RunPlan) -> None:  # noqa: B027 - optional hook
+        """The run's batch sizes ahead (called once, before the first step): a backend
+        that prepares material ahead (``mpc``'s dealer tuples) sizes it to what the
+        run will use. Prediction and other callers that do not call it get the
+        backend's default sizing."""
 
     @abstractmethod
     def backward(self, grad_z: torch.Tensor) -> None: ...
@@ -116,6 +133,9 @@ class PassiveExchange(ABC):
 
     @abstractmethod
     def forward(self, h: torch.Tensor, *, train: bool) -> None: ...
+
+    def expect(self, plan: RunPlan) -> None:  # noqa: B027 - optional hook
+        """As :meth:`ActiveExchange.expect`."""
 
     @abstractmethod
     def backward(self) -> torch.Tensor: ...

@@ -20,7 +20,7 @@ peers; it sees no value of the computation, and W^0 is independent of the data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 
 import torch
@@ -42,9 +42,19 @@ class SecretDealer:
     :func:`securevfl.exchange.crypten_pool.dealer_bundle` with them, :meth:`trunc`,
     :meth:`init` and the pair triples of :func:`~securevfl.exchange.crypten_pool.pair_c0`."""
 
-    def __init__(self, streams: Sequence[SecretStream], own: SecretStream | None = None):
+    def __init__(
+        self,
+        streams: Sequence[SecretStream],
+        own: SecretStream | None = None,
+        matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
+    ):
+        """``matmul``: the ring product every triple's c = a b is computed with (the
+        ``mpc`` backend passes its exact CPU kernel,
+        :func:`securevfl.exchange.mpc.ringmatmul.ring_matmul`; torch's int64 product
+        gives the same bits, slower on most CPUs)."""
         self.streams = list(streams)
         self.own = own if own is not None else SecretStream.fresh()
+        self.matmul = matmul
 
     @property
     def n_mpc(self) -> int:
@@ -74,7 +84,7 @@ class SecretDealer:
         a = sum(self._randoms(everyone, size0))
         b = sum(self._randoms(everyone, size1))
         assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-        c = torch.matmul(a, b) if op == "matmul" else a * b
+        c = self.matmul(a, b) if op == "matmul" else a * b
         return self._share0(c, everyone)
 
     def square(self, size: torch.Size) -> torch.Tensor:

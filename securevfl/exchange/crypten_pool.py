@@ -22,7 +22,9 @@ and ``B2A_rng``), with two changes:
 
 Items a plan may hold besides CrypTen's Beaver triples and wraps pairs (the
 ``mpc`` backend's own, :mod:`securevfl.exchange.mpc`): *pair* triples shared by
-rank 0 and one other rank alone (the pairwise layout), :class:`Trunc` material for
+rank 0 and one other rank alone (the pairwise layout's evaluation products),
+:class:`PairStep`, the correlated tuples of one training step of such a pair (three
+products from three masks, each opening reused), :class:`Trunc` material for
 an exact truncation (:mod:`securevfl.exchange.truncation`) and
 :class:`Init`, a weight's initial value W^0 ~ N(0, 1/(3 d)) drawn by the dealer
 and given to its holders as uniformly random shares.
@@ -39,10 +41,11 @@ and :func:`uninstall` puts CrypTen's back.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -54,10 +57,43 @@ from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
 from securevfl.exchange.crypten_api import BinarySharedTensor as BST
 from securevfl.exchange.crypten_api import TupleProvider, comm, mpc
 
+RingProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # an exact product in Z_2^64
+
 MAX_BUNDLE_ITEMS = 4096
 MAX_PAIR = 1024  # the highest MPC rank a pair item may name (the dealer checks its own world)
 MAX_BUNDLE_ELEMENTS = 1 << 26  # 512 MiB of ring elements: far above any plan securevfl makes
 MAX_SCALE = 1 << 31  # |scale| of a truncation's second result (truncation.mul_shift's exact range)
+
+
+def _broadcast(s0: tuple[int, ...], s1: tuple[int, ...]) -> tuple[int, ...]:
+    n = max(len(s0), len(s1))
+    a, b = (1,) * (n - len(s0)) + s0, (1,) * (n - len(s1)) + s1
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
+        raise ValueError(f"shapes {s0} and {s1} do not broadcast")
+    return tuple(y if x == 1 else x for x, y in zip(a, b, strict=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def product_shape(size0: tuple[int, ...], size1: tuple[int, ...], op: str) -> tuple[int, ...]:
+    """The shape of ``op(a, b)`` for a of ``size0`` and b of ``size1`` with torch's
+    rules (``mul``: broadcasting; ``matmul``: torch.matmul's, 1-d operands and
+    batch broadcasting included), ValueError where torch would refuse. Shape
+    arithmetic only: every party and the dealer ask it for every item of every
+    plan, and a product of meta tensors costs 50 us of Python each time."""
+    if op != "matmul":
+        return _broadcast(size0, size1)
+    if not size0 or not size1:
+        raise ValueError("matmul of a 0-d operand")
+    x = (1, *size0) if len(size0) == 1 else size0
+    y = (*size1, 1) if len(size1) == 1 else size1
+    if x[-1] != y[-2]:
+        raise ValueError(f"matmul of {size0} and {size1}: inner dimensions differ")
+    out = (*_broadcast(x[:-2], y[:-2]), x[-2], y[-1])
+    if len(size1) == 1:
+        out = out[:-1]
+    if len(size0) == 1:
+        out = out[:-2] + out[-1:] if len(size1) > 1 else out[:-1]
+    return out
 
 
 @dataclass(frozen=True)
@@ -76,10 +112,8 @@ class Triple:
 
     @property
     def out(self) -> tuple[int, ...]:
-        if self.op == "matmul":
-            a, b = torch.empty(self.size0, device="meta"), torch.empty(self.size1, device="meta")
-            return tuple(a.matmul(b).shape)
-        return tuple(torch.broadcast_shapes(self.size0, self.size1))
+        """The shape of c (ValueError if a and b do not multiply)."""
+        return product_shape(self.size0, self.size1, self.op)
 
     @property
     def received(self) -> int:
@@ -182,7 +216,70 @@ class Init:
         return ["init", self.pair, torch.Size(self.size), self.frac]
 
 
-Item = Triple | Wraps | Trunc | Init
+class StepShares(NamedTuple):
+    """One holder's shares of a :class:`PairStep`: the masks u, v, g and the
+    products c = u v, e = g v^T, f = u^T g."""
+
+    u: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    c: torch.Tensor
+    e: torch.Tensor
+    f: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PairStep:
+    """The correlated tuples of one training step of a pair's product h' W
+    (h' of ``batch`` x ``dim``, W of ``dim`` x ``width``), shared between rank 0 and
+    rank ``pair`` alone: masks u for h', v for W and g for dL/dz, and the three
+    products the step needs, c = u v (forward, h' W), e = g v^T (dL/dz W^T) and
+    f = u^T g (h'^T dL/dz).
+
+    Each value the step multiplies is masked once and its opening serves every
+    product it enters (SecureML's matrix triples reused across forward and
+    backward: Mohassel and Zhang 2017, section 4.2): h' - u and W - v are opened
+    in the forward pass and reused in the backward one, and dL/dz - g is the
+    backward pass's only opening. Three Beaver triples would open h' and W twice
+    and dL/dz twice, each time under a fresh mask: twice the bytes, no more
+    hiding (every opening is still a value minus a uniform mask used for it alone)."""
+
+    batch: int
+    dim: int
+    width: int
+    pair: int
+
+    @property
+    def masks(self) -> tuple[tuple[int, int], ...]:
+        """Shapes of u, v, g."""
+        return (self.batch, self.dim), (self.dim, self.width), (self.batch, self.width)
+
+    @property
+    def products(self) -> tuple[tuple[int, int], ...]:
+        """Shapes of c, e, f."""
+        return (self.batch, self.width), (self.batch, self.dim), (self.dim, self.width)
+
+    def triples(self) -> list[Triple]:
+        """The Beaver products the step computes from it (their operand shapes)."""
+        b, d, o, r = self.batch, self.dim, self.width, self.pair
+        return [
+            Triple((b, d), (d, o), "matmul", r),
+            Triple((b, o), (o, d), "matmul", r),
+            Triple((d, b), (b, o), "matmul", r),
+        ]
+
+    @property
+    def received(self) -> int:
+        return sum(math.prod(s) for s in self.products)
+
+    def holders(self, n_mpc: int) -> tuple[int, ...]:
+        return (0, self.pair)
+
+    def to_wire(self) -> list[Any]:
+        return ["step", self.pair, self.batch, self.dim, self.width]
+
+
+Item = Triple | Wraps | Trunc | Init | PairStep
 
 
 def plan_elements(plan: Sequence[Item]) -> int:
@@ -201,6 +298,8 @@ def pooled_bytes(plan: Sequence[Item]) -> int:
             n += 2 * math.prod(it.size)
         elif isinstance(it, Trunc):
             n += 5 * math.prod(it.size)
+        elif isinstance(it, PairStep):
+            n += sum(math.prod(s) for s in (*it.masks, *it.products))
         else:
             n += math.prod(it.size)
     return 8 * n
@@ -216,7 +315,7 @@ def _checked(item: Item) -> Item:
     if isinstance(item, Triple):
         try:
             _ = item.out
-        except RuntimeError:
+        except ValueError:
             raise ValueError("bundle item shapes") from None
     return item
 
@@ -249,6 +348,9 @@ def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Ite
                 _int(a[5], 0, 63, "truncation shift"),
                 _int(a[1], 0, MAX_PAIR, "pair rank"),
             )
+        elif a[0] == "step" and len(a) == 5:
+            b, d, o = (_int(x, 1, MAX_BUNDLE_ELEMENTS, "step shape") for x in a[2:])
+            item = PairStep(b, d, o, _int(a[1], 1, MAX_PAIR, "pair rank"))
         elif a[0] == "init" and len(a) == 4 and len(sizes) == 1 and isinstance(a[2], torch.Size):
             if len(a[2]) != 2 or a[2][0] < 1:
                 raise ValueError("bundle init shape")
@@ -273,7 +375,9 @@ def dealer_bundle(server: Any, plan: Sequence[Item]) -> torch.Tensor:
     out = []
     for it in plan:
         if isinstance(it, Triple) and it.pair:
-            out.append(pair_c0(server.streams, it).reshape(-1))
+            out.append(pair_c0(server.streams, it, server.matmul).reshape(-1))
+        elif isinstance(it, PairStep):
+            out.append(pair_step_c0(server.streams, it, server.matmul))
         elif isinstance(it, Triple):
             out.append(server.additive(torch.Size(it.size0), torch.Size(it.size1), it.op).reshape(-1))
         elif isinstance(it, Wraps):
@@ -285,7 +389,7 @@ def dealer_bundle(server: Any, plan: Sequence[Item]) -> torch.Tensor:
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-def pair_c0(streams: Sequence[SecretStream], it: Triple) -> torch.Tensor:
+def pair_c0(streams: Sequence[SecretStream], it: Triple, matmul: RingProduct = torch.matmul) -> torch.Tensor:
     """Rank 0's share c_0 = a b - c_i of a pair triple between ranks 0 and i = it.pair:
     a = a_0 + a_i and b = b_0 + b_i drawn from those two parties' streams in the
     order they draw them (a, b; then c_i at rank i), as CrypTen's ``TTPServer.additive``
@@ -297,8 +401,24 @@ def pair_c0(streams: Sequence[SecretStream], it: Triple) -> torch.Tensor:
     s0, s1 = torch.Size(it.size0), torch.Size(it.size1)
     a = g0.ring(s0) + gi.ring(s0)
     b = g0.ring(s1) + gi.ring(s1)
-    c = a.matmul(b)
+    c = matmul(a, b)
     return c - gi.ring(c.size())
+
+
+def pair_step_c0(
+    streams: Sequence[SecretStream], it: PairStep, matmul: RingProduct = torch.matmul
+) -> torch.Tensor:
+    """Rank 0's shares of c, e and f of a :class:`PairStep` (flattened, in that
+    order): the masks u, v, g are the sums of rank 0's and rank i's draws (u, v, g
+    in that order at each), and rank i then draws its shares of c, e, f."""
+    if not 0 < it.pair < len(streams):
+        raise ProtocolError(
+            f"rank 0 asked the dealer for a step's tuples with rank {it.pair}, not an MPC party"
+        )
+    g0, gi = streams[0], streams[it.pair]
+    u, v, g = (g0.ring(s) + gi.ring(s) for s in it.masks)
+    values = (matmul(u, v), matmul(g, v.t()), matmul(u.t(), g))
+    return torch.cat([(x - gi.ring(x.shape)).reshape(-1) for x in values])
 
 
 # -- the parties' side -----------------------------------------------------------------
@@ -433,6 +553,15 @@ class SecretTTP(TupleProvider):
             if it.pair:
                 return a, b, cc  # raw ring shares: the pairwise layout does its own arithmetic
             return tuple(AST.from_shares(t, precision=0) for t in (a, b, cc))
+        if isinstance(it, PairStep):
+            u, v, g = (self._ring(s) for s in it.masks)
+            if rank == 0:
+                assert theirs is not None
+                sizes = [math.prod(s) for s in it.products]
+                c, e, f = (t.reshape(s) for t, s in zip(theirs.split(sizes), it.products, strict=True))
+            else:
+                c, e, f = (self._ring(s) for s in it.products)
+            return StepShares(u, v, g, c, e, f)
         if isinstance(it, Wraps):
             r = self._ring(it.size)
             return AST.from_shares(r, precision=0), AST.from_shares(correlated(it.size), precision=0)

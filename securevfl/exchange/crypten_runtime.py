@@ -150,13 +150,18 @@ def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
     return fn, args, device
 
 
-def serve_dealer(channel: Channel, on_failure: Callable[[int, Exception], PartyFailure]) -> int:
+def serve_dealer(
+    channel: Channel,
+    on_failure: Callable[[int, Exception], PartyFailure],
+    matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
+) -> int:
     """The trusted dealer's loop: answer rank 0's requests for correlated
-    randomness until it says ``terminate``. Requests are validated against a
-    whitelist of functions, operations and sizes. Returns the number served."""
+    randomness until it says ``terminate``, computing every triple's product with
+    ``matmul`` (:class:`SecretDealer`). Requests are validated against a whitelist
+    of functions, operations and sizes. Returns the number served."""
     c = crypten_comm_module.get()
     assert isinstance(c, FramedCommunicator)
-    server = SecretDealer(crypten_rng.dealer_keys(c))
+    server = SecretDealer(crypten_rng.dealer_keys(c), matmul=matmul)
     me = c.get_ttp_rank()
     served = 0
     while True:

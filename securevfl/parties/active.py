@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from securevfl import optim
+from securevfl.exchange.base import ActiveExchange
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
@@ -20,6 +21,7 @@ from securevfl.schedule import eval_batches
 
 class ActiveParty(Party):
     side = "active"
+    exchange: ActiveExchange
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         proto = self.proto

@@ -28,7 +28,7 @@ from securevfl.data.preprocess import Preprocessor, fit_preprocessor
 from securevfl.defenses.base import CollectiveContext, build_stack, run_collectives
 from securevfl.defenses.spending import allowed_steps
 from securevfl.errors import CheckpointError
-from securevfl.exchange.base import ExchangeBackend, ExchangeContext
+from securevfl.exchange.base import ActiveExchange, ExchangeBackend, ExchangeContext, PassiveExchange, RunPlan
 from securevfl.parties.state import (
     LoopState,
     ModelInfo,
@@ -48,7 +48,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record
 from securevfl.runtime.session import Session
-from securevfl.schedule import planned_steps, rounds_of, schedule
+from securevfl.schedule import eval_batches, planned_steps, rounds_of, schedule
 from securevfl.seeding import generator
 from securevfl.snapshot import ComponentState
 from securevfl.timing import PhaseClock
@@ -147,6 +147,7 @@ class Party:
     models and exchange in :meth:`_setup`."""
 
     side: str  # "active" | "passive"
+    exchange: ActiveExchange | PassiveExchange  # this rank's side of the backend, set by _setup
 
     def __init__(
         self,
@@ -228,6 +229,17 @@ class Party:
         start = 0 if done is None else done.epoch
         t_run, t_eval, t_save = time.perf_counter(), 0.0, 0.0
         c_run, c_eval, c_save = time.process_time(), 0.0, 0.0
+        self.exchange.expect(
+            RunPlan(
+                tuple(
+                    len(b)
+                    for epoch, batches, _ in schedule(self.n_train, tr, self.allowed_steps)
+                    if epoch >= start
+                    for b in batches
+                ),
+                tuple(len(b) for b in eval_batches(len(self.prep.test_idx), tr.batch_size)),
+            )
+        )
         for epoch, batches, last in schedule(self.n_train, tr, self.allowed_steps):
             if epoch < start:  # done before the checkpoint this run resumed from
                 continue
@@ -339,7 +351,7 @@ class Party:
         return tensors, docs
 
     def exchange_state(self) -> Any:
-        return self.exchange.checkpoint_state()  # type: ignore[attr-defined]
+        return self.exchange.checkpoint_state()
 
     def preprocess_state(self) -> PreprocessState:
         """The fitted transform from this party's raw columns to its model inputs."""
@@ -400,7 +412,7 @@ class Party:
         self.load_model_tensors(state.tensor("models", rank=rank))
         self.optimizer().load_state_dict(state.tensor("optimizer", rank=rank))
         ex = state.tensor("exchange", rank=rank), state.docs.get("exchange", {})
-        self.exchange.restore(ComponentState.from_parts(*ex))  # type: ignore[attr-defined]
+        self.exchange.restore(ComponentState.from_parts(*ex))
         defenses = state.tensor("defenses", rank=rank), state.docs.get("defenses", [])
         self.stack.restore(join_components(*defenses))
         restore_rng(state.tensor("rng", rank=rank), state.doc("rng", RngState, rank=rank))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from securevfl import optim
+from securevfl.exchange.base import PassiveExchange
 from securevfl.models import build_bottom, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.state import module_states
@@ -17,6 +18,7 @@ from securevfl.schedule import eval_batches
 
 class PassiveParty(Party):
     side = "passive"
+    exchange: PassiveExchange
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         proto = self.proto

@@ -20,7 +20,7 @@ from securevfl.csprng import SecretStream
 from securevfl.exchange import crypten_rng, truncation
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor, count_wraps, crypten
 from securevfl.exchange.crypten_dealer import SecretDealer
-from securevfl.exchange.crypten_pool import Init, SecretTTP, Triple, Trunc, Wraps, dealer_bundle
+from securevfl.exchange.crypten_pool import Init, PairStep, SecretTTP, Triple, Trunc, Wraps, dealer_bundle
 from tests.unit.test_crypten_comm import _comms, _each
 
 LR = (104858, 29)
@@ -160,6 +160,7 @@ def test_every_bundle_item_reconstructs_from_the_dealer_and_the_parties():
         Trunc((5,), 16, *LR, 1),
         Init((64, 64), 16),
         Init((256, 64), 16, 2),
+        PairStep(6, 4, 3, 1),
     ]
     dealer = SecretDealer([SecretStream(k) for k in _keys(n)], own=SecretStream.from_seed(7, "dealer"))
     c0 = dealer_bundle(dealer, plan)
@@ -170,6 +171,9 @@ def test_every_bundle_item_reconstructs_from_the_dealer_and_the_parties():
         if isinstance(it, Triple):
             a, b, c = (sum(_plain(e[i]) for e in held) for i in range(3))
             assert torch.equal(c, a.matmul(b) if it.op == "matmul" else a * b)
+        elif isinstance(it, PairStep):
+            u, v, g, c, e, f = (sum(x[i] for x in held) for i in range(6))
+            assert torch.equal(c, u @ v) and torch.equal(e, g @ v.t()) and torch.equal(f, u.t() @ g)
         elif isinstance(it, Wraps):
             assert torch.equal(sum(_plain(e[1]) for e in held), count_wraps([_plain(e[0]) for e in held]))
         elif isinstance(it, Trunc):

@@ -4,6 +4,7 @@ request whitelist; the public fixed-point scalars)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -12,10 +13,19 @@ import torch
 from securevfl._compat import import_crypten
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_pool import Triple, Trunc, Wraps, dealer_bundle, parse_bundle, plan_elements
+from securevfl.exchange.base import RunPlan
+from securevfl.exchange.crypten_pool import (
+    Triple,
+    Trunc,
+    Wraps,
+    dealer_bundle,
+    parse_bundle,
+    plan_elements,
+    product_shape,
+)
 from securevfl.exchange.crypten_runtime import decode_obj, encode_obj, parse_dealer_request
 from securevfl.exchange.mpc.ops import fixed_scalar
-from securevfl.exchange.mpc.plan import chunk_steps, pair_plan, step_ops, step_plan, top_up
+from securevfl.exchange.mpc.plan import Lookahead, chunk_steps, pair_plan, step_ops, step_plan, top_up
 
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (fixed_scalar)
 
@@ -105,6 +115,80 @@ def test_an_epoch_end_evaluation_leaves_no_triples_in_the_pool(layout):
     assert fetched == used and not any(stock.values())
 
 
+def test_chunk_sizes_with_the_steps_ahead():
+    # no more than the run will take of this shape; without a count, as before
+    assert chunk_steps(1000, 16, None, full_batch=True, ahead=14) == 14
+    assert chunk_steps(1000, 16, None, full_batch=True, ahead=40) == 16
+    assert chunk_steps(1000, 16, 3, full_batch=True, ahead=14) == 3
+    assert chunk_steps(1000, 16, None, full_batch=False, ahead=3) == 3  # every epoch's short batch at once
+    assert chunk_steps(1000, 16, None, full_batch=True, train=False, ahead=9) == 9  # one evaluation pass
+    assert chunk_steps(64 << 20, 16, None, full_batch=True, ahead=14) == 1  # the pooled-bytes bound
+
+
+def _drive(layout: str, ahead: Lookahead | None) -> tuple[int, int, int]:
+    """Two epochs of 5 full batches and a short one (digits at batch 256: 1,437
+    rows) cut at max_steps 11, an evaluation of 3 full batches and a short one
+    after each epoch, as the roles drive the pool: (tuples fetched, used, bundles)."""
+
+    def plan(batch: int, train: bool) -> list:
+        if layout == "joint":
+            return step_plan(batch, [64, 64], 64, 3, train=train, lr=LR)
+        return pair_plan(batch, [64, 64], 64, [1, 2], train=train, lr=LR)
+
+    train = [256] * 5 + [157] + [256] * 5
+    evaluation = [256] * 3 + [104]
+    if ahead is not None:
+        ahead.expect(RunPlan(tuple(train), tuple(evaluation)))
+    steps_in_order = [(b, True) for b in train[:6]] + [(b, False) for b in evaluation]
+    steps_in_order += [(b, True) for b in train[6:]] + [(b, False) for b in evaluation]
+    stock: dict = {}
+    fetched = used = bundles = 0
+    for batch, is_train in steps_in_order:
+        p = plan(batch, is_train)
+        left = None if ahead is None else ahead.ahead(batch, is_train)
+        bundle = top_up(
+            p, stock, chunk_steps(1 << 20, 16, 11, full_batch=batch == 256, train=is_train, ahead=left)
+        )
+        if ahead is not None:
+            ahead.took(batch, is_train)
+        fetched += len(bundle)
+        bundles += bool(bundle)
+        for it in bundle:
+            stock[it] = stock.get(it, 0) + 1
+        for it in p:
+            assert stock.get(it, 0) > 0
+            stock[it] -= 1
+        used += len(p)
+    return fetched, used, bundles
+
+
+@pytest.mark.parametrize("layout", ["joint", "pairwise"])
+def test_a_run_that_says_its_steps_uses_every_tuple_the_dealer_makes(layout):
+    """With the run's plan (Lookahead) every tuple the dealer makes is used; without
+    it the last training bundle outlives the run (max_steps counts the short batch
+    too: 62 tuples made for 60 used in the pairwise layout, 157 for 93 in the joint
+    one). In the pairwise layout each evaluation pass also takes one bundle per batch
+    shape instead of one per batch (7 bundles in all instead of 10)."""
+    fetched, used, bundles = _drive(layout, Lookahead())
+    assert fetched == used
+    before = _drive(layout, None)
+    assert before[0] > before[1]  # tuples the dealer made for nothing
+    if layout == "pairwise":
+        assert bundles < before[2]
+
+
+def test_lookahead_unknown_without_a_plan_and_past_it():
+    ahead = Lookahead()
+    assert ahead.ahead(256, True) is None and ahead.ahead(256, False) is None
+    ahead.expect(RunPlan((256, 256), (256,)))
+    assert ahead.ahead(256, True) == 2 and ahead.ahead(64, True) is None
+    ahead.took(256, True)
+    ahead.took(256, True)
+    assert ahead.ahead(256, True) is None  # more steps than the run said: sized as without a plan
+    ahead.took(256, False)  # a pass is over: the next evaluation runs the same batches
+    assert ahead.ahead(256, False) == 1
+
+
 def test_bundle_request_round_trips_and_is_validated():
     plan = step_plan(16, [8, 8], 4, 3, train=True, lr=LR)
     msg = {"function": "bundle", "device": None, "args": [[it.to_wire() for it in plan]], "kwargs": {}}
@@ -182,3 +266,36 @@ def test_pooled_bytes_counts_every_share_a_party_keeps():
 
     # (2x3)(3x4): a 6, b 12, c 8 elements; wraps of 5: r 5, theta 5
     assert pooled_bytes([Triple((2, 3), (3, 4)), Wraps((5,))]) == 8 * (6 + 12 + 8 + 10)
+
+
+_SHAPES = [
+    (3,),
+    (4,),
+    (1,),
+    (2, 3),
+    (3, 4),
+    (3, 2),
+    (4, 3),
+    (2, 1),
+    (1, 3),
+    (5, 2, 3),
+    (1, 3, 4),
+    (5, 3, 4),
+    (2, 1, 3, 4),
+]
+
+
+@pytest.mark.parametrize("op", ["mul", "matmul"])
+def test_product_shape_is_torchs(op):
+    """Every item's c shape comes from shape arithmetic (no meta tensors): the same
+    shape torch gives, and a ValueError wherever torch refuses, over every pair of a
+    set of 1- to 4-d shapes."""
+    for a, b in itertools.product(_SHAPES, repeat=2):
+        x, y = torch.empty(a), torch.empty(b)
+        try:
+            want = tuple((x.matmul(y) if op == "matmul" else x * y).shape)
+        except RuntimeError:
+            with pytest.raises(ValueError):
+                product_shape(a, b, op)
+            continue
+        assert product_shape(a, b, op) == want, (a, b)

@@ -11,7 +11,15 @@ import torch
 
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_pool import Triple, Trunc, dealer_bundle, parse_bundle, plan_elements
+from securevfl.exchange.crypten_pool import (
+    PairStep,
+    StepShares,
+    Triple,
+    Trunc,
+    dealer_bundle,
+    parse_bundle,
+    plan_elements,
+)
 from securevfl.exchange.mpc import ring
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops
 
@@ -93,20 +101,80 @@ def test_pair_items_are_validated():
     ):
         with pytest.raises(ValueError):
             parse_bundle(bad)
+    for bad in (
+        [["step", 0, 16, 8, 4]],
+        [["step", 1, 0, 8, 4]],
+        [["step", 1, 16, 8.0, 4]],
+        [["step", 1, 16, 8]],
+        [["step", 1, 1 << 20, 1 << 20, 4]],
+    ):
+        with pytest.raises(ValueError):
+            parse_bundle(bad)
     with pytest.raises(ProtocolError, match="rank 5"):
         dealer_bundle(_dealer([1, 2, 3]), [Triple((2, 3), (3, 4), "matmul", 5)])
+    with pytest.raises(ProtocolError, match="rank 3"):
+        dealer_bundle(_dealer([1, 2, 3]), [PairStep(2, 3, 4, 3)])
+
+
+def _step_shares(seeds: list[int], it: PairStep) -> list[StepShares]:
+    """Rank 0's and rank it.pair's shares of one PairStep, drawn as SecretTTP draws
+    them (u, v, g; then c, e, f at rank i, received at rank 0)."""
+    c0 = dealer_bundle(_dealer(seeds), [it])
+    gens = {r: SecretStream.from_seed(seeds[r], "dealer") for r in (0, it.pair)}
+    out = []
+    for rank in (0, it.pair):
+        u, v, g = (gens[rank].ring(s) for s in it.masks)
+        if rank == 0:
+            sizes = [math.prod(s) for s in it.products]
+            c, e, f = (t.reshape(s) for t, s in zip(c0.split(sizes), it.products, strict=True))
+        else:
+            c, e, f = (gens[rank].ring(s) for s in it.products)
+        out.append(StepShares(u, v, g, c, e, f))
+    return out
+
+
+def test_a_pair_step_gives_the_three_products_from_three_openings():
+    """A training step's products from one PairStep: h' and W opened once under u and
+    v (forward), dL/dz once under g (backward); the forward and both backward
+    products reconstruct exactly, and what is opened is each value minus its own
+    mask: three openings where three Beaver triples need six."""
+    g = torch.Generator().manual_seed(11)
+    b, d, o = 8, 5, 3
+    it = PairStep(b, d, o, 2)
+    sh = _step_shares([4, 9, 13], it)
+    u, v, gm = (sum(getattr(s, n) for s in sh) for n in ("u", "v", "g"))
+    assert torch.equal(sum(s.c for s in sh), u @ v)
+    assert torch.equal(sum(s.e for s in sh), gm @ v.t())
+    assert torch.equal(sum(s.f for s in sh), u.t() @ gm)
+    h, w, grad = (ring.encode(torch.randn(*shape, generator=g), 16) for shape in ((b, d), (d, o), (b, o)))
+    parts = [[_ring((b, d), g), _ring((d, o), g), _ring((b, o), g)]]
+    parts.append([x - p for x, p in zip((h, w, grad), parts[0], strict=True)])  # two sharings of each
+    eps = sum(ring.masked(p[0], s.u) for p, s in zip(parts, sh, strict=True))
+    delta = sum(ring.masked(p[1], s.v) for p, s in zip(parts, sh, strict=True))
+    phi = sum(ring.masked(p[2], s.g) for p, s in zip(parts, sh, strict=True))
+    assert torch.equal(eps, h - u) and torch.equal(delta, w - v) and torch.equal(phi, grad - gm)
+    z = [ring.beaver_share(eps, delta, s.u, s.v, s.c, first=j == 0) for j, s in enumerate(sh)]
+    dh = [ring.beaver_share(phi, delta.t(), s.g, s.v.t(), s.e, first=j == 0) for j, s in enumerate(sh)]
+    dw = [ring.beaver_share(eps.t(), phi, s.u.t(), s.g, s.f, first=j == 0) for j, s in enumerate(sh)]
+    assert torch.equal(z[0] + z[1], h @ w)
+    assert torch.equal(dh[0] + dh[1], grad @ w.t())
+    assert torch.equal(dw[0] + dw[1], h.t() @ grad)
 
 
 def test_pair_plan_is_linear_in_parties_and_truncates_per_pair():
     for k in (1, 2, 4):
         plan = pair_plan(256, [64] * k, 64, range(1, k + 1), train=True, lr=LR)
-        triples = [it for it in plan if isinstance(it, Triple)]
-        assert len(triples) == 3 * k and all(it.pair for it in triples)
-        # one exact truncation's material per pair (momentum and weight step), no wraps pairs
-        assert [it for it in plan if not isinstance(it, Triple)] == [
+        # a training step: one PairStep per pair (its three products), then one exact
+        # truncation's material per pair (momentum and weight step), no wraps pairs
+        assert plan == [PairStep(256, 64, 64, r) for r in range(1, k + 1)] + [
             Trunc((64 * 64,), 16, *LR, r) for r in range(1, k + 1)
         ]
-        assert pair_ops(256, [64] * k, 64).rounds == 4
+        # a forward pass alone: one Beaver triple per pair
+        assert pair_plan(256, [64] * k, 64, range(1, k + 1), train=False) == [
+            Triple((256, 64), (64, 64), "matmul", r) for r in range(1, k + 1)
+        ]
+        ops = pair_ops(256, [64] * k, 64)
+        assert (ops.rounds, ops.matmuls, ops.openings) == (4, 3 * k, 3 * k)
     # each pair holds its own three products; the joint layout's ring elements per
     # step grow with k + 1 holders, the pairwise with 2
     one, four = (

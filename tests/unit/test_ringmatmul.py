@@ -224,6 +224,17 @@ def test_the_kernel_probe_times_cpu_not_waiting():
     assert len(calls) == 4  # one warm-up, then the timed repeats
 
 
+def test_the_kernel_probe_stops_timing_a_kernel_that_has_lost():
+    calls = []
+
+    def slow() -> None:
+        calls.append(1)
+        sum(range(20_000))  # CPU work, well above the bound below
+
+    assert rm._timed(slow, repeats=3, above=1e-9) > 1e-9
+    assert len(calls) == 2  # the warm-up and one timed call
+
+
 def test_ring_products_scope_routes_cpu_int64_products_only(monkeypatch):
     monkeypatch.setenv(rm.KERNEL_ENV, "limbs")
     calls = []
@@ -250,19 +261,26 @@ def test_ring_products_scope_routes_cpu_int64_products_only(monkeypatch):
 
 @pytest.mark.parametrize("kernel", rm.KERNELS)
 def test_dealer_bundles_are_the_same_on_either_kernel(monkeypatch, kernel):
-    """The dealer's c_0 for joint (its ``additive``) and pair triples (pair_c0),
-    computed inside the dealer's scope, equal the int64 ones."""
+    """The dealer's c_0 for joint (its ``additive``), pair triples (pair_c0) and a
+    pair's step tuples (pair_step_c0), computed with the ring kernel the dealer is
+    given, and inside the RingProducts scope, equal the int64 ones."""
     from securevfl.csprng import SecretStream
     from securevfl.exchange.crypten_dealer import SecretDealer
-    from securevfl.exchange.crypten_pool import Triple, dealer_bundle
+    from securevfl.exchange.crypten_pool import PairStep, Triple, dealer_bundle
 
-    def dealer():
+    def dealer(**kw):
         keys = [bytes([k]) * 32 for k in (3, 4, 5)]
-        return SecretDealer([SecretStream(k) for k in keys], own=SecretStream(bytes([6]) * 32))
+        return SecretDealer([SecretStream(k) for k in keys], own=SecretStream(bytes([6]) * 32), **kw)
 
-    plan = [Triple((256, 64), (64, 64)), Triple((64, 256), (256, 64), "matmul", 1), Triple((7, 3), (3, 5))]
+    plan = [
+        Triple((256, 64), (64, 64)),
+        Triple((64, 256), (256, 64), "matmul", 1),
+        Triple((7, 3), (3, 5)),
+        PairStep(256, 64, 32, 2),
+    ]
     want = dealer_bundle(dealer(), plan)
     monkeypatch.setenv(rm.KERNEL_ENV, kernel)
+    assert torch.equal(dealer_bundle(dealer(matmul=rm.ring_matmul), plan), want)
     with rm.RingProducts():
         got = dealer_bundle(dealer(), plan)
     assert torch.equal(got, want)

@@ -66,14 +66,15 @@ from securevfl.exchange.base import (
     ExchangeContext,
     HelperExchange,
     PassiveExchange,
+    RunPlan,
 )
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm
 from securevfl.exchange.crypten_pool import Init, Trunc, TruncShares
 from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.pairwise import PairRole
-from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, step_plan, top_up
-from securevfl.exchange.mpc.ringmatmul import RingProducts, forced_kernel
+from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, step_plan, top_up
+from securevfl.exchange.mpc.ringmatmul import forced_kernel, ring_matmul
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
 
@@ -137,6 +138,7 @@ class _MpcRole:
         self.momentum = round(ctx.proto.interactive.momentum * 2**FRAC_BITS)
         self.lr = ops.fixed_scalar(ctx.proto.interactive.lr / self.batch_scale, FRAC_BITS)
         self.provider = crypten_pool.current()  # None under TFP (no dealer)
+        self.lookahead = Lookahead()  # the run's steps ahead, once the training loop says (expect)
         self.pool = self.provider if self.device.type == "cpu" else None
         self.w = [self._init_weight(i, d) for i, d in enumerate(self.dims)]
         self.v: list[Any] = [None] * len(self.w)
@@ -176,11 +178,13 @@ class _MpcRole:
             self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,
             train=train,
+            ahead=self.lookahead.ahead(batch, train),
         )
         stock = {it: self.pool.stock(it) for it in plan}
         bundle = top_up(plan, stock, steps)
         if bundle:
             self.pool.prefetch(bundle)
+        self.lookahead.took(batch, train)
 
     def forward_shares(self, h: torch.Tensor | None, batch: int, train: bool) -> Any:
         """Share every h'_i from its owner; return [z] at 32 fractional bits (the
@@ -286,6 +290,9 @@ class MpcActive(ActiveExchange):
         assert z is not None
         return z.float()
 
+    def expect(self, plan: RunPlan) -> None:
+        self.role.lookahead.expect(plan)
+
     def backward(self, grad_z: torch.Tensor) -> None:
         self.role.backward(grad_z.detach().float().cpu(), grad_z.shape[0])
 
@@ -311,6 +318,9 @@ class MpcPassive(PassiveExchange):
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         self._batch = h.shape[0]
         self.role.forward(h.detach().float().cpu(), self._batch, train)
+
+    def expect(self, plan: RunPlan) -> None:
+        self.role.lookahead.expect(plan)
 
     def backward(self) -> torch.Tensor:
         g = self.role.backward(None, self._batch)
@@ -342,8 +352,7 @@ class MpcDealer(HelperExchange):
 
     def serve(self) -> None:
         # every ring product the dealer computes (c = a b) on the CPU ring kernel
-        with RingProducts():
-            self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure)
+        self.served = serve_dealer(self.ctx.channel, self.ctx.channel.comm_failure, ring_matmul)
         stop_crypten()
 
 

@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from securevfl.csprng import SecretStream
 from securevfl.exchange.crypten_dealer import SecretDealer
-from securevfl.exchange.crypten_pool import Init, Triple, Trunc, Wraps, dealer_bundle
+from securevfl.exchange.crypten_pool import Init, PairStep, Triple, Trunc, Wraps, dealer_bundle
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
-from securevfl.exchange.mpc.ringmatmul import RingProducts, beaver_terms, kernel
+from securevfl.exchange.mpc.ringmatmul import beaver_terms, kernel, ring_matmul
 
 PING_ROUNDS = 200
 
@@ -83,8 +83,8 @@ def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     g = SecretStream.fresh()
     ops = []
     for it in plan:
-        if isinstance(it, Triple):
-            ops.append(tuple(g.ring(s) for s in (it.size0, it.size1, it.size0, it.size1, it.out)))
+        for t in it.triples() if isinstance(it, PairStep) else [it] if isinstance(it, Triple) else []:
+            ops.append(tuple(g.ring(s) for s in (t.size0, t.size1, t.size0, t.size1, t.out)))
     best = float("inf")
     for _ in range(repeats):
         t0 = time.process_time()
@@ -99,6 +99,8 @@ def _party_draws(it: Any) -> list[tuple[int, ...]]:
     it receives the correlated values)."""
     if isinstance(it, Triple):
         return [it.size0, it.size1, it.out]
+    if isinstance(it, PairStep):
+        return [*it.masks, *it.products]
     if isinstance(it, Wraps):
         return [it.size, it.size]
     if isinstance(it, Trunc):
@@ -112,12 +114,11 @@ def offline_s(plan: Sequence[Any], n_mpc: int) -> float:
     draws of its own shares (a, b, c per triple; r and its four truncation values
     per truncation), from secret streams as the product draws them, on the ring
     kernel the dealer uses."""
-    server = SecretDealer([SecretStream.fresh() for _ in range(n_mpc)])
+    server = SecretDealer([SecretStream.fresh() for _ in range(n_mpc)], matmul=ring_matmul)  # as it serves
     g = SecretStream.fresh()
     kernel()
     t0 = time.process_time()
-    with RingProducts():  # as the dealer serves
-        dealer_bundle(server, plan)
+    dealer_bundle(server, plan)
     for it in plan:
         for s in _party_draws(it):
             g.ring(s)

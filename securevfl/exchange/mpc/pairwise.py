@@ -11,14 +11,19 @@ same rounds. A step's work is k two-party computations: linear in k.
 
 Per training step (4 rounds whatever k):
 
-1. every pair opens its forward operands eps = h'_i - a, delta = W_i - b (A and P_i
-   exchange their masked shares; A with all k at once);
+1. every pair opens its forward operands eps = h'_i - u, delta = W_i - v (A and P_i
+   exchange their masked shares; A with all k at once), u and v the masks of the
+   step's :class:`~securevfl.exchange.crypten_pool.PairStep` (in training; a Beaver
+   triple's a and b in a forward pass alone);
 2. z = sum_i h'_i W_i is revealed to A alone: every party adds its share of CrypTen's
    pseudo-random zero sharing (PRZS over all MPC parties) to its share of z, and each
    P_i sends that to A; A adds them up. A learns only the sum: with k >= 2 the k
    values are uniform given it (the zero sharing's keys between neighbouring
    passive parties are unknown to A);
-3. every pair opens its backward operands (dL/dz W_i^T and h'_i^T dL/dz);
+3. every pair opens dL/dz - g, its one backward operand: with eps and delta from
+   step 1 it gives both backward products, dL/dz W_i^T and h'_i^T dL/dz, from the
+   PairStep's e = g v^T and f = u^T g (SecureML's reuse of a masked matrix across
+   the passes: each value is opened once per step, under a mask used for it alone);
 4. A sends P_i its share of dL/dh'_i = dL/dz W_i^T (P_i alone opens it) and, in the
    same frames, each pair opens its momentum m v_i + h'_i^T dL/dz masked by the
    dealer's truncation mask: both updates, v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and
@@ -54,7 +59,7 @@ from securevfl.exchange.crypten_api import comm
 from securevfl.exchange.crypten_pool import Init
 from securevfl.exchange.crypten_runtime import start_crypten, stop_crypten
 from securevfl.exchange.mpc.ops import fixed_scalar
-from securevfl.exchange.mpc.plan import FRAC_BITS, chunk_steps, pair_plan
+from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, pair_plan
 from securevfl.exchange.mpc.plan import top_up as plan_top_up
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
@@ -98,6 +103,7 @@ class PairRole:
         assert pool is not None  # installed by start_crypten for the TTP provider
         self.pool = pool
         self.offline_steps = offline_steps
+        self.lookahead = Lookahead()  # the run's steps ahead, once the training loop says (expect)
         self.rank = ctx.rank
         self.out = ctx.proto.interactive.out
         self.passive = [r.rank for r in lay.passive]
@@ -114,7 +120,8 @@ class PairRole:
         self.pair_streams = {i: got[p] for i, p in zip(self.mine, peers, strict=True)}
         self.w = self._init_weights(weight_init)
         self.v: dict[int, torch.Tensor | None] = dict.fromkeys(self.mine)
-        self._h: dict[int, torch.Tensor] = {}
+        # a training forward's PairStep shares and openings (eps, delta), per pair, for its backward
+        self._fwd: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
 
     @property
     def first(self) -> bool:
@@ -151,7 +158,8 @@ class PairRole:
 
     def _offline(self, batch: int, train: bool) -> None:
         """Top the pool up to a chunk of steps of this step's plan when it holds less
-        than one (the same decision at every party: every party counts every item)."""
+        than one (the same decision at every party: every party counts every item
+        and the same steps ahead)."""
         plan = self._plan(batch, train)
         steps = chunk_steps(
             crypten_pool.pooled_bytes(plan),
@@ -159,40 +167,30 @@ class PairRole:
             self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,
             train=train,
+            ahead=self.lookahead.ahead(batch, train),
         )
         bundle = plan_top_up(plan, {it: self.pool.stock(it) for it in plan}, steps)
         if bundle:
             self.pool.prefetch(bundle)
+        self.lookahead.took(batch, train)
 
     # -- the online protocol ---------------------------------------------------------
     def _peer(self, i: int) -> int:
         return self.passive[i] if self.rank == 0 else 0
 
-    def _products(
-        self, ops: dict[int, list[tuple[torch.Tensor, torch.Tensor]]], triples: dict[int, list[Any]]
-    ) -> dict[int, list[torch.Tensor]]:
-        """Beaver products of every pair this rank is in, all openings in one round:
-        ``ops[i]`` lists pair i's (x share, y share), ``triples[i]`` its (a, b, c)."""
-        mine = {}
-        for i, pairs in ops.items():
-            masked = []
-            for (x, y), (a, b, _) in zip(pairs, triples[i], strict=True):
-                masked += [ring.masked(x, a), ring.masked(y, b)]
-            mine[i] = masked
-        order = list(ops)
-        sends = [(self._peer(i), _flat(mine[i])) for i in order]
+    def _open(self, masked: dict[int, list[torch.Tensor]]) -> dict[int, list[torch.Tensor]]:
+        """Open every pair's masked values in one round: ``masked[i]`` lists this
+        rank's shares of pair i's x - a; returns the opened x - a, same layout."""
+        order = list(masked)
+        sends = [(self._peer(i), _flat(masked[i])) for i in order]
         recvs = [(d, torch.empty_like(f)) for d, f in sends]
         got = comm.get().p2p_round(sends, recvs, "open")
-        out = {}
-        for i, theirs in zip(order, got, strict=True):
-            opened = [m + t for m, t in zip(mine[i], _split(theirs, mine[i]), strict=True)]
-            out[i] = [
-                ring.beaver_share(opened[2 * j], opened[2 * j + 1], a, b, c, self.first)
-                for j, (a, b, c) in enumerate(triples[i])
-            ]
-        return out
+        return {
+            i: [m + t for m, t in zip(masked[i], _split(theirs, masked[i]), strict=True)]
+            for i, theirs in zip(order, got, strict=True)
+        }
 
-    def _triples(self, plan: list[Any]) -> dict[int, list[Any]]:
+    def _items(self, plan: list[Any]) -> dict[int, list[Any]]:
         """Pop the step's items (every party pops every item); keep this rank's
         pairs', by pair index, in plan order."""
         entries = self.pool.take(plan)
@@ -203,20 +201,31 @@ class PairRole:
         return out
 
     def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
-        """One forward: A gets z (float64, B x out); P_i gets None."""
+        """One forward: A gets z (float64, B x out); P_i gets None. In training the
+        pair's :class:`~securevfl.exchange.crypten_pool.PairStep` masks h'_i and W_i,
+        and their openings are kept for the backward products."""
         self._offline(batch, train)
         plan = self._plan(batch, train)[: len(self.dims)]
-        triples = self._triples(plan)
-        xs = {}
+        items = self._items(plan)
+        xs: dict[int, torch.Tensor] = {}
+        tuples: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for i in self.mine:
             # h'_i re-shared from the pair's stream: A holds s, P_i enc(h'_i) - s
             s = self.pair_streams[i].ring((batch, self.dims[i]))
             xs[i] = s if h is None else ring.encode(h, FRAC_BITS) - s
-        prods = self._products({i: [(xs[i], self.w[i])] for i in self.mine}, triples)
-        self._h = xs if train else {}
+            (e,) = items[i]
+            tuples[i] = (e.u, e.v, e.c) if train else (e[0], e[1], e[2])
+        opened = self._open(
+            {i: [ring.masked(xs[i], a), ring.masked(self.w[i], b)] for i, (a, b, _) in tuples.items()}
+        )
+        prods = {
+            i: ring.beaver_share(opened[i][0], opened[i][1], a, b, c, self.first)
+            for i, (a, b, c) in tuples.items()
+        }
+        self._fwd = {i: (items[i][0], *opened[i]) for i in self.mine} if train else {}
         # z to A alone: shares of z plus a pseudo-random zero sharing over all MPC parties
         mask = AST.PRZS(torch.Size((batch, self.out))).share
-        share = mask + sum(p[0] for p in prods.values())
+        share = mask + sum(prods.values())
         if self.rank == 0:
             got = comm.get().p2p_round([], [(r, torch.empty_like(share)) for r in self.passive], "reveal")
             return ring.decode(share + sum(got), PROD_BITS)
@@ -225,27 +234,37 @@ class PairRole:
 
     def backward(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """dL/dz from A (scaled by the nominal batch size, as in the joint layout);
-        returns dL/dh'_i at P_i, None at A. SGD with momentum in each pair's shares:
-        v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and W_i <- W_i - lr v_i, both exact
-        truncations of one opening that travels with the reveal of dL/dh'_i."""
+        returns dL/dh'_i at P_i, None at A. dL/dz - g is the one opening: with the
+        forward pass's eps = h'_i - u and delta = W_i - v it gives both products,
+        dL/dz W_i^T from (g, v^T, e) and h'_i^T dL/dz from (u^T, g, f). SGD with
+        momentum in each pair's shares: v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and
+        W_i <- W_i - lr v_i, both exact truncations of one opening that travels
+        with the reveal of dL/dh'_i."""
         k = len(self.dims)
         plan = self._plan(batch, True)[k:]
-        items = self._triples(plan)  # per pair: [g W^T, h^T g, truncation material]
+        truncs = self._items(plan)  # per pair: [truncation material]
         scale = self.batch_scale
         gs = {}
         for i in self.mine:
             # dL/dz re-shared from the pair's stream: A holds enc(g) - s', P_i s'
             s = self.pair_streams[i].ring((batch, self.out))
             gs[i] = s if g is None else ring.encode(g * scale, FRAC_BITS) - s
-        ops = {i: [(gs[i], self.w[i].t()), (self._h[i].t(), gs[i])] for i in self.mine}
-        prods = self._products(ops, {i: items[i][:2] for i in self.mine})
+        opened = self._open({i: [ring.masked(gs[i], self._fwd[i][0].g)] for i in self.mine})
+        prods = {}
+        for i in self.mine:
+            e, eps, delta = self._fwd[i]
+            (phi,) = opened[i]
+            prods[i] = (
+                ring.beaver_share(phi, delta.t(), e.g, e.v.t(), e.e, self.first),  # dL/dz W_i^T
+                ring.beaver_share(eps.t(), phi, e.u.t(), e.g, e.f, self.first),  # h'_i^T dL/dz
+            )
         # the momentum before truncation (32 fractional bits), masked for its opening
         lr, lr_bits = self.lr
         raw, masked = {}, {}
         for i in self.mine:
             hg, v = prods[i][1], self.v[i]
             raw[i] = hg if v is None else self.momentum * v + hg
-            masked[i] = truncation.masked(raw[i].reshape(-1), items[i][2].r, self.first)
+            masked[i] = truncation.masked(raw[i].reshape(-1), truncs[i][0].r, self.first)
         # one round: dL/dh'_i to P_i alone (A sends its share) and the masked momenta both ways
         c = comm.get()
         mine = None
@@ -257,17 +276,17 @@ class PairRole:
             theirs = {i: parts[0] for i, parts in zip(self.mine, got, strict=True)}
         else:
             (i,) = self.mine
-            ((revealed, opened),) = c.p2p_parts(
+            ((revealed, opened_m),) = c.p2p_parts(
                 [(0, [("open", masked[i])])], [(0, [("reveal", prods[i][0]), ("open", masked[i])])]
             )
-            theirs = {i: opened}
+            theirs = {i: opened_m}
             mine = ring.decode(prods[i][0] + revealed, PROD_BITS) / scale
         for i in self.mine:
             opened_c = masked[i] + theirs[i]
-            v, step = truncation.finish(opened_c, items[i][2].material, FRAC_BITS, lr, lr_bits, self.first)
+            v, step = truncation.finish(opened_c, truncs[i][0].material, FRAC_BITS, lr, lr_bits, self.first)
             self.v[i] = v.reshape(raw[i].shape)
             self.w[i] = self.w[i] - step.reshape(raw[i].shape)
-        self._h = {}
+        self._fwd = {}
         return None if mine is None else mine.float()
 
     # -- checkpoints (docs/design.md §12) ----------------------------------------------------

@@ -54,14 +54,17 @@ protocol multiplies:
   (securevfl's batched form of CrypTen's ``beaver.matmul``); it also fuses the
   three products into one limb product over twice the inner dimension
   (eps (b + delta) + a delta at the first party, a ring identity);
-* the dealer serves inside :class:`RingProducts`, a ``TorchFunctionMode`` (the
-  same ``__torch_function__`` protocol, applied to a scope instead of a tensor
-  type) that takes every CPU int64 ``matmul`` to :func:`ring_matmul`: CrypTen's
-  ``TTPServer.additive`` (the joint layout's triples) and securevfl's
-  ``crypten_pool.pair_c0`` (the pairwise layout's) draw their operands from the
-  parties' streams and multiply them as they are written; the provider calls a
-  party makes for its triples run inside it too (CrypTen's TFP computes c = a b
-  at the parties).
+* the dealer (``crypten_dealer.SecretDealer``, securevfl's own TTP server) is
+  given :func:`ring_matmul` as the product it computes every c = a b with: the
+  joint layout's triples (its ``additive``) and the pairwise layout's
+  (``crypten_pool.pair_c0``, ``pair_step_c0``);
+* the provider calls a party makes for its triples (CrypTen's insecure TFP
+  computes c = a b at the parties) run inside :class:`RingProducts`, a
+  ``TorchFunctionMode`` (the same ``__torch_function__`` protocol, applied to a
+  scope instead of a tensor type) that takes every CPU int64 ``matmul`` to
+  :func:`ring_matmul`. The dealer takes the kernel as an argument rather than a
+  scope: a mode sees every torch call of its scope (thousands per bundle), an
+  argument only the products.
 
 The training loop never sees any of this: it calls the exchange as before.
 """
@@ -182,16 +185,19 @@ def limb_matmul_sum(pairs: Sequence[Pair]) -> torch.Tensor:
     return out
 
 
-def _timed(fn: Callable[[], Any], repeats: int = 3) -> float:
+def _timed(fn: Callable[[], Any], repeats: int = 3, *, above: float = math.inf) -> float:
     """The best of ``repeats`` calls after one warm-up, on this thread's CPU clock:
     every rank probes at the same moment of its start-up, so on a busy machine a
-    wall clock would time the scheduler as much as the kernel."""
+    wall clock would time the scheduler as much as the kernel. Stops early once
+    the best is still above ``above`` (a candidate that has already lost)."""
     fn()
     best = math.inf
     for _ in range(repeats):
         t0 = time.thread_time()
         fn()
         best = min(best, time.thread_time() - t0)
+        if best > above:
+            break
     return best
 
 
@@ -209,8 +215,9 @@ _KERNEL: str | None = None
 def choose_kernel() -> str:
     """The faster exact kernel on this machine, timed at (128 x 64) @ (64 x 64)."""
     x, y = _probe_operands(128, 64, 64)
-    t_int = _timed(lambda: torch.matmul(x, y))
     t_limbs = _timed(lambda: limb_matmul_sum([(x, y)]))
+    # int64 without a fast kernel is 3-30x the limbs: one timed call at twice them settles it
+    t_int = _timed(lambda: torch.matmul(x, y), above=2 * t_limbs)
     return "int64" if t_int <= t_limbs else "limbs"
 
 
@@ -296,7 +303,7 @@ _MATMULS = frozenset({torch.matmul, torch.mm, torch.Tensor.matmul, torch.Tensor.
 class RingProducts(TorchFunctionMode):
     """Inside this scope, ``torch.matmul`` (``mm``, ``@``, the methods) of two CPU
     int64 tensors is :func:`ring_matmul`; every other call passes through
-    unchanged. Entered around the dealer's serving (module docstring)."""
+    unchanged. Entered around CrypTen's provider calls at the parties (module docstring)."""
 
     def __torch_function__(
         self,
