@@ -19,10 +19,13 @@ bundle under ``mpc`` (the 217 ms of the 18:54 sweep).
 
 Floors (docs/crypto-performance.md §5, for B=256, h=64, o=64):
   plain     B*h*4 per direction per passive party            (fp32 split learning)
-  mpc       per Beaver matmul [B x h][h x o] each party holding its shares sends
-            (Bh + ho) * 8 (2 parties, A and P_i, in the pairwise layout; all k + 1 in the
-            joint one), times the matmuls the protocol needs (3 per passive party per
-            step), plus the dealer's |c| = B*o*8 to rank 0 per matmul
+  mpc       pairwise layout, per passive party and step: its three secret operands
+            h'_i (B x h), W_i (h x o) and dL/dz (B x o) each opened once by both holders
+            (A and P_i), z and dL/dh'_i revealed to their owners, the momentum's exact
+            truncation opened by both (h x o), and the dealer's shares of the three products
+            to rank 0 (B*o + B*h + h*o), 8 bytes per ring element. Joint layout: per Beaver
+            matmul [B x h][h x o] all k + 1 holders send (Bh + ho) * 8, 3 matmuls per
+            passive party, plus the dealer's |c| = B*o*8 per matmul
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
   paillier  restated, protocol-scaled (securevfl.exchange.paillier.profile.bytes_floor): per
             passive party the encrypted h'_i (B x h), h'_i W^A + eps (B x o), dL/dz (B x o,
@@ -41,6 +44,11 @@ one party's ring arithmetic measured in the same run, on the ring kernel the par
 (securevfl.exchange.mpc.floor, .ringmatmul; docs/mpc-kernels.md): the
 online floor is rounds x round trip + arithmetic; the offline phase (dealer and one party
 drawing the step's tuples) is printed beside it and is not in the x plain ratio.
+An op floor prices the backend's protocol alone, while a step also runs everything a
+``plain`` step runs (bottom models, top model, loss, optimizers, the plaintext messages):
+the step floor is plain's step measured in the same run plus the op floor, and the table
+gives the step against both (for mpc, plain's one round trip of messages is then counted
+twice, about 0.2 ms of a floor of 15-20 ms).
 
 Secure channel (SECURITY.md §4a): every frame travels sealed (AES-256-GCM). The channel
 table gives, per backend at each configuration, the payload bytes (the columns above, which
@@ -217,12 +225,15 @@ def floor_bytes(
     if backend == "plain":
         return 2 * parties * per_dir * 4
     if backend == "mpc":
-        # the parties holding shares of each product: A and P_i in the pairwise layout,
-        # A and every P_i in the joint one
-        pairwise = layout_of(MpcOptions.model_validate(params or {}), device) == "pairwise"
-        n = 2 if pairwise else parties + 1
-        matmuls = 3 * parties
-        return matmuls * (n * (batch * h + h * o) * 8 + batch * o * 8)
+        if layout_of(MpcOptions.model_validate(params or {}), device) == "pairwise":
+            # per pair: h'_i, W_i and dL/dz each opened once by both holders, z and
+            # dL/dh'_i revealed to their owners, the momentum's truncation opened by
+            # both, and the dealer's shares of the step's three products to rank 0
+            opened = 2 * (batch * h + h * o + batch * o)
+            revealed = batch * o + batch * h
+            return parties * 8 * (opened + revealed + 2 * h * o + (batch * o + batch * h + h * o))
+        # joint: every product's operands opened by all k + 1 holders, the dealer's c to rank 0
+        return 3 * parties * ((parties + 1) * (batch * h + h * o) * 8 + batch * o * 8)
     if backend == "ckks":
         return 2 * parties * 0.9e6 * per_dir / 16384
     if backend == "paillier":
@@ -265,6 +276,13 @@ def cpu_per_step(res: dict[str, Any]) -> tuple[float, float]:
 def step_time(res: dict[str, Any]) -> float:
     st = res.get("step_time_s") or {}
     return st.get("median") or res["time_per_step_s"]
+
+
+def ratio_text(row: dict[str, Any]) -> str:
+    """A row's x plain, or "-" where plain did not run at its configuration
+    (``--no-plain-sweep``)."""
+    r = row["ratio_to_plain"]
+    return "-" if math.isnan(r) else f"{r:.1f}"
 
 
 def median(xs: list[float]) -> float:
@@ -513,7 +531,7 @@ def main() -> int:
                 f"dealer {r['cpu_helpers_s'] * 1000:.1f})"
             )
             print(
-                f"    {t * 1000:9.1f} ms/step  x{r['ratio_to_plain']:.1f} plain  "
+                f"    {t * 1000:9.1f} ms/step  x{ratio_text(r)} plain  "
                 f"{human_bytes(r['bytes_per_step'])}/step ({r['bytes_over_floor']:.2f}x floor){cpu_txt}; "
                 "channel "
                 f"{r['channel_cpu_s_per_step'] * 1000:.2f} ms CPU/step "
@@ -527,6 +545,8 @@ def main() -> int:
             if backend in OP_FLOORS and cpu_floor and (batch, k, data) == configs[0]:
                 # primitive counts x unit costs measured now (docs/crypto-performance.md §7)
                 r["ops"], r["floor_s"] = OP_FLOORS[backend](extra.get(backend) or {}, batch, [64] * k, 64)
+                if base:  # the step also does plain's work (module docstring)
+                    r["step_floor_s"] = base + r["floor_s"]
                 print(r["ops"], file=sys.stderr, flush=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.processor() or platform.machine()}, {platform.python_version()}"
@@ -536,17 +556,18 @@ def main() -> int:
         f"median step of {args.max_steps} (plain: {args.plain_steps}, mpc: {args.mpc_steps})"
     )
     print(
-        "| backend | data | batch | passive | time/step | x plain | op floor | measured/floor "
-        "| bytes/step | floor | bytes/floor | CPU/step, all ranks |"
+        "| backend | data | batch | passive | time/step | x plain | op floor | measured/op floor "
+        "| step floor | measured/step floor | bytes/step | floor | bytes/floor | CPU/step, all ranks |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        fl = r.get("floor_s")
+        fl, sfl = r.get("floor_s"), r.get("step_floor_s")
         floor_cells = f"{fl * 1000:.1f} ms | {r['s_per_step'] / fl:.2f}" if fl else "- | -"
+        floor_cells += f" | {sfl * 1000:.1f} ms | {r['s_per_step'] / sfl:.2f}" if sfl else " | - | -"
         cpu = f"{r['cpu_s_per_step'] * 1000:.1f} ms ({r['cpu_helpers_s'] * 1000:.1f} dealer)"
         print(
             f"| {r['backend']} | {r['data']} | {r['batch']} | {r['passive']} | "
-            f"{r['s_per_step'] * 1000:.1f} ms | {r['ratio_to_plain']:.1f} | {floor_cells} | "
+            f"{r['s_per_step'] * 1000:.1f} ms | {ratio_text(r)} | {floor_cells} | "
             f"{human_bytes(r['bytes_per_step'])} | "
             f"{human_bytes(r['floor_bytes'])} | {r['bytes_over_floor']:.2f} | {cpu} |"
         )
