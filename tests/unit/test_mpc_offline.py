@@ -87,34 +87,6 @@ def test_chunk_sizes():
     assert chunk_steps(1000, 16, 3, full_batch=True, train=False) == 1
 
 
-@pytest.mark.parametrize("layout", ["joint", "pairwise"])
-def test_an_epoch_end_evaluation_leaves_no_triples_in_the_pool(layout):
-    """The pool across 3 training steps (max_steps 3) and the evaluation that
-    follows (a full batch and a short one), as both layouts' roles drive it: every
-    tuple the dealer made is used; the evaluation used to fetch 16 forward steps
-    for its one full batch."""
-
-    def plan(batch: int, train: bool) -> list:
-        if layout == "joint":
-            return step_plan(batch, [64, 64], 64, 3, train=train, lr=LR)
-        return pair_plan(batch, [64, 64], 64, [1, 2], train=train, lr=LR)
-
-    stock: dict = {}
-    fetched = used = 0
-    for batch, train in [(256, True)] * 3 + [(256, False), (104, False)]:
-        p = plan(batch, train)
-        steps = chunk_steps(1 << 20, 16, 3, full_batch=batch == 256, train=train)
-        bundle = top_up(p, stock, steps)
-        fetched += len(bundle)
-        for it in bundle:
-            stock[it] = stock.get(it, 0) + 1
-        for it in p:
-            assert stock.get(it, 0) > 0
-            stock[it] -= 1
-        used += len(p)
-    assert fetched == used and not any(stock.values())
-
-
 def test_chunk_sizes_with_the_steps_ahead():
     # no more than the run will take of this shape; without a count, as before
     assert chunk_steps(1000, 16, None, full_batch=True, ahead=14) == 14
@@ -125,32 +97,31 @@ def test_chunk_sizes_with_the_steps_ahead():
     assert chunk_steps(64 << 20, 16, None, full_batch=True, ahead=14) == 1  # the pooled-bytes bound
 
 
-def _drive(layout: str, ahead: Lookahead | None) -> tuple[int, int, int]:
-    """Two epochs of 5 full batches and a short one (digits at batch 256: 1,437
-    rows) cut at max_steps 11, an evaluation of 3 full batches and a short one
-    after each epoch, as the roles drive the pool: (tuples fetched, used, bundles)."""
+def _drive(
+    layout: str, steps: list[tuple[int, bool]], max_steps: int, run: RunPlan | None
+) -> tuple[int, int, int]:
+    """The pool across ``steps`` ((batch size, training?) in order), as both layouts'
+    roles drive it, with a Lookahead given ``run`` or none: (tuples fetched, used,
+    bundles). Every step must find its tuples in the pool."""
 
     def plan(batch: int, train: bool) -> list:
         if layout == "joint":
             return step_plan(batch, [64, 64], 64, 3, train=train, lr=LR)
         return pair_plan(batch, [64, 64], 64, [1, 2], train=train, lr=LR)
 
-    train = [256] * 5 + [157] + [256] * 5
-    evaluation = [256] * 3 + [104]
-    if ahead is not None:
-        ahead.expect(RunPlan(tuple(train), tuple(evaluation)))
-    steps_in_order = [(b, True) for b in train[:6]] + [(b, False) for b in evaluation]
-    steps_in_order += [(b, True) for b in train[6:]] + [(b, False) for b in evaluation]
+    ahead = None
+    if run is not None:
+        ahead = Lookahead()
+        ahead.expect(run)
     stock: dict = {}
     fetched = used = bundles = 0
-    for batch, is_train in steps_in_order:
-        p = plan(batch, is_train)
-        left = None if ahead is None else ahead.ahead(batch, is_train)
-        bundle = top_up(
-            p, stock, chunk_steps(1 << 20, 16, 11, full_batch=batch == 256, train=is_train, ahead=left)
-        )
+    for batch, train in steps:
+        p = plan(batch, train)
+        left = None if ahead is None else ahead.ahead(batch, train)
+        steps_now = chunk_steps(1 << 20, 16, max_steps, full_batch=batch == 256, train=train, ahead=left)
+        bundle = top_up(p, stock, steps_now)
         if ahead is not None:
-            ahead.took(batch, is_train)
+            ahead.took(batch, train)
         fetched += len(bundle)
         bundles += bool(bundle)
         for it in bundle:
@@ -163,15 +134,31 @@ def _drive(layout: str, ahead: Lookahead | None) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("layout", ["joint", "pairwise"])
+def test_an_epoch_end_evaluation_leaves_no_triples_in_the_pool(layout):
+    """The pool across 3 training steps (max_steps 3) and the evaluation that
+    follows (a full batch and a short one), as both layouts' roles drive it: every
+    tuple the dealer made is used; the evaluation used to fetch 16 forward steps
+    for its one full batch."""
+    fetched, used, _ = _drive(layout, [(256, True)] * 3 + [(256, False), (104, False)], 3, None)
+    assert fetched == used
+
+
+@pytest.mark.parametrize("layout", ["joint", "pairwise"])
 def test_a_run_that_says_its_steps_uses_every_tuple_the_dealer_makes(layout):
     """With the run's plan (Lookahead) every tuple the dealer makes is used; without
     it the last training bundle outlives the run (max_steps counts the short batch
     too: 62 tuples made for 60 used in the pairwise layout, 157 for 93 in the joint
     one). In the pairwise layout each evaluation pass also takes one bundle per batch
     shape instead of one per batch (7 bundles in all instead of 10)."""
-    fetched, used, bundles = _drive(layout, Lookahead())
+    # two epochs of 5 full batches and a short one (digits at batch 256: 1,437 rows)
+    # cut at max_steps 11, an evaluation of 3 full batches and a short one after each
+    train = [256] * 5 + [157] + [256] * 5
+    evaluation = [256] * 3 + [104]
+    steps = [(b, True) for b in train[:6]] + [(b, False) for b in evaluation]
+    steps += [(b, True) for b in train[6:]] + [(b, False) for b in evaluation]
+    fetched, used, bundles = _drive(layout, steps, 11, RunPlan(tuple(train), tuple(evaluation)))
     assert fetched == used
-    before = _drive(layout, None)
+    before = _drive(layout, steps, 11, None)
     assert before[0] > before[1]  # tuples the dealer made for nothing
     if layout == "pairwise":
         assert bundles < before[2]
