@@ -71,10 +71,10 @@ class ActiveExchange(ABC):
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor: ...
 
     def expect(self, plan: RunPlan) -> None:  # noqa: B027 - optional hook
-        """The run's batch sizes ahead (called once, before the first step): a backend
-        that prepares material ahead (``mpc``'s dealer tuples) sizes it to what the
-        run will use. Prediction and other callers that do not call it get the
-        backend's default sizing."""
+        """The run's batch sizes ahead (called once, before the first step; prediction
+        calls it with its one pass): a backend that prepares material ahead
+        (``mpc``'s dealer tuples) sizes it to what the run will use. A caller that
+        does not call it gets the backend's default sizing."""
 
     @abstractmethod
     def backward(self, grad_z: torch.Tensor) -> None: ...

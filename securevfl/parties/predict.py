@@ -26,9 +26,15 @@ import numpy as np
 import torch
 
 from securevfl.defenses.base import DefenseStack
-from securevfl.exchange.base import ActiveExchange, PassiveExchange
+from securevfl.exchange.base import ActiveExchange, PassiveExchange, RunPlan
 from securevfl.parties.tasks import Task
 from securevfl.schedule import eval_batches
+
+
+def _prediction_plan(n_rows: int, batch_size: int) -> RunPlan:
+    """What prediction puts through the exchange: no training step, one pass of
+    evaluation batches over the ``n_rows`` aligned rows (both sides know them)."""
+    return RunPlan((), tuple(len(b) for b in eval_batches(n_rows, batch_size)))
 
 
 @dataclass
@@ -57,6 +63,7 @@ class ActivePredictor:
         inputs for them, zero columns for a label-only party), one exchange forward
         per batch, in row order."""
         scores = []
+        self.exchange.expect(_prediction_plan(n_rows, self.batch_size))
         for idx in eval_batches(n_rows, self.batch_size):
             z = self.exchange.forward(len(idx), train=False).to(self.device)
             if self.keep_z:
@@ -86,6 +93,7 @@ class PassivePredictor:
     @torch.no_grad()
     def contribute(self, x: torch.Tensor) -> None:
         """Send h'_i of every aligned row, batch by batch, in row order."""
+        self.exchange.expect(_prediction_plan(x.shape[0], self.batch_size))
         for b, idx in enumerate(eval_batches(x.shape[0], self.batch_size)):
             h = self.bottom(x[idx].to(self.device))
             h2 = self.stack.embed(h, train=False)

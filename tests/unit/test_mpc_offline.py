@@ -286,3 +286,15 @@ def test_product_shape_is_torchs(op):
                 product_shape(a, b, op)
             continue
         assert product_shape(a, b, op) == want, (a, b)
+
+
+@pytest.mark.parametrize("layout", ["joint", "pairwise"])
+def test_prediction_takes_its_batches_in_bundles_of_offline_steps(layout):
+    """Prediction over 20 full batches and a short one says its one pass: the
+    dealer makes 16, 4 and 1 steps' tuples in three bundles, every one of them used,
+    where one bundle a batch took 21 round trips."""
+    steps = [(256, False)] * 20 + [(10, False)]
+    run = RunPlan((), tuple(b for b, _ in steps))
+    fetched, used, bundles = _drive(layout, steps, 0, run)
+    assert fetched == used and bundles == 3
+    assert _drive(layout, steps, 0, None)[2] == 21

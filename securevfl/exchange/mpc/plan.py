@@ -62,7 +62,7 @@ def chunk_steps(
     run has still to take when it says (:class:`Lookahead`), and within
     :data:`OFFLINE_BYTES` of pooled shares.
 
-    Without ``ahead`` (prediction, or a caller that did not say), an epoch's short
+    Without ``ahead`` (a caller that did not say), an epoch's short
     last batch (its shape comes once per epoch) and a forward-only plan (evaluation,
     prediction: ``train`` false) take one step at a time: a chunk of ``offline_steps``
     would leave the rest of the dealer's tuples in the pool, serving the next
