@@ -20,12 +20,12 @@ bundle under ``mpc`` (the 217 ms of the 18:54 sweep).
 Floors (docs/crypto-performance.md §5, for B=256, h=64, o=64):
   plain     B*h*4 per direction per passive party            (fp32 split learning)
   mpc       pairwise layout, per passive party and step: its three secret operands
-            h'_i (B x h), W_i (h x o) and dL/dz (B x o) each opened once by both holders
-            (A and P_i), z and dL/dh'_i revealed to their owners, the momentum's exact
-            truncation opened by both (h x o), and the dealer's shares of the three products
-            to rank 0 (B*o + B*h + h*o), 8 bytes per ring element. Joint layout: per Beaver
-            matmul [B x h][h x o] all k + 1 holders send (Bh + ho) * 8, 3 matmuls per
-            passive party, plus the dealer's |c| = B*o*8 per matmul
+            opened once each, h'_i (B x h) by P_i alone and dL/dz (B x o) by A alone (their
+            masks are one-sided) and W_i (h x o) by both, z and dL/dh'_i revealed to their
+            owners, the momentum's exact truncation opened by both (h x o), and the dealer's
+            shares of the three products to rank 0 (B*o + B*h + h*o), 8 bytes per element.
+            Joint layout: per Beaver matmul [B x h][h x o] all k + 1 holders send
+            (Bh + ho) * 8, 3 matmuls per passive party, plus the dealer's |c| = B*o*8 each
   ckks      4 ciphertexts x 230 KB per direction, scaled by B*h/16384 (slot-packed N=8192)
   paillier  restated, protocol-scaled (securevfl.exchange.paillier.profile.bytes_floor): per
             passive party the encrypted h'_i (B x h), h'_i W^A + eps (B x o), dL/dz (B x o,
@@ -226,10 +226,11 @@ def floor_bytes(
         return 2 * parties * per_dir * 4
     if backend == "mpc":
         if layout_of(MpcOptions.model_validate(params or {}), device) == "pairwise":
-            # per pair: h'_i, W_i and dL/dz each opened once by both holders, z and
-            # dL/dh'_i revealed to their owners, the momentum's truncation opened by
-            # both, and the dealer's shares of the step's three products to rank 0
-            opened = 2 * (batch * h + h * o + batch * o)
+            # per pair: h'_i opened once by P_i and dL/dz once by A (one-sided masks),
+            # W_i by both, z and dL/dh'_i revealed to their owners, the momentum's
+            # truncation opened by both, and the dealer's shares of the step's three
+            # products to rank 0
+            opened = batch * h + 2 * h * o + batch * o
             revealed = batch * o + batch * h
             return parties * 8 * (opened + revealed + 2 * h * o + (batch * o + batch * h + h * o))
         # joint: every product's operands opened by all k + 1 holders, the dealer's c to rank 0

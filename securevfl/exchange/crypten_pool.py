@@ -217,12 +217,13 @@ class Init:
 
 
 class StepShares(NamedTuple):
-    """One holder's shares of a :class:`PairStep`: the masks u, v, g and the
-    products c = u v, e = g v^T, f = u^T g."""
+    """One holder's part of a :class:`PairStep`: its share of v and of the products
+    c = u v, e = g v^T, f = u^T g, and the one-sided masks it holds whole: u at
+    rank i (None at rank 0), g at rank 0 (None at rank i)."""
 
-    u: torch.Tensor
+    u: torch.Tensor | None
     v: torch.Tensor
-    g: torch.Tensor
+    g: torch.Tensor | None
     c: torch.Tensor
     e: torch.Tensor
     f: torch.Tensor
@@ -231,18 +232,24 @@ class StepShares(NamedTuple):
 @dataclass(frozen=True)
 class PairStep:
     """The correlated tuples of one training step of a pair's product h' W
-    (h' of ``batch`` x ``dim``, W of ``dim`` x ``width``), shared between rank 0 and
-    rank ``pair`` alone: masks u for h', v for W and g for dL/dz, and the three
+    (h' of ``batch`` x ``dim``, W of ``dim`` x ``width``) between rank 0 (A) and rank
+    ``pair`` (P_i) alone: masks u for h', v for W and g for dL/dz, and the three
     products the step needs, c = u v (forward, h' W), e = g v^T (dL/dz W^T) and
-    f = u^T g (h'^T dL/dz).
+    f = u^T g (h'^T dL/dz), additively shared between the two.
 
     Each value the step multiplies is masked once and its opening serves every
     product it enters (SecureML's matrix triples reused across forward and
     backward: Mohassel and Zhang 2017, section 4.2): h' - u and W - v are opened
     in the forward pass and reused in the backward one, and dL/dz - g is the
-    backward pass's only opening. Three Beaver triples would open h' and W twice
-    and dL/dz twice, each time under a fresh mask: twice the bytes, no more
-    hiding (every opening is still a value minus a uniform mask used for it alone)."""
+    backward pass's only opening.
+
+    Masks are one-sided where the value is: h' is P_i's own, so P_i holds u whole
+    (drawn from its stream) and sends h' - u to A alone; dL/dz is A's, so A holds
+    g whole and sends dL/dz - g to P_i alone. The receiver of each such opening
+    knows nothing of its mask, and the sender learns nothing from it (its own
+    value); W is nobody's, so v is shared and W - v opened both ways. A party's
+    share of a one-sided mask is then zero, which drops a third of the parties'
+    Beaver products and halves those openings' bytes."""
 
     batch: int
     dim: int
@@ -253,6 +260,12 @@ class PairStep:
     def masks(self) -> tuple[tuple[int, int], ...]:
         """Shapes of u, v, g."""
         return (self.batch, self.dim), (self.dim, self.width), (self.batch, self.width)
+
+    def draws(self, rank0: bool) -> tuple[tuple[int, int], ...]:
+        """The masks a holder draws from its dealer stream, in order: rank 0 its share
+        of v, then g whole; rank i u whole, then its share of v."""
+        u, v, g = self.masks
+        return (v, g) if rank0 else (u, v)
 
     @property
     def products(self) -> tuple[tuple[int, int], ...]:
@@ -299,7 +312,7 @@ def pooled_bytes(plan: Sequence[Item]) -> int:
         elif isinstance(it, Trunc):
             n += 5 * math.prod(it.size)
         elif isinstance(it, PairStep):
-            n += sum(math.prod(s) for s in (*it.masks, *it.products))
+            n += sum(math.prod(s) for s in (*it.draws(False), *it.products))
         else:
             n += math.prod(it.size)
     return 8 * n
@@ -409,14 +422,16 @@ def pair_step_c0(
     streams: Sequence[SecretStream], it: PairStep, matmul: RingProduct = torch.matmul
 ) -> torch.Tensor:
     """Rank 0's shares of c, e and f of a :class:`PairStep` (flattened, in that
-    order): the masks u, v, g are the sums of rank 0's and rank i's draws (u, v, g
-    in that order at each), and rank i then draws its shares of c, e, f."""
+    order), from the two holders' draws in their order (:meth:`PairStep.draws`):
+    u is rank i's alone, g rank 0's alone, v the sum of both; rank i then draws
+    its shares of c, e, f."""
     if not 0 < it.pair < len(streams):
         raise ProtocolError(
             f"rank 0 asked the dealer for a step's tuples with rank {it.pair}, not an MPC party"
         )
     g0, gi = streams[0], streams[it.pair]
-    u, v, g = (g0.ring(s) + gi.ring(s) for s in it.masks)
+    (v0, g), (u, vi) = (g0.ring(s) for s in it.draws(True)), (gi.ring(s) for s in it.draws(False))
+    v = v0 + vi
     values = (matmul(u, v), matmul(g, v.t()), matmul(u.t(), g))
     return torch.cat([(x - gi.ring(x.shape)).reshape(-1) for x in values])
 
@@ -554,14 +569,15 @@ class SecretTTP(TupleProvider):
                 return a, b, cc  # raw ring shares: the pairwise layout does its own arithmetic
             return tuple(AST.from_shares(t, precision=0) for t in (a, b, cc))
         if isinstance(it, PairStep):
-            u, v, g = (self._ring(s) for s in it.masks)
             if rank == 0:
                 assert theirs is not None
+                v, g = (self._ring(s) for s in it.draws(True))
                 sizes = [math.prod(s) for s in it.products]
                 c, e, f = (t.reshape(s) for t, s in zip(theirs.split(sizes), it.products, strict=True))
-            else:
-                c, e, f = (self._ring(s) for s in it.products)
-            return StepShares(u, v, g, c, e, f)
+                return StepShares(None, v, g, c, e, f)
+            u, v = (self._ring(s) for s in it.draws(False))
+            c, e, f = (self._ring(s) for s in it.products)
+            return StepShares(u, v, None, c, e, f)
         if isinstance(it, Wraps):
             r = self._ring(it.size)
             return AST.from_shares(r, precision=0), AST.from_shares(correlated(it.size), precision=0)

@@ -127,12 +127,12 @@ def _parts(o: torch.Tensor) -> list[int]:
 
 
 def test_p1_cannot_rebuild_a_generator_from_the_openings_it_receives(mpc_run: Path):
-    """P_1's view: A's forward openings (x_A - u, W_A - v: B' x D, then D x OUT) and
-    backward ones (g_A - g: B x OUT). If a part continues as an MT clone predicts,
-    P_1 predicts A's next draw v and reads A's share of W_1 off W_A - v: from the
-    last forward opening (the evaluation's, after training) it is A's final share,
-    which the test checks against A's saved model. No part of any opening continues
-    as predicted."""
+    """P_1's view: A's openings: in training W_A - v_A (D x OUT) forward and
+    dL/dz - g (B x OUT, g A's alone) backward; in the evaluation x_A - a and W_A - b
+    (B' x D, then D x OUT). If a part continues as an MT clone predicts, P_1
+    predicts A's next draw b and reads A's share of W_1 off W_A - b: from the last
+    evaluation opening (after training) it is A's final share, which the test
+    checks against A's saved model. No part of any opening continues as predicted."""
     opened = _openings(mpc_run, 1)
     assert len(opened) >= 2 * STEPS
     hits = _attack(opened, _parts)
@@ -155,13 +155,13 @@ def test_p1_cannot_rebuild_a_generator_from_the_openings_it_receives(mpc_run: Pa
 
 
 def test_a_cannot_rebuild_p1s_generator_from_the_openings_it_receives(mpc_run: Path):
-    """A's view: P_1's openings, forward (x_1 - u, W_1 - v) and backward (g_1 - g, one
-    per training step). With a trivially shared dL/dz (P_1's share zero) the backward
-    opening would be -g, raw output of P_1's stream; from a clone of that stream A
-    would read u and v of every step and unmask P_1's forward openings. No part of
-    any opening continues as predicted."""
+    """A's view: P_1's openings, h'_1 - u (u P_1's alone) and W_1 - v_1 forward, one
+    per training step (P_1 sends nothing in the backward opening), and the
+    evaluation's. Were u raw output of an MT stream with h'_1 zero, A would clone
+    the stream and read u and v of every step, unmasking h'_1; the opening always
+    carries h'_1 itself, and no part of any opening continues as predicted."""
     opened = _openings(mpc_run, 0)
-    assert sum(o.numel() == B * OUT for o in opened) == STEPS
+    assert sum(o.numel() == B * D + D * OUT for o in opened) >= STEPS
     hits = _attack(opened, _parts)
     assert not hits, (
         f"A rebuilt P_1's generator from {len(hits)} opening parts ({hits[0][1]} of opening {hits[0][0]})"

@@ -172,7 +172,10 @@ def test_every_bundle_item_reconstructs_from_the_dealer_and_the_parties():
             a, b, c = (sum(_plain(e[i]) for e in held) for i in range(3))
             assert torch.equal(c, a.matmul(b) if it.op == "matmul" else a * b)
         elif isinstance(it, PairStep):
-            u, v, g, c, e, f = (sum(x[i] for x in held) for i in range(6))
+            (a_part,) = [x for x in held if x.u is None]  # rank 0: g whole
+            (p_part,) = [x for x in held if x.g is None]  # rank i: u whole
+            u, v, g = p_part.u, a_part.v + p_part.v, a_part.g
+            c, e, f = (a_part[k] + p_part[k] for k in (3, 4, 5))
             assert torch.equal(c, u @ v) and torch.equal(e, g @ v.t()) and torch.equal(f, u.t() @ g)
         elif isinstance(it, Wraps):
             assert torch.equal(sum(_plain(e[1]) for e in held), count_wraps([_plain(e[0]) for e in held]))

@@ -117,48 +117,81 @@ def test_pair_items_are_validated():
 
 
 def _step_shares(seeds: list[int], it: PairStep) -> list[StepShares]:
-    """Rank 0's and rank it.pair's shares of one PairStep, drawn as SecretTTP draws
-    them (u, v, g; then c, e, f at rank i, received at rank 0)."""
+    """Rank 0's and rank it.pair's parts of one PairStep, drawn as SecretTTP draws
+    them (rank 0: its share of v, g whole; rank i: u whole, its share of v, then its
+    shares of c, e, f; rank 0 receives its shares of those)."""
     c0 = dealer_bundle(_dealer(seeds), [it])
-    gens = {r: SecretStream.from_seed(seeds[r], "dealer") for r in (0, it.pair)}
-    out = []
-    for rank in (0, it.pair):
-        u, v, g = (gens[rank].ring(s) for s in it.masks)
-        if rank == 0:
-            sizes = [math.prod(s) for s in it.products]
-            c, e, f = (t.reshape(s) for t, s in zip(c0.split(sizes), it.products, strict=True))
-        else:
-            c, e, f = (gens[rank].ring(s) for s in it.products)
-        out.append(StepShares(u, v, g, c, e, f))
-    return out
+    g0, gi = (SecretStream.from_seed(seeds[r], "dealer") for r in (0, it.pair))
+    v0, gm = (g0.ring(x) for x in it.draws(True))
+    sizes = [math.prod(x) for x in it.products]
+    c, e, f = (t.reshape(x) for t, x in zip(c0.split(sizes), it.products, strict=True))
+    u, vi = (gi.ring(x) for x in it.draws(False))
+    ci, ei, fi = (gi.ring(x) for x in it.products)
+    return [StepShares(None, v0, gm, c, e, f), StepShares(u, vi, None, ci, ei, fi)]
 
 
 def test_a_pair_step_gives_the_three_products_from_three_openings():
-    """A training step's products from one PairStep: h' and W opened once under u and
-    v (forward), dL/dz once under g (backward); the forward and both backward
-    products reconstruct exactly, and what is opened is each value minus its own
-    mask: three openings where three Beaver triples need six."""
+    """A training step's products from one PairStep: h' (P_i's) opened once under
+    u, which P_i alone holds, W (shared) once under v, dL/dz (A's) once under g,
+    which A alone holds. The forward and both backward products reconstruct
+    exactly from each party's product_share, which skips the products with the
+    one-sided masks' zero shares: 4 ring products a party where 3 Beaver products
+    take 6, and 3 openings where 3 Beaver triples need 6."""
     g = torch.Generator().manual_seed(11)
     b, d, o = 8, 5, 3
     it = PairStep(b, d, o, 2)
-    sh = _step_shares([4, 9, 13], it)
-    u, v, gm = (sum(getattr(s, n) for s in sh) for n in ("u", "v", "g"))
-    assert torch.equal(sum(s.c for s in sh), u @ v)
-    assert torch.equal(sum(s.e for s in sh), gm @ v.t())
-    assert torch.equal(sum(s.f for s in sh), u.t() @ gm)
+    a_part, p_part = _step_shares([4, 9, 13], it)
+    u, v, gm = p_part.u, a_part.v + p_part.v, a_part.g
+    assert u is not None and gm is not None and a_part.u is None and p_part.g is None
+    assert torch.equal(a_part.c + p_part.c, u @ v)
+    assert torch.equal(a_part.e + p_part.e, gm @ v.t())
+    assert torch.equal(a_part.f + p_part.f, u.t() @ gm)
     h, w, grad = (ring.encode(torch.randn(*shape, generator=g), 16) for shape in ((b, d), (d, o), (b, o)))
-    parts = [[_ring((b, d), g), _ring((d, o), g), _ring((b, o), g)]]
-    parts.append([x - p for x, p in zip((h, w, grad), parts[0], strict=True)])  # two sharings of each
-    eps = sum(ring.masked(p[0], s.u) for p, s in zip(parts, sh, strict=True))
-    delta = sum(ring.masked(p[1], s.v) for p, s in zip(parts, sh, strict=True))
-    phi = sum(ring.masked(p[2], s.g) for p, s in zip(parts, sh, strict=True))
-    assert torch.equal(eps, h - u) and torch.equal(delta, w - v) and torch.equal(phi, grad - gm)
-    z = [ring.beaver_share(eps, delta, s.u, s.v, s.c, first=j == 0) for j, s in enumerate(sh)]
-    dh = [ring.beaver_share(phi, delta.t(), s.g, s.v.t(), s.e, first=j == 0) for j, s in enumerate(sh)]
-    dw = [ring.beaver_share(eps.t(), phi, s.u.t(), s.g, s.f, first=j == 0) for j, s in enumerate(sh)]
+    w_a = _ring((d, o), g)
+    w_p = w - w_a
+    eps = h - u  # P_i's alone: it sends eps to A
+    delta = (w_a - a_part.v) + (w_p - p_part.v)  # opened both ways
+    phi = grad - gm  # A's alone: it sends phi to P_i
+    ut = p_part.u.t()
+    z = [ring.product_share(eps, delta, None, a_part.v, a_part.c, True)]
+    z.append(ring.product_share(eps, delta, u, p_part.v, p_part.c, False))
+    dh = [ring.product_share(phi, delta.t(), gm, a_part.v.t(), a_part.e, True)]
+    dh.append(ring.product_share(phi, delta.t(), None, p_part.v.t(), p_part.e, False))
+    dw = [ring.product_share(eps.t(), phi, None, gm, a_part.f, True)]
+    dw.append(ring.product_share(eps.t(), phi, ut, None, p_part.f, False))
     assert torch.equal(z[0] + z[1], h @ w)
     assert torch.equal(dh[0] + dh[1], grad @ w.t())
     assert torch.equal(dw[0] + dw[1], h.t() @ grad)
+
+
+def test_product_share_skips_a_one_sided_masks_zero_share_and_agrees_with_beaver():
+    """With both mask shares given, product_share is Beaver's share; with a mask
+    share None it equals Beaver's share with that share zero, for either party."""
+    g = torch.Generator().manual_seed(5)
+    eps, delta, a, b, c = (
+        _ring((6, 4), g),
+        _ring((4, 3), g),
+        _ring((6, 4), g),
+        _ring((4, 3), g),
+        _ring((6, 3), g),
+    )
+    zero_a, zero_b = torch.zeros_like(a), torch.zeros_like(b)
+    for first in (True, False):
+        assert torch.equal(
+            ring.product_share(eps, delta, a, b, c, first), ring.beaver_share(eps, delta, a, b, c, first)
+        )
+        assert torch.equal(
+            ring.product_share(eps, delta, None, b, c, first),
+            ring.beaver_share(eps, delta, zero_a, b, c, first),
+        )
+        assert torch.equal(
+            ring.product_share(eps, delta, a, None, c, first),
+            ring.beaver_share(eps, delta, a, zero_b, c, first),
+        )
+        assert torch.equal(
+            ring.product_share(eps, delta, None, None, c, first),
+            ring.beaver_share(eps, delta, zero_a, zero_b, c, first),
+        )
 
 
 def test_pair_plan_is_linear_in_parties_and_truncates_per_pair():

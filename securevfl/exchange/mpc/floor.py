@@ -29,7 +29,8 @@ from securevfl.csprng import SecretStream
 from securevfl.exchange.crypten_dealer import SecretDealer
 from securevfl.exchange.crypten_pool import Init, PairStep, Triple, Trunc, Wraps, dealer_bundle
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
-from securevfl.exchange.mpc.ringmatmul import beaver_terms, kernel, ring_matmul
+from securevfl.exchange.mpc.ring import product_share
+from securevfl.exchange.mpc.ringmatmul import kernel, ring_matmul
 
 PING_ROUNDS = 200
 
@@ -76,20 +77,37 @@ def round_trip_s(rounds: int = PING_ROUNDS) -> float:
 LR = (1, 0)  # a plan's sizes and costs do not depend on the learning rate
 
 
+def _rank0_products(it: Any, g: SecretStream) -> list[tuple[Any, ...]]:
+    """Rank 0's :func:`~securevfl.exchange.mpc.ring.product_share` arguments for one
+    item's products, on random operands of its shapes: a Beaver triple's one
+    product, a PairStep's three (forward h' W; backward dL/dz W^T and h'^T dL/dz),
+    with the shares rank 0 holds (none of u, all of g)."""
+    if isinstance(it, Triple):
+        return [tuple(g.ring(s) for s in (it.size0, it.size1, it.size0, it.size1, it.out))]
+    if not isinstance(it, PairStep):
+        return []
+    b, d, o = it.batch, it.dim, it.width
+    eps, delta, phi, v, gm = g.ring((b, d)), g.ring((d, o)), g.ring((b, o)), g.ring((d, o)), g.ring((b, o))
+    return [
+        (eps, delta, None, v, g.ring((b, o))),
+        (phi, delta.t(), gm, v.t(), g.ring((b, d))),
+        (eps.t(), phi, None, gm, g.ring((d, o))),
+    ]
+
+
 def beaver_arithmetic_s(plan: Sequence[Any], repeats: int = 5) -> float:
     """One party's local ring arithmetic for the plan's Beaver products (rank 0's
-    share: it also adds eps delta), the best of ``repeats``: CPU time on one core."""
+    share: it also adds eps delta; in a PairStep it skips the products with its
+    zero shares of the one-sided masks), the best of ``repeats``: CPU time on one
+    core."""
     kernel()  # the kernel choice is measured once per process, not in the timing
     g = SecretStream.fresh()
-    ops = []
-    for it in plan:
-        for t in it.triples() if isinstance(it, PairStep) else [it] if isinstance(it, Triple) else []:
-            ops.append(tuple(g.ring(s) for s in (t.size0, t.size1, t.size0, t.size1, t.out)))
+    ops = [args for it in plan for args in _rank0_products(it, g)]
     best = float("inf")
     for _ in range(repeats):
         t0 = time.process_time()
         for eps, delta, a, b, c in ops:
-            _ = c + beaver_terms(eps, delta, a, b, first=True)
+            _ = product_share(eps, delta, a, b, c, True)
         best = min(best, time.process_time() - t0)
     return best
 
@@ -100,7 +118,7 @@ def _party_draws(it: Any) -> list[tuple[int, ...]]:
     if isinstance(it, Triple):
         return [it.size0, it.size1, it.out]
     if isinstance(it, PairStep):
-        return [*it.masks, *it.products]
+        return [*it.draws(False), *it.products]
     if isinstance(it, Wraps):
         return [it.size, it.size]
     if isinstance(it, Trunc):

@@ -11,39 +11,45 @@ same rounds. A step's work is k two-party computations: linear in k.
 
 Per training step (4 rounds whatever k):
 
-1. every pair opens its forward operands eps = h'_i - u, delta = W_i - v (A and P_i
-   exchange their masked shares; A with all k at once), u and v the masks of the
-   step's :class:`~securevfl.exchange.crypten_pool.PairStep` (in training; a Beaver
-   triple's a and b in a forward pass alone);
+1. every pair opens its forward operands, A with all k at once: P_i sends
+   eps = h'_i - u to A (u, the step's :class:`~securevfl.exchange.crypten_pool.PairStep`
+   mask for h'_i, is P_i's alone), and A and P_i exchange their shares of
+   delta = W_i - v (v shared); a forward pass alone (evaluation, prediction) opens
+   a Beaver triple's h'_i - a and W_i - b both ways instead;
 2. z = sum_i h'_i W_i is revealed to A alone: every party adds its share of CrypTen's
    pseudo-random zero sharing (PRZS over all MPC parties) to its share of z, and each
    P_i sends that to A; A adds them up. A learns only the sum: with k >= 2 the k
    values are uniform given it (the zero sharing's keys between neighbouring
    passive parties are unknown to A);
-3. every pair opens dL/dz - g, its one backward operand: with eps and delta from
-   step 1 it gives both backward products, dL/dz W_i^T and h'_i^T dL/dz, from the
-   PairStep's e = g v^T and f = u^T g (SecureML's reuse of a masked matrix across
-   the passes: each value is opened once per step, under a mask used for it alone);
+3. A sends each P_i dL/dz - g, the one backward operand (g is A's alone): with eps
+   and delta from step 1 it gives both backward products, dL/dz W_i^T and
+   h'_i^T dL/dz, from the PairStep's e = g v^T and f = u^T g (SecureML's reuse of a
+   masked matrix across the passes: each value is opened once per step, under a
+   mask used for it alone and unknown to the opening's receiver);
 4. A sends P_i its share of dL/dh'_i = dL/dz W_i^T (P_i alone opens it) and, in the
    same frames, each pair opens its momentum m v_i + h'_i^T dL/dz masked by the
    dealer's truncation mask: both updates, v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and
    W_i <- W_i - lr v_i, are then exact truncations in shares
    (:mod:`securevfl.exchange.truncation`; never the local truncation, which wraps).
 
-Inputs are re-shared from a stream A and P_i alone share (a key A draws and sends
-P_i over the sealed channel): P_i holds enc(h'_i) - s and A holds s, A holds
-enc(dL/dz) - s' and P_i holds s'. A Beaver product would be secure with the
-trivial sharing (one party holding zero) since its openings are masked by the
-dealer's fresh, uniform a and b; the re-sharing keeps every opening a sum of two
-independent uniform streams' outputs, so no opening is raw output of one
-generator (defence in depth). The initial W_i is the dealer's W_i^0 ~ N(0, 1/(3 d_i))
-shared between A and P_i (:class:`securevfl.exchange.crypten_pool.Init`): each
-share alone is uniform in the ring and independent of W_i^0 (SECURITY.md,
-``mpc``: who learns what).
+In training each party's own input is masked by a mask it alone holds (u for
+h'_i at P_i, g for dL/dz at A, each drawn from that party's dealer stream), so
+the opening goes one way and carries the value itself, never raw stream output;
+the receiver holds no part of the mask, so what it sees is uniform. A party's
+share of such a mask is zero, which drops a third of each party's Beaver products
+(:func:`securevfl.exchange.mpc.ring.product_share`). A forward pass alone
+re-shares h'_i from a stream A and P_i alone share (a key A draws and sends P_i
+over the sealed channel: P_i holds enc(h'_i) - s, A holds s) and opens a Beaver
+triple both ways, so that no opening is raw output of one generator either.
+The initial W_i is the dealer's W_i^0 ~ N(0, 1/(3 d_i)) shared between A and
+P_i (:class:`securevfl.exchange.crypten_pool.Init`): each share alone is
+uniform in the ring and independent of W_i^0 (SECURITY.md, ``mpc``: who learns
+what).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -178,17 +184,30 @@ class PairRole:
     def _peer(self, i: int) -> int:
         return self.passive[i] if self.rank == 0 else 0
 
+    def _swap(
+        self, send: dict[int, list[torch.Tensor]], shapes: dict[int, list[torch.Size]]
+    ) -> dict[int, list[torch.Tensor]]:
+        """One round of openings: this rank sends each pair's ``send[i]`` to its peer
+        in pair i and receives from it tensors of ``shapes[i]`` (either may be empty:
+        a one-sided mask's opening goes one way), all pairs at once."""
+        sends = [(self._peer(i), _flat(send[i])) for i in self.mine if send[i]]
+        recvs = [
+            (self._peer(i), torch.empty(sum(math.prod(x) for x in shapes[i]), dtype=torch.long))
+            for i in self.mine
+            if shapes[i]
+        ]
+        got = iter(comm.get().p2p_round(sends, recvs, "open"))
+        out: dict[int, list[torch.Tensor]] = {}
+        for i in self.mine:
+            flat = next(got) if shapes[i] else torch.zeros(0, dtype=torch.long)
+            out[i] = _split(flat, [torch.empty(x, device="meta") for x in shapes[i]])
+        return out
+
     def _open(self, masked: dict[int, list[torch.Tensor]]) -> dict[int, list[torch.Tensor]]:
-        """Open every pair's masked values in one round: ``masked[i]`` lists this
-        rank's shares of pair i's x - a; returns the opened x - a, same layout."""
-        order = list(masked)
-        sends = [(self._peer(i), _flat(masked[i])) for i in order]
-        recvs = [(d, torch.empty_like(f)) for d, f in sends]
-        got = comm.get().p2p_round(sends, recvs, "open")
-        return {
-            i: [m + t for m, t in zip(masked[i], _split(theirs, masked[i]), strict=True)]
-            for i, theirs in zip(order, got, strict=True)
-        }
+        """Open every pair's masked values both ways in one round: ``masked[i]`` lists
+        this rank's shares of pair i's x - a; returns the opened x - a, same layout."""
+        got = self._swap(masked, {i: [m.shape for m in masked[i]] for i in self.mine})
+        return {i: [m + t for m, t in zip(masked[i], got[i], strict=True)] for i in self.mine}
 
     def _items(self, plan: list[Any]) -> dict[int, list[Any]]:
         """Pop the step's items (every party pops every item); keep this rank's
@@ -202,28 +221,62 @@ class PairRole:
 
     def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
         """One forward: A gets z (float64, B x out); P_i gets None. In training the
-        pair's :class:`~securevfl.exchange.crypten_pool.PairStep` masks h'_i and W_i,
-        and their openings are kept for the backward products."""
+        pair's :class:`~securevfl.exchange.crypten_pool.PairStep` masks h'_i (with u,
+        P_i's alone: P_i sends h'_i - u to A) and W_i (with v, shared: W_i - v opened
+        both ways), and the openings are kept for the backward products; a forward
+        pass alone takes a Beaver triple (:meth:`_forward_only`)."""
         self._offline(batch, train)
         plan = self._plan(batch, train)[: len(self.dims)]
         items = self._items(plan)
-        xs: dict[int, torch.Tensor] = {}
-        tuples: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        if not train:
+            return self._reveal_z(self._forward_only(h, batch, items), batch)
+        send: dict[int, list[torch.Tensor]] = {}
+        shapes: dict[int, list[torch.Size]] = {}
         for i in self.mine:
-            # h'_i re-shared from the pair's stream: A holds s, P_i enc(h'_i) - s
+            (e,) = items[i]
+            w_masked = ring.masked(self.w[i], e.v)
+            if self.first:  # W_A - v_A to P_i; from P_i h'_i - u and W_i - v_i
+                send[i], shapes[i] = [w_masked], [torch.Size((batch, self.dims[i])), self.w[i].shape]
+            else:
+                assert h is not None and e.u is not None
+                send[i], shapes[i] = (
+                    [ring.masked(ring.encode(h, FRAC_BITS), e.u), w_masked],
+                    [self.w[i].shape],
+                )
+        got = self._swap(send, shapes)
+        prods = {}
+        for i in self.mine:
+            (e,) = items[i]
+            if self.first:
+                eps, delta = got[i][0], send[i][0] + got[i][1]
+            else:
+                eps, delta = send[i][0], send[i][1] + got[i][0]
+            prods[i] = ring.product_share(eps, delta, e.u, e.v, e.c, self.first)
+            self._fwd[i] = (e, eps, delta)
+        return self._reveal_z(prods, batch)
+
+    def _forward_only(
+        self, h: torch.Tensor | None, batch: int, items: dict[int, list[Any]]
+    ) -> dict[int, torch.Tensor]:
+        """This rank's shares of every pair's h'_i W_i from a Beaver triple each, h'_i
+        re-shared from the pair's stream (A holds s, P_i enc(h'_i) - s)."""
+        xs, tuples = {}, {}
+        for i in self.mine:
             s = self.pair_streams[i].ring((batch, self.dims[i]))
             xs[i] = s if h is None else ring.encode(h, FRAC_BITS) - s
-            (e,) = items[i]
-            tuples[i] = (e.u, e.v, e.c) if train else (e[0], e[1], e[2])
+            ((a, b, c),) = items[i]
+            tuples[i] = (a, b, c)
         opened = self._open(
             {i: [ring.masked(xs[i], a), ring.masked(self.w[i], b)] for i, (a, b, _) in tuples.items()}
         )
-        prods = {
+        return {
             i: ring.beaver_share(opened[i][0], opened[i][1], a, b, c, self.first)
             for i, (a, b, c) in tuples.items()
         }
-        self._fwd = {i: (items[i][0], *opened[i]) for i in self.mine} if train else {}
-        # z to A alone: shares of z plus a pseudo-random zero sharing over all MPC parties
+
+    def _reveal_z(self, prods: dict[int, torch.Tensor], batch: int) -> torch.Tensor | None:
+        """z to A alone: every rank's shares of z plus its share of a pseudo-random
+        zero sharing over all MPC parties; P_i sends, A adds them up."""
         mask = AST.PRZS(torch.Size((batch, self.out))).share
         share = mask + sum(prods.values())
         if self.rank == 0:
@@ -234,29 +287,35 @@ class PairRole:
 
     def backward(self, g: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """dL/dz from A (scaled by the nominal batch size, as in the joint layout);
-        returns dL/dh'_i at P_i, None at A. dL/dz - g is the one opening: with the
-        forward pass's eps = h'_i - u and delta = W_i - v it gives both products,
-        dL/dz W_i^T from (g, v^T, e) and h'_i^T dL/dz from (u^T, g, f). SGD with
-        momentum in each pair's shares: v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and
-        W_i <- W_i - lr v_i, both exact truncations of one opening that travels
-        with the reveal of dL/dh'_i."""
+        returns dL/dh'_i at P_i, None at A. dL/dz - g (g A's alone) is the step's one
+        backward opening, A to P_i; with the forward pass's eps = h'_i - u and
+        delta = W_i - v it gives both products, dL/dz W_i^T (from g, v^T and e) and
+        h'_i^T dL/dz (from u^T, g and f). SGD with momentum in each pair's shares:
+        v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and W_i <- W_i - lr v_i, both exact
+        truncations of one opening that travels with the reveal of dL/dh'_i."""
         k = len(self.dims)
         plan = self._plan(batch, True)[k:]
         truncs = self._items(plan)  # per pair: [truncation material]
         scale = self.batch_scale
-        gs = {}
+        send: dict[int, list[torch.Tensor]] = {}
         for i in self.mine:
-            # dL/dz re-shared from the pair's stream: A holds enc(g) - s', P_i s'
-            s = self.pair_streams[i].ring((batch, self.out))
-            gs[i] = s if g is None else ring.encode(g * scale, FRAC_BITS) - s
-        opened = self._open({i: [ring.masked(gs[i], self._fwd[i][0].g)] for i in self.mine})
+            e = self._fwd[i][0]
+            if self.first:
+                assert g is not None and e.g is not None
+                send[i] = [ring.masked(ring.encode(g * scale, FRAC_BITS), e.g)]
+            else:
+                send[i] = []
+        got = self._swap(send, {i: [] if self.first else [torch.Size((batch, self.out))] for i in self.mine})
         prods = {}
         for i in self.mine:
             e, eps, delta = self._fwd[i]
-            (phi,) = opened[i]
+            (phi,) = send[i] if self.first else got[i]
+            gt = None if e.g is None else e.g
             prods[i] = (
-                ring.beaver_share(phi, delta.t(), e.g, e.v.t(), e.e, self.first),  # dL/dz W_i^T
-                ring.beaver_share(eps.t(), phi, e.u.t(), e.g, e.f, self.first),  # h'_i^T dL/dz
+                ring.product_share(phi, delta.t(), gt, e.v.t(), e.e, self.first),  # dL/dz W_i^T
+                ring.product_share(
+                    eps.t(), phi, None if e.u is None else e.u.t(), gt, e.f, self.first
+                ),  # h'^T dL/dz
             )
         # the momentum before truncation (32 fractional bits), masked for its opening
         lr, lr_bits = self.lr

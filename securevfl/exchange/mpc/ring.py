@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from securevfl.exchange.mpc.ringmatmul import beaver_terms
+from securevfl.exchange.mpc.ringmatmul import beaver_terms, ring_matmul_sum
 
 
 def encode(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -45,6 +45,31 @@ def beaver_share(
     first party only (Beaver 1991; CrypTen's ``beaver.matmul``). The result carries
     the operands' precisions added (untruncated)."""
     return c + beaver_terms(eps, delta, a, b, first=first)
+
+
+def product_share(
+    eps: torch.Tensor,
+    delta: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
+    c: torch.Tensor,
+    first: bool,
+) -> torch.Tensor:
+    """:func:`beaver_share` where a mask may be one-sided: ``a`` or ``b`` None is
+    this party's share of a mask the other party holds whole (so zero here), and the
+    product with it is skipped: c + eps b + a delta (+ eps delta at the first
+    party) over the terms that are not zero, as one ring product
+    (:func:`securevfl.exchange.mpc.ringmatmul.ring_matmul_sum`)."""
+    terms = []
+    if first:
+        terms.append((eps, delta if b is None else b + delta))
+    elif b is not None:
+        terms.append((eps, b))
+    if a is not None:
+        terms.append((a, delta))
+    if not terms:
+        return c.clone()
+    return c + ring_matmul_sum(terms)
 
 
 def truncate(share: torch.Tensor, bits: int) -> torch.Tensor:
