@@ -26,21 +26,41 @@ def train_batches(n_train: int, batch_size: int, seed: int, epoch: int) -> Itera
         yield perm[start : start + batch_size]
 
 
+def _epochs(n_train: int, tr: TrainingSpec, steps: int | None) -> Iterator[tuple[int, int, bool]]:
+    """(epoch, how many of its batches run, whether it is the last epoch), the run
+    truncated at ``steps`` (default ``training.max_steps``)."""
+    left = tr.max_steps if steps is None else steps
+    per_epoch = steps_per_epoch(n_train, tr.batch_size)
+    for epoch in range(tr.epochs):
+        n = per_epoch if left is None else min(per_epoch, left)
+        if left is not None:
+            left -= n
+        last = epoch == tr.epochs - 1 or left == 0
+        yield epoch, n, last
+        if last:
+            return
+
+
 def schedule(
     n_train: int, tr: TrainingSpec, steps: int | None = None
 ) -> Iterator[tuple[int, list[np.ndarray], bool]]:
     """(epoch, its batches, whether it is the last epoch), truncated at
     ``steps`` (default ``training.max_steps``); every rank derives the same schedule."""
-    left = tr.max_steps if steps is None else steps
-    for epoch in range(tr.epochs):
-        batches = list(train_batches(n_train, tr.batch_size, tr.seed, epoch))
-        if left is not None:
-            batches = batches[:left]
-            left -= len(batches)
-        last = epoch == tr.epochs - 1 or left == 0
-        yield epoch, batches, last
-        if last:
-            return
+    for epoch, n, last in _epochs(n_train, tr, steps):
+        yield epoch, list(train_batches(n_train, tr.batch_size, tr.seed, epoch))[:n], last
+
+
+def batch_sizes(
+    n_train: int, tr: TrainingSpec, steps: int | None = None, first_epoch: int = 0
+) -> tuple[int, ...]:
+    """The sizes of :func:`schedule`'s batches from ``first_epoch`` on, in order,
+    without drawing any epoch's permutation (an epoch's batches are full but its
+    last, which holds the remainder)."""
+    full, rest = divmod(n_train, tr.batch_size)
+    per_epoch = [tr.batch_size] * full + ([rest] if rest else [])
+    return tuple(
+        s for epoch, n, _ in _epochs(n_train, tr, steps) if epoch >= first_epoch for s in per_epoch[:n]
+    )
 
 
 def rounds_of(batches: list[np.ndarray], local_steps: int) -> list[list[np.ndarray]]:

@@ -272,15 +272,6 @@ class PairStep:
         """Shapes of c, e, f."""
         return (self.batch, self.width), (self.batch, self.dim), (self.dim, self.width)
 
-    def triples(self) -> list[Triple]:
-        """The Beaver products the step computes from it (their operand shapes)."""
-        b, d, o, r = self.batch, self.dim, self.width, self.pair
-        return [
-            Triple((b, d), (d, o), "matmul", r),
-            Triple((b, o), (o, d), "matmul", r),
-            Triple((d, b), (b, o), "matmul", r),
-        ]
-
     @property
     def received(self) -> int:
         return sum(math.prod(s) for s in self.products)

@@ -77,11 +77,12 @@ def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in ts])
 
 
-def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+def _split(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
     out, at = [], 0
-    for t in like:
-        out.append(flat[at : at + t.numel()].reshape(t.shape))
-        at += t.numel()
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(flat[at : at + n].reshape(shape))
+        at += n
     return out
 
 
@@ -200,7 +201,7 @@ class PairRole:
         out: dict[int, list[torch.Tensor]] = {}
         for i in self.mine:
             flat = next(got) if shapes[i] else torch.zeros(0, dtype=torch.long)
-            out[i] = _split(flat, [torch.empty(x, device="meta") for x in shapes[i]])
+            out[i] = _split(flat, shapes[i])
         return out
 
     def _open(self, masked: dict[int, list[torch.Tensor]]) -> dict[int, list[torch.Tensor]]:
@@ -297,25 +298,20 @@ class PairRole:
         plan = self._plan(batch, True)[k:]
         truncs = self._items(plan)  # per pair: [truncation material]
         scale = self.batch_scale
-        send: dict[int, list[torch.Tensor]] = {}
-        for i in self.mine:
-            e = self._fwd[i][0]
-            if self.first:
-                assert g is not None and e.g is not None
-                send[i] = [ring.masked(ring.encode(g * scale, FRAC_BITS), e.g)]
-            else:
-                send[i] = []
+        send: dict[int, list[torch.Tensor]] = {i: [] for i in self.mine}
+        if self.first:  # dL/dz - g to every P_i, each pair's g its own
+            assert g is not None
+            g_enc = ring.encode(g * scale, FRAC_BITS)
+            send = {i: [ring.masked(g_enc, self._fwd[i][0].g)] for i in self.mine}
         got = self._swap(send, {i: [] if self.first else [torch.Size((batch, self.out))] for i in self.mine})
         prods = {}
         for i in self.mine:
             e, eps, delta = self._fwd[i]
             (phi,) = send[i] if self.first else got[i]
-            gt = None if e.g is None else e.g
+            ut = None if e.u is None else e.u.t()
             prods[i] = (
-                ring.product_share(phi, delta.t(), gt, e.v.t(), e.e, self.first),  # dL/dz W_i^T
-                ring.product_share(
-                    eps.t(), phi, None if e.u is None else e.u.t(), gt, e.f, self.first
-                ),  # h'^T dL/dz
+                ring.product_share(phi, delta.t(), e.g, e.v.t(), e.e, self.first),  # dL/dz W_i^T
+                ring.product_share(eps.t(), phi, ut, e.g, e.f, self.first),  # h'_i^T dL/dz
             )
         # the momentum before truncation (32 fractional bits), masked for its opening
         lr, lr_bits = self.lr
