@@ -48,7 +48,7 @@ An op floor prices the backend's protocol alone, while a step also runs everythi
 ``plain`` step runs (bottom models, top model, loss, optimizers, the plaintext messages):
 the step floor is plain's step measured in the same run plus the op floor, and the table
 gives the step against both (for mpc, plain's one round trip of messages is then counted
-twice, about 0.2 ms of a floor of 15-20 ms).
+twice, about 0.2 ms of a step floor of 10-20 ms).
 
 Secure channel (SECURITY.md §4a): every frame travels sealed (AES-256-GCM). The channel
 table gives, per backend at each configuration, the payload bytes (the columns above, which
