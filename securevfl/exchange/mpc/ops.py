@@ -173,6 +173,8 @@ def reveal_and_truncate(
             assert t is not None
             mine = truncation.plain(t).double() / 2 ** precision(v)
     lr, shift = scale
+    # the opening comes back where the shares live (CUDA under the joint layout on a GPU)
+    opened = truncation.plain(opened).cpu()
     low, step = truncation.finish(opened, material.material, frac, lr, shift, first)
     like = [v.share for v in raws]
     lows = [
