@@ -5,7 +5,8 @@ Every rank saves its own final model at the end of a run
 :mod:`securevfl.parties.state`). This module loads one rank's, and only one
 rank's, verified model folder and puts it back to work: the fitted input
 transform, the bottom (and, at the active party, own block, bias and top)
-models, the defense stack in its trained state, the task of the active party,
+models, the defense stack in its trained state under fresh noise keys (every
+prediction draws new noise: a saved key would repeat it), the task of the active party,
 and the exchange role restored to its trained interactive layer (A's plain
 blocks under ``plain``, this party's shares under ``mpc``/``ckks``/``paillier``).
 Nothing here reads another party's files or learns anything of theirs.
@@ -192,8 +193,10 @@ def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.d
             f"but this rank is {role.kind} '{spec.name}'"
         )
     pre: PreprocessState = state.doc("preprocess", PreprocessState, rank=rank)
-    stack = build_stack(proto, spec.name, role.kind, spec.defenses)
-    stack.restore(join_components(state.tensor("defenses", rank=rank), state.docs.get("defenses", [])))
+    stack = build_stack(proto, spec.name, role.kind, spec.defenses)  # fresh noise keys: this prediction's
+    stack.restore_trained(
+        join_components(state.tensor("defenses", rank=rank), state.docs.get("defenses", []))
+    )
     models = state.tensor("models", rank=rank)
     for m, sd in zip(stack.modules(), models.get("defense_modules", []), strict=False):
         m.load_state_dict(sd)

@@ -70,9 +70,10 @@ class DefenseContext:
     knows it, so it may only drive what all parties must agree on (e.g. class
     codes). Noise that protects something draws on :meth:`noise_stream`, a
     secret stream (:mod:`securevfl.csprng`) private to this party: a fresh
-    256-bit key per run unless the protocol pins ``privacy.noise_seed`` for a
-    reproducible experiment (which anyone who knows it can use to subtract the
-    noise: such a run is marked as not private; SECURITY.md)."""
+    256-bit key per training run and per prediction run (a resumed run goes on
+    with its checkpoint's keys) unless the protocol pins ``privacy.noise_seed``
+    for a reproducible experiment (which anyone who knows it can use to subtract
+    the noise: such a run is marked as not private; SECURITY.md)."""
 
     proto: Protocol
     party: str
@@ -195,7 +196,10 @@ class Defense(Generic[OptionsT]):
         """What this defense needs to go on exactly from a checkpoint: by default
         its random generators (their positions in the noise stream), counters,
         tensors and JSON-valued attributes; its modules are saved with the
-        party's models. A defense with other state overrides this pair."""
+        party's models. A defense with other state overrides this pair, and keeps
+        each secret stream under a :data:`~securevfl.snapshot.SECRET_STREAM` key
+        (as :func:`capture_attributes` does): a saved model and a prediction leave
+        those out (:meth:`DefenseStack.restore_trained`)."""
         return capture_attributes(self)
 
     def restore(self, state: ComponentState) -> None:
@@ -310,13 +314,36 @@ class DefenseStack:
     def checkpoint_state(self) -> list[ComponentState]:
         return [d.checkpoint_state() for d in self.defenses]
 
+    def model_state(self) -> list[ComponentState]:
+        """What a saved model keeps of each defense: its checkpoint state less its
+        secret streams (a prediction draws fresh noise keys, :meth:`restore_trained`),
+        so a model folder holds no noise key."""
+        return [s.without_secret_streams() for s in self.checkpoint_state()]
+
     def restore(self, states: list[ComponentState]) -> None:
+        """Resume from a checkpoint exactly: every secret stream back at its saved
+        key and position (with the noise keys this stack was built from), so the
+        resumed run draws the noise the interrupted one would have drawn."""
+        self._check_count(states)
+        for d, st in zip(self.defenses, states, strict=True):
+            d.restore(st)
+
+    def restore_trained(self, states: list[ComponentState]) -> None:
+        """Put a saved model's defense state back for prediction: everything but the
+        secret streams, which keep the fresh keys this stack was built with. Rewinding
+        them to a saved key and position would add, at every prediction from that
+        model, the same noise to the same records, so that two predictions, or one
+        with a record left out, subtract to noise-free differences of embeddings
+        (tests/threat_model/test_prediction_noise_replay.py)."""
+        self._check_count(states)
+        for d, st in zip(self.defenses, states, strict=True):
+            d.restore(st.without_secret_streams())
+
+    def _check_count(self, states: list[ComponentState]) -> None:
         if len(states) != len(self.defenses):
             raise CheckpointError(
                 f"the checkpoint holds {len(states)} defense states, this party runs {len(self.defenses)}"
             )
-        for d, st in zip(self.defenses, states, strict=True):
-            d.restore(st)
 
 
 def collective_defenses(proto: Protocol) -> list[type[Defense[Any]]]:
@@ -356,7 +383,9 @@ def build_stack(
     validated here: the budget's search builds stacks many times). ``specs``, when
     given, must be the party's own entries (callers that hold them pass them as a
     check). ``noise_keys``: the private noise keys of a checkpoint's stack
-    (:meth:`DefenseStack.noise_keys`), when a run resumes."""
+    (:meth:`DefenseStack.noise_keys`), when a run resumes; without them every
+    defense gets a fresh key (:func:`private_noise_key`), as a new run and every
+    prediction run must."""
     resolved = components_of(proto).party(party).defenses
     if specs is not None and [s.name for s in specs] != [d.name for d in resolved]:
         raise ProtocolError(f"build_stack: the defenses given are not party '{party}'s own")

@@ -337,10 +337,12 @@ class Party:
         """The party's own optimizer (bottom/top models and defense modules)."""
         raise NotImplementedError
 
-    def _common_tensors(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Files both a checkpoint and the final model hold: models, exchange, defenses."""
+    def _common_tensors(self, *, model: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Files both a checkpoint and the final model hold: models, exchange, defenses
+        (in a ``model``, without their secret streams: :meth:`DefenseStack.model_state`)."""
         ex = self.exchange_state()
-        d_tensors, d_meta = split_components(self.stack.checkpoint_state())
+        states = self.stack.model_state() if model else self.stack.checkpoint_state()
+        d_tensors, d_meta = split_components(states)
         tensors = {"models": self.model_tensors(), "exchange": ex.tensors, "defenses": d_tensors}
         docs = {"exchange": ex.meta, "defenses": d_meta, "preprocess": self.preprocess_state().model_dump()}
         return tensors, docs
@@ -421,8 +423,9 @@ class Party:
     def model_state(self) -> PartyState:
         """What federated prediction needs of this party (``kind: model``): its
         models, its exchange state (weights or shares), its defenses' evaluation
-        state, its fitted preprocessing and what the model is (:class:`ModelInfo`)."""
-        tensors, docs = self._common_tensors()
+        state (no noise key: a prediction draws fresh ones), its fitted preprocessing
+        and what the model is (:class:`ModelInfo`)."""
+        tensors, docs = self._common_tensors(model=True)
         info = ModelInfo(
             party=self.spec.name,
             side=self.side,

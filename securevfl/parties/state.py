@@ -24,8 +24,8 @@ Files of a checkpoint (``kind: checkpoint``):
 * ``ledger.json``: the message records so far.
 
 The final model (``kind: model``) holds ``models.pt``, ``exchange.pt``/``.json``,
-``defenses.pt``/``.json``, ``preprocess.json`` and ``model.json``
-(:class:`ModelInfo`): what federated prediction needs, nothing of training.
+``defenses.pt``/``.json`` (without their secret streams: no noise key), ``preprocess.json``
+and ``model.json`` (:class:`ModelInfo`): what federated prediction needs, nothing of training.
 """
 
 from __future__ import annotations
