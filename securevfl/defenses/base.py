@@ -39,7 +39,7 @@ each hook is the identity, so a defense implements only what it changes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -80,11 +80,19 @@ class DefenseContext:
     side: str  # "active" | "passive"
     seed: int
     noise: SecretStream
+    _streams: dict[str, SecretStream] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def noise_stream(self, *labels: object) -> SecretStream:
         """This defense's own secret stream for one purpose (``labels``): a child of
-        its noise key, so two purposes never share keystream."""
-        return self.noise.child(*labels)
+        its noise key, so two purposes never share keystream. Asked again for the
+        same purpose it returns the same live stream, which goes on from where it
+        stands: a second child of the same key would start at position 0 and
+        replay the noise already released."""
+        purpose = "|".join(map(str, labels))  # the child's HKDF info: equal strings, equal keys
+        stream = self._streams.get(purpose)
+        if stream is None:
+            stream = self._streams[purpose] = self.noise.child(*labels)
+        return stream
 
 
 @dataclass(frozen=True)

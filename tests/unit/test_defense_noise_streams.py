@@ -1,5 +1,5 @@
-"""A defense's secret noise streams: resumed exactly from a checkpoint, fresh at every
-prediction (SECURITY.md §6a, "Every secret draw"; "Prediction")."""
+"""A defense's secret noise streams: one live stream per purpose, resumed exactly from a
+checkpoint, fresh at every prediction (SECURITY.md §6a, "Every secret draw"; "Prediction")."""
 
 from __future__ import annotations
 
@@ -10,13 +10,35 @@ import pytest
 
 from securevfl.app.loader import load_protocol
 from securevfl.csprng import SecretStream
-from securevfl.defenses.base import DefenseStack, build_stack
+from securevfl.defenses.base import DefenseContext, DefenseStack, build_stack
 from securevfl.snapshot import SECRET_STREAM
 from tests.support.protocols import PROTOCOLS
 
 #: shipped protocols whose defenses keep secret streams (every such defense among them)
 SHIPPED = ["vfl_afe_plain", "gaussian_noise_plain", "crdp_plain", "hashvfl_plain", "dravl_plain"]
 NOISY = {"embedding_dp", "gaussian_noise", "crdp", "hashvfl", "dravl"}
+
+
+def _ctx() -> DefenseContext:
+    proto = load_protocol(PROTOCOLS / "plain.yaml")
+    return DefenseContext(proto, "left", "passive", 0, SecretStream(bytes(range(32))))
+
+
+def test_asking_twice_for_one_purpose_gives_the_same_live_stream():
+    """A second child of the same key would start at position 0 and replay the
+    keystream already drawn; the context hands back the stream where it stands."""
+    ctx = _ctx()
+    first = ctx.noise_stream("embedding_dp", "noise")
+    drawn = first.bytes(64)
+    again = ctx.noise_stream("embedding_dp", "noise")
+    assert again is first and again.position == 64
+    assert again.bytes(64) != drawn
+    whole = ctx.noise.child("embedding_dp", "noise").bytes(128)  # the one stream, from its start
+    assert whole[:64] == drawn
+    # labels that make the same HKDF info are the same purpose (the same key)
+    assert ctx.noise_stream("embedding_dp|noise") is first
+    other = ctx.noise_stream("embedding_dp", "other")
+    assert other is not first and other.bytes(64) != drawn
 
 
 def _stacks(name: str) -> list[tuple[Any, str, str]]:
