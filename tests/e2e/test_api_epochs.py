@@ -2,11 +2,14 @@
 in the protocol mapping runs inside the passive rank; rank 0's epoch records reach
 the caller's callback as each epoch ends, equal to the run's history; each
 party's privacy is typed; a callback that raises stops every rank and the
-exception reaches the caller."""
+exception reaches the caller; a class defined in the running script itself."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from securevfl import api
 from securevfl.defenses.base import DEFENSES
 from securevfl.errors import ConfigError
 from tests.support import user_components as uc
-from tests.support.protocols import small_digits
+from tests.support.protocols import ROOT, small_digits
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,3 +89,47 @@ def test_a_callback_that_raises_stops_every_rank(tmp_path: Path):
     pids = json.loads((out / "ranks" / "launcher_pids.json").read_text())  # a fresh folder: written in place
     assert len(pids) == 3
     assert [pid for pid in pids.values() if _alive(pid)] == []
+
+
+SCRIPT = """
+import json, sys
+import torch
+from securevfl import api
+from securevfl.defenses.base import Defense, DefenseOptions
+from tests.support.protocols import small_digits
+
+
+class Halve(Defense[DefenseOptions]):
+    name = "script_halve"
+    sides = frozenset({"passive"})
+
+    def embed(self, h, *, train):
+        return h * 0.5
+
+
+if __name__ == "__main__":
+    doc = small_digits(epochs=1, max_steps=2)
+    doc["parties"]["passive"][1]["defenses"] = [Halve]
+    epochs = []
+    result = api.run(doc, out=sys.argv[1], progress=False, on_epoch=epochs.append)
+    print(json.dumps({"defenses": result.defenses, "epochs": [e.epoch for e in epochs]}))
+"""
+
+
+def test_a_script_s_own_defense_class_runs_in_the_ranks(tmp_path: Path):
+    """A class defined in the running script: every rank imports the script under
+    its file name (behind its __main__ guard) and finds the class there."""
+    (tmp_path / "experiment.py").write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "experiment.py", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "defenses": {"right": ["script_halve"]},
+        "epochs": [1],
+    }
