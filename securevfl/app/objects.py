@@ -37,13 +37,14 @@ author of the protocol and runs every party, so the modules of the objects it
 passed (:attr:`Converted.modules`) are allowed for that launch. Defense and
 attack classes are registered under their ``name`` for the call
 (:func:`registered`, in the calling process) and in every rank it starts
-(:func:`register_in_rank`, by reference, imported on first lookup), never
+(:func:`register_in_rank`, imported by reference as the rank starts), never
 beyond.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import inspect
 import sys
@@ -299,10 +300,14 @@ def registered(registrations: tuple[Registration, ...]) -> Iterator[None]:
 
 
 def register_in_rank(registrations: list[tuple[str, str, str]]) -> None:
-    """A rank of the caller's launch: register each class (kind, name,
-    reference: :meth:`Registration.for_rank`) by its reference, imported on its
-    first lookup, replacing what the rank may have registered under that name
-    itself (the caller checked that no other class has it)."""
+    """A rank of the caller's launch: import each class by its reference (kind,
+    name, reference: :meth:`Registration.for_rank`) and register it under its
+    name, unless importing its module registered it already (a module that
+    registers its own classes); whatever else the rank had under that name gives
+    way (the caller checked that no other class has it)."""
     for kind, name, reference in registrations:
+        module, _, attr = reference.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
         _, registry = KINDS[kind]  # type: ignore[index]
-        registry.add_path(name, reference, force=True)
+        if name not in registry or registry.get(name) is not cls:
+            registry.add(name, cls, force=True)

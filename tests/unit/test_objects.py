@@ -174,6 +174,19 @@ def test_a_rank_registers_them_by_reference() -> None:
         ATTACKS.remove("test_idle")
 
 
+def test_a_rank_takes_a_module_that_registers_its_own_class_as_it_is() -> None:
+    """Importing the module registers the class; registering it again is no error."""
+    name, module = "test_self_registered", "tests.support.user_plugin"
+    sys.modules.pop(module, None)
+    DEFENSES.remove(name)
+    try:
+        register_in_rank([("defense", name, f"{module}:SelfRegistered")])
+        assert DEFENSES.get(name) is sys.modules[module].SelfRegistered
+    finally:
+        DEFENSES.remove(name)
+        sys.modules.pop(module, None)
+
+
 def test_load_protocol_refuses_a_class_it_could_not_keep_registered() -> None:
     doc = small_digits()
     doc["parties"]["passive"][0]["defenses"] = [uc.Rounding]
