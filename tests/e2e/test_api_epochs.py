@@ -116,9 +116,11 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_script_s_own_defense_class_runs_in_the_ranks(tmp_path: Path):
     """A class defined in the running script: every rank imports the script under
-    its file name (behind its __main__ guard) and finds the class there."""
+    its file name (behind its __main__ guard) and finds the class there. (Default
+    suite: tests/unit/test_objects.py, the script's references.)"""
     (tmp_path / "experiment.py").write_text(SCRIPT)
     proc = subprocess.run(
         [sys.executable, "experiment.py", str(tmp_path / "out")],
