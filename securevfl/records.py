@@ -172,13 +172,15 @@ class EpochRecord(_Record):
     epochs: int
     step: int
     train_loss: float | None
-    metrics: dict[str, float | None]
+    metrics: dict[str, Any]  # as the run's history row holds them (a task's own metrics included)
     elapsed_s: float
     privacy: dict[str, PartyPrivacy] = {}
 
     @property
     def test_accuracy(self) -> float | None:
-        return self.metrics.get("test_accuracy")
+        """The epoch's test accuracy (None when not evaluated, or not a classification)."""
+        value = self.metrics.get("test_accuracy")
+        return None if value is None else float(value)
 
     def privacy_of(self, party: str) -> PartyPrivacy | None:
         """``party``'s privacy spent so far, if rank 0 accounts for it (its own)."""
