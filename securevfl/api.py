@@ -30,7 +30,7 @@ nothing here exits the interpreter.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -45,6 +45,7 @@ from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
 from securevfl.app.loader import load_protocol as load_protocol_file
 from securevfl.app.loader import load_protocol_dict, override_expr, resolve_protocol
+from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
 from securevfl.app.predict import (
     PredictionRecord,
@@ -52,13 +53,19 @@ from securevfl.app.predict import (
 )
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
-from securevfl.records import ResultRecord
+from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport, ResultRecord
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.compare import write_comparison
+from securevfl.report.stats import Interval
 
 __all__ = [
     "Comparison",
+    "ComparisonRow",
+    "EpochRecord",
+    "MechanismPrivacy",
+    "PartyPrivacy",
     "Prediction",
+    "PrivacyReport",
     "ProtocolLike",
     "RunResult",
     "compare",
@@ -69,7 +76,9 @@ __all__ = [
 ]
 
 #: What the functions below accept as a protocol: a protocol file's path, a parsed
-#: protocol document (a mapping, as the YAML file would read), or a loaded protocol.
+#: protocol document (a mapping, as the YAML file would read; :func:`run` and
+#: :func:`compare` also take classes and callables in it, see :func:`run`), or a
+#: loaded protocol.
 ProtocolLike = str | os.PathLike[str] | Mapping[str, Any] | Protocol
 
 #: Overrides, as ``--set`` takes them: ``{"training.epochs": 3}`` (values as Python
@@ -80,7 +89,10 @@ Overrides = Mapping[str, Any] | Sequence[str]
 class RunResult(ResultRecord):
     """The result record of a finished run (``result.json``: metrics, privacy
     spent, attacks, bytes and time per step, every rank's ledger), every field
-    typed, and the output folder it lies in (``folder``)."""
+    typed, and the output folder it lies in (``folder``). The privacy each party
+    spent: ``result.privacy_of("left").epsilon`` (and ``.delta``, ``.mechanisms``),
+    ``result.privacy_report`` for the whole record typed; ``result.privacy`` is
+    the mapping as written in result.json."""
 
     folder: Path
 
@@ -108,6 +120,52 @@ class Prediction(PredictionRecord):
         with open(self.path, encoding="utf-8") as fh:
             id_column = fh.readline().rstrip("\r\n").split(",")[0]
         return pd.read_csv(self.path, dtype={id_column: str})
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One compared protocol (a protocol at one grid point) over its seeds, typed:
+    its label (``protocol``), grid point, backend, defenses, dataset, seeds, every
+    metric of the table as an :class:`~securevfl.report.stats.Interval` (mean,
+    95% bounds, per-seed values; None where no run has it) and its runs' results.
+    The privacy each party spent: ``row.privacy_of("left").epsilon``."""
+
+    protocol: str
+    point: dict[str, Any]
+    backend: str
+    defenses: str
+    dataset: str
+    seeds: tuple[int, ...]
+    metrics: dict[str, Interval | None]
+    results: tuple[RunResult, ...]
+
+    def mean(self, metric: str) -> float | None:
+        """A metric's mean over the seeds (``"test_accuracy"``, ``"attack:membership_inference"``)."""
+        iv = self.metrics.get(metric)
+        return None if iv is None else iv.mean
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.mean("test_accuracy")
+
+    @property
+    def privacy(self) -> dict[str, PartyPrivacy]:
+        """Every party that spent privacy, at its largest epsilon over the seeds
+        (the same for every seed unless a mechanism's accounting depends on the data)."""
+        out: dict[str, PartyPrivacy] = {}
+        for r in self.results:
+            report = r.privacy_report
+            for party, spent in (report.parties if report is not None else {}).items():
+                if party not in out or spent.epsilon > out[party].epsilon:
+                    out[party] = spent
+        return out
+
+    def privacy_of(self, party: str) -> PartyPrivacy | None:
+        """``party``'s privacy (as :attr:`privacy`); None when it ran no DP
+        mechanism; a name that is no party of these runs is refused."""
+        for r in self.results:
+            r.privacy_of(party)  # refuses a name that is no party
+        return self.privacy.get(party)
 
 
 @dataclass(frozen=True)
@@ -145,6 +203,27 @@ class Comparison:
         """Every run's result record, in run order."""
         return [_run_result(r.result, Path(r.folder or self.folder)) for r in self.records]
 
+    @cached_property
+    def rows(self) -> list[ComparisonRow]:
+        """The rows of :attr:`frame`, typed (:class:`ComparisonRow`), in the same order."""
+        results = self.results()
+        out = []
+        for g in self.summary.groups:
+            mine = tuple(res for rec, res in zip(self.records, results, strict=True) if rec.label == g.label)
+            out.append(
+                ComparisonRow(
+                    protocol=g.label,
+                    point=dict(g.point),
+                    backend=g.text.get("backend") or "",
+                    defenses=g.text.get("defenses") or "",
+                    dataset=g.text.get("dataset") or "",
+                    seeds=tuple(g.seeds),
+                    metrics=dict(g.metrics),
+                    results=mine,
+                )
+            )
+        return out
+
 
 # -- protocols --------------------------------------------------------------------------------
 
@@ -172,6 +251,16 @@ def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> P
     CSV paths in a file are taken relative to the file's folder, in a mapping
     relative to the working directory."""
     sets = _set_list(overrides)
+    if isinstance(source, Mapping):
+        converted = convert(source)
+        if converted.registrations:
+            r = converted.registrations[0]
+            raise ConfigError(
+                f"load_protocol takes {r.kind}s by name; a {r.kind} class ({r.reference}) goes to run() or "
+                "compare(), which register it for their runs",
+                path=r.kind + "s",
+            )
+        source = converted.doc
     if isinstance(source, Protocol):
         if not sets:
             return resolve_protocol(source)
@@ -189,6 +278,23 @@ def _run_result(result: Mapping[str, Any], folder: Path) -> RunResult:
     return RunResult.model_validate({**result, "folder": Path(folder)})
 
 
+def _converted(protocol: ProtocolLike) -> tuple[ProtocolLike, Converted]:
+    """A protocol mapping with its classes and callables replaced by names and
+    references (:func:`securevfl.app.objects.convert`); anything else as it is."""
+    if isinstance(protocol, Mapping):
+        conv = convert(protocol)
+        return conv.doc, conv
+    return protocol, Converted({})
+
+
+def _load(protocol: ProtocolLike, overrides: Overrides | None) -> Protocol:
+    """:func:`load_protocol` of what :func:`_converted` gave (its classes registered)."""
+    sets = _set_list(overrides)
+    if isinstance(protocol, Mapping):
+        return load_protocol_dict(dict(protocol), overrides=sets)
+    return load_protocol(protocol, sets)
+
+
 # -- running ----------------------------------------------------------------------------------
 
 
@@ -201,6 +307,7 @@ def run(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> RunResult:
     """Run every rank of a protocol on this machine, one OS process each, then the
     protocol's attacks (``securevfl run``); return the run's result record.
@@ -214,18 +321,38 @@ def run(
     ``progress``: the active party's progress display on stderr (``--quiet`` is
     ``progress=False``). ``overrides`` as for :func:`load_protocol`.
 
+    ``on_epoch``: called in this process with an :class:`EpochRecord` (epoch, steps,
+    training loss, the epoch's evaluation metrics, seconds so far, and the privacy
+    the active party's own mechanisms spent so far) as each epoch ends; the record
+    is what the active party's progress line shows, sent by its rank to this
+    process. If it raises, every rank is stopped, the run ends as a failed run does
+    (an earlier result in ``out`` stays) and the exception propagates unchanged.
+
+    A protocol given as a mapping may hold Python objects where a file names
+    something (:mod:`securevfl.app.objects`): a ``Defense`` or ``Attack`` subclass
+    for a defense's or an attack's ``name`` (or as the whole entry), registered
+    under its ``name`` for this run, in this process and in every rank; a
+    callable for a model's ``factory``. Each must be defined at the top level of a
+    module the ranks can import (the running script counts when it is run as a
+    file or with ``-m``); a lambda, a local function or class, or an object of an
+    interactive session is refused with a ConfigError naming the field.
+
     Raises :class:`~securevfl.errors.ConfigError` for a bad protocol or folder, and
     for a failed run the error of its root cause, naming the rank."""
-    proto = load_protocol(protocol, overrides)
-    folder = Path(out) if out is not None else Path("runs") / proto.name
-    result = launch(
-        proto,
-        folder,
-        data_dir=Path(data_dir) if data_dir is not None else None,
-        progress=progress,
-        overwrite=overwrite,
-        resume=resume,
-    )
+    given, conv = _converted(protocol)
+    with registered(conv.registrations):
+        proto = _load(given, overrides)
+        folder = Path(out) if out is not None else Path("runs") / proto.name
+        result = launch(
+            proto,
+            folder,
+            data_dir=Path(data_dir) if data_dir is not None else None,
+            progress=progress,
+            overwrite=overwrite,
+            resume=resume,
+            on_epoch=on_epoch,
+            registrations=conv.registrations,
+        )
     return _run_result(result, folder)
 
 
@@ -246,22 +373,39 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
     return [parse_axis(g) for g in grid]
 
 
-def _source_paths(sources: ProtocolLike | Sequence[ProtocolLike], folder: Path) -> list[Path]:
+def _items(sources: ProtocolLike | Sequence[ProtocolLike]) -> list[ProtocolLike]:
+    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)):
+        return [sources]
+    return list(sources)
+
+
+def _registrations(converted: Sequence[Converted]) -> tuple[Registration, ...]:
+    """The classes of every protocol of a comparison, each name once."""
+    found: dict[tuple[str, str], Registration] = {}
+    for conv in converted:
+        for r in conv.registrations:
+            earlier = found.setdefault((r.kind, r.name), r)
+            if earlier.reference != r.reference:
+                raise ConfigError(
+                    f"two different {r.kind} classes are named '{r.name}' ({earlier.reference}, "
+                    f"{r.reference})",
+                    path=r.kind + "s",
+                )
+    return tuple(found.values())
+
+
+def _source_paths(items: Sequence[ProtocolLike], folder: Path) -> list[Path]:
     """Files to compare: paths as given; a protocol given as a mapping or a
     :class:`Protocol` is checked, then written to ``folder/protocols/<name>.yaml``
     (CSV paths made absolute) and compared from there, so the comparison folder
     keeps what it compared."""
-    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)):
-        items: list[ProtocolLike] = [sources]
-    else:
-        items = list(sources)
     paths: list[Path] = []
     written: set[str] = set()
     for item in items:
         if isinstance(item, (str, os.PathLike)):
             paths.append(Path(item))
             continue
-        proto = load_protocol(item)
+        proto = _load(item, None)
         if proto.name in written:
             raise ConfigError(
                 f"two protocols are both named '{proto.name}': protocol names must be distinct to "
@@ -315,19 +459,30 @@ def compare(
     comparison files (compare.json, compare.csv, runs.csv, report.md and figures)
     are written to ``out``, under ``title`` (default: a comparison file's title,
     else "securevfl compare"). ``progress``: each run's progress display (the
-    per-run status lines go to stderr either way)."""
+    per-run status lines go to stderr either way).
+
+    Protocols given as mappings may hold classes and callables as for :func:`run`;
+    their classes are registered for the comparison's runs (the protocol files
+    written to ``OUT/protocols`` name them by their ``name``). The table typed:
+    :attr:`Comparison.rows`, with each party's privacy as for a run
+    (``table.rows[0].privacy_of("left").epsilon``)."""
     folder = Path(out)
-    paths = _source_paths(sources, folder)
-    file_title, found, file_seeds = sources_from_paths(paths, _set_list(overrides), _axes(grid))
-    title = title or file_title
-    chosen = list(seeds) if seeds is not None else file_seeds
-    plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
-    done = execute(plan, folder, rerun=overwrite, progress=progress)
-    records = [
-        RunRecord(label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder))
-        for r, res in done
-    ]
-    files = write_comparison(folder, records, plan.axes, title=title)
+    pairs = [_converted(item) for item in _items(sources)]
+    regs = _registrations([conv for _, conv in pairs])
+    with registered(regs):
+        paths = _source_paths([given for given, _ in pairs], folder)
+        file_title, found, file_seeds = sources_from_paths(paths, _set_list(overrides), _axes(grid))
+        title = title or file_title
+        chosen = list(seeds) if seeds is not None else file_seeds
+        plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
+        done = execute(plan, folder, rerun=overwrite, progress=progress, registrations=regs)
+        records = [
+            RunRecord(
+                label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder)
+            )
+            for r, res in done
+        ]
+        files = write_comparison(folder, records, plan.axes, title=title)
     return Comparison(title, folder, records, summarize(records), files)
 
 

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.launcher import launch
 from securevfl.app.loader import apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.objects import Registration
 from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol, validation_error
 from securevfl.errors import ConfigError
@@ -263,11 +264,13 @@ def execute(
     rerun: bool = False,
     progress: bool = True,
     say: Callable[[str], None] = _say,
+    registrations: tuple[Registration, ...] = (),
 ) -> list[tuple[Run, dict[str, Any]]]:
     """Run what the cache lacks (everything with ``rerun``), in plan order; return
     every run with its result record. Progress: runs done / total and, once one
     run has been timed, the estimated time left (mean time of this session's runs,
-    else the previous runs' own wall time, times the runs left)."""
+    else the previous runs' own wall time, times the runs left). ``registrations``:
+    the caller's own component classes, for every run's ranks (:func:`launch`)."""
     runs = plan_.runs
     have = {id(r): (None if rerun else cached(r)) for r in runs}
     todo = [r for r in runs if have[id(r)] is None]
@@ -281,7 +284,14 @@ def execute(
         say(f"[{done + 1}/{total}] {run.label} seed {run.seed} ({run.proto.exchange.backend}){eta}")
         (run.folder / MARKER).unlink(missing_ok=True)
         t0 = time.monotonic()
-        launch(run.proto, run.folder, data_dir=out / "data", progress=progress, overwrite=True)
+        launch(
+            run.proto,
+            run.folder,
+            data_dir=out / "data",
+            progress=progress,
+            overwrite=True,
+            registrations=registrations,
+        )
         seconds = time.monotonic() - t0
         mark_done(run, seconds)
         spent.append(seconds)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +25,30 @@ from securevfl.config import Protocol, format_loc, validation_error
 from securevfl.errors import ConfigError
 from securevfl.validation import check_protocol, resolve_components
 
+#: a path element ``[*]``: every element of the list at that point (``--set`` and
+#: ``--grid`` keys such as ``parties.passive[*].defenses[0].params.epsilon``)
+EVERY = "[*]"
+
+_TOKEN = re.compile(r"\[([^\]]*)\]|([^.\[\]]+)")
+
 
 def split_override(expr: str, flag: str = "--set") -> tuple[list[str | int], str, str]:
     """``a.b[0].c=raw`` -> (['a', 'b', 0, 'c'], 'a.b[0].c', 'raw'): the key path of an
-    override (``--set``, and each ``--grid`` axis) and its unparsed value text."""
+    override (``--set``, and each ``--grid`` axis) and its unparsed value text.
+    ``[*]`` stands for every element of a list (:data:`EVERY`)."""
     what = "override" if flag == "--set" else "grid axis"
     if "=" not in expr:
         raise ConfigError(f"{what} '{expr}' must look like key.path=value", path=flag)
     key, raw = expr.split("=", 1)
     path: list[str | int] = []
-    for token in key.replace("[", ".").replace("]", "").split("."):
+    for index, name in _TOKEN.findall(key):
+        token = index or name
         if not token:
             continue
-        path.append(int(token) if token.isdigit() else token)
+        if index and token == "*":
+            path.append(EVERY)
+        else:
+            path.append(int(token) if token.isdigit() else token)
     if not path:
         raise ConfigError(f"{what} '{expr}' has an empty key", path=flag)
     return path, key, raw
@@ -63,25 +75,31 @@ def parse_override(expr: str) -> tuple[list[str | int], Any]:
 
 
 def apply_override(doc: dict[str, Any], path: list[str | int], value: Any) -> None:
-    node: Any = doc
-    shown = ""
-    for i, part in enumerate(path):
-        last = i == len(path) - 1
-        shown += f"[{part}]" if isinstance(part, int) else ("." if shown else "") + part
-        if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                raise ConfigError("no such list element to override", path=shown)
-            if last:
-                node[part] = value
-            else:
-                node = node[part]
-        else:
-            if not isinstance(node, dict):
-                raise ConfigError("cannot set a key inside a non-mapping", path=shown)
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
+    """Set ``value`` at ``path`` in ``doc``: mappings on the way are created, a list
+    index must exist, and :data:`EVERY` sets it in every element of a non-empty list."""
+    _set(doc, path, value, "")
+
+
+def _set(node: Any, path: list[str | int], value: Any, shown: str) -> None:
+    part, rest = path[0], path[1:]
+    if part == EVERY:
+        if not isinstance(node, list) or not node:
+            raise ConfigError("[*] needs a non-empty list here", path=shown + EVERY)
+        for j in range(len(node)):
+            _set(node, [j, *rest], copy.deepcopy(value), shown)
+        return
+    shown += f"[{part}]" if isinstance(part, int) else ("." if shown else "") + part
+    if isinstance(part, int):
+        if not isinstance(node, list) or part >= len(node):
+            raise ConfigError("no such list element to override", path=shown)
+    elif not isinstance(node, dict):
+        raise ConfigError("cannot set a key inside a non-mapping", path=shown)
+    if not rest:
+        node[part] = value
+    elif isinstance(part, int):
+        _set(node[part], rest, value, shown)
+    else:
+        _set(node.setdefault(part, {}), rest, value, shown)
 
 
 FLOAT32_MAX = 3.4028234663852886e38

@@ -55,7 +55,7 @@ from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import Party, prepare
 from securevfl.parties.passive import PassiveParty
 from securevfl.parties.state import PartyInfo, PartyState
-from securevfl.records import RankSummary
+from securevfl.records import EpochRecord, RankSummary
 from securevfl.report.result import build_result, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Role
@@ -173,11 +173,13 @@ def run_rank(
     resume: bool = False,
     identity: Identity | None = None,
     pins: dict[int, str] | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> int:
     """Run one rank to completion; returns the process exit code. ``resume``: go
     on from the newest checkpoint every rank holds (agreed at start-up).
     ``identity`` and ``pins`` go to the :class:`Session` (its identity key; the
-    keys every rank must present, if not the protocol's)."""
+    keys every rank must present, if not the protocol's). ``on_epoch``: the active
+    party's epoch records, as each epoch ends (ignored by the other ranks)."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(rank_threads())
@@ -263,7 +265,13 @@ def run_rank(
                         saved = PartyState(m.epoch, m.step, found.tensors, found.docs)
                     seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank).noise_keys
                     party = cls(
-                        session, backend, ctx, prep, progress=progress and rank == 0, noise_keys=seeds
+                        session,
+                        backend,
+                        ctx,
+                        prep,
+                        progress=progress and rank == 0,
+                        noise_keys=seeds,
+                        on_epoch=on_epoch if role.kind == "active" else None,
                     )
                     if saved is not None:
                         party.restore(saved)

@@ -15,7 +15,7 @@ from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
 from securevfl.parties.state import module_states
 from securevfl.parties.tasks import TASKS
-from securevfl.records import OwnView
+from securevfl.records import EpochRecord, OwnView, PartyPrivacy
 from securevfl.schedule import eval_batches
 
 
@@ -160,10 +160,25 @@ class ActiveParty(Party):
         for _ in range(batches):
             self.progress.step()
 
-    def after_epoch(self, row: dict[str, Any]) -> None:
+    def after_epoch(self, row: dict[str, Any], *, step: int, elapsed_s: float) -> None:
         loss = row.get("train_loss")
         info = (f"loss {loss:.4f} " if loss is not None else "") + self.task.headline(row)
         self.progress.epoch(row["epoch"], self.proto.training.epochs, info.strip())
+        if self.on_epoch is not None:
+            self.on_epoch(self.epoch_record(row, step=step, elapsed_s=elapsed_s))
+
+    def epoch_record(self, row: dict[str, Any], *, step: int, elapsed_s: float) -> EpochRecord:
+        """What the progress line says of an epoch, typed: its history row, the
+        steps and seconds so far, and this party's own privacy spent so far."""
+        return EpochRecord(
+            epoch=row["epoch"],
+            epochs=self.proto.training.epochs,
+            step=step,
+            train_loss=row.get("train_loss"),
+            metrics={k: v for k, v in row.items() if k not in ("epoch", "train_loss")},
+            elapsed_s=elapsed_s,
+            privacy={p: PartyPrivacy.from_account(p, e) for p, e in self.privacy_spent(step).items()},
+        )
 
     def finish(self) -> None:
         self.progress.close()

@@ -44,6 +44,7 @@ from securevfl.parties.state import (
 )
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
+from securevfl.records import EpochRecord
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record
@@ -158,9 +159,13 @@ class Party:
         *,
         progress: bool,
         noise_keys: list[dict[str, Any]] | None = None,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
     ):
         """``noise_keys``: the defenses' private noise keys of the checkpoint a
-        run resumes from (:meth:`restore` then puts the rest of its state back)."""
+        run resumes from (:meth:`restore` then puts the rest of its state back).
+        ``on_epoch``: called with an :class:`~securevfl.records.EpochRecord` as
+        each epoch ends (the active party's; a passive party has none to give)."""
+        self.on_epoch = on_epoch
         self.s = session
         self.proto = session.proto
         self.ctx = ctx
@@ -196,13 +201,19 @@ class Party:
         )
         run_collectives(self.stack, comm)
 
+    def privacy_spent(self, steps: int) -> dict[str, Any]:
+        """This party's own accounting over ``steps`` training steps (the
+        accountant's output: ``{party: {"mechanisms", "total"}}``; empty without a
+        DP mechanism)."""
+        plan = plan_for(steps, len(self.prep.train_idx), self.proto.training)
+        mechs = self.stack.mechanisms(plan)
+        return account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {}
+
     def privacy_summary(self, steps: int) -> dict[str, Any]:
         """This party's own accounting over the steps actually run, and its
         defenses' run statistics (merged into ``result.json`` by rank 0)."""
-        plan = plan_for(steps, len(self.prep.train_idx), self.proto.training)
-        mechs = self.stack.mechanisms(plan)
         return {
-            "privacy": account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {},
+            "privacy": self.privacy_spent(steps),
             "defense_report": self.stack.report(),
             "planned_steps": self.planned_steps,
             "allowed_steps": self.allowed_steps,
@@ -262,7 +273,7 @@ class Party:
                 c_eval += time.process_time() - c0
                 row.update(metrics)
             history.append(row)
-            self.after_epoch(row)
+            self.after_epoch(row, step=step, elapsed_s=time.perf_counter() - t_run)
             every = tr.checkpoint_every
             if save is not None and every is not None and not last and (epoch + 1) % every == 0:
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -310,8 +321,9 @@ class Party:
     def after_round(self, batches: int) -> None:
         """Called after every round of ``batches`` training batches (progress)."""
 
-    def after_epoch(self, row: dict[str, Any]) -> None:
-        """Called with each epoch's history row (progress)."""
+    def after_epoch(self, row: dict[str, Any], *, step: int, elapsed_s: float) -> None:
+        """Called with each epoch's history row, the training steps run so far and
+        the seconds since training started (progress, epoch records)."""
 
     def finish(self) -> None:
         """Called once the schedule is done."""

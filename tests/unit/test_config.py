@@ -173,6 +173,13 @@ def test_overrides_apply(doc):
     assert proto.training.optimizer == "sgd"
 
 
+def test_a_star_override_sets_every_list_element(doc):
+    proto = load_protocol_dict(doc, overrides=["parties.passive[*].model.out=16", "interactive.out=16"])
+    assert [p.model.out for p in proto.parties.passive] == [16, 16]  # type: ignore[union-attr]
+    one = load_protocol_dict(doc, overrides=["parties.passive[0].model.out=16", "interactive.out=16"])
+    assert [p.model.out for p in one.parties.passive] == [16, 64]  # type: ignore[union-attr]
+
+
 def test_overrides_do_not_modify_the_callers_mapping(doc):
     before = copy.deepcopy(doc)
     load_protocol_dict(doc, overrides=["training.epochs=3"])
@@ -195,6 +202,8 @@ def test_overrides_apply_through_load_protocol(doc, tmp_path):
         ("parties.passive[5].model.out=3", "parties.passive[5]", "no such list element"),
         ("training.epochs.x=1", "training.epochs.x", "non-mapping"),
         ("training.epochs=[1", "training.epochs", "YAML"),
+        ("training[*].epochs=1", "training[*]", "non-empty list"),
+        ("parties.passive[*].model.outs=1", "parties.passive[0].model.outs", "unknown key"),
     ],
 )
 def test_bad_overrides_error_with_path(doc, expr, path, text):
