@@ -1,6 +1,7 @@
 """Typed records of a run: what each rank reports (:class:`RankSummary`), the
 result record rank 0 assembles from them (:class:`ResultRecord`, ``result.json``),
-and what each party legitimately holds for attacks (:class:`OwnView`).
+what each party keeps for itself (:class:`OwnReport`) and what each party
+legitimately holds for attacks (:class:`OwnView`).
 
 Both are pydantic models so that a field is read as a field, a misspelt one is an
 error where it is written, and a summary another rank sent is validated before
@@ -34,10 +35,12 @@ class _Record(BaseModel):
 
 
 class RankSummary(_Record):
-    """One rank's account of its run. Every rank sets the identity, ledger and
-    timing fields; party ranks add training, privacy and data fields; the active
-    rank its metrics (``Party.run`` and the side's ``run_summary``), a passive rank
-    its column count."""
+    """One rank's account of its run, as it is sent to rank 0 (SECURITY.md §7,
+    "Metadata to rank 0"): every rank sets the identity, ledger and timing fields;
+    party ranks add training, privacy and data fields; the active rank its metrics
+    (``Party.run`` and the side's ``run_summary``). ``defense_report`` holds only
+    what the defenses declared public (``Defense.public_report``); their
+    statistics of the data are in each party's :class:`OwnReport`."""
 
     rank: int
     party: str
@@ -63,8 +66,6 @@ class RankSummary(_Record):
     n_test: int | None = None
     n_aligned: int | None = None
     classes: int | None = None
-    # a passive party's feature count (PassiveParty.run_summary)
-    columns: int | None = None
     # what the party loaded and aligned (n_records: rows of its file, at prediction)
     n_records: int | None = None
     loaded_columns: list[str] | None = None
@@ -185,6 +186,22 @@ class EpochRecord(_Record):
     def privacy_of(self, party: str) -> PartyPrivacy | None:
         """``party``'s privacy spent so far, if rank 0 accounts for it (its own)."""
         return self.privacy.get(party)
+
+
+class OwnReport(_Record):
+    """``ranks/rank<R>.defense_report.json``: what a party keeps for itself after a
+    run, written by its own rank and sent nowhere (``Party.own_report``): its
+    defenses' run statistics (``Defense.report``: selection scores, rescaling
+    factors, probabilities, computed from its data) and its model's input column
+    count after their feature selection."""
+
+    rank: int
+    party: str
+    columns: int | None = None
+    defenses: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
 
 
 class ResultRecord(_Record):

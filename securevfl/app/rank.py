@@ -56,7 +56,7 @@ from securevfl.parties.common import Party, prepare
 from securevfl.parties.passive import PassiveParty
 from securevfl.parties.state import PartyInfo, PartyState
 from securevfl.records import EpochRecord, RankSummary
-from securevfl.report.result import build_result, write_result
+from securevfl.report.result import build_result, write_own_report, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Role
 from securevfl.runtime.ledger import Ledger
@@ -283,10 +283,14 @@ def run_rank(
                 summary["train_cpu_s"] = round(party.train_cpu_s, 4)
                 party.exchange.close()
                 t_write = time.perf_counter()
-                summary["loaded_columns"] = prep.data.columns
+                # the columns of its file it loaded, by name: after preprocessing, its inputs
+                # (the fitted one-hot names would name categories found in its rows)
+                pre = prep.preprocessor
+                summary["loaded_columns"] = list(pre.inputs) if pre is not None else prep.data.columns
                 summary["has_labels"] = prep.data.y is not None
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
+                write_own_report(out_dir, party.own_report())  # its defenses' statistics: its alone
                 save_tensors(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 save_model(session, out_dir, party)
                 trace = getattr(party, "trace", None)  # the active party's first steps (tests)

@@ -17,7 +17,14 @@ each hook is the identity, so a defense implements only what it changes:
   function of the protocol and the plan, not of the data, so every rank can
   compute a budget's stopping step before training (a look-back
   ``privacy_spent()`` could not).
-* reporting: :meth:`Defense.report` adds run statistics to the result
+* reporting, split by who may read it (SECURITY.md §7): :meth:`Defense.report`
+  gives the run statistics the party computed from its data (scores,
+  rescaling factors, probabilities), written to the party's own
+  ``ranks/rank<R>.defense_report.json`` and sent nowhere;
+  :meth:`Defense.public_report` declares what may reach rank 0 in the party's
+  summary and so ``result.json``. The stack takes the public part when it builds
+  the defense, before any hook has seen data, so it can hold only what the
+  protocol determines (by default the validated options).
 * collective set-up: :meth:`Defense.joins_collective` / :meth:`Defense.collective`,
   a step every party rank (active and passive, with or without the defense)
   enters at the same point, after the exchange is up and before the first
@@ -193,8 +200,19 @@ class Defense(Generic[OptionsT]):
         return []
 
     def report(self) -> dict[str, Any]:
-        """Run statistics worth keeping in ``result.json`` (e.g. rescaling factors)."""
+        """Run statistics for the party's own file (e.g. rescaling factors, selection
+        scores): computed from its data, so they stay with the party
+        (``ranks/rank<R>.defense_report.json``) and are never sent."""
         return {}
+
+    def public_report(self) -> dict[str, Any]:
+        """What this defense declares to rank 0 (its party's summary, ``result.json``):
+        a function of the options and the protocol alone, which every party holds.
+        Called once, when the stack is built and before any hook has seen data
+        (:class:`DefenseStack`), so no statistic of the data can enter it. By
+        default the validated options (defaults filled in); a defense may add
+        constants derived from them (e.g. a noise multiplier)."""
+        return {"params": self.params.model_dump()}
 
     def modules(self) -> list[torch.nn.Module]:
         """Trainable parts (their parameters join the party's optimizer)."""
@@ -247,10 +265,15 @@ DEFENSES: Registry[type[Defense[Any]]] = Registry("defense")
 
 
 class DefenseStack:
-    """A party's defenses in protocol-file order; each hook is folded over them."""
+    """A party's defenses in protocol-file order; each hook is folded over them.
+
+    Reports come in two parts (SECURITY.md §7): :meth:`public_report`, taken here,
+    at construction, before any defense has seen data, is what the party may send
+    rank 0; :meth:`report` is the party's own, for its own folder only."""
 
     def __init__(self, defenses: list[Defense[Any]]):
         self.defenses = defenses
+        self._public = {d.name: d.public_report() for d in defenses}
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         for d in self.defenses:
@@ -310,7 +333,13 @@ class DefenseStack:
         return [m for d in self.defenses for m in d.mechanisms(plan)]
 
     def report(self) -> dict[str, Any]:
+        """Every defense's own run statistics: the party's alone, never sent."""
         return {d.name: r for d in self.defenses if (r := d.report())}
+
+    def public_report(self) -> dict[str, Any]:
+        """What every defense declared when the stack was built (no statistic of
+        the data): the part of the report that may go to rank 0."""
+        return {name: dict(r) for name, r in self._public.items() if r}
 
     def noise_keys(self) -> list[dict[str, Any]]:
         """Each defense's private noise key (:meth:`SecretStream.state` of its root

@@ -44,7 +44,7 @@ from securevfl.parties.state import (
 )
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
-from securevfl.records import EpochRecord
+from securevfl.records import EpochRecord, OwnReport
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record
@@ -210,11 +210,13 @@ class Party:
         return account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {}
 
     def privacy_summary(self, steps: int) -> dict[str, Any]:
-        """This party's own accounting over the steps actually run, and its
-        defenses' run statistics (merged into ``result.json`` by rank 0)."""
+        """This party's own accounting over the steps actually run and what its
+        defenses declared public (merged into ``result.json`` by rank 0). Both
+        follow from the protocol and the step count alone; the defenses' statistics
+        of the data stay in :meth:`own_report`."""
         return {
             "privacy": self.privacy_spent(steps),
-            "defense_report": self.stack.report(),
+            "defense_report": self.stack.public_report(),
             "planned_steps": self.planned_steps,
             "allowed_steps": self.allowed_steps,
         }
@@ -333,6 +335,19 @@ class Party:
     ) -> dict[str, Any]:
         """What this side adds to its rank summary."""
         return {}
+
+    def own_report(self) -> OwnReport:
+        """What this party keeps for itself after the run and sends nowhere
+        (``ranks/rank<R>.defense_report.json``, SECURITY.md §7): its defenses' run
+        statistics, computed from its data, and its model's input column count
+        after their feature selection."""
+        columns = getattr(self, "columns", None)
+        return OwnReport(
+            rank=self.s.rank,
+            party=self.spec.name,
+            columns=None if columns is None else len(columns),
+            defenses=self.stack.report(),
+        )
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         raise NotImplementedError

@@ -99,11 +99,6 @@ class PassiveParty(Party):
             h = self.bottom(self.x_test[idx].to(self.device))
             self.exchange.forward(self.stack.embed(h, train=False), train=False)
 
-    def run_summary(
-        self, history: list[dict[str, Any]], metrics: dict[str, Any], step_times: list[float]
-    ) -> dict[str, Any]:
-        return {"columns": len(self.columns)}
-
     def own_view(self) -> OwnView:
         """What this party itself computed and sent (for wire audits), and, when
         attacks run as this party, what it legitimately knows: the aligned IDs and

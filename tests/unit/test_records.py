@@ -19,13 +19,13 @@ from securevfl.privacy.accountant import (
     account,
     epsilon,
 )
-from securevfl.records import EpochRecord, OwnView, PrivacyReport, RankSummary, ResultRecord
+from securevfl.records import EpochRecord, OwnReport, OwnView, PrivacyReport, RankSummary, ResultRecord
 
 
 def test_a_summary_writes_the_fields_its_rank_set_and_reads_back_the_same() -> None:
-    passive = RankSummary(rank=1, party="left", role="passive", pid=7, train_steps=3, columns=32)
+    passive = RankSummary(rank=1, party="left", role="passive", pid=7, train_steps=3, n_train=32)
     doc = passive.to_json()
-    assert doc == {"rank": 1, "party": "left", "role": "passive", "pid": 7, "train_steps": 3, "columns": 32}
+    assert doc == {"rank": 1, "party": "left", "role": "passive", "pid": 7, "train_steps": 3, "n_train": 32}
     active = RankSummary(rank=0, party="a", role="active", pid=6, test_auc=None, peak_rss_mib=12)
     assert active.to_json()["test_auc"] is None  # set to null: written as null
     assert "test_accuracy" not in active.to_json()  # never set: not written
@@ -146,3 +146,12 @@ def test_an_epoch_record_reads_back_the_same_from_its_json() -> None:
     assert inf.privacy["active"].epsilon == math.inf
     with pytest.raises(ValidationError):
         EpochRecord.model_validate_json(b'{"epoch": 1}')
+
+
+def test_a_summary_holds_no_selected_column_count() -> None:
+    """The model's input column count after a defense's selection (crdp's is the
+    exponential mechanism's output) is the party's own, not a summary field."""
+    with pytest.raises(ValidationError):
+        RankSummary(rank=1, party="left", role="passive", pid=7, columns=4)
+    own = OwnReport(rank=1, party="left", columns=4, defenses={"crdp": {"mcd": 0.25}})
+    assert OwnReport.model_validate_json(json.dumps(own.to_json())) == own
