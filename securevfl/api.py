@@ -49,6 +49,7 @@ from securevfl.app.party import run_party
 from securevfl.app.predict import (
     PredictionRecord,
     predict_local,
+    read_predictions,
 )
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
@@ -104,10 +105,9 @@ class Prediction(PredictionRecord):
 
     @property
     def frame(self) -> pd.DataFrame:
-        """The predictions, read from :attr:`path` (IDs kept as text)."""
-        with open(self.path, encoding="utf-8") as fh:
-            id_column = fh.readline().rstrip("\r\n").split(",")[0]
-        return pd.read_csv(self.path, dtype={id_column: str})
+        """The predictions, read from :attr:`path` (IDs kept as text, each cell as
+        the run wrote it: :func:`~securevfl.app.predict.read_predictions`)."""
+        return read_predictions(self.path)
 
 
 @dataclass(frozen=True)

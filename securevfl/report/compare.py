@@ -10,7 +10,6 @@ them. Per-run rows: :mod:`securevfl.report.rows`; over seeds:
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from securevfl.csvfile import write_dicts
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.plots import (
     plot_cost,
@@ -120,14 +120,6 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     return markdown_summary(summarize(records_of(results)))
 
 
-def _write_csv(path: Path, table: list[dict[str, Any]]) -> None:
-    fields = list(dict.fromkeys(k for row in table for k in row))
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(table)
-
-
 def write_comparison(
     out_dir: Path,
     records: Sequence[RunRecord] | Sequence[dict[str, Any]],
@@ -161,8 +153,8 @@ def write_comparison(
         "runs": summary.runs,
     }
     paths["json"].write_text(json.dumps(doc, indent=2, default=str))
-    _write_csv(paths["csv"], [g.flat() for g in summary.groups])
-    _write_csv(paths["runs_csv"], [{k: v for k, v in r.items() if k != "grids"} for r in summary.runs])
+    write_dicts(paths["csv"], [g.flat() for g in summary.groups])
+    write_dicts(paths["runs_csv"], [{k: v for k, v in r.items() if k != "grids"} for r in summary.runs])
     figures = {
         "privacy_utility": plot_privacy_utility(summary, out_dir / "privacy_utility.png"),
         "grid_curves": plot_grid_curves(summary, axes or {}, out_dir / "grid_curves.png"),
