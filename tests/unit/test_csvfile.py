@@ -116,7 +116,7 @@ def test_comparison_csvs_guard_their_cells(tmp_path):
         "seed": 0,
         "test_accuracy": 0.5,
         "defenses": {"p": ["=1+1"]},
-        "description": "=HYPERLINK(\"x\")",
+        "description": '=HYPERLINK("x")',
     }
     files = write_comparison(tmp_path, [rec])
     for key in ("csv", "runs_csv"):
