@@ -109,10 +109,16 @@ def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None
     print_summary(summarize(records_of(results)), title=title)
 
 
+def md_cell(text: str) -> str:
+    """A table cell's text in markdown: a ``|`` (a grid value may hold one) is
+    escaped and a line break becomes a space, so the cell stays one cell."""
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").splitlines())
+
+
 def markdown_summary(summary: Summary) -> str:
     head, body = _table_rows(summary)
-    lines = ["| " + " | ".join(h for _, h in head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(line) + " |" for line in body]
+    lines = ["| " + " | ".join(md_cell(h) for _, h in head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(md_cell(c) for c in line) + " |" for line in body]
     return "\n".join(lines)
 
 
