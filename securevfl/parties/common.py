@@ -48,7 +48,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record
 from securevfl.runtime.session import Session
-from securevfl.schedule import batch_sizes, eval_batches, planned_steps, rounds_of, schedule
+from securevfl.schedule import batch_counts, eval_batches, planned_steps, rounds_of, schedule
 from securevfl.seeding import generator
 from securevfl.snapshot import ComponentState
 from securevfl.timing import PhaseClock
@@ -231,7 +231,7 @@ class Party:
         c_run, c_eval, c_save = time.process_time(), 0.0, 0.0
         self.exchange.expect(
             RunPlan(
-                batch_sizes(self.n_train, tr, self.allowed_steps, first_epoch=start),
+                batch_counts(self.n_train, tr, self.allowed_steps, first_epoch=start),
                 tuple(len(b) for b in eval_batches(len(self.prep.test_idx), tr.batch_size)),
             )
         )
