@@ -125,10 +125,19 @@ def records_source(proto: Protocol, party: str, data_dir: Path, override: Path |
 def check_out(out: Path, run_dir: Path) -> None:
     """The prediction's output folder may not hold a training run, this one or
     any other, with or without ``--overwrite``: replacing securevfl's files there
-    would delete the run's result, its saved models and its checkpoints."""
-    if Path(out).resolve() == Path(run_dir).resolve():
+    would delete the run's result, its saved models and its checkpoints. Nor may
+    it lie inside the training run's folder (its ``ranks/`` or ``data/``, say),
+    where the prediction's files would mix with the run's."""
+    here, run = Path(out).resolve(), Path(run_dir).resolve()
+    if here == run:
         raise ConfigError(
             f"{out} is the training run's folder: write the predictions to another folder", path="--out"
+        )
+    if here.is_relative_to(run):
+        raise ConfigError(
+            f"{out} lies inside the training run's folder {run_dir}: write the predictions to a folder "
+            "outside it",
+            path="--out",
         )
     found = holds_training_run(Path(out))
     if found:
