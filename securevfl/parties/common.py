@@ -386,7 +386,7 @@ class Party:
             "rng": rng_d,
             "loop": self.loop.model_dump(),
             "party": self.party_info().model_dump(),
-            "ledger": [asdict(r) for r in self.ctx.channel.ledger.records],
+            "ledger": [asdict(r) for r in self.ctx.channel.ledger.all_records()],
         }
         return PartyState(self.loop.epoch, self.loop.step, tensors, docs)
 
@@ -416,7 +416,7 @@ class Party:
             old = [Record(**{**r, "shape": tuple(r["shape"])}) for r in state.docs.get("ledger", [])]
         except TypeError as exc:
             raise CheckpointError(f"rank {rank}: ledger.json: a malformed record ({exc})") from None
-        ledger.records[:0] = old
+        ledger.prepend(old)
 
     def model_state(self) -> PartyState:
         """What federated prediction needs of this party (``kind: model``): its
