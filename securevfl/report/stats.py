@@ -46,10 +46,6 @@ def t_quantile(n: int, level: float = LEVEL) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def mean_interval(values: Sequence[object], level: float = LEVEL) -> Interval | None:
     """Mean and Student-t interval of the finite values among ``values``; None when
     there is none (a metric no seed produced). NaN and None entries are left out,
@@ -57,7 +53,8 @@ def mean_interval(values: Sequence[object], level: float = LEVEL) -> Interval | 
     anything that is not a number (a string or a mapping where a metric belongs
     measures nothing); an infinite value (an epsilon without noise) makes the mean
     infinite, with no interval."""
-    vals = tuple(float(v) for v in values if _is_number(v) and not math.isnan(float(v)))
+    numbers_ = (float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool))
+    vals = tuple(v for v in numbers_ if not math.isnan(v))
     if not vals:
         return None
     if any(math.isinf(v) for v in vals):
