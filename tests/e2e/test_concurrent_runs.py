@@ -55,8 +55,9 @@ def test_a_second_cli_run_into_a_folder_in_use_is_refused_naming_the_first(tmp_p
     )
     try:
         _wait_for(out / "ranks" / "launcher_pids.json", first, 120)  # its ranks are running
-        second = cli(
-            "run", str(proto), "--out", str(out), "--quiet", "--overwrite", "--set", "training.seed=2"
+        second = cli(  # at most one epoch: without the lock it would run, beside the first
+            *("run", str(proto), "--out", str(out), "--quiet", "--overwrite"),
+            *("--set", "training.seed=2", "--set", "training.epochs=1"),
         )
         still_running = first.poll() is None
         err = " ".join(second.stderr.split())
