@@ -153,10 +153,16 @@ def _loader_cases() -> list[tuple[str, str, Any]]:
         doc["parties"]["passive"][0]["model"] = model
         doc["interactive"] = {"out": interactive}
         out.append((f"model_{label}", "plain.yaml", doc))
-    doc = copy.deepcopy(base)
-    first = doc["parties"]["passive"][0]
-    doc["parties"]["passive"] = [{**copy.deepcopy(first), "name": f"p{i}"} for i in range(200)]
-    out.append(("passive_200", "plain.yaml", doc))
+    many = {
+        "name": "many",
+        "dataset": {"name": "synthetic", "synthetic": {"rows": 400, "features": 200}},
+        "parties": {
+            "passive": [
+                {"name": f"p{i}", "columns": {"index": [i, i + 1]}, "model": {"out": 4}} for i in range(200)
+            ]
+        },
+    }
+    out.append(("passive_200", "-", many))
     synthetic = {
         "name": "syn",
         "dataset": {"name": "synthetic"},
