@@ -50,6 +50,7 @@ from securevfl.app.party import run_party
 from securevfl.app.predict import (
     PredictionRecord,
     predict_local,
+    read_predictions,
 )
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
@@ -116,10 +117,9 @@ class Prediction(PredictionRecord):
 
     @property
     def frame(self) -> pd.DataFrame:
-        """The predictions, read from :attr:`path` (IDs kept as text)."""
-        with open(self.path, encoding="utf-8") as fh:
-            id_column = fh.readline().rstrip("\r\n").split(",")[0]
-        return pd.read_csv(self.path, dtype={id_column: str})
+        """The predictions, read from :attr:`path` (IDs kept as text, each cell as
+        the run wrote it: :func:`~securevfl.app.predict.read_predictions`)."""
+        return read_predictions(self.path)
 
 
 @dataclass(frozen=True)
@@ -228,15 +228,64 @@ class Comparison:
 # -- protocols --------------------------------------------------------------------------------
 
 
+# -- arguments: a wrong type is the caller's ConfigError naming the argument, not a TypeError
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _path_arg(value: object, name: str) -> Path:
+    """A path argument: a string or an ``os.PathLike``."""
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        return Path(value)
+    raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {_kind(value)}", path=name)
+
+
+def _optional_path(value: object, name: str) -> Path | None:
+    return None if value is None else _path_arg(value, name)
+
+
+def _flags(**flags: object) -> None:
+    """Boolean keyword options (``overwrite``, ``resume``, ``progress``)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} is True or False, not {_kind(value)}", path=name)
+
+
+def _seeds(seeds: object) -> list[int] | None:
+    if seeds is None:
+        return None
+    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Sequence):
+        raise ConfigError(f"seeds is a list of integers, not {_kind(seeds)}", path="seeds")
+    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool)]
+    if bad:
+        raise ConfigError(f"seeds are integers; got {bad[0]!r} ({_kind(bad[0])})", path="seeds")
+    return list(seeds)
+
+
 def _set_list(overrides: Overrides | None) -> list[str]:
     """Overrides as ``--set`` expressions."""
     if overrides is None:
         return []
     if isinstance(overrides, str):
-        raise ConfigError("overrides are a mapping or a list of KEY=VALUE strings, not one string")
+        raise ConfigError(
+            "overrides are a mapping or a list of KEY=VALUE strings, not one string", path="overrides"
+        )
     if isinstance(overrides, Mapping):
-        return [override_expr(str(key), value) for key, value in overrides.items()]
-    return [str(o) for o in overrides]
+        keys = [k for k in overrides if not isinstance(k, str)]
+        if keys:
+            raise ConfigError(f"an override's key is a string, not {_kind(keys[0])}", path="overrides")
+        return [override_expr(key, value) for key, value in overrides.items()]
+    if not isinstance(overrides, Sequence) or isinstance(overrides, bytes):
+        raise ConfigError(
+            f"overrides are a mapping or a list of KEY=VALUE strings, not {_kind(overrides)}",
+            path="overrides",
+        )
+    items = [o for o in overrides if not isinstance(o, str)]
+    if items:
+        raise ConfigError(f"an override is a KEY=VALUE string, not {_kind(items[0])}", path="overrides")
+    return list(overrides)
 
 
 def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> Protocol:
@@ -339,14 +388,16 @@ def run(
 
     Raises :class:`~securevfl.errors.ConfigError` for a bad protocol or folder, and
     for a failed run the error of its root cause, naming the rank."""
+    out_path, data_path = _optional_path(out, "out"), _optional_path(data_dir, "data_dir")
+    _flags(overwrite=overwrite, resume=resume, progress=progress)
     given, conv = _converted(protocol)
     with registered(conv.registrations):
         proto = _load(given, overrides)
-        folder = Path(out) if out is not None else Path("runs") / proto.name
+        folder = out_path if out_path is not None else Path("runs") / proto.name
         result = launch(
             proto,
             folder,
-            data_dir=Path(data_dir) if data_dir is not None else None,
+            data_dir=data_path,
             progress=progress,
             overwrite=overwrite,
             resume=resume,
@@ -363,6 +414,10 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
         raise ConfigError(
             "a grid is a mapping or a list of KEY=V1,V2,... strings, not one string", path="--grid"
         )
+    if not isinstance(grid, (Mapping, Sequence)) or isinstance(grid, bytes):
+        raise ConfigError(
+            f"a grid is a mapping or a list of KEY=V1,V2,... strings, not {_kind(grid)}", path="--grid"
+        )
     if isinstance(grid, Mapping):
         axes = []
         for key, values in grid.items():
@@ -370,6 +425,9 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
                 raise ConfigError(f"the grid's values for {key} must be a list", path="--grid")
             axes.append(make_axis(str(key), list(values)))
         return axes
+    items = [g for g in grid if not isinstance(g, str)]
+    if items:
+        raise ConfigError(f"a grid axis is a KEY=V1,V2,... string, not {_kind(items[0])}", path="--grid")
     return [parse_axis(g) for g in grid]
 
 
@@ -466,14 +524,19 @@ def compare(
     written to ``OUT/protocols`` name them by their ``name``). The table typed:
     :attr:`Comparison.rows`, with each party's privacy as for a run
     (``table.rows[0].privacy_of("left").epsilon``)."""
-    folder = Path(out)
+    folder = _path_arg(out, "out")
+    _flags(overwrite=overwrite, progress=progress)
+    if title is not None and not isinstance(title, str):
+        raise ConfigError(f"title is a string, not {_kind(title)}", path="title")
+    wanted = _seeds(seeds)
+    sets = _set_list(overrides)
     pairs = [_converted(item) for item in _items(sources)]
     regs = _registrations([conv for _, conv in pairs])
     with registered(regs):
         paths = _source_paths([given for given, _ in pairs], folder)
-        file_title, found, file_seeds = sources_from_paths(paths, _set_list(overrides), _axes(grid))
+        file_title, found, file_seeds = sources_from_paths(paths, sets, _axes(grid))
         title = title or file_title
-        chosen = list(seeds) if seeds is not None else file_seeds
+        chosen = wanted if wanted is not None else file_seeds
         plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
         done = execute(plan, folder, rerun=overwrite, progress=progress, registrations=regs)
         records = [
@@ -493,8 +556,16 @@ def _data_files(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | Non
     if isinstance(data, str):
         raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
     if isinstance(data, Mapping):
-        return [f"{party}={os.fspath(path)}" for party, path in data.items()]
-    return [str(d) for d in data]
+        return [f"{party}={_path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
+    if not isinstance(data, Sequence) or isinstance(data, bytes):
+        raise ConfigError(
+            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {_kind(data)}",
+            path="--data",
+        )
+    items = [d for d in data if not isinstance(d, str)]
+    if items:
+        raise ConfigError(f"a data item is a PARTY=PATH string, not {_kind(items[0])}", path="--data")
+    return list(data)
 
 
 def predict(
@@ -517,12 +588,21 @@ def predict(
     (not the run's own folder; a folder holding results is refused unless
     ``overwrite``). ``data_dir``: where built-in datasets are materialized
     (default ``RUN/data``)."""
-    run_dir = run.folder if isinstance(run, RunResult) else Path(run)
+    if isinstance(run, RunResult):
+        run_dir = run.folder
+    elif isinstance(run, (str, os.PathLike)):
+        run_dir = Path(run)
+    else:
+        raise ConfigError(
+            f"run is a training run's folder (a path) or its RunResult, not {_kind(run)}", path="run"
+        )
+    out_path, data_path = _path_arg(out, "out"), _optional_path(data_dir, "data_dir")
+    _flags(overwrite=overwrite)
     record, path = predict_local(
         run_dir,
-        Path(out),
+        out_path,
         data=_data_files(data),
-        data_dir=Path(data_dir) if data_dir is not None else None,
+        data_dir=data_path,
         overwrite=overwrite,
     )
     return Prediction.model_validate({**record.model_dump(), "folder": path.parent})
@@ -560,14 +640,21 @@ def party(
     This process becomes the rank: it runs until the protocol ends. A failed rank
     reports its error itself (stderr, its error file, its peers) and this raises
     :class:`~securevfl.errors.RankFailed` with the rank's exit code."""
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise ConfigError(f"rank is an integer, not {_kind(rank)}", path="rank")
+    if not isinstance(rendezvous, str):
+        raise ConfigError(
+            f"rendezvous is a string tcp://HOST:PORT, not {_kind(rendezvous)}", path="rendezvous"
+        )
+    _flags(overwrite=overwrite, resume=resume, progress=progress)
     return run_party(
         load_protocol(protocol, overrides),
         rank,
         rendezvous,
-        out=Path(out) if out is not None else None,
-        data_dir=Path(data_dir) if data_dir is not None else None,
-        key=Path(key) if key is not None else None,
-        predict=Path(predict) if predict is not None else None,
+        out=_optional_path(out, "out"),
+        data_dir=_optional_path(data_dir, "data_dir"),
+        key=_optional_path(key, "key"),
+        predict=_optional_path(predict, "predict"),
         data=_data_files(data),
         overwrite=overwrite,
         resume=resume,

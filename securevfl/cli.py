@@ -34,6 +34,8 @@ from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, show_warn
 from securevfl.exchange import EXCHANGES
 from securevfl.report.compare import print_summary, print_table
 from securevfl.runtime.secure.keys import Identity, fingerprint, pin_instructions
+from securevfl.sizing import describe, party_sizes
+from securevfl.validation import input_widths
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -308,7 +310,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         lay = layout_of(proto)
         print(
             f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
-            f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)})"
+            f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)}); "
+            + describe(party_sizes(proto, input_widths(proto)))
         )
     return 0
 

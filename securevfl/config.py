@@ -222,9 +222,15 @@ class PartySpec(Strict):
     preprocess: PreprocessSpec | None = None
 
 
+MAX_PASSIVE = 32
+"""The most passive parties a protocol holds: every party is its own process (a
+local run starts them all on one machine) and runs a key exchange with every
+other rank at start-up."""
+
+
 class PartiesSpec(Strict):
     active: PartySpec = Field(default_factory=lambda: PartySpec(name="active"))
-    passive: list[PartySpec] = Field(min_length=1)
+    passive: list[PartySpec] = Field(min_length=1, max_length=MAX_PASSIVE)
 
 
 MAX_SYNTHETIC_ROWS = 50_000_000

@@ -24,6 +24,7 @@ from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeBackend
 from securevfl.parties.tasks import TASKS
 from securevfl.registry import Registry
+from securevfl.sizing import check_sizes
 
 
 def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
@@ -120,6 +121,9 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
                             f"{lay.path}.model.input_shape",
                         )
 
+    # what each party trains: refused beyond the stated limit or this machine's memory
+    check_sizes(proto, input_widths(proto), source=source)
+
     # defenses and attacks: options validated here, once, and attached to the protocol
     components = resolve_components(proto, source=source, backend=backend, options=options)
     attach(proto, components)
@@ -154,6 +158,24 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
     if proto.task is not None:
         check_task(proto, proto.task, source=source)
     return components
+
+
+def input_widths(proto: Protocol) -> dict[str, int | None]:
+    """Each party's number of input columns where the protocol fixes it: a built-in
+    dataset's selected columns, or a CSV party's listed ``feature_columns`` without
+    preprocessing (which may add columns); None where only its data file says."""
+    cols = feature_columns(proto.dataset.name, proto.dataset) if proto.dataset.name != "csv" else None
+    parts = resolve_partition(proto, cols) if cols is not None else {}
+    widths: dict[str, int | None] = {}
+    for lay in party_layouts(proto):
+        src = lay.spec.source
+        if lay.name in parts:
+            widths[lay.name] = len(parts[lay.name])
+        elif src is not None and src.feature_columns is not None and lay.spec.preprocess is None:
+            widths[lay.name] = len(src.feature_columns)
+        else:
+            widths[lay.name] = None
+    return widths
 
 
 def check_task(proto: Protocol, task: str, *, source: str | None = None) -> None:

@@ -211,7 +211,11 @@ def launch(
         layout = layout_of(proto)
         folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
         parties = [r.rank for r in layout.roles if r.kind != "helper"]
-        check_one_run(out_dir, parties, protocol_digest=proto.digest())
+        try:
+            check_one_run(out_dir, parties, protocol_digest=proto.digest())
+        except BaseException:
+            folder.release()
+            raise
     else:
         folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:

@@ -52,6 +52,7 @@ from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import CsvSource, Protocol
+from securevfl.csvfile import read_rows, typed, write_rows
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import is_builtin, materialize, party_source
 from securevfl.data.party_data import PartyData, load_new_records
@@ -124,10 +125,19 @@ def records_source(proto: Protocol, party: str, data_dir: Path, override: Path |
 def check_out(out: Path, run_dir: Path) -> None:
     """The prediction's output folder may not hold a training run, this one or
     any other, with or without ``--overwrite``: replacing securevfl's files there
-    would delete the run's result, its saved models and its checkpoints."""
-    if Path(out).resolve() == Path(run_dir).resolve():
+    would delete the run's result, its saved models and its checkpoints. Nor may
+    it lie inside the training run's folder (its ``ranks/`` or ``data/``, say),
+    where the prediction's files would mix with the run's."""
+    here, run = Path(out).resolve(), Path(run_dir).resolve()
+    if here == run:
         raise ConfigError(
             f"{out} is the training run's folder: write the predictions to another folder", path="--out"
+        )
+    if here.is_relative_to(run):
+        raise ConfigError(
+            f"{out} lies inside the training run's folder {run_dir}: write the predictions to a folder "
+            "outside it",
+            path="--out",
         )
     found = holds_training_run(Path(out))
     if found:
@@ -150,10 +160,23 @@ def predictions_frame(id_column: str, ids: list[str], columns: dict[str, list[An
 
 def write_predictions(path: Path, frame: pd.DataFrame) -> None:
     """Write the table atomically; floats at full precision (``repr``), so a
-    score read back is the score computed."""
-    tmp = path.with_suffix(".tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(path)
+    score read back is the score computed. IDs and class labels are the parties'
+    data: every text cell that a spreadsheet would run as a formula is guarded,
+    and cells are quoted as RFC 4180 says (:mod:`securevfl.csvfile`), so
+    :func:`read_predictions` reads back exactly what was written."""
+    columns = [frame[c].tolist() for c in frame.columns]
+    write_rows(path, [str(c) for c in frame.columns], zip(*columns, strict=True))
+
+
+def read_predictions(path: Path) -> pd.DataFrame:
+    """``predictions.csv`` as :func:`write_predictions` wrote it: guards removed,
+    the ID column (the first) as text, the task's columns as numbers where every
+    cell is one (a class column of text labels stays text)."""
+    header, rows = read_rows(Path(path))
+    cells = [[row[i] for row in rows] for i in range(len(header))]
+    frame = pd.DataFrame({i: pd.Series(col if i == 0 else typed(col)) for i, col in enumerate(cells)})
+    frame.columns = pd.Index(header)
+    return frame
 
 
 # -- one rank -----------------------------------------------------------------------------------
@@ -397,4 +420,5 @@ __all__ = [
     "predict_local",
     "predict_rank",
     "predictions_frame",
+    "read_predictions",
 ]

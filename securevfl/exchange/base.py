@@ -17,6 +17,7 @@ branches on a backend's name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,10 +36,12 @@ from securevfl.snapshot import ComponentState
 class RunPlan:
     """The batch sizes a run will put through the exchange, the same at every party
     (:mod:`securevfl.schedule` derives them from the protocol and the aligned row
-    counts): ``train``, every training step still to come, in order; ``evaluation``,
-    one evaluation pass (every evaluation runs the same batches)."""
+    counts): ``train``, how many training steps of each batch size are still to
+    come (counts, not a list of steps: its size does not grow with the number of
+    epochs); ``evaluation``, one evaluation pass's batch sizes in order (every
+    evaluation runs the same batches)."""
 
-    train: tuple[int, ...]
+    train: Mapping[int, int]
     evaluation: tuple[int, ...]
 
 

@@ -49,7 +49,7 @@ from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record
 from securevfl.runtime.session import Session
-from securevfl.schedule import batch_sizes, eval_batches, planned_steps, rounds_of, schedule
+from securevfl.schedule import batch_counts, eval_batches, planned_steps, rounds_of, schedule
 from securevfl.seeding import generator
 from securevfl.snapshot import ComponentState
 from securevfl.timing import PhaseClock
@@ -244,7 +244,7 @@ class Party:
         c_run, c_eval, c_save = time.process_time(), 0.0, 0.0
         self.exchange.expect(
             RunPlan(
-                batch_sizes(self.n_train, tr, self.allowed_steps, first_epoch=start),
+                batch_counts(self.n_train, tr, self.allowed_steps, first_epoch=start),
                 tuple(len(b) for b in eval_batches(len(self.prep.test_idx), tr.batch_size)),
             )
         )
@@ -415,7 +415,7 @@ class Party:
             "rng": rng_d,
             "loop": self.loop.model_dump(),
             "party": self.party_info().model_dump(),
-            "ledger": [asdict(r) for r in self.ctx.channel.ledger.records],
+            "ledger": [asdict(r) for r in self.ctx.channel.ledger.all_records()],
         }
         return PartyState(self.loop.epoch, self.loop.step, tensors, docs)
 
@@ -445,7 +445,7 @@ class Party:
             old = [Record(**{**r, "shape": tuple(r["shape"])}) for r in state.docs.get("ledger", [])]
         except TypeError as exc:
             raise CheckpointError(f"rank {rank}: ledger.json: a malformed record ({exc})") from None
-        ledger.records[:0] = old
+        ledger.prepend(old)
 
     def model_state(self) -> PartyState:
         """What federated prediction needs of this party (``kind: model``): its

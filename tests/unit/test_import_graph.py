@@ -62,6 +62,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.doctor",
     "securevfl.app",
     "securevfl.validation",
+    "securevfl.sizing",
     "securevfl.report",
     "securevfl.attacks",
     "securevfl.parties",
