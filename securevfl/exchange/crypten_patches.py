@@ -126,8 +126,8 @@ class CryptenChanged(SecureVFLError):
 
     def __init__(self, what: str):
         super().__init__(
-            f"CrypTen {getattr(crypten, '__version__', '?')} is not the CrypTen 0.4.1 securevfl was "
-            f"written for: {what}; securevfl refuses to run CrypTen with a part it cannot secure"
+            f"CrypTen {getattr(crypten, '__version__', '?')} differs from the CrypTen 0.4.1 securevfl "
+            f"was written for: {what}; securevfl refuses to run CrypTen with a part it cannot secure"
         )
 
 
@@ -164,6 +164,8 @@ def _check_draws() -> None:
             held = getattr(module, attr, None)
             if held is DRAWS[attr]:
                 continue
+            if held is None:
+                raise CryptenChanged(f"{name} has no {attr}")
             if not _is_crypten_draw(held, attr):
                 raise CryptenChanged(f"{name}.{attr} is {held!r}, not crypten.common.rng.{attr}")
             if _parameters(held) != DRAW_PARAMETERS[attr]:
