@@ -64,7 +64,6 @@ __all__ = [
 ]
 
 MAX_ELEMENTS = 1 << 28
-PROVIDERS = ("TTP", "TFP")
 
 #: what undoes the running CrypTen session's settings (CrypTen's own state is one per
 #: process: its configuration, communicator and provider table are module globals)
@@ -90,8 +89,6 @@ def start_crypten(
     No process sub-group is created. A session still running in this process is
     stopped first.
     """
-    if provider not in PROVIDERS:
-        raise ProtocolError(f"CrypTen provider {provider!r} is not one of {', '.join(PROVIDERS)}")
     use_ttp = provider == "TTP"
     assert world_size == n_mpc + (1 if use_ttp else 0)
     stop_crypten()
