@@ -87,8 +87,12 @@ __all__ = [
     "DRAWS",
     "IMPORTERS",
     "CryptenChanged",
+    "dropout_forward",
+    "feature_dropout_forward",
     "install",
     "provider",
+    "public_mask",
+    "refuse_noise_from_src",
     "use_communicator",
     "use_provider",
 ]
