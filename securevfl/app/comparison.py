@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.launcher import launch
-from securevfl.app.loader import apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
 from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol, validation_error
 from securevfl.errors import ConfigError
@@ -153,7 +153,7 @@ def _doc(source: Source) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ConfigError):
         doc = None
     if not isinstance(doc, dict):
-        load_protocol(source.path, list(source.overrides))  # raises the loader's error
+        load_protocol(source.path, list(source.overrides), allow=OWN)  # raises the loader's error
         raise ConfigError("a protocol file must be a YAML mapping", source=str(source.path))
     for expr in source.overrides:
         apply_override(doc, *parse_override(expr))
@@ -167,9 +167,13 @@ def folder_name(text: str) -> str:
     return SAFE.sub("_", text) or "_"
 
 
-def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) -> Plan:
+def plan(
+    title: str, sources: list[Source], seeds: list[int] | None, out: Path, *, allow: Allow = OWN
+) -> Plan:
     """Every run of the comparison, each protocol validated at every grid point
-    before anything runs."""
+    before anything runs. ``allow``: the user code the protocols may import
+    (:func:`~securevfl.app.loader.load_protocol`; default: each file's own, as
+    the local launcher that runs them allows)."""
     if seeds is not None and len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds repeat: {seeds}", path="--seeds")
     runs: list[Run] = []
@@ -182,7 +186,7 @@ def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) 
             label_pt = point_label(pt)
             sets = [override_expr(a.key, v) for a, v in pt]
             try:
-                base = load_protocol(src.path, [*src.overrides, *sets])
+                base = load_protocol(src.path, [*src.overrides, *sets], allow=allow)
             except ConfigError as exc:
                 if pt:
                     exc.args = (f"{exc} (grid point {label_pt})",)
@@ -192,7 +196,9 @@ def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) 
                 proto = (
                     base
                     if seeds is None
-                    else load_protocol(src.path, [*src.overrides, *sets, f"training.seed={seed}"])
+                    else load_protocol(
+                        src.path, [*src.overrides, *sets, f"training.seed={seed}"], allow=allow
+                    )
                 )
                 folder = out / folder_name(base.name)
                 if pt:

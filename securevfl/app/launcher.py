@@ -37,6 +37,7 @@ from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
@@ -51,12 +52,15 @@ from securevfl.errors import (
 )
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
+from securevfl.runtime.notes import error_note, exit_code_for, write_error_file
 from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import EXIT_INTERRUPTED, ErrorNote
+from securevfl.usercode import CodePolicy
 
 ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "ConfigError": ConfigError,
     "UnsupportedCombination": ConfigError,
+    "UserCodeError": ConfigError,
     "CryptoParameterError": ConfigError,
     "DataError": DataError,
     "CheckpointError": CheckpointError,
@@ -137,10 +141,11 @@ def _child(
     data_dir: str,
     progress: bool,
     resume: bool,
+    policy: CodePolicy,
     seed: bytes,
     pins: dict[int, str],
 ) -> None:
-    proto = resolve_protocol(Protocol.model_validate_json(proto_json))
+    proto = rank_protocol(proto_json, rank, policy, Path(out_dir))
     identity = Identity.from_seed(seed)
     code = run_rank(
         proto,
@@ -154,6 +159,22 @@ def _child(
         pins=pins,
     )
     sys.exit(code)
+
+
+def rank_protocol(proto_json: str, rank: int, code: CodePolicy, out_dir: Path) -> Protocol:
+    """The protocol a rank receives from the local launcher, resolved in the rank
+    under the launcher's user code policy (its plugins imported here). A plugin
+    that fails here, though it imported in the launcher, ends the rank with exit
+    code 2 and its error file, which the launcher reports."""
+    try:
+        return resolve_protocol(Protocol.model_validate_json(proto_json), code, rank=rank)
+    except SecureVFLError as exc:
+        note = error_note(rank, exc)
+        write_error_file(out_dir, note)
+        print(f"securevfl: rank {rank}: {note.message}", file=sys.stderr, flush=True)
+        if note.detail:
+            print(f"securevfl: rank {rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True)
+        sys.exit(exit_code_for(exc))
 
 
 def launch(
@@ -211,12 +232,22 @@ def launch(
 
 def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> dict[str, Any]:
     blob = proto.model_dump_json()
+    code = components_of(proto).code  # the launcher's user code policy, for every rank
     with materializing(proto, data_dir) as pending:
         procs = start_ranks(
             proto,
             out_dir,
             _child,
-            lambda rank, rendezvous: (blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume),
+            lambda rank, rendezvous: (
+                blob,
+                rank,
+                rendezvous,
+                str(out_dir),
+                str(data_dir),
+                progress,
+                resume,
+                code,
+            ),
         )
         if pending:  # while the ranks start up (interpreter, imports, rendezvous)
             try:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from securevfl import optim
+from securevfl.components import components_of
 from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
@@ -429,6 +430,7 @@ class Party:
             task=self.task_info(),
             columns=list(getattr(self, "columns", self.prep.data.columns)),
             protocol=self.proto.model_dump(mode="json"),
+            code_dir=components_of(self.proto).code.beside,
         )
         docs["model"] = info.model_dump()
         return PartyState(self.epochs_done, self.steps, tensors, docs)
