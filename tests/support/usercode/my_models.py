@@ -1,8 +1,11 @@
 """A user's own bottom model, named in a protocol file as ``factory: "my_models:bottom"``
 (the e2e tests copy this file beside their protocol files).
 
-Every call records the process that made it in ``$SVFL_FACTORY_MARKS/<pid>`` when
-that variable is set, so a test can tell which ranks ran the factory."""
+When ``$SVFL_FACTORY_MARKS`` names a folder, importing the module writes
+``import-<pid>`` there, every call of a factory ``call-<pid>`` and a training
+step ``device-<pid>`` (the device of the module's parameters), so a test can tell
+which processes imported it, ran it, and where it trained. The other factories fail the
+ways a user's factory can (for the tests of those failures)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+MARKS = os.environ.get("SVFL_FACTORY_MARKS")
+if MARKS:
+    Path(MARKS, f"import-{os.getpid()}").write_text("imported\n")
 
 
 class Bottom(nn.Module):
@@ -22,11 +29,24 @@ class Bottom(nn.Module):
         self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if MARKS and self.training:  # a training step: where the module's parameters live
+            Path(MARKS, f"device-{os.getpid()}").write_text(str(next(self.parameters()).device))
         return self.scale * self.net(x)
 
 
 def bottom(in_features: int, out: int, *, hidden: int = 16, scale: float = 1.0) -> nn.Module:
-    marks = os.environ.get("SVFL_FACTORY_MARKS")
-    if marks:
-        Path(marks, str(os.getpid())).write_text(f"{in_features} {out}\n")
+    if MARKS:
+        Path(MARKS, f"call-{os.getpid()}").write_text(f"{in_features} {out}\n")
     return Bottom(in_features, out, hidden, scale)
+
+
+def raising(in_features: int, out: int) -> nn.Module:
+    raise ValueError(f"no model for {in_features} columns (secret detail 1234)")
+
+
+def not_a_module(in_features: int, out: int) -> dict[str, int]:
+    return {"in": in_features, "out": out}
+
+
+def wrong_width(in_features: int, out: int) -> nn.Module:
+    return nn.Linear(in_features, out + 1)
