@@ -32,6 +32,7 @@ from securevfl.data.datasets import DATASETS
 from securevfl.defenses import DEFENSES
 from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, UserCodeError, show_warning
 from securevfl.exchange import EXCHANGES
+from securevfl.models import MODELS
 from securevfl.report.compare import print_summary, print_table
 from securevfl.runtime.secure.keys import Identity, fingerprint, pin_instructions
 
@@ -195,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_allow(val, "validate")
     _add_common(val)
 
-    lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets")
+    lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets, models")
     crit = sub.add_parser(
         "criteo",
         help="split a Criteo TSV into the passive and active parties' CSV files (docs/methods/dravl.md §4.4)",
@@ -342,6 +343,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         ("defenses", DEFENSES),
         ("attacks", ATTACKS),
         ("datasets", DATASETS),
+        ("models", MODELS),
     ):
         names = reg.names() + (["csv"] if reg is DATASETS else [])
         print(f"{title}: {', '.join(names) or '(none yet)'}")

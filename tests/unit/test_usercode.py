@@ -141,3 +141,14 @@ def test_a_policy_is_immutable_and_picklable():
     assert pickle.loads(pickle.dumps(p)) == p
     with pytest.raises(AttributeError):
         p.allowed = frozenset()  # type: ignore[misc]
+
+
+def test_a_user_code_errors_text_stays_with_its_owner():
+    """A rank relays its error to its peers without the user code's own text."""
+    from securevfl.runtime.notes import error_note
+
+    exc = UserCodeError("bottom model of party 'p1': factory 'm:f' raised ValueError", detail="row 17: 4.2")
+    note = error_note(1, exc)
+    assert note.kind == "UserCodeError" and note.detail == "row 17: 4.2"
+    shared = note.public()
+    assert shared.detail is None and "4.2" not in shared.model_dump_json()
