@@ -459,7 +459,9 @@ class SecuritySpec(Strict):
     )
 
 
-TaskKind = Literal["binary", "multiclass", "regression"]
+#: A task by its registered name: built in ``binary``, ``multiclass``, ``regression``;
+#: plugins register more (:func:`securevfl.plugins.register_task`).
+TaskKind = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")]
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,99}$"
@@ -472,7 +474,8 @@ class Protocol(Strict):
     description: str = ""
     task: TaskKind | None = Field(
         default=None,
-        description="what the label column is; default: inferred from it at the active party "
+        description="what the label column is (binary, multiclass, regression, or a task a plugin "
+        "registers); default: inferred from it at the active party "
         "(non-integer numbers: regression; else binary or multiclass by the number of classes)",
     )
     plugins: list[Annotated[str, Field(pattern=MODULE_PATTERN)]] = Field(

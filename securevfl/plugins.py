@@ -64,6 +64,10 @@ What a plugin implements, and its contract:
   is built only where a built-in dataset is materialized into per-party files
   (the launcher, or a party's short-lived child); parties select their columns
   by name.
+* **A task**: a subclass of :class:`Task` (``securevfl/parties/tasks.py``
+  documents its contract) registered with :func:`register_task` and named as
+  ``task: NAME``: the loss, the test metrics and the prediction columns of the
+  active party's labels, which it sees in the active party's rank alone.
 * **A model**: a factory ``factory(in_features, out, **params) ->
   torch.nn.Module`` mapping a float32 batch of ``in_features`` columns to
   ``out`` columns (:mod:`securevfl.models`), registered with
@@ -87,6 +91,7 @@ from securevfl.config import DatasetSpec
 from securevfl.data.datasets import DATASETS, DatasetBuilder, Table
 from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
 from securevfl.models import MODELS, ModelFactory
+from securevfl.parties.tasks import TASKS, Task
 
 __all__ = [
     "Attack",
@@ -96,16 +101,19 @@ __all__ = [
     "DefenseContext",
     "DefenseOptions",
     "Table",
+    "Task",
     "View",
     "World",
     "register_attack",
     "register_dataset",
     "register_defense",
     "register_model",
+    "register_task",
 ]
 
 D = TypeVar("D", bound=type[Defense[Any]])
 A = TypeVar("A", bound=type[Attack[Any]])
+K = TypeVar("K", bound=type[Task])
 
 
 def _named(cls: type, base: type, kind: str) -> str:
@@ -152,3 +160,17 @@ def register_model(name: str, *, force: bool = False) -> Callable[[ModelFactory]
     """Decorator: register ``factory(in_features, out, **params) -> nn.Module`` as
     model ``name`` (``model: {kind: NAME, params: {...}, out: N}``)."""
     return MODELS.register(name, force=force)
+
+
+def register_task(cls: K | None = None, *, force: bool = False) -> Any:
+    """Register a :class:`Task` subclass under its ``name`` (as
+    :func:`register_defense`); a protocol names it as ``task: NAME``."""
+
+    def add(c: K) -> K:
+        name = _named(c, Task, "task")
+        if not isinstance(c.__dict__.get("has_classes", getattr(c, "has_classes", None)), bool):
+            raise TypeError(f"task class {c.__qualname__} needs 'has_classes' (True or False)")
+        TASKS.add(name, c, force=force)
+        return c
+
+    return add if cls is None else add(cls)

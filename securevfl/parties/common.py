@@ -43,6 +43,7 @@ from securevfl.parties.state import (
     rng_state,
     split_components,
 )
+from securevfl.parties.tasks import TASKS
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
 from securevfl.runtime.channel import Channel
@@ -118,6 +119,7 @@ def prepare(
             is_active=active,
             preprocess=spec.preprocess,
             task=proto.task if active else None,
+            task_has_classes=TASKS.get(proto.task).has_classes if active and proto.task else None,
         )
     channel.phase = "psi"
     with clock.phase("alignment"):

@@ -211,3 +211,40 @@ def test_an_unknown_model_kind_lists_the_known_ones():
         load_protocol_dict(doc)
     assert err.value.path == "parties.passive[0].model.kind"
     assert "unknown model 'resnet'" in str(err.value) and "mlp" in str(err.value)
+
+
+def test_a_registered_task_is_named_by_the_protocol_and_reads_its_labels():
+    import numpy as np
+    import pandas as pd
+
+    from securevfl.data.party_data import labels_for_task
+    from securevfl.parties.tasks import TASKS, Regression
+
+    tag = uuid.uuid4().hex[:8]
+
+    @plugins.register_task
+    class Ranking(Regression):
+        name = f"ranking_{tag}"
+
+    try:
+        doc = load_yaml("diabetes_regression.yaml")
+        doc["task"] = Ranking.name
+        assert load_protocol_dict(doc).task == Ranking.name
+        ids = pd.Series(["a", "b", "c"])
+        y, classes, kind = labels_for_task(
+            pd.Series([1.5, 2.0, 7.0]), "p", "y", ids, "f", Ranking.name, False
+        )
+        assert kind == Ranking.name and classes is None and y.dtype == np.float32
+        y, classes, kind = labels_for_task(pd.Series(["x", "y", "x"]), "p", "y", ids, "f", "votes", True)
+        assert kind == "votes" and classes == ["x", "y"] and list(y) == [0, 1, 0]
+        doc["task"] = "unheard_of"
+        with pytest.raises(ConfigError, match="unknown task 'unheard_of'"):
+            load_protocol_dict(doc)
+    finally:
+        TASKS.remove(Ranking.name)
+
+    class NoKind(plugins.Task):
+        name = f"nokind_{tag}"
+
+    with pytest.raises(TypeError, match="needs 'has_classes'"):
+        plugins.register_task(NoKind)
