@@ -1,16 +1,18 @@
-"""A user's own models and plugins end to end (docs/extending.md; SECURITY.md §4b).
+"""A user's own models and plugins end to end (securevfl.plugins; SECURITY.md §4b).
 
 A protocol whose passive parties name ``factory: "my_models:bottom"``, a module
 beside the protocol file (tests/support/usercode, copied next to each test's
-file), trains through ``securevfl run`` and through ``securevfl party`` processes
-that allow it, on ``plain``, ``mpc`` and ``ckks``; the module records every
-process that imports it and every call, which shows that only the passive
-parties' ranks import and run it (never the active rank, the dealer or the
-launcher). A party refuses code its invocation does not allow, before anything is
-imported; a factory that cannot be imported, raises, returns no module or one
-of the wrong width stops the run with exit code 2 naming the party and the
-factory, without a traceback. A plugin's defense and attack are known to
-``validate`` and run in ``compare``."""
+file), trains through ``securevfl run`` (on ``plain``, ``mpc``, ``ckks`` and
+``paillier``) and through ``securevfl party`` processes that allow it (on
+``plain``, ``mpc`` and ``ckks``). The module records every process that imports
+it and every call, which shows that only the passive parties' ranks import and
+run it (never the active rank, the dealer or the launcher). A party refuses code
+its invocation does not allow, before anything is imported; a factory that
+cannot be imported, raises, returns no module or one of the wrong width stops
+the run with exit code 2 naming the party and the factory, without a traceback.
+A plugin's defense and attack are known to ``validate`` and run in ``compare``.
+The factory is called again for prediction and for a resumed run, which then
+equals an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -76,7 +78,9 @@ def rank_pids(out: Path) -> dict[int, int]:
     }
 
 
-@pytest.mark.parametrize("backend", ["plain", "mpc", "ckks"])
+@pytest.mark.parametrize(
+    "backend", ["plain", "mpc", "ckks", pytest.param("paillier", marks=pytest.mark.slow)]
+)
 def test_a_factory_beside_the_file_trains_under_run_in_the_passive_ranks_alone(tmp_path: Path, backend: str):
     proto = bundle(tmp_path / "bundle", user_doc(backend))
     seen = tmp_path / "marks"
