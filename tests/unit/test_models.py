@@ -205,3 +205,37 @@ def test_the_top_model_builtin_or_by_factory(factories):
     check_output(a, torch.zeros(8, 4), 2, what="top", path="top")
     with pytest.raises(UserCodeError, match=f"top model of party 'active': factory '{name}:top'"):
         build_top(spec, 4, 2, seed=0)
+
+
+def test_an_attack_rebuilding_a_partys_factory_model_imports_it_under_the_harness_policy(factories, tmp_path):
+    """The attack harness runs in the local launcher, whose policy allows the
+    file's own modules: an attack that rebuilds a party's own model (model
+    completion's ``own_embedding``) imports the party's factory under it, and
+    loads the party's trained weights into it."""
+    import yaml
+
+    from securevfl.app.loader import OWN, load_protocol
+    from securevfl.attacks.base import View
+    from securevfl.attacks.label_inference import own_embedding
+    from tests.support.protocols import load_yaml
+
+    name, _ = factories
+    doc = load_yaml("plain.yaml")
+    doc["parties"]["passive"][0]["model"] = {"factory": f"{name}:good", "params": {"hidden": 5}, "out": 16}
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    trained = build_bottom(
+        ModelSpec(factory=f"{name}:good", params={"hidden": 5}, out=16),
+        32,
+        seed=0,
+        party="left",
+        code=CodePolicy(frozenset({name}), str(tmp_path)),
+    )
+    own = {"x_train": torch.zeros(4, 32), "bottom": trained.state_dict(), "defense_modules": []}
+    view = View(1, "left", {}, own)
+    x = torch.randn(4, 32)
+    embed = own_embedding(view, load_protocol(f, allow=OWN), sent=False)
+    with torch.no_grad():
+        assert torch.equal(embed(x), trained(x))
+    with pytest.raises(UserCodeError, match="not allowed"):
+        own_embedding(view, load_protocol(f), sent=False)  # a policy that allows nothing
