@@ -14,7 +14,9 @@ no seed to search (on the CPU torch keeps only 32 bits of one), and the
 generator's outputs, the initial weights themselves, never leave the owner's
 rank; recovering the state from its outputs needs 624 of them, that is, weights
 its owner keeps. The caller's generator state is restored afterwards
-(``torch.random.fork_rng``), so nothing else in the rank draws from it.
+(``torch.random.fork_rng``), so nothing else in the rank draws from it; as for
+:func:`securevfl.seeding.seeded`, the generator is the process's, so a rank
+builds its models in one thread.
 
 The state layout is checked against a generator seeded with a known value, so a
 torch version that changed it fails loudly instead of initialising from a
