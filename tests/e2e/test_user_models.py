@@ -26,6 +26,7 @@ import torch
 
 from securevfl.app.launcher import free_port
 from securevfl.app.rank import KILL_ENV
+from securevfl.report.result import read_own_reports
 from tests.support.protocols import write_yaml
 from tests.support.runs import cli, party_process
 
@@ -222,7 +223,9 @@ def test_a_plugin_defense_and_attack_in_validate_and_compare(tmp_path: Path):
         attack = result["attacks"]["test_grad_norm"]
         assert attack["adversary"] == "left" and 0.5 <= attack["auc"] <= 1.0
     scaled = json.loads((out / "user-mpc-scaled" / "seed0" / "result.json").read_text())
-    assert scaled["defense_report"]["left"]["test_scale"] == {"factor": 0.25}
+    assert scaled["defense_report"]["left"]["test_scale"] == {"params": {"factor": 0.25}}  # public: options
+    own = read_own_reports(out / "user-mpc-scaled" / "seed0")["left"].defenses
+    assert own["test_scale"] == {"factor": 0.25}  # the defense's own report, kept by its party
 
 
 def test_a_factory_model_is_saved_and_called_again_for_prediction(tmp_path: Path):
