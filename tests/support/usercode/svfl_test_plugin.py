@@ -73,4 +73,5 @@ class GradNorm(Attack[GradNormOptions]):
 
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         y = (world.active.own.y_train.numpy()[guess["rows"]] == 1).astype(int)
-        return {"auc": metrics.leak_auc(guess["scores"], y), "n_rows": len(y)}
+        auc = metrics.leak_auc(guess["scores"], y)
+        return {"auc": auc, "ap": auc, "n_rows": len(y)}  # ap: the comparison table's attack column
