@@ -29,7 +29,9 @@ nothing here exits the interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -43,8 +45,8 @@ from securevfl.app.comparison import execute, folder_name, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
+from securevfl.app.loader import OWN, Allow, load_protocol_dict, needed_code, override_expr
 from securevfl.app.loader import load_protocol as load_protocol_file
-from securevfl.app.loader import load_protocol_dict, override_expr, resolve_protocol
 from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
 from securevfl.app.predict import (
@@ -52,12 +54,14 @@ from securevfl.app.predict import (
     predict_local,
     read_predictions,
 )
+from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport, ResultRecord
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.compare import write_comparison
 from securevfl.report.stats import Interval
+from securevfl.usercode import MODULE_PATTERN, CodePolicy
 
 __all__ = [
     "Comparison",
@@ -288,7 +292,13 @@ def _set_list(overrides: Overrides | None) -> list[str]:
     return list(overrides)
 
 
-def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> Protocol:
+def load_protocol(
+    source: ProtocolLike,
+    overrides: Overrides | None = None,
+    *,
+    allow_plugins: Sequence[str] | None = None,
+    rank: int | None = None,
+) -> Protocol:
     """Load and check a protocol, as ``securevfl run FILE --set ...`` does.
 
     ``source`` is a protocol file (YAML), a protocol document as a mapping, or a
@@ -298,8 +308,17 @@ def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> P
     validated against the schema, the registries and its components' options;
     anything wrong raises :class:`~securevfl.errors.ConfigError` naming the field.
     CSV paths in a file are taken relative to the file's folder, in a mapping
-    relative to the working directory."""
+    relative to the working directory.
+
+    User code (SECURITY.md §4b): ``allow_plugins`` None (the default) allows the
+    modules the protocol names itself (its ``plugins`` and model factories, found
+    first beside the file), as ``securevfl run`` does for its author; a list
+    allows those modules alone, as ``securevfl party --allow-plugin`` does, and
+    any other module the protocol would make this process import is refused
+    before anything is imported. ``rank``: the rank this process will run, whose
+    model factories are checked with the plugins."""
     sets = _set_list(overrides)
+    allow: Allow = OWN if allow_plugins is None else _modules(allow_plugins)
     if isinstance(source, Mapping):
         converted = convert(source)
         if converted.registrations:
@@ -311,16 +330,35 @@ def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> P
             )
         source = converted.doc
     if isinstance(source, Protocol):
-        if not sets:
-            return resolve_protocol(source)
-        return load_protocol_dict(source.model_dump(mode="json"), overrides=sets)
+        if not sets and is_resolved(source):
+            return source
+        beside = components_of(source).code.beside if is_resolved(source) else None
+        return load_protocol_dict(
+            source.model_dump(mode="json"),
+            overrides=sets,
+            allow=allow,
+            rank=rank,
+            beside=Path(beside) if beside else None,
+        )
     if isinstance(source, Mapping):
-        return load_protocol_dict(dict(source), overrides=sets)
+        return load_protocol_dict(dict(source), overrides=sets, allow=allow, rank=rank)
     if isinstance(source, (str, os.PathLike)):
-        return load_protocol_file(Path(source), sets)
+        return load_protocol_file(Path(source), sets, allow=allow, rank=rank)
     raise ConfigError(
         f"a protocol is a file path, a mapping or a Protocol, not {type(source).__name__}", path="protocol"
     )
+
+
+def _modules(names: Sequence[str]) -> list[str]:
+    """Module names a process allows, each checked to be one."""
+    if isinstance(names, str):
+        raise ConfigError("allow_plugins is a list of module names, not one string", path="allow_plugins")
+    out = []
+    for n in names:
+        if not isinstance(n, str) or not re.fullmatch(MODULE_PATTERN, n):
+            raise ConfigError(f"{n!r} is not a module name (package.module)", path="--allow-plugin")
+        out.append(n)
+    return out
 
 
 def _run_result(result: Mapping[str, Any], folder: Path) -> RunResult:
@@ -339,8 +377,8 @@ def _converted(protocol: ProtocolLike) -> tuple[ProtocolLike, Converted]:
 def _load(protocol: ProtocolLike, overrides: Overrides | None) -> Protocol:
     """:func:`load_protocol` of what :func:`_converted` gave (its classes registered)."""
     sets = _set_list(overrides)
-    if isinstance(protocol, Mapping):
-        return load_protocol_dict(dict(protocol), overrides=sets)
+    if isinstance(protocol, Mapping):  # the caller's own: its modules are allowed (OWN)
+        return load_protocol_dict(dict(protocol), overrides=sets, allow=OWN)
     return load_protocol(protocol, sets)
 
 
@@ -622,6 +660,7 @@ def party(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
+    allow_plugins: Sequence[str] = (),
 ) -> Path:
     """Run one rank of a protocol in this process (``securevfl party``): the way
     each organization runs its own party when the parties are on different hosts.
@@ -637,6 +676,15 @@ def party(
     ``runs/<name>-rank<R>`` (``runs/<name>-predict-rank<R>`` for a prediction).
     Other options as for :func:`run`.
 
+    ``allow_plugins``: the modules this party may import for the protocol (a
+    plugin it names, this party's model factory; a name allows its submodules).
+    The protocol file may come from another organization: naming a module in it
+    never makes this process import it (SECURITY.md §4b). Anything the rank
+    would import that is not allowed is refused before anything is imported,
+    with :class:`~securevfl.errors.UserCodeError` naming each. A
+    :class:`~securevfl.config.Protocol` given loaded has had its plugins imported
+    by its loader; its model factories are still held to ``allow_plugins``.
+
     This process becomes the rank: it runs until the protocol ends. A failed rank
     reports its error itself (stderr, its error file, its peers) and this raises
     :class:`~securevfl.errors.RankFailed` with the rank's exit code."""
@@ -647,8 +695,14 @@ def party(
             f"rendezvous is a string tcp://HOST:PORT, not {_kind(rendezvous)}", path="rendezvous"
         )
     _flags(overwrite=overwrite, resume=resume, progress=progress)
+    allowed = _modules(allow_plugins)
+    proto = load_protocol(protocol, overrides, allow_plugins=allowed, rank=rank)
+    beside = components_of(proto).code.beside
+    code = CodePolicy(frozenset(allowed), beside)
+    code.check(needed_code(proto, rank))
+    proto = attach(proto, dataclasses.replace(components_of(proto), code=code))
     return run_party(
-        load_protocol(protocol, overrides),
+        proto,
         rank,
         rendezvous,
         out=_optional_path(out, "out"),

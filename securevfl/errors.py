@@ -21,6 +21,7 @@ class ConfigError(SecureVFLError):
     """A protocol file or override is malformed; the message names the YAML path."""
 
     def __init__(self, message: str, *, path: str | None = None, source: str | None = None):
+        self.message = message  # without the file and path
         self.path = path
         self.source = source
         where = f"{source}: " if source else ""
@@ -98,6 +99,26 @@ class OutputError(SecureVFLError):
     def __init__(self, message: str, *, detail: str | None = None):
         self.detail = detail
         super().__init__(message)
+
+
+class UserCodeError(ConfigError):
+    """User code named in a protocol file (a plugin module, a model factory)
+    cannot be used in this process: its invocation does not allow it, it fails
+    to import, it raises, or it returns something securevfl cannot train
+    (:mod:`securevfl.usercode`). Exit code 2, no traceback.
+
+    ``str(exc)`` is public: it names the YAML field, the party, the module or
+    factory and the exception's type, and a failing rank relays it to its peers.
+    ``detail`` is for the owner only: the exception's own text and where in the
+    user's file it was raised (the text may quote the party's data), written to
+    the owner's stderr and error file, never sent to a peer (as
+    :class:`DataError`'s)."""
+
+    def __init__(
+        self, message: str, *, path: str | None = None, source: str | None = None, detail: str | None = None
+    ):
+        self.detail = detail
+        super().__init__(message, path=path, source=source)
 
 
 class CryptoParameterError(ConfigError):

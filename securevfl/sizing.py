@@ -4,6 +4,10 @@ Counted at load, before any rank starts, by building every model the party
 builds on PyTorch's ``meta`` device (shapes without storage: a 4-billion-parameter
 layer costs nothing here) with the same builders the ranks use
 (:mod:`securevfl.models`), so any bottom-model kind is counted as it will be built.
+User code is not run here: a model a factory or a plugin builds
+(:mod:`securevfl.usercode`) is its owner's, imported only in the owner's own rank
+under its policy, so its parameters are not counted and the party's count is a
+lower bound ("at least").
 
 A party trains its bottom model (if it has one) and its part of the interactive
 layer: the active party the top model, the bias and every block W_i (under
@@ -22,14 +26,15 @@ its labels), so the count is then a lower bound ("at least").
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 import torch
 
-from securevfl.config import Protocol
+from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError
-from securevfl.models import build_bottom, build_interactive, build_top
+from securevfl.models import MODELS, build_interactive, build_top
 
 MAX_PARAMETERS = 1 << 31
 """The most parameters one party trains (2,147,483,648: 8 GiB of float32
@@ -58,6 +63,16 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _builtin_bottom(spec: ModelSpec, width: int) -> torch.nn.Module | None:
+    """A built-in bottom model (``mlp``, ``cnn``) as the ranks build it, on the
+    device in effect; None for one that user code builds (a factory, a model a
+    plugin registered), which this process does not run."""
+    params = spec.builtin_params()
+    if params is None or spec.kind not in MODELS:
+        return None
+    return MODELS.get(spec.kind)(width, spec.out, **params)
+
+
 def physical_memory() -> int | None:
     """This machine's physical memory in bytes (None where the OS does not say)."""
     try:
@@ -84,16 +99,23 @@ def party_sizes(proto: Protocol, widths: dict[str, int | None]) -> list[PartySiz
                 continue
             width = widths.get(spec.name)
             size.lower_bound = width is None and spec.model.kind != "cnn"
-            bottom = build_bottom(spec.model, width or 1, seed=seed, party=spec.name)
-            size.parts[f"{path}.model"] = _count(bottom)
+            if width is None and spec.model.kind == "cnn" and spec.model.input_shape is not None:
+                width = math.prod(spec.model.input_shape)  # a cnn's input is its input_shape
+            bottom = _builtin_bottom(spec.model, width or 1)
+            if bottom is None:
+                size.lower_bound = True
+            else:
+                size.parts[f"{path}.model"] = _count(bottom)
             block = _count(build_interactive(spec.model.out, out, seed=seed, party=spec.name))
             blocks += block  # W_i: at the active party, in the clear or as its shares
             if shares and size is not active:
                 size.parts["interactive.out"] = block  # the passive party's share of its W_i
         classes = 1 if proto.task == "regression" else None
         active.parts["interactive.out"] = blocks
-        active.parts["top.hidden"] = _count(build_top(proto.top, out, classes or 1, seed=seed))
-    active.lower_bound |= classes is None  # the top model's output layer: one output a class
+        if proto.top.factory is None:
+            active.parts["top.hidden"] = _count(build_top(proto.top, out, classes or 1, seed=seed))
+    # the top model's output layer: one output a class; a factory's top is not counted
+    active.lower_bound |= classes is None or proto.top.factory is not None
     return sizes
 
 

@@ -22,6 +22,7 @@ from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeBackend
+from securevfl.models import MODELS
 from securevfl.parties.tasks import TASKS
 from securevfl.registry import Registry
 from securevfl.sizing import check_sizes
@@ -106,13 +107,19 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
             raise err("the active party holds features, so it needs a bottom 'model'", f"{lay.path}.model")
         if lay.is_active and not has_features and spec.model is not None:
             raise err("a label-only active party has no bottom model", f"{lay.path}.model")
+        if spec.model is not None and spec.model.factory is None and spec.model.kind not in MODELS:
+            raise err(
+                f"unknown model '{spec.model.kind}' (known: {', '.join(MODELS.names())}; or name a factory: "
+                "factory: package.module:callable)",
+                f"{lay.path}.model.kind",
+            )
     if builtin:
         cols = feature_columns(proto.dataset.name, proto.dataset)
         if cols is not None:
             parts = resolve_partition(proto, cols)
             for lay in party_layouts(proto):
                 m = lay.spec.model
-                if m is not None and m.kind == "cnn" and m.input_shape is not None:
+                if m is not None and m.factory is None and m.kind == "cnn" and m.input_shape is not None:
                     c, h, w = m.input_shape
                     if c * h * w != len(parts[lay.name]):
                         raise err(

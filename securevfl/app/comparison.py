@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.launcher import launch
-from securevfl.app.loader import apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
 from securevfl.app.objects import Registration
 from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol, validation_error
@@ -159,7 +159,7 @@ def _doc(source: Source) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ConfigError):
         doc = None
     if not isinstance(doc, dict):
-        load_protocol(source.path, list(source.overrides))  # raises the loader's error
+        load_protocol(source.path, list(source.overrides), allow=OWN)  # raises the loader's error
         raise ConfigError("a protocol file must be a YAML mapping", source=str(source.path))
     for expr in source.overrides:
         apply_override(doc, *parse_override(expr))
@@ -198,11 +198,14 @@ def plan(
     out: Path,
     *,
     say: Callable[[str], None] | None = None,
+    allow: Allow = OWN,
 ) -> Plan:
     """Every run of the comparison, each protocol validated at every grid point
     before anything runs. With a grid, its size is said first (``say``, default
     stderr): validating a large one takes a while. An empty list of seeds and
-    more than :data:`MAX_RUNS` runs are refused."""
+    more than :data:`MAX_RUNS` runs are refused. ``allow``: the user code the
+    protocols may import (:func:`~securevfl.app.loader.load_protocol`; default:
+    each file's own, as the local launcher that runs them allows)."""
     if seeds is not None and not seeds:
         raise ConfigError("give at least one seed (an empty list would run nothing)", path="--seeds")
     if seeds is not None and len(set(seeds)) != len(seeds):
@@ -232,7 +235,7 @@ def plan(
             label_pt = point_label(pt)
             sets = [override_expr(a.key, v) for a, v in pt]
             try:
-                base = load_protocol(src.path, [*src.overrides, *sets])
+                base = load_protocol(src.path, [*src.overrides, *sets], allow=allow)
             except ConfigError as exc:
                 if pt:
                     exc.args = (f"{exc} (grid point {label_pt})",)
@@ -242,7 +245,9 @@ def plan(
                 proto = (
                     base
                     if seeds is None
-                    else load_protocol(src.path, [*src.overrides, *sets, f"training.seed={seed}"])
+                    else load_protocol(
+                        src.path, [*src.overrides, *sets, f"training.seed={seed}"], allow=allow
+                    )
                 )
                 folder = out / folder_name(base.name)
                 if pt:

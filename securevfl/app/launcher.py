@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
@@ -40,6 +40,7 @@ from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
@@ -55,12 +56,15 @@ from securevfl.errors import (
 from securevfl.records import EpochRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
+from securevfl.runtime.notes import error_note, exit_code_for, write_error_file
 from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import EXIT_INTERRUPTED, ErrorNote
+from securevfl.usercode import CodePolicy
 
 ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "ConfigError": ConfigError,
     "UnsupportedCombination": ConfigError,
+    "UserCodeError": ConfigError,
     "CryptoParameterError": ConfigError,
     "DataError": DataError,
     "CheckpointError": CheckpointError,
@@ -141,16 +145,17 @@ def _child(
     data_dir: str,
     progress: bool,
     resume: bool,
+    policy: CodePolicy,
     registrations: list[tuple[str, str, str]],
     epochs: Connection | None,
     seed: bytes,
     pins: dict[int, str],
 ) -> None:
-    """A rank of a local launch. ``registrations``: the caller's own component
-    classes, by reference (:func:`~securevfl.app.objects.register_in_rank`);
+    """A rank of a local launch. ``policy``: the launcher's user code policy;
+    ``registrations``: the caller's own component classes, by reference, loaded
+    under that policy (:func:`~securevfl.app.objects.register_in_rank`);
     ``epochs``: rank 0's end of the epoch-record pipe (:mod:`securevfl.app.epochs`)."""
-    register_in_rank(registrations)
-    proto = resolve_protocol(Protocol.model_validate_json(proto_json))
+    proto = rank_protocol(proto_json, rank, policy, Path(out_dir), registrations)
     identity = Identity.from_seed(seed)
     code = run_rank(
         proto,
@@ -165,6 +170,30 @@ def _child(
         on_epoch=None if epochs is None else EpochSender(epochs),
     )
     sys.exit(code)
+
+
+def rank_protocol(
+    proto_json: str,
+    rank: int,
+    code: CodePolicy,
+    out_dir: Path,
+    registrations: Sequence[tuple[str, str, str]] = (),
+) -> Protocol:
+    """The protocol a rank receives from the local launcher, resolved in the rank
+    under the launcher's user code policy (the caller's registered classes
+    loaded and its plugins imported here, both under ``code``). User code that
+    fails here, though it imported in the launcher, ends the rank with exit code
+    2 and its error file, which the launcher reports."""
+    try:
+        register_in_rank(registrations, code)
+        return resolve_protocol(Protocol.model_validate_json(proto_json), code, rank=rank)
+    except SecureVFLError as exc:
+        note = error_note(rank, exc)
+        write_error_file(out_dir, note)
+        print(f"securevfl: rank {rank}: {note.message}", file=sys.stderr, flush=True)
+        if note.detail:
+            print(f"securevfl: rank {rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True)
+        sys.exit(exit_code_for(exc))
 
 
 def launch(
@@ -241,6 +270,9 @@ def _launch(
     registrations: tuple[Registration, ...],
 ) -> dict[str, Any]:
     blob = proto.model_dump_json()
+    # the launcher's user code policy, for every rank: the file's own modules, and
+    # the modules of the caller's own classes (the caller runs every party)
+    code = components_of(proto).code.allowing(r.module for r in registrations)
     regs = [r.for_rank() for r in registrations]
     reader, writer = mp.Pipe(duplex=False) if on_epoch is not None else (None, None)
     stream = None if reader is None or on_epoch is None else EpochStream(reader, on_epoch)
@@ -251,7 +283,7 @@ def _launch(
                 out_dir,
                 _child,
                 lambda rank, rendezvous: (
-                    *(blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume, regs),
+                    *(blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume, code, regs),
                     writer if rank == 0 else None,
                 ),
             )

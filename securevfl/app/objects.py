@@ -32,23 +32,27 @@ with no such name (an interactive session, a notebook, ``python -c``, a file
 whose name is not a Python identifier) is refused: put the object in a module
 beside the script.
 
-Who may run the code a reference names: the caller of the local launcher is the
-author of the protocol and runs every party, so the modules of the objects it
-passed (:attr:`Converted.modules`) are allowed for that launch. Defense and
-attack classes are registered under their ``name`` for the call
+Who may run the code a reference names (SECURITY.md §4b, :mod:`securevfl.usercode`):
+the caller of the local launcher is the author of the protocol and runs every
+party, so the modules of the objects it passed are allowed for that launch and
+for nothing else. A factory's reference is written into the protocol, whose own
+modules the local launch allows (:data:`~securevfl.app.loader.OWN`); the modules
+of defense and attack classes are added to the launcher's policy
+(:meth:`~securevfl.usercode.CodePolicy.allowing`), under which every rank loads
+them. The classes are registered under their ``name`` for the call
 (:func:`registered`, in the calling process) and in every rank it starts
-(:func:`register_in_rank`, imported by reference as the rank starts), never
-beyond.
+(:func:`register_in_rank`, loaded by reference under the rank's policy as the
+rank starts), never beyond. A ``securevfl party`` process is not the caller's: a
+reference in its protocol is held to its own ``--allow-plugin`` like any other.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +61,7 @@ from securevfl.attacks.base import ATTACKS, Attack
 from securevfl.defenses.base import DEFENSES, Defense
 from securevfl.errors import ConfigError
 from securevfl.registry import PATH, Registry
+from securevfl.usercode import CodePolicy
 
 Kind = Literal["defense", "attack"]
 
@@ -73,6 +78,11 @@ class Registration:
     name: str
     reference: str
     cls: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def module(self) -> str:
+        """The module the class is imported from in a rank."""
+        return self.reference.partition(":")[0]
 
     def for_rank(self) -> tuple[str, str, str]:
         """What a rank is given: kind, name and reference (plain data)."""
@@ -299,15 +309,16 @@ def registered(registrations: tuple[Registration, ...]) -> Iterator[None]:
             registry.remove(name)
 
 
-def register_in_rank(registrations: list[tuple[str, str, str]]) -> None:
-    """A rank of the caller's launch: import each class by its reference (kind,
-    name, reference: :meth:`Registration.for_rank`) and register it under its
-    name, unless importing its module registered it already (a module that
+def register_in_rank(registrations: Sequence[tuple[str, str, str]], code: CodePolicy) -> None:
+    """A rank of the caller's launch: load each class by its reference (kind,
+    name, reference: :meth:`Registration.for_rank`) under the rank's user code
+    policy ``code`` (the launcher's, which allows the modules of its caller's
+    classes: :meth:`~securevfl.usercode.CodePolicy.allowing`) and register it under
+    its name, unless importing its module registered it already (a module that
     registers its own classes); whatever else the rank had under that name gives
     way (the caller checked that no other class has it)."""
     for kind, name, reference in registrations:
-        module, _, attr = reference.partition(":")
-        cls = getattr(importlib.import_module(module), attr)
+        cls = code.load(reference, what=f"{kind} class '{name}' ({reference})", path=kind + "s")
         _, registry = KINDS[kind]  # type: ignore[index]
         if name not in registry or registry.get(name) is not cls:
             registry.add(name, cls, force=True)

@@ -42,8 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.app.checkpoints import load_model, save_tensors
-from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
-from securevfl.app.loader import resolve_protocol
+from securevfl.app.launcher import explain_failure, rank_protocol, start_ranks, watch_ranks
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder, holds_training_run
 from securevfl.app.rank import AUDIT_ENV, failure_exit, install_open_audit
@@ -67,6 +66,7 @@ from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
 from securevfl.runtime.session import Session
 from securevfl.timing import PhaseClock, peak_rss_mib
+from securevfl.usercode import CodePolicy
 
 PREDICTIONS_FILE = "predictions.csv"
 RECORD_FILE = "prediction.json"
@@ -343,10 +343,11 @@ def _child(
     out_dir: str,
     data_dir: str,
     data: str | None,
+    policy: CodePolicy,
     seed: bytes,
     pins: dict[int, str],
 ) -> None:
-    proto = resolve_protocol(Protocol.model_validate_json(proto_json))
+    proto = rank_protocol(proto_json, rank, policy, Path(out_dir))
     code = predict_rank(
         proto,
         rank,
@@ -387,11 +388,12 @@ def predict_local(
     check_out(Path(out_dir), run_dir)
     folder = OutputFolder.open(Path(out_dir), overwrite=overwrite)
     blob = proto.model_dump_json()
+    code = components_of(proto).code
 
     def args(rank: int, rendezvous: str) -> tuple[Any, ...]:
         party = layout.role(rank).party
         own = str(files[party]) if party in files else None
-        return (blob, rank, rendezvous, str(run_dir), str(folder.path), str(data_dir), own)
+        return (blob, rank, rendezvous, str(run_dir), str(folder.path), str(data_dir), own, code)
 
     try:
         codes = watch_ranks(proto, start_ranks(proto, folder.path, _child, args))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from securevfl import optim
+from securevfl.components import components_of
 from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
@@ -42,6 +43,7 @@ from securevfl.parties.state import (
     rng_state,
     split_components,
 )
+from securevfl.parties.tasks import TASKS
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
 from securevfl.records import EpochRecord, OwnReport
@@ -118,6 +120,7 @@ def prepare(
             is_active=active,
             preprocess=spec.preprocess,
             task=proto.task if active else None,
+            task_has_classes=TASKS.get(proto.task).has_classes if active and proto.task else None,
         )
     channel.phase = "psi"
     with clock.phase("alignment"):
@@ -459,6 +462,7 @@ class Party:
             task=self.task_info(),
             columns=list(getattr(self, "columns", self.prep.data.columns)),
             protocol=self.proto.model_dump(mode="json"),
+            code_dir=components_of(self.proto).code.beside,
         )
         docs["model"] = info.model_dump()
         return PartyState(self.epochs_done, self.steps, tensors, docs)

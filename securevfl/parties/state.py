@@ -96,6 +96,7 @@ class ModelInfo(_Doc):
     task: dict[str, Any] | None = None
     columns: list[str]
     protocol: dict[str, Any]
+    code_dir: str | None = None  # the protocol file's folder, where its own modules were found
 
 
 class RngState(_Doc):

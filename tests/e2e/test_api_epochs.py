@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from securevfl import api
 from securevfl.defenses.base import DEFENSES
 from securevfl.errors import ConfigError
+from securevfl.report.result import read_own_reports
 from tests.support import user_components as uc
 from tests.support.protocols import ROOT, small_digits
 
@@ -55,7 +57,9 @@ def test_epoch_records_reach_the_callback_and_a_defense_class_runs_in_its_rank(t
     assert all(r.privacy_of("left") is None for r in seen)  # a passive party's accounting is its own
     # the class ran inside the left party's rank, under its name, and only for this call
     assert result.defenses["left"] == ["test_rounding"]
-    assert result.defense_report["left"]["test_rounding"]["released"] > 0
+    assert result.defense_report["left"]["test_rounding"] == {"params": {"decimals": 2}}  # public: options
+    own = read_own_reports(result.folder)["left"].defenses  # the party's own statistics
+    assert own["test_rounding"]["released"] > 0
     assert "test_rounding" not in DEFENSES
     assert result.privacy_of("left") is None  # no DP mechanism: no epsilon describes it
     with pytest.raises(ConfigError, match="no party 'shop'"):
@@ -74,6 +78,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_factory_callable_and_a_defense_class_run_in_their_ranks_under_the_launch_s_policy(tmp_path: Path):
+    """api.run with the factory callable itself (a model's ``factory``) and a
+    defense class: the local launch allows their modules (the caller runs every
+    party), each rank loads them under that policy, and the right party's saved
+    bottom is the factory's module (one linear layer, not the built-in mlp)."""
+    doc = _doc(epochs=1, max_steps=2)
+    doc["parties"]["passive"][1]["model"] = {"factory": uc.bottom, "out": 16}
+    result = api.run(doc, out=tmp_path / "run", progress=False)
+    assert result.train_steps == 2
+    assert read_own_reports(result.folder)["left"].defenses["test_rounding"]["released"] > 0
+    saved = [torch.load(f, map_location="cpu", weights_only=True) for f in tmp_path.rglob("models.pt")]
+    bottoms = [s.get("bottom") for s in saved]
+    linear = [b for b in bottoms if b is not None and set(b) == {"weight", "bias"}]
+    assert linear and all(b["weight"].shape[0] == 16 for b in linear)
+    assert "test_rounding" not in DEFENSES
 
 
 def test_a_callback_that_raises_stops_every_rank(tmp_path: Path):

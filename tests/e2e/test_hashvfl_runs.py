@@ -232,6 +232,8 @@ def _digits(seed: int, hashed: bool, bits: int) -> dict[str, Any]:
         for p in doc["parties"]["passive"]:
             p["model"]["out"] = bits
     doc["training"]["seed"] = seed
+    for p in doc["parties"]["passive"]:
+        p["model"]["init"] = "seeded"  # the seed fixes the initial weights too
     doc["runtime"] = {"dump_views": True}
     return doc
 

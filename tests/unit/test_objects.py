@@ -19,7 +19,8 @@ from securevfl import api
 from securevfl.app.objects import Registration, convert, reference_of, register_in_rank, registered
 from securevfl.attacks.base import ATTACKS
 from securevfl.defenses.base import DEFENSES
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, UserCodeError
+from securevfl.usercode import CodePolicy
 from tests.support import user_components as uc
 from tests.support.protocols import ROOT, small_digits
 
@@ -89,7 +90,7 @@ def test_a_mapping_s_objects_become_names_and_references() -> None:
     assert passive[0]["model"] == {"factory": f"{MOD}:bottom", "out": 16}
     assert passive[0]["defenses"] == [{"name": "test_rounding"}]
     assert passive[1]["defenses"] == [{"name": "test_rounding", "params": {"decimals": 2}}]
-    assert passive[1]["model"] == {"kind": "mlp", "hidden": [32], "out": 16}  # untouched
+    assert passive[1]["model"] == doc["parties"]["passive"][1]["model"]  # untouched
     assert conv.doc["top"] == {"factory": f"{MOD}:bottom"}
     assert conv.doc["attacks"] == [{"name": "test_idle"}, {"name": "membership_inference"}]
     assert conv.registrations == (
@@ -166,8 +167,9 @@ def test_classes_are_registered_for_the_call_only() -> None:
 
 
 def test_a_rank_registers_them_by_reference() -> None:
+    regs = convert(_doc()).registrations
     try:
-        register_in_rank([r.for_rank() for r in convert(_doc()).registrations])
+        register_in_rank([r.for_rank() for r in regs], CodePolicy().allowing(r.module for r in regs))
         assert DEFENSES.get("test_rounding") is uc.Rounding and ATTACKS.get("test_idle") is uc.Idle
     finally:
         DEFENSES.remove("test_rounding")
@@ -180,8 +182,23 @@ def test_a_rank_takes_a_module_that_registers_its_own_class_as_it_is() -> None:
     sys.modules.pop(module, None)
     DEFENSES.remove(name)
     try:
-        register_in_rank([("defense", name, f"{module}:SelfRegistered")])
+        register_in_rank([("defense", name, f"{module}:SelfRegistered")], CodePolicy(frozenset({module})))
         assert DEFENSES.get(name) is sys.modules[module].SelfRegistered
+    finally:
+        DEFENSES.remove(name)
+        sys.modules.pop(module, None)
+
+
+def test_a_rank_loads_a_class_only_under_its_policy() -> None:
+    """A rank's policy is the single gate: a class whose module the launcher's
+    policy does not allow is refused, naming it, and nothing is imported."""
+    name, module = "test_self_registered", "tests.support.user_plugin"
+    sys.modules.pop(module, None)
+    DEFENSES.remove(name)
+    try:
+        with pytest.raises(UserCodeError, match=f"defense class '{name}'.*not allowed|not allowed.*{name}"):
+            register_in_rank([("defense", name, f"{module}:SelfRegistered")], CodePolicy())
+        assert module not in sys.modules and name not in DEFENSES
     finally:
         DEFENSES.remove(name)
         sys.modules.pop(module, None)
