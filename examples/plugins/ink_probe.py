@@ -60,7 +60,8 @@ class InkProbe(Attack[InkProbeOptions]):
         own = world.passive(self.params.target).own
         n_train = len(own.train_idx)
         rng = np.random.default_rng(self.params.seed)  # the attack's randomness, not a secret
-        aux = np.sort(rng.choice(n_train, size=max(2, round(self.params.aux_fraction * n_train)), replace=False))
+        n_aux = max(2, round(self.params.aux_fraction * n_train))
+        aux = np.sort(rng.choice(n_train, size=n_aux, replace=False))
         ink = own.x_raw[torch.as_tensor(own.train_idx[aux])].double().mean(1).numpy()
         return {"aux_rows": aux, "aux_ink": ink}
 

@@ -61,5 +61,7 @@ def bottom(
     c, h, w = input_shape
     if c * h * w != in_features:
         # a ConfigError's message reaches the user as it is: it names shapes, no data
-        raise ConfigError(f"input_shape {list(input_shape)} holds {c * h * w} values, the party has {in_features}")
+        raise ConfigError(
+            f"input_shape {list(input_shape)} holds {c * h * w} values, the party has {in_features}"
+        )
     return ResidualCNN(input_shape, out, channels, blocks)
