@@ -74,6 +74,7 @@ from pydantic import BaseModel, BeforeValidator
 
 from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
+from securevfl.errors import Diverged
 from securevfl.exchange.base import (
     SEEDED_WARNING,
     ActiveExchange,
@@ -372,6 +373,17 @@ def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return delta, w - delta
 
 
+def _finite(x: np.ndarray, what: str, step: int) -> np.ndarray:
+    """x, when every value is finite; else Diverged naming the value (not its entries)
+    before anything derived from it is encrypted or sent."""
+    if not np.isfinite(x).all():
+        raise Diverged(
+            f"{what} holds NaN or infinite values at pass {step} through the interactive layer: "
+            "training diverged (lower training.lr or interactive.lr, or standardize the features)"
+        )
+    return x
+
+
 def _recv_public(scheme: HEScheme, ch: Channel, src: int, who: str) -> HEPeer:
     return scheme.peer(ch.recv_bytes(src, HE_PUBLIC, max_len=MAX_PUBLIC_BYTES), sender=who)
 
@@ -425,7 +437,7 @@ class HEActive(ActiveExchange):
 
     def backward(self, grad_z: torch.Tensor) -> None:
         ch, ar = self.ctx.channel, self.ar
-        g = grad_z.detach().double().cpu().numpy()
+        g = _finite(grad_z.detach().double().cpu().numpy(), "dL/dz", self.passes)
         if self.bound is not None:  # rows and columns within the scheme's bound (bounds.py)
             g = scale_to_bound(g, self.bound)
         blob_g = self.key.encrypt_shared(g, share_bits=self.share_bits)  # P_i multiplies by its share
@@ -494,7 +506,7 @@ class HEPassive(PassiveExchange):
         ch, ar = self.ctx.channel, self.ar
         self.passes += 1
         ar.check_pass(self.passes)
-        x = h.detach().double().cpu().numpy()
+        x = _finite(h.detach().double().cpu().numpy(), "the embedding h'_i", self.passes)
         self._clip = None
         if self.bound is not None:  # rows within the scheme's bound (bounds.py)
             raw = x

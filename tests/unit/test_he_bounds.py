@@ -158,3 +158,14 @@ def test_the_guard_tells_peers_the_bound_and_no_norm(monkeypatch, backend):
         assert isinstance(exc, Diverged)
         own = error_note(1, exc)
         assert own.detail == "row 7 has l2 norm 1.235e+05"
+
+
+@pytest.mark.parametrize("backend", ["ckks", "paillier"])
+def test_a_non_finite_embedding_stops_its_owner_naming_it(backend):
+    """A bottom model that diverged (NaN rows) stops P_i with Diverged before anything
+    is encrypted, rather than as an internal error."""
+    h = np.ones((BATCH, DIM))
+    h[2, 1] = np.nan
+    run = run_pair(backend, _options(backend), [h], [np.zeros((BATCH, OUT))])
+    exc = run.errors.get("P")
+    assert isinstance(exc, Diverged) and "the embedding h'_i holds NaN or infinite values" in str(exc)
