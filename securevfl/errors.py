@@ -56,10 +56,20 @@ class ProtocolError(SecureVFLError):
 
 
 class Diverged(SecureVFLError):
-    """This party's own computation produced NaN or infinite values (training
-    diverged: a learning rate too large for the data's scale, say). Raised by the
-    sender before anything non-finite goes on the wire, so the failure names the
-    party where it happened instead of a peer refusing the message."""
+    """This party's own computation produced NaN or infinite values, or a value
+    outside a bound the exchange is sized for (training diverged: a learning rate
+    too large for the data's scale, say). Raised by the party where it happened,
+    before anything derived from the value goes on the wire, so the failure names
+    that party instead of a peer refusing the message.
+
+    ``str(exc)`` is public (it reaches every peer): it names the value and the
+    bound it passed, never a quantity computed from the data. ``detail``, for the
+    owner only (its stderr and error file, as :class:`DataError`'s), may give the
+    offending norm, row or column."""
+
+    def __init__(self, message: str, *, detail: str | None = None):
+        self.detail = detail
+        super().__init__(message)
 
 
 class PartyFailure(SecureVFLError):

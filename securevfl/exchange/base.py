@@ -16,6 +16,7 @@ branches on a backend's name.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.config import Protocol
-from securevfl.errors import CheckpointError
+from securevfl.errors import CheckpointError, CryptoParameterError, SecurityWarning
 from securevfl.registry import Registry
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout
@@ -221,6 +222,34 @@ class ExchangeBackend(ABC):
     def result_info(cls, options: BaseModel) -> dict[str, Any]:
         """What the result record should say about this backend's settings."""
         return {"backend": cls.name, "params": options.model_dump(mode="json")}
+
+
+#: what a run with ``weight_init: seeded`` (and ``insecure: true``) is told, and records
+SEEDED_WARNING = (
+    "weight_init: seeded: the active party starts from the interactive layer's W_i^0 of the public "
+    "seed and so knows it exactly (it can read h'_i off z_i at the first steps); for step-by-step "
+    "comparisons with plain only, not private"
+)
+
+
+def check_weight_init(options: BaseModel) -> None:
+    """Refuse ``weight_init: seeded`` unless the options also say ``insecure: true``
+    (a CryptoParameterError naming the field), and warn when they do. Under
+    ``seeded`` A holds W_i^0, which every party can compute from the protocol seed,
+    so z_i = h'_i W_i hands A the embedding at the first steps: a verification
+    setting (runs compared step by step with ``plain``), like CrypTen's TFP provider.
+    For the options of a backend with ``weight_init`` and ``insecure`` fields."""
+    if getattr(options, "weight_init", None) != "seeded":
+        return
+    if not getattr(options, "insecure", False):
+        raise CryptoParameterError(
+            "weight_init: seeded gives the active party the initial interactive weights W_i^0 "
+            "exactly (they follow from the public seed), so z_i reveals the embeddings h'_i at the "
+            "first steps; it is for step-by-step comparisons with plain only: set insecure: true "
+            "beside it to allow that, or leave weight_init at its default",
+            path="exchange.params.weight_init",
+        )
+    warnings.warn(SecurityWarning(SEEDED_WARNING), stacklevel=3)
 
 
 EXCHANGES: Registry[type[ExchangeBackend]] = Registry("exchange backend")

@@ -30,7 +30,10 @@ ZERO = {
     "right": [{"name": "gaussian_noise", "params": {"std": 0.0}}],
 }
 # (params, z tolerance after STEPS steps), as in tests/e2e/test_backends.py
-CRYPTO = {"mpc": ({"weight_init": "seeded"}, 5e-4), "ckks": ({"weight_init": "seeded"}, 1e-6)}
+CRYPTO = {
+    "mpc": ({"weight_init": "seeded", "insecure": True}, 5e-4),
+    "ckks": ({"weight_init": "seeded", "insecure": True}, 1e-6),
+}
 
 
 def _doc(backend: str = "plain", params: dict[str, Any] | None = None, defenses=None) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def test_ablation_runs_send_what_they_declare(tmp_path: Path, hash_params: dict[
 @pytest.mark.parametrize("backend", ["mpc", pytest.param("ckks", marks=pytest.mark.slow)])
 def test_hash_alone_runs_under_crypto_backends(tmp_path: Path, backend: str):
     doc = _fast(backend, consistency=False)
-    doc["exchange"]["params"] = {"weight_init": "seeded"}
+    doc["exchange"]["params"] = {"weight_init": "seeded", "insecure": True}
     result = run_doc(doc, tmp_path)
     assert result["backend"] == backend and result["test_accuracy"] is not None
     for rank in (1, 2):

@@ -27,7 +27,10 @@ def _doc(backend: str, params: dict[str, Any] | None = None, **training: Any) ->
     doc = small_digits(epochs=1, batch_size=32, max_steps=STEPS, **training)
     if backend != "plain":
         base = load_yaml(f"{backend}.yaml")["exchange"]
-        doc["exchange"] = {"backend": backend, "params": {**base.get("params", {}), "weight_init": "seeded"}}
+        doc["exchange"] = {
+            "backend": backend,
+            "params": {**base.get("params", {}), "weight_init": "seeded", "insecure": True},
+        }
     for p in doc["parties"]["passive"]:
         p["defenses"] = [{"name": "embedding_dp", "params": params if params is not None else AFE}]
     doc["privacy"] = {"delta": 0.01}

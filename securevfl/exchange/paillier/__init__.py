@@ -81,8 +81,10 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
     (he.py counts passes, checkpoints keep the count); ``training.max_steps`` above it
     is refused at load, as are ``distance_bits`` below 40 and the former fixed-width
     options ``mask_bits`` and ``share_bits``. Assumptions the bound states: inputs
-    below 2^value_bits (enforced by the encoding) and |W_i| < 2^weight_bits (default
-    4; nobody can check W_i: a weight of 2^(wb+t) weakens its own terms by 2^t).
+    below 2^value_bits (P_i clips h'_i's rows and A scales dL/dz to l2 norm just under
+    it before encrypting, :mod:`securevfl.exchange.bounds`; the encoding refuses
+    anything past it) and |W_i| < 2^weight_bits (default 4; nobody can check W_i: a
+    weight of 2^(wb+t) weakens its own terms by 2^t).
 
 Packing (FATE-style; only additions and one scalar per ciphertext are possible)
     A plaintext holds L = (|n| - 1) // S signed slots of S bits. S is sized so that
@@ -160,10 +162,9 @@ Costs and floors (reference workload, docs/design.md §10: B = 256, h = o = 64, 
     integer arithmetic around them takes milliseconds a step.
 
 Weight shares (re-drawn every step; he.py, SECURITY.md ``paillier``)
-    Each side starts from a Gaussian half N(0, 1/(6d)) (``private``: each half has
-    correlation 1/sqrt(2) with W_i^0, so each side knows the initial weights up to
-    an independent N(0, 1/(6d)) error; he.py's ``_init_shares``) or A from plain's
-    W_i and P_i from 0 (``seeded``: A knows W_i^0). After every update P_i draws U
+    Both sides start from 0 (``zero``, the default: W_i^0 = 0, so neither share
+    tells anything about it; he.py's ``_init_shares``) or A from plain's W_i and
+    P_i from 0 (``seeded``, only with ``insecure: true``: A knows W_i^0). After every update P_i draws U
     uniform on [-2^k, 2^k) at full resolution (``Masks`` above), sends delta = W^P - U
     and keeps U; A adds delta. A's share is then W_i - U, and the plaintext operands
     stay below 2^(k+1) (without the re-draw P_i's share would be a random walk of

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.errors import ConfigError
+from securevfl.exchange.he import HEWeightInit
 
 MIN_KEY_BITS = 2048
 MAX_KEY_BITS = 16384
@@ -81,7 +81,12 @@ class PaillierOptions(BaseModel):
     precompute: bool = Field(
         default=False, description="make obfuscators while waiting on the network (parties on own hosts)"
     )
-    weight_init: Literal["private", "seeded"] = "private"
+    weight_init: HEWeightInit = Field(
+        default="zero", description="the start of the weight shares (he.py): zero, or seeded (insecure)"
+    )
+    insecure: bool = Field(
+        default=False, description="allows weight_init: seeded (A then knows W_i^0; comparisons only)"
+    )
 
 
 def ceil_log2(k: int) -> int:
