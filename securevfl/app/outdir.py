@@ -130,14 +130,28 @@ class FolderLock:
         self.fd = None
 
 
-def _holder(fd: int) -> str:
-    """Who holds a lock, as its file says: ``pid 123 (thread 'MainThread'), started
-    ..., securevfl run p.yaml --out r``."""
+#: how long a refused run waits for the holder to write who it is (it writes right
+#: after taking the lock; a loaded machine can hold it between the two)
+HOLDER_WAIT_S = 2.0
+
+
+def _read_holder(fd: int) -> dict[str, Any] | None:
     try:
         info: Any = json.loads(os.pread(fd, 4096, 0) or b"{}")
     except (OSError, ValueError):
-        info = {}
-    if not isinstance(info, dict) or "pid" not in info:
+        return None
+    return info if isinstance(info, dict) and "pid" in info else None
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock, as its file says: ``pid 123 (thread 'MainThread'), started
+    ..., securevfl run p.yaml --out r``. The holder writes it just after taking the
+    lock, so an empty or half-written file is read again for up to
+    :data:`HOLDER_WAIT_S`."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while (info := _read_holder(fd)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if info is None:
         return "its details are not written yet"
     pid = info.get("pid")
     who = "this process" if pid == os.getpid() else f"pid {pid}"
