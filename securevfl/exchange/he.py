@@ -20,9 +20,20 @@ Backward, g = dL/dz at A (B x o)::
     P_i:       dL/dh = that - mu;  dW^P = R
     both:      v <- momentum v + dW;  W <- W - lr v      (SGD with momentum, on shares)
 
-Start: W^A = W^P = 0, so W_i^0 = 0 (``weight_init: zero``, :func:`_init_shares`):
-neither party's view depends on W_i^0, and from there on W_i moves only by the
-updates above, held as shares.
+Start (``weight_init: private``): W_i^0 = c R_A F_P (d >= o) or c F_A R_P (d < o),
+a product of a Haar-random orthogonal factor of one party and a uniformly random
+orthonormal factor of the other (:mod:`securevfl.exchange.orthogonal`: W_i^0 is
+then independent of each factor, so of each party's view). For d >= o::
+
+    P_i -> A   Enc_P(F_P^T)                          F_P: P_i's d x o, orthonormal columns
+    A   -> P_i Enc_P(F_P^T c R_A^T + eps)            R_A: A's d x d Haar; eps: A's mask (o x d)
+    P_i:       W^P = (that)^T = W_i^0 + eps^T;   A: W^A = -eps^T
+
+and for d < o the same with the roles swapped (A sends Enc_A(F_A), P_i returns
+Enc_A(F_A c R_P + mu), A decrypts W^A = W_i^0 + mu, P_i keeps W^P = -mu). Then P_i
+re-draws its share at once (below), so A holds W_i^0 - U and P_i holds U before the
+first step. Each decrypted value is masked as every product is, and the re-draw
+hides W_i^0 from A as it hides every later W_i.
 
 Operand bounds, when the scheme declares one (:meth:`HEScheme.value_bound` = C;
 ``ckks`` and ``paillier``): P_i clips every row of h to l2 norm C before it
@@ -66,11 +77,11 @@ into ciphertexts is the scheme's own business, behind ``encrypt``/``matmul``/
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
@@ -84,6 +95,7 @@ from securevfl.exchange.base import (
     check_weight_init,
 )
 from securevfl.exchange.bounds import clip_rows, clip_rows_grad, scale_to_bound
+from securevfl.exchange.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
 from securevfl.models import build_interactive
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.messages import BYTES, FLOATS, register_tag
@@ -101,20 +113,15 @@ HE_ENC_GH = register_tag("he_enc_gh", BYTES, "P_i -> A: Enc_A(g W^P^T + mu)")
 HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
 HE_GH_MASKED = register_tag("he_gh_masked", PLAIN, "A -> P_i: g W_i^T + mu (masked)")
 HE_RESHARE = register_tag("he_reshare", PLAIN, "P_i -> A: W^P - U, U P_i's fresh share (re-drawn share)")
+HE_START_ENC = register_tag(
+    "he_start_enc", BYTES, "start of W_i: Enc(orthonormal factor) from the party of the smaller side"
+)
+HE_START_MASKED = register_tag(
+    "he_start_masked", BYTES, "start of W_i: Enc(that factor times the other's orthogonal factor + mask)"
+)
 
-
-def _no_private(v: Any) -> Any:
-    if v == "private":
-        raise ValueError(
-            "'private' is not offered by ckks and paillier: each side drawing its own half of "
-            "W_i^0 would leave each with a half correlated 1/sqrt(2) with W_i^0; use 'zero' (the "
-            "default), whose start neither share reveals anything about"
-        )
-    return v
-
-
-#: ``exchange.params.weight_init`` of the HE backends (:func:`_init_shares`)
-HEWeightInit = Annotated[Literal["zero", "seeded"], BeforeValidator(_no_private)]
+#: ``exchange.params.weight_init`` of the HE backends (module docstring, "Start")
+HEWeightInit = Literal["private", "seeded"]
 
 MAX_PUBLIC_BYTES = 512 << 20
 MATMUL, TMATMUL = "matmul", "tmatmul"
@@ -312,29 +319,16 @@ class HEScheme(ABC):
         return {}
 
 
-def _init_shares(ctx: ExchangeContext, i: int, side: str, weight_init: str) -> np.ndarray:
-    """This side's share of W_i^0 (d x o), as float64.
-
-    ``zero`` (the default): both shares are 0, so W_i^0 = 0. A start known to both
-    parties is the only one a two-party protocol without a dealer can give that
-    leaves each party's view independent of W_i^0: any split of a random W_i^0
-    into halves the two sides draw themselves leaves each side a half correlated
-    with it (1/sqrt(2) for two independent Gaussian halves), from which A reads
-    h'_i off z_i = h'_i W_i^0 and P_i dL/dz off dL/dh'_i = dL/dz W_i^0^T by a
-    linear (ridge) estimate. From 0, W_i^t is a function of the training data and
-    the other parties' models alone (the SGD updates), and each party holds it only
-    as a share hidden by the other's masks and the re-drawn share. The first step
-    gives the bottom models no gradient (dL/dh'_i = dL/dz 0^T) and W_i the gradient
-    h'_i^T dL/dz, as a zero-initialised last layer trains; every other model keeps
-    its own random start.
-    ``seeded``: A starts from plain's W_i^0, P_i from 0 (A knows W_i^0: for
-    step-by-step comparisons with ``plain``, refused without ``insecure: true``)."""
+def _seeded_start(ctx: ExchangeContext, i: int, side: str) -> np.ndarray:
+    """``weight_init: seeded``: A's share is plain's W_i^0 (from the public seed), P_i's
+    is 0, so A knows W_i^0 (step-by-step comparisons with ``plain`` only; refused
+    without ``insecure: true``)."""
     d, o = ctx.embed_dims[i], ctx.proto.interactive.out
-    if weight_init == "seeded" and side == "active":
-        role = ctx.layout.passive[i]
-        blk = build_interactive(d, o, seed=ctx.proto.training.seed, party=role.party)
-        return blk.weight.detach().double().T.numpy().copy()
-    return np.zeros((d, o))
+    if side != "active":
+        return np.zeros((d, o))
+    role = ctx.layout.passive[i]
+    blk = build_interactive(d, o, seed=ctx.proto.training.seed, party=role.party)
+    return blk.weight.detach().double().T.numpy().copy()
 
 
 class _Shares:
@@ -395,26 +389,55 @@ class HEActive(ActiveExchange):
         ch = ctx.channel
         self.peers_rank = [r.rank for r in ctx.layout.passive]
         self.key = scheme.new_key()
-        self.stream = SecretStream.fresh()  # masks
+        self.stream = SecretStream.fresh()  # masks, this side's factor of every W_i^0
         pub = self.key.public()
         self.peer: list[HEPeer] = []
         for r in ctx.layout.passive:
             ch.send_bytes(r.rank, HE_PUBLIC, pub)
             self.peer.append(_recv_public(scheme, ch, r.rank, f"rank {r.rank} ({r.label})"))
         ip = ctx.proto.interactive
-        self.w = [
-            _Shares(
-                self.ar.from_float(_init_shares(ctx, i, "active", weight_init)),
-                ip.lr,
-                ip.momentum,
-                self.ar,
-            )
-            for i in range(len(self.peers_rank))
-        ]
         self.o = ip.out
         self.share_bits = scheme.share_bits()
         self.bound = scheme.value_bound()
         self.passes = 0
+        if weight_init == "seeded":
+            starts = [
+                self.ar.from_float(_seeded_start(ctx, i, "active")) for i in range(len(self.peers_rank))
+            ]
+        else:
+            starts = self._joint_start()
+        self.w = [_Shares(w0, ip.lr, ip.momentum, self.ar) for w0 in starts]
+
+    def _joint_start(self) -> list[Any]:
+        """A's share of every W_i^0 (module docstring, "Start"): the pairs' first
+        messages, then P_i's re-drawn shares."""
+        ch, ar, o = self.ctx.channel, self.ar, self.o
+        shares: list[Any] = []
+        for i, r in enumerate(self.peers_rank):
+            d = self.ctx.embed_dims[i]
+            if d >= o:  # P_i's orthonormal columns arrive encrypted; A multiplies by c R_A^T
+                blob = ch.recv_bytes(r, HE_START_ENC)
+                eps = ar.mask(self.stream, (o, d), terms=d, share=True)
+                rot = ar.operand(ar.from_float(gain(d, o) * haar(self.stream, d).T))
+                ch.send_bytes(r, HE_START_MASKED, self.peer[i].matmul(blob, (o, d), rot, eps))
+                shares.append(-eps.T)
+            else:  # A's orthonormal rows go out encrypted; P_i multiplies by c R_P
+                f = orthonormal_rows(self.stream, d, o)
+                ch.send_bytes(
+                    r,
+                    HE_START_ENC,
+                    self.key.encrypt_shared(f, ops=frozenset({MATMUL}), share_bits=self.share_bits),
+                )
+                shares.append(None)
+        for i, r in enumerate(self.peers_rank):
+            if shares[i] is None:
+                shares[i] = ar.decrypt(
+                    self.key, ch.recv_bytes(r, HE_START_MASKED), (self.ctx.embed_dims[i], o)
+                )
+        if self.share_bits is not None:  # P_i's first re-draw: A's share becomes W_i^0 - U
+            for i, r in enumerate(self.peers_rank):
+                shares[i] = shares[i] + ar.recv(ch, r, HE_RESHARE, (self.ctx.embed_dims[i], o))
+        return shares
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
         ch, ar = self.ctx.channel, self.ar
@@ -470,7 +493,7 @@ class HEActive(ActiveExchange):
         are per session: a resumed run exchanges fresh ones). A share alone is not
         uniform: under a re-drawing scheme it is W_i minus P_i's uniform U (within the
         scheme's statistical bound of independent of W_i), otherwise W_i minus P_i's
-        accumulated masks; the initial shares are 0 (:func:`_init_shares`)."""
+        accumulated masks; at the start W_i^0 minus P_i's first U (module docstring)."""
         return ComponentState({"shares": [s.saved() for s in self.w]}, {"passes": self.passes})
 
     def restore(self, state: ComponentState) -> None:
@@ -488,19 +511,46 @@ class HEPassive(PassiveExchange):
         self.i = role.index
         self.a = ctx.layout.active.rank
         self.key = scheme.new_key()
-        self.stream = SecretStream.fresh()  # masks, re-drawn shares
+        self.stream = SecretStream.fresh()  # masks, re-drawn shares, this side's factor of W_i^0
         self.peer = _recv_public(scheme, ch, self.a, f"rank {self.a} ({ctx.layout.active.label})")
         ch.send_bytes(self.a, HE_PUBLIC, self.key.public())
         ip = ctx.proto.interactive
-        w0 = self.ar.from_float(_init_shares(ctx, self.i, "passive", weight_init))
-        self.w = _Shares(w0, ip.lr, ip.momentum, self.ar)
         self.o = ip.out
         self.share_bits = scheme.share_bits()
         self.bound = scheme.value_bound()
+        if weight_init == "seeded":
+            w0 = self.ar.from_float(_seeded_start(ctx, self.i, "passive"))
+        else:
+            w0 = self._joint_start()
+        self.w = _Shares(w0, ip.lr, ip.momentum, self.ar)
         self._h: np.ndarray | None = None
         # the embedding as given and the clipping's row factors, for the gradient through it
         self._clip: tuple[np.ndarray, np.ndarray] | None = None
         self.passes = 0
+
+    def _joint_start(self) -> Any:
+        """P_i's share of W_i^0 (module docstring, "Start"), re-drawn at once."""
+        ch, ar, o = self.ctx.channel, self.ar, self.o
+        d = self.ctx.embed_dims[self.i]
+        if d >= o:  # this party's orthonormal columns go out encrypted; A multiplies by c R_A^T
+            f = orthonormal_columns(self.stream, d, o)
+            ch.send_bytes(
+                self.a,
+                HE_START_ENC,
+                self.key.encrypt_shared(f.T, ops=frozenset({MATMUL}), share_bits=self._h_bits()),
+            )
+            share = ar.decrypt(self.key, ch.recv_bytes(self.a, HE_START_MASKED), (o, d)).T
+        else:  # A's orthonormal rows arrive encrypted; this party multiplies by c R_P
+            blob = ch.recv_bytes(self.a, HE_START_ENC)
+            mu = ar.mask(self.stream, (d, o), terms=o, share=True)
+            rot = ar.operand(ar.from_float(gain(d, o) * haar(self.stream, o)))
+            ch.send_bytes(self.a, HE_START_MASKED, self.peer.matmul(blob, (d, o), rot, mu))
+            share = -mu
+        drawn = ar.redraw(self.stream, share)
+        if drawn is not None:
+            delta, share = drawn
+            ar.send(ch, self.a, HE_RESHARE, delta)
+        return share
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         ch, ar = self.ctx.channel, self.ar

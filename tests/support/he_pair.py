@@ -87,13 +87,19 @@ class PairRun:
     grad: list[np.ndarray] = field(default_factory=list)
     roles: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, BaseException] = field(default_factory=dict)
-    exact: dict[str, list[Any]] = field(default_factory=lambda: {"A": [], "P": []})
+    exact: dict[str, list[Any]] = field(default_factory=lambda: {"A": [], "P": [], "A0": [], "P0": []})
 
     def weights(self, t: int) -> np.ndarray:
         """W_i during step t (A's share at its forward plus P_i's at its backward, added
         exactly in the scheme's arithmetic): what z and dL/dh'_i of step t multiply."""
-        ar = self.roles["A"].ar
-        return np.asarray(ar.to_float(self.exact["A"][t] + self.exact["P"][t]), dtype=np.float64)
+        return self._sum(self.exact["A"][t], self.exact["P"][t])
+
+    def start(self) -> np.ndarray:
+        """W_i^0: the two shares the roles were built with, added exactly."""
+        return self._sum(self.exact["A0"][0], self.exact["P0"][0])
+
+    def _sum(self, a: Any, p: Any) -> np.ndarray:
+        return np.asarray(self.roles["A"].ar.to_float(a + p), dtype=np.float64)
 
 
 def protocol(backend: str, batch: int, dim: int, out: int) -> Any:
@@ -120,7 +126,7 @@ def run_pair(
     sends dL/dz = gs[t] (B x o) back. The thread that fails keeps its exception in
     ``errors`` (the other stops waiting); nothing is raised here."""
     b, d = hs[0].shape
-    o = gs[0].shape[1] if gs else d
+    o = gs[0].shape[1]
     proto = protocol(backend, b, d, o)
     layout = Layout.from_protocol(proto, [])
     be = EXCHANGES.get(backend)
@@ -137,6 +143,7 @@ def run_pair(
             a = be.active(ctx(0))
             run.roles["A"] = a
             run.a_share0 = a.ar.to_float(a.w[0].w).copy()
+            run.exact["A0"].append(a.w[0].w.copy())
             for t in range(len(hs)):
                 run.a_share.append(a.ar.to_float(a.w[0].w).copy())
                 run.exact["A"].append(a.w[0].w.copy())
@@ -152,6 +159,7 @@ def run_pair(
             p = be.passive(ctx(1))
             run.roles["P"] = p
             run.p_share0 = p.ar.to_float(p.w.w).copy()
+            run.exact["P0"].append(p.w.w.copy())
             for h in hs:
                 p.forward(torch.from_numpy(h).float(), train=train)
                 if train:

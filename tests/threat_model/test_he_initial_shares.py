@@ -23,9 +23,9 @@ With d = o = 16, B = 64 and lam = the mean eigenvalue (the attacker's best
 weight in simulations), the random estimate scores 0.04 +- 0.03 and its bar is
 about 0.25; independent Gaussian halves of W_i^0 scored 0.60 (A) and 0.62 (P_i)
 on average over 30 simulated draws, and 0.59 and 0.60 (``ckks``), 0.66 and 0.56
-(``paillier``) at step 0 of real runs of that start. A zero start scores 0 with
-the initial share, and at most 0.12 with the re-drawn shares of later steps
-(three ``ckks`` runs).
+(``paillier``) at step 0 of real runs of that start. The joint start (W_i^0 a
+product of the two parties' orthogonal factors, each share W_i^0 -+ P_i's
+re-drawn U) scores like a random matrix.
 """
 
 from __future__ import annotations

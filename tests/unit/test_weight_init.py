@@ -2,9 +2,9 @@
 
 ``seeded`` gives the active party W_i^0 exactly (it follows from the public seed),
 so it is refused without ``insecure: true``, warned about with it, and recorded in
-result.json as insecure, under every backend that offers it. The HE backends start
-from zero by default and refuse the Gaussian halves (``private``) that would leave
-each side a share correlated with W_i^0 (tests/threat_model/test_he_initial_shares.py).
+result.json as insecure, under every backend that offers it. The default,
+``private``, starts from a W_i^0 that no party knows (tests/unit/test_he_start.py,
+tests/threat_model/test_he_initial_shares.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from securevfl.app.loader import load_protocol_dict
-from securevfl.errors import ConfigError, CryptoParameterError, SecurityWarning
+from securevfl.errors import CryptoParameterError, SecurityWarning
 from securevfl.exchange import EXCHANGES
 from tests.support.protocols import small_digits
 
@@ -52,11 +52,4 @@ def test_the_default_start_is_not_insecure(backend):
     be = EXCHANGES.get(backend)
     opts = be.options.model_validate(proto.exchange.params)
     assert be.result_info(opts)["insecure"] is False
-    assert opts.weight_init == ("private" if backend == "mpc" else "zero")
-
-
-@pytest.mark.parametrize("backend", ["ckks", "paillier"])
-def test_he_backends_refuse_gaussian_halves(backend):
-    with pytest.raises(ConfigError) as info:
-        load_protocol_dict(_doc(backend, weight_init="private"))
-    assert "exchange.params.weight_init" in str(info.value) and "'zero'" in str(info.value)
+    assert opts.weight_init == "private"

@@ -94,8 +94,8 @@ class CkksOptions(BaseModel):
     flood_security_bits: int = Field(default=30, ge=1, le=128)
     #: Q: decryptions one key pair may answer (the flooding is sized for them)
     max_decryptions: int = Field(default=2**20, ge=1)
-    #: the start of the weight shares (:func:`securevfl.exchange.he._init_shares`)
-    weight_init: HEWeightInit = "zero"
+    #: the start of the weight shares (:mod:`securevfl.exchange.he`, "Start")
+    weight_init: HEWeightInit = "private"
     #: allows ``weight_init: seeded`` (A then knows W_i^0; comparisons with plain only)
     insecure: bool = False
 

@@ -162,9 +162,10 @@ Costs and floors (reference workload, docs/design.md §10: B = 256, h = o = 64, 
     integer arithmetic around them takes milliseconds a step.
 
 Weight shares (re-drawn every step; he.py, SECURITY.md ``paillier``)
-    Both sides start from 0 (``zero``, the default: W_i^0 = 0, so neither share
-    tells anything about it; he.py's ``_init_shares``) or A from plain's W_i and
-    P_i from 0 (``seeded``, only with ``insecure: true``: A knows W_i^0). After every update P_i draws U
+    W_i^0 is the product of a random orthogonal factor from each side, formed by one
+    masked product and a re-draw (``private``, the default: no party knows it; he.py,
+    "Start"), or A starts from plain's W_i and P_i from 0 (``seeded``, only with
+    ``insecure: true``: A knows W_i^0). After every update P_i draws U
     uniform on [-2^k, 2^k) at full resolution (``Masks`` above), sends delta = W^P - U
     and keeps U; A adds delta. A's share is then W_i - U, and the plaintext operands
     stay below 2^(k+1) (without the re-draw P_i's share would be a random walk of

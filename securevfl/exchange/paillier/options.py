@@ -82,7 +82,9 @@ class PaillierOptions(BaseModel):
         default=False, description="make obfuscators while waiting on the network (parties on own hosts)"
     )
     weight_init: HEWeightInit = Field(
-        default="zero", description="the start of the weight shares (he.py): zero, or seeded (insecure)"
+        default="private",
+        description="the start of the weight shares (he.py): private (a random W_i^0 known to "
+        "nobody), or seeded (insecure)",
     )
     insecure: bool = Field(
         default=False, description="allows weight_init: seeded (A then knows W_i^0; comparisons only)"
