@@ -23,8 +23,6 @@ draws it from ``self.ctx.noise_stream(...)``, never from torch or numpy).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from pydantic import Field
 
@@ -55,5 +53,3 @@ class TopKEmbedding(Defense[TopKOptions]):
     def embed_local(self, h: torch.Tensor) -> torch.Tensor:
         return topk_rows(h, self.params.k)  # no noise: a FedBCD local step sees the same map
 
-    def report(self) -> dict[str, Any]:
-        return {"k": self.params.k}

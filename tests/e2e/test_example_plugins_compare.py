@@ -33,4 +33,4 @@ def test_the_plugins_example_comparison_runs_end_to_end(tmp_path: Path):
         assert probe["adversary"] == "active" and probe["n_test"] == 359 and math.isfinite(probe["ap"])
         assert result["test_accuracy"] > 0.5  # the user's models learn (chance: 0.1)
     topk = json.loads((out / "plugins_mpc_topk" / "seed0" / "result.json").read_text())
-    assert topk["defense_report"]["left"]["topk_embedding"] == {"k": 2}
+    assert topk["defense_report"]["left"]["topk_embedding"] == {"params": {"k": 2}}  # its options
