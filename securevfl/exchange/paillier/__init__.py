@@ -66,8 +66,9 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
       2^-Fs with k = wb + sigma - 1: distance |W_i| / 2^(k+1) < 2^-sigma per weight.
 
     A training step masks sum_i (B o + B d_i + 2 d_i o) values (an evaluation or
-    prediction batch only B o per party), so a run of ``run_steps`` passes masks at
-    most N = run_steps x that. Each mask is used once, and each bound holds whatever
+    prediction batch only B o per party), and the joint start of W_i sum_i 2 d_i o
+    (he.py, "Start"), so a run of ``run_steps`` passes masks at most N = run_steps x
+    the first plus the second. Each mask is used once, and each bound holds whatever
     the other values are, so by a hybrid argument over the values the key owner's
     whole view is within N 2^-sigma of one computed from its own inputs and outputs;
     sigma = distance_bits + 1 + ceil log2 N makes that <= 2^-(distance_bits + 1). The

@@ -103,6 +103,13 @@ def masked_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> 
     return sum(batch * out + batch * d + 2 * d * out for d in dims)
 
 
+def at_start(dims: list[int] | tuple[int, ...], out: int) -> int:
+    """Values the joint start of W_i masks (he.py, "Start"), all passive parties
+    together: per party the d x o mask of the product and P_i's first re-drawn share;
+    also a bound on its obfuscators (the d x o factor encrypted, the d x o result)."""
+    return sum(2 * d * out for d in dims)
+
+
 def ciphertexts_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> int:
     """An upper bound on the obfuscators one training step draws: one per value of
     every encrypted or output matrix (h'_i, h'_i W^A + eps, g W^P^T + mu and h'^T g - R
@@ -158,8 +165,8 @@ class Params:
             slot_bits=o.slot_bits,
             threads=threads,
             precompute=o.precompute,
-            sigma=half + ceil_log2(o.run_steps * masked),
-            obf_sigma=max(MIN_OBFUSCATION_SIGMA, half + ceil_log2(o.run_steps * cts)),
+            sigma=half + ceil_log2(o.run_steps * masked + at_start(ds, oo)),
+            obf_sigma=max(MIN_OBFUSCATION_SIGMA, half + ceil_log2(o.run_steps * cts + at_start(ds, oo))),
             wb=o.weight_bits,
             run_steps=o.run_steps,
             masked_per_pass=masked,
