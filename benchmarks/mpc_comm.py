@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from securevfl.exchange import crypten_pool  # noqa: E402
-from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten  # noqa: E402
+import securevfl.exchange.mpc.crypten.pool as crypten_pool  # noqa: E402
 from securevfl.exchange.mpc import ops  # noqa: E402
+from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten  # noqa: E402
 from securevfl.exchange.mpc.plan import step_ops, step_plan  # noqa: E402
 from securevfl.runtime.channel import Channel  # noqa: E402
 from securevfl.runtime.ledger import Ledger  # noqa: E402
@@ -48,7 +48,7 @@ try:  # absent from checkouts before the secure channel (an A/B against one of t
 except ImportError:  # pragma: no cover
     Links = None
 try:  # absent from checkouts before CrypTen's framed communicator
-    from securevfl.exchange.crypten_comm import FramedCommunicator
+    from securevfl.exchange.mpc.crypten.comm import FramedCommunicator
 except ImportError:  # pragma: no cover
     FramedCommunicator = None
 

@@ -7,7 +7,7 @@ register an empty stand-in module *before* ``import crypten``. Only CrypTen's
 computations from CrypTen tensors directly and never calls those converters, so
 MPC tensors, autograd, ``crypten.nn`` and multiprocess runs work unchanged.
 
-securevfl's modules take CrypTen from :mod:`securevfl.exchange.crypten_api`, which
+securevfl's modules take CrypTen from :mod:`securevfl.exchange.mpc.crypten.api`, which
 installs the shim before its imports; :func:`import_crypten` is for the rest
 (``securevfl doctor``, the defenses' collective steps).
 """

@@ -5,7 +5,7 @@ optimisation over the *merged* data of all organisations, which no organisation
 holds (docs/methods/crdp-fl.md §6 item 10). Match counts are additive over disjoint column sets,
 so the merged counts are the sum of every organisation's own counts; these
 functions compute such sums with CrypTen secret sharing, on CrypTen's
-communicator as :func:`securevfl.exchange.crypten_runtime.start_crypten` brings
+communicator as :func:`securevfl.exchange.mpc.crypten.runtime.start_crypten` brings
 it up on the session's process group (MPC parties are ranks ``0..n-1``, a
 trusted dealer rank serves the correlated randomness that comparisons need).
 

@@ -1,4 +1,4 @@
-"""The two-party HE protocol (:mod:`securevfl.exchange.he`) between A and one passive
+"""The two-party HE protocol (:mod:`securevfl.exchange.he.protocol`) between A and one passive
 party, each in its own thread over an in-memory channel: the registered backend's
 role objects with real keys and real ciphertexts, driven step by step with inputs
 the test chooses (a test double for the transport only).

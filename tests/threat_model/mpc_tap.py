@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import securevfl.exchange.mpc.crypten.comm as crypten_comm
 from securevfl import cli
-from securevfl.exchange import crypten_comm
 from tests.threat_model import wire_tap
 
 

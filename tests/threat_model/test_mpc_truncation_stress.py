@@ -11,7 +11,7 @@ One harness truncates shared values drawn at every magnitude a momentum takes at
 32 fractional bits (2^16 to 2^48, uniform in the exponent), shares drawn from
 secret streams, and counts results that are off by more than one unit:
 
-* the product's exact truncation (:mod:`securevfl.exchange.truncation`, the
+* the product's exact truncation (:mod:`securevfl.exchange.mpc.truncation`, the
   dealer's material simulated from streams) with two parties (the pairwise layout)
   and three (the joint one): 10^8 elements in all (``slow``; 10^6 by default), no
   wrap, and the scaled second result (the weight step) exact too;
@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import torch
 
+import securevfl.exchange.mpc.truncation as truncation
 from securevfl.csprng import SecretStream
-from securevfl.exchange import truncation
-from securevfl.exchange.crypten_api import count_wraps
 from securevfl.exchange.mpc import ring
+from securevfl.exchange.mpc.crypten.api import count_wraps
 from tests.support.protocols import small_digits
 from tests.support.runs import run_doc
 

@@ -12,7 +12,7 @@ under 2^-44 slots: t = 16, X mod 2^16, i.e. W_i mod 1/16 once the attacker adds
 its own share). Consistency mod 2 is implied by consistency mod 2^t, so a
 system that is inconsistent mod 2 shows that not a single low bit is bare.
 
-The tests play one training step of the real protocol (:mod:`securevfl.exchange.he`,
+The tests play one training step of the real protocol (:mod:`securevfl.exchange.he.protocol`,
 the registered ``paillier`` backend, real keys) between A and one passive party in
 two threads over an in-memory channel, take what the attacker received (the
 ciphertext blob) and what it holds (its secret key, its own input), and solve.

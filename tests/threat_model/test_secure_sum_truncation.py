@@ -68,7 +68,7 @@ def _plant_wraps() -> list[int]:
 def _worker(rank: int, world: int, rdv: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
+    from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten
     from securevfl.privacy.secure_sum import secure_correlated_sensitivity
     from securevfl.runtime.channel import Channel
     from securevfl.runtime.ledger import Ledger

@@ -294,7 +294,7 @@ def test_budget_stops_a_fixed_run():
 def _secure_worker(rank: int, world: int, rdv: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
+    from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten
     from securevfl.privacy.secure_sum import secure_correlated_sensitivity, secure_sum
     from securevfl.runtime.channel import Channel
     from securevfl.runtime.ledger import Ledger

@@ -1,4 +1,4 @@
-"""CrypTen's communicator as point-to-point frames (securevfl.exchange.crypten_comm).
+"""CrypTen's communicator as point-to-point frames (securevfl.exchange.mpc.crypten.comm).
 
 The ranks are threads and the transport an in-memory queue per (sender,
 receiver) pair, a test double that records every frame: each collective must
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange.crypten_comm import (
+from securevfl.exchange.mpc.crypten.comm import (
     CRYPTEN_TAG,
     FramedCommunicator,
     RankSet,

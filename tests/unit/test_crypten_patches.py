@@ -1,4 +1,4 @@
-"""The parts of CrypTen securevfl replaces (securevfl.exchange.crypten_patches).
+"""The parts of CrypTen securevfl replaces (securevfl.exchange.mpc.crypten.patches).
 
 Each patch is checked three ways: on a pristine CrypTen (a fresh interpreter) the
 place it touches holds what CrypTen 0.4.1 has there, and after :func:`install` every
@@ -32,15 +32,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import securevfl.exchange.mpc.crypten.patches as crypten_patches
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange import crypten_patches
-from securevfl.exchange.crypten_api import DistributedCommunicator, crypten, gradients, privacy
-from securevfl.exchange.crypten_api import comm as crypten_comm
-from securevfl.exchange.crypten_api import mpc as crypten_mpc
-from securevfl.exchange.crypten_patches import CryptenChanged
-from securevfl.exchange.crypten_rng import NotASecretStream
-from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
+from securevfl.exchange.mpc.crypten.api import DistributedCommunicator, crypten, gradients, privacy
+from securevfl.exchange.mpc.crypten.api import comm as crypten_comm
+from securevfl.exchange.mpc.crypten.api import mpc as crypten_mpc
+from securevfl.exchange.mpc.crypten.patches import CryptenChanged
+from securevfl.exchange.mpc.crypten.rng import NotASecretStream
+from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
 from tests.unit.test_randomness_rule import _Scanner
@@ -131,8 +131,8 @@ def test_every_random_draw_in_crypten_is_accounted_for():
 
 _PRISTINE = """
 import inspect, sys
-from securevfl.exchange import crypten_patches as P
-from securevfl.exchange.crypten_api import crypten, gradients, privacy, mpc, DistributedCommunicator
+from securevfl.exchange.mpc.crypten import patches as P
+from securevfl.exchange.mpc.crypten.api import crypten, gradients, privacy, mpc, DistributedCommunicator
 
 def draws_held():
     return {(n, k): v.__qualname__ for n, m in list(sys.modules.items())

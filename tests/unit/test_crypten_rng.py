@@ -1,5 +1,5 @@
-"""CrypTen's randomness from secret streams (securevfl.exchange.crypten_rng) and the
-dealer's tuples drawn from them (crypten_pool.SecretTTP, crypten_dealer.SecretDealer).
+"""CrypTen's randomness from secret streams (securevfl.exchange.mpc.crypten.rng) and the
+dealer's tuples drawn from them (crypten.pool.SecretTTP, crypten.dealer.SecretDealer).
 
 The seam: every CrypTen module that draws ring elements or k-bit tensors gets the
 stream-backed functions, which refuse a torch.Generator by name; the keys of
@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 import torch
 
+import securevfl.exchange.mpc.crypten.patches as crypten_patches
+import securevfl.exchange.mpc.crypten.rng as crypten_rng
+import securevfl.exchange.mpc.truncation as truncation
 from securevfl.csprng import SecretStream
-from securevfl.exchange import crypten_patches, crypten_rng, truncation
-from securevfl.exchange.crypten_api import ArithmeticSharedTensor, count_wraps, crypten
-from securevfl.exchange.crypten_dealer import SecretDealer
-from securevfl.exchange.crypten_pool import Init, PairStep, SecretTTP, Triple, Trunc, Wraps, dealer_bundle
+from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, count_wraps, crypten
+from securevfl.exchange.mpc.crypten.dealer import SecretDealer
+from securevfl.exchange.mpc.crypten.pool import Init, PairStep, SecretTTP, Triple, Trunc, Wraps, dealer_bundle
 from tests.unit.test_crypten_comm import _comms, _each
 
 LR = (104858, 29)

@@ -1,5 +1,5 @@
 """Operands of the HE exchanges stay within the scheme's bound by construction
-(:mod:`securevfl.exchange.bounds`, :mod:`securevfl.exchange.he`).
+(:mod:`securevfl.exchange.he.bounds`, :mod:`securevfl.exchange.he.protocol`).
 
 The pure functions first (the clip keeps every row within the bound, the gradient
 through it is the clipping's exact vector-Jacobian product, dL/dz is scaled by one
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from securevfl.errors import ConfigError, Diverged
-from securevfl.exchange.bounds import MARGIN, clip_rows, clip_rows_grad, row_norms, scale_to_bound
+from securevfl.exchange.he.bounds import MARGIN, clip_rows, clip_rows_grad, row_norms, scale_to_bound
 from securevfl.exchange.paillier import PaillierOptions
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.runtime.notes import error_note

@@ -1,5 +1,5 @@
-"""The HE backends' joint start of W_i (:mod:`securevfl.exchange.orthogonal`,
-:mod:`securevfl.exchange.he`, "Start").
+"""The HE backends' joint start of W_i (:mod:`securevfl.exchange.he.orthogonal`,
+:mod:`securevfl.exchange.he.protocol`, "Start").
 
 W_i^0 = c R_A F_P (d >= o) or c F_A R_P (d < o): a Haar-random orthogonal factor of
 one party times a uniformly random orthonormal factor of the other. The security
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from securevfl.csprng import SecretStream
-from securevfl.exchange.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
+from securevfl.exchange.he.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
 from securevfl.exchange.paillier import PaillierOptions
 from tests.support.he_pair import run_pair
 

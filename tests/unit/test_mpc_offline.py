@@ -15,7 +15,7 @@ from securevfl._compat import import_crypten
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.base import RunPlan
-from securevfl.exchange.crypten_pool import (
+from securevfl.exchange.mpc.crypten.pool import (
     Triple,
     Trunc,
     Wraps,
@@ -24,7 +24,7 @@ from securevfl.exchange.crypten_pool import (
     plan_elements,
     product_shape,
 )
-from securevfl.exchange.crypten_runtime import decode_obj, encode_obj, parse_dealer_request
+from securevfl.exchange.mpc.crypten.runtime import decode_obj, encode_obj, parse_dealer_request
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import Lookahead, chunk_steps, pair_plan, step_ops, step_plan, top_up
 
@@ -214,8 +214,8 @@ def test_dealer_bundle_matches_the_parties_draws():
     import_crypten()
     from crypten.common.util import count_wraps
 
-    from securevfl.exchange.crypten_dealer import SecretDealer
-    from securevfl.exchange.crypten_rng import ring_element as generate_random_ring_element
+    from securevfl.exchange.mpc.crypten.dealer import SecretDealer
+    from securevfl.exchange.mpc.crypten.rng import ring_element as generate_random_ring_element
 
     seeds = [11, 22, 33]
     server = SecretDealer([SecretStream.from_seed(s, "dealer") for s in seeds])
@@ -250,7 +250,7 @@ def test_dealer_bundle_matches_the_parties_draws():
 
 
 def test_pooled_bytes_counts_every_share_a_party_keeps():
-    from securevfl.exchange.crypten_pool import pooled_bytes
+    from securevfl.exchange.mpc.crypten.pool import pooled_bytes
 
     # (2x3)(3x4): a 6, b 12, c 8 elements; wraps of 5: r 5, theta 5
     assert pooled_bytes([Triple((2, 3), (3, 4)), Wraps((5,))]) == 8 * (6 + 12 + 8 + 10)

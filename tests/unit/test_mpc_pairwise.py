@@ -11,7 +11,8 @@ import torch
 
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_pool import (
+from securevfl.exchange.mpc import ring
+from securevfl.exchange.mpc.crypten.pool import (
     PairStep,
     StepShares,
     Triple,
@@ -20,7 +21,6 @@ from securevfl.exchange.crypten_pool import (
     parse_bundle,
     plan_elements,
 )
-from securevfl.exchange.mpc import ring
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops
 
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (ops.fixed_scalar)
@@ -55,7 +55,7 @@ def test_two_party_beaver_product_and_truncation():
 
 
 def _dealer(seeds: list[int]):
-    from securevfl.exchange.crypten_dealer import SecretDealer
+    from securevfl.exchange.mpc.crypten.dealer import SecretDealer
 
     return SecretDealer([SecretStream.from_seed(s, "dealer") for s in seeds])
 
@@ -71,7 +71,7 @@ def test_pair_triples_match_the_two_holders_draws():
         Triple((3, 4), (4, 2), "matmul", 1),
     ]
     c0 = dealer_bundle(_dealer(seeds), plan)  # imports crypten through securevfl's shim
-    from securevfl.exchange.crypten_rng import ring_element as draw
+    from securevfl.exchange.mpc.crypten.rng import ring_element as draw
 
     assert c0.numel() == plan_elements(plan) == 8 + 8 + 6
     gens = [SecretStream.from_seed(s, "dealer") for s in seeds]

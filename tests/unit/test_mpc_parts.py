@@ -10,7 +10,7 @@ import torch
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError
-from securevfl.exchange.crypten_runtime import decode_obj, encode_obj
+from securevfl.exchange.mpc.crypten.runtime import decode_obj, encode_obj
 from tests.support.protocols import small_digits
 
 
@@ -93,7 +93,7 @@ def test_mpc_result_records_insecure_provider():
 
 
 def test_dealer_accepts_the_requests_crypten_makes():
-    from securevfl.exchange.crypten_runtime import parse_dealer_request
+    from securevfl.exchange.mpc.crypten.runtime import parse_dealer_request
 
     s0, s1 = torch.Size([128, 16]), torch.Size([16, 16])
     assert parse_dealer_request(
@@ -128,7 +128,7 @@ def test_dealer_accepts_the_requests_crypten_makes():
 )
 def test_dealer_refuses_other_requests(msg):
     from securevfl.errors import ProtocolError
-    from securevfl.exchange.crypten_runtime import parse_dealer_request
+    from securevfl.exchange.mpc.crypten.runtime import parse_dealer_request
 
     with pytest.raises(ProtocolError, match="invalid dealer request"):
         parse_dealer_request(msg)

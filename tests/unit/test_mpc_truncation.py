@@ -1,4 +1,4 @@
-"""Exact truncation of shared ring elements (securevfl.exchange.truncation): the
+"""Exact truncation of shared ring elements (securevfl.exchange.mpc.truncation): the
 dealer's material, the masked opening and each party's result, simulated for two
 parties (the pairwise layout) and three (the joint one) from secret streams."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+import securevfl.exchange.mpc.truncation as truncation
 from securevfl.csprng import SecretStream
-from securevfl.exchange import truncation
 
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (ops.fixed_scalar)
 

@@ -297,7 +297,7 @@ def noise(seed, n):
     ("module", "source", "expect"),
     [
         ("securevfl/exchange/mpc/pairwise.py", MT_IN_A_SECRET_MODULE, {"torch.Generator", "torch.randn"}),
-        ("securevfl/exchange/he.py", NUMPY_MASK, {"np.random.default_rng"}),
+        ("securevfl/exchange/he/protocol.py", NUMPY_MASK, {"np.random.default_rng"}),
         (
             "securevfl/defenses/label_dp.py",
             IMPORTED_SAMPLERS,

@@ -111,7 +111,7 @@ NOT_FOR_PLAIN = (
     "securevfl.exchange.mpc",
     "securevfl.exchange.ckks",
     "securevfl.exchange.paillier",
-    "securevfl.exchange.crypten_runtime",
+    "securevfl.exchange.mpc.crypten.runtime",
     "securevfl.defenses.crdp",
     "securevfl.defenses.dravl",
     "securevfl.defenses.hashvfl",

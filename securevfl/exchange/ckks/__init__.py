@@ -1,4 +1,4 @@
-"""``ckks``: the two-party HE interactive layer (:mod:`securevfl.exchange.he`) with CKKS.
+"""``ckks``: the two-party HE interactive layer (:mod:`securevfl.exchange.he.protocol`) with CKKS.
 
 What it protects: W_i exists only as two additive shares (A's and P_i's); every
 operand that crosses to the other party is a CKKS ciphertext under the key of
@@ -67,7 +67,7 @@ weight share is re-drawn uniform in +-2^share_bits (2^16) every step
 |W_i - W'_i| / 2^17 per weight and step, linearly over steps (a uniform share's
 order statistics leak at that rate: T steps pin W_i to about 2^17 / T).
 
-Bounds by construction, and guards (:mod:`~securevfl.exchange.bounds`,
+Bounds by construction, and guards (:mod:`~securevfl.exchange.he.bounds`,
 :mod:`~securevfl.exchange.ckks.key`, :mod:`~securevfl.exchange.ckks.peer`):
 encrypted operands have rows (and, for dL/dz, columns) of l2 norm <=
 2^value_norm_bits = 2^8: P_i clips every row of h'_i to it and A scales dL/dz
@@ -126,7 +126,7 @@ from securevfl.exchange.ckks.params import (
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, PUB_HEADER, frame, unframe
 from securevfl.exchange.ckks.worker import Worker
-from securevfl.exchange.he import HEScheme, he_backend
+from securevfl.exchange.he.protocol import HEScheme, he_backend
 
 
 class CkksScheme(HEScheme):
@@ -152,14 +152,14 @@ class CkksScheme(HEScheme):
 
     def share_bits(self) -> int:
         """P_i re-draws its weight share uniform in [-2^share_bits, 2^share_bits) every
-        step (:mod:`securevfl.exchange.he`), so the shares the evaluator multiplies stay
+        step (:mod:`securevfl.exchange.he.protocol`), so the shares the evaluator multiplies stay
         within the operand bound the guards and the flooding assume."""
         return self.opts.share_bits
 
     def value_bound(self) -> float:
         """2^value_norm_bits: the l2 bound of an encrypted operand's rows (and dL/dz's
         columns) that the exact decryption and the flooding are sized for; P_i clips
-        h'_i's rows and A scales dL/dz to it before encrypting (:mod:`securevfl.exchange.bounds`)."""
+        h'_i's rows and A scales dL/dz to it before encrypting (:mod:`securevfl.exchange.he.bounds`)."""
         return 2.0**self.opts.value_norm_bits
 
     @classmethod

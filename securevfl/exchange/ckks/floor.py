@@ -3,7 +3,7 @@ in one process on this machine, so that the floor (counts x unit costs) can be
 printed beside a measured step (docs/crypto-performance.md §7).
 
 :func:`step_counts` runs the HE calls of one protocol step
-(:mod:`securevfl.exchange.he`: per passive party, Enc_P(h), A's product, P's
+(:mod:`securevfl.exchange.he.protocol`: per passive party, Enc_P(h), A's product, P's
 decryption; Enc_A(g), P's two products, A's decryptions) on random data with
 fresh keys and counts each party's operations; :func:`unit_costs` times each
 primitive at the same parameters. Threat model: none (local, random data, keys
@@ -32,7 +32,7 @@ from securevfl.exchange.ckks.key import CkksKey
 from securevfl.exchange.ckks.params import CkksOptions
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, LEN
-from securevfl.exchange.he import MATMUL
+from securevfl.exchange.he.protocol import MATMUL
 
 
 def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dict[str, dict[str, int]]:

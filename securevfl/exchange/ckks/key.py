@@ -27,8 +27,8 @@ must lie below the exact-decryption limit (past it, the result may have wrapped
 around the output modulus). Either failure raises :class:`Diverged` naming the
 value and the bound, before anything derived from it leaves this party; the norm
 or value that passed it goes to the owner's ``detail`` only. The protocol
-(:mod:`securevfl.exchange.he`) bounds its operands before encrypting them
-(:mod:`securevfl.exchange.bounds`), so a healthy run never meets the first guard.
+(:mod:`securevfl.exchange.he.protocol`) bounds its operands before encrypting them
+(:mod:`securevfl.exchange.he.bounds`), so a healthy run never meets the first guard.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from securevfl.exchange.ckks.kernels import Ring
 from securevfl.exchange.ckks.packing import standard_layout
 from securevfl.exchange.ckks.params import CkksOptions, context, flood_sigma, mask_limit
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, pack_public, unframe
-from securevfl.exchange.he import BOTH_OPS, MATMUL, TMATMUL, HEKey
+from securevfl.exchange.he.protocol import BOTH_OPS, MATMUL, TMATMUL, HEKey
 
 
 class CkksKey(HEKey):
@@ -166,7 +166,7 @@ class CkksKey(HEKey):
     def _guard(self, x: np.ndarray, ops: frozenset[str]) -> None:
         """The operand bound the products are sized for (module docstring): rows of an
         operand of ``matmul``, columns of one of ``tmatmul``, l2 norm <= 2^value_norm_bits.
-        In the protocol (:mod:`securevfl.exchange.he`) P_i encrypts its embedding h'_i
+        In the protocol (:mod:`securevfl.exchange.he.protocol`) P_i encrypts its embedding h'_i
         for ``matmul`` only and A encrypts dL/dz for both."""
         what = "dL/dz" if TMATMUL in ops else "the embedding h'_i"
         for axis, op, part in ((1, MATMUL, "row"), (0, TMATMUL, "column")):

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.ckks._tenseal import sa, ts
-from securevfl.exchange.he import HEWeightInit
+from securevfl.exchange.he.protocol import HEWeightInit
 
 # SEAL's HomomorphicEncryption.org table (native/src/seal/util/hestdparms.h):
 # the largest total coefficient-modulus size that still gives 128-bit security.
@@ -94,7 +94,7 @@ class CkksOptions(BaseModel):
     flood_security_bits: int = Field(default=30, ge=1, le=128)
     #: Q: decryptions one key pair may answer (the flooding is sized for them)
     max_decryptions: int = Field(default=2**20, ge=1)
-    #: the start of the weight shares (:mod:`securevfl.exchange.he`, "Start")
+    #: the start of the weight shares (:mod:`securevfl.exchange.he.protocol`, "Start")
     weight_init: HEWeightInit = "private"
     #: allows ``weight_init: seeded`` (A then knows W_i^0; comparisons with plain only)
     insecure: bool = False
@@ -203,7 +203,7 @@ def share_norm(share_bits: int, n: int) -> float:
 
 def embedding_column_norm(opts: CkksOptions, batch: int) -> float:
     """The largest l2 norm a column of P_i's encrypted embedding can have: its rows are
-    clipped to 2^value_norm_bits (:mod:`securevfl.exchange.bounds`), so a column of
+    clipped to 2^value_norm_bits (:mod:`securevfl.exchange.he.bounds`), so a column of
     ``batch`` rows is at most sqrt(batch) 2^value_norm_bits. P_i multiplies Enc(dL/dz)
     by it (``tmatmul``), whose guard asks columns within 2^operand_norm_bits."""
     return math.sqrt(batch) * 2.0**opts.value_norm_bits

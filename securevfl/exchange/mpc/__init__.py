@@ -22,7 +22,7 @@ could unmask all openings: it is refused unless ``insecure: true``.
 
 Rounds (docs/crypto-performance.md §7; counts in :mod:`.plan`): the dealer's
 tuples for up to ``offline_steps`` steps come in one offline bundle
-(:mod:`securevfl.exchange.crypten_pool`); online, a training step opens all its
+(:mod:`securevfl.exchange.mpc.crypten.pool`); online, a training step opens all its
 forward products in one round and all its backward products in another
 (:mod:`.ops`), reveals z to A in one reduce, and reveals every dL/dh'_i to its
 owner in one round that also opens the truncation of the momentum and the weight
@@ -33,12 +33,12 @@ shared inputs, weights and momentum. Products are not truncated in shares when
 they need not be: z and dL/dh'_i are opened at 32 fractional bits and divided in
 plaintext by their receiver (the same values at a finer resolution), and
 h'_i^T dL/dz enters the momentum update untruncated; the momentum and the weight
-step are two exact truncations of one opening (:mod:`securevfl.exchange.truncation`,
+step are two exact truncations of one opening (:mod:`securevfl.exchange.mpc.truncation`,
 the dealer's material; each rounds its last unit stochastically, never wraps).
 The learning rate over the batch-size scale is a public integer with 16
 significant bits (CrypTen's 2^-16 encoding truncates the default 0.05 / 256 to 12 / 2^16, 6% low).
 Initial weights: ``private`` (default) has the dealer draw W_i^0 ~ N(0, 1/(3 d_i))
-and share it among the MPC parties (:class:`~securevfl.exchange.crypten_pool.Init`):
+and share it among the MPC parties (:class:`~securevfl.exchange.mpc.crypten.pool.Init`):
 every share alone is uniform in the ring and independent of W_i^0, which the
 dealer alone knows (a value independent of the data, within the trusted-dealer
 model); ``seeded`` lets A share the same W_i^0 that ``plain`` builds from the
@@ -55,7 +55,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-import securevfl.exchange.crypten_pool as crypten_pool
+import securevfl.exchange.mpc.crypten.pool as crypten_pool
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
@@ -70,10 +70,10 @@ from securevfl.exchange.base import (
     RunPlan,
     check_weight_init,
 )
-from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm
-from securevfl.exchange.crypten_pool import Init, Trunc, TruncShares
-from securevfl.exchange.crypten_runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc import ops
+from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, comm
+from securevfl.exchange.mpc.crypten.pool import Init, Trunc, TruncShares
+from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc.pairwise import PairRole
 from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, step_plan, top_up
 from securevfl.exchange.mpc.ringmatmul import forced_kernel, ring_matmul

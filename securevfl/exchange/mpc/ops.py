@@ -16,7 +16,7 @@ the rounds one product needs:
   round of concurrent point-to-point messages (CrypTen would run one reduce per
   destination, one after the other);
 * :func:`reveal_and_truncate`: that reveal and, in the same round, the opening of
-  an exact truncation of a list of tensors (:mod:`securevfl.exchange.truncation`,
+  an exact truncation of a list of tensors (:mod:`securevfl.exchange.mpc.truncation`,
   the dealer's material): each value divided by 2^f, and that result times a public
   scale divided by 2^s, both from one opening. CrypTen's own ``div_`` is never used:
   with two parties it divides each share locally and with more it runs the wraps
@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-import securevfl.exchange.truncation as truncation
-from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm, crypten, torch_cat
-from securevfl.exchange.crypten_pool import Trunc, TruncShares
+import securevfl.exchange.mpc.truncation as truncation
+from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, comm, crypten, torch_cat
+from securevfl.exchange.mpc.crypten.pool import Trunc, TruncShares
 from securevfl.exchange.mpc.ringmatmul import RingProducts, beaver_terms
 
 # CrypTen's ArithmeticSharedTensor; typed loosely (CrypTen ships no type information)

@@ -6,13 +6,13 @@ k (k + 1). Here passive party P_i's block W_i, its momentum, and the products
 h'_i W_i, dL/dz W_i^T and h'_i^T dL/dz are shared between A and P_i alone: each
 pair runs CrypTen's two-party arithmetic (:mod:`.ring`) on Beaver triples the
 dealer generates for that pair only (``Triple.pair``, pooled offline by
-:mod:`securevfl.exchange.crypten_pool`), and the pairs run side by side in the
+:mod:`securevfl.exchange.mpc.crypten.pool`), and the pairs run side by side in the
 same rounds. A step's work is k two-party computations: linear in k.
 
 Per training step (4 rounds whatever k):
 
 1. every pair opens its forward operands, A with all k at once: P_i sends
-   eps = h'_i - u to A (u, the step's :class:`~securevfl.exchange.crypten_pool.PairStep`
+   eps = h'_i - u to A (u, the step's :class:`~securevfl.exchange.mpc.crypten.pool.PairStep`
    mask for h'_i, is P_i's alone), and A and P_i exchange their shares of
    delta = W_i - v (v shared); a forward pass alone (evaluation, prediction) opens
    a Beaver triple's h'_i - a and W_i - b both ways instead;
@@ -30,7 +30,7 @@ Per training step (4 rounds whatever k):
    same frames, each pair opens its momentum m v_i + h'_i^T dL/dz masked by the
    dealer's truncation mask: both updates, v_i <- (m v_i + h'_i^T dL/dz) / 2^16 and
    W_i <- W_i - lr v_i, are then exact truncations in shares
-   (:mod:`securevfl.exchange.truncation`; never the local truncation, which wraps).
+   (:mod:`securevfl.exchange.mpc.truncation`; never the local truncation, which wraps).
 
 In training each party's own input is masked by a mask it alone holds (u for
 h'_i at P_i, g for dL/dz at A, each drawn from that party's dealer stream), so
@@ -45,7 +45,7 @@ share a_A of the triple's mask, raw output of A's dealer stream, which tells it 
 mask of its own h'_i and nothing else (AES-CTR: no other draw of that stream
 follows from it; SECURITY.md, ``mpc``).
 The initial W_i is the dealer's W_i^0 ~ N(0, 1/(3 d_i)) shared between A and
-P_i (:class:`securevfl.exchange.crypten_pool.Init`): each share alone is
+P_i (:class:`securevfl.exchange.mpc.crypten.pool.Init`): each share alone is
 uniform in the ring and independent of W_i^0 (SECURITY.md, ``mpc``: who learns
 what).
 """
@@ -57,16 +57,16 @@ from typing import Any
 
 import torch
 
-import securevfl.exchange.crypten_pool as crypten_pool
-import securevfl.exchange.crypten_rng as crypten_rng
+import securevfl.exchange.mpc.crypten.pool as crypten_pool
+import securevfl.exchange.mpc.crypten.rng as crypten_rng
 import securevfl.exchange.mpc.ring as ring
-import securevfl.exchange.truncation as truncation
+import securevfl.exchange.mpc.truncation as truncation
 from securevfl.errors import CheckpointError, ConfigError
 from securevfl.exchange.base import ExchangeContext
-from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
-from securevfl.exchange.crypten_api import comm
-from securevfl.exchange.crypten_pool import Init
-from securevfl.exchange.crypten_runtime import start_crypten, stop_crypten
+from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor as AST
+from securevfl.exchange.mpc.crypten.api import comm
+from securevfl.exchange.mpc.crypten.pool import Init
+from securevfl.exchange.mpc.crypten.runtime import start_crypten, stop_crypten
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, pair_plan
 from securevfl.exchange.mpc.plan import top_up as plan_top_up
@@ -225,7 +225,7 @@ class PairRole:
 
     def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
         """One forward: A gets z (float64, B x out); P_i gets None. In training the
-        pair's :class:`~securevfl.exchange.crypten_pool.PairStep` masks h'_i (with u,
+        pair's :class:`~securevfl.exchange.mpc.crypten.pool.PairStep` masks h'_i (with u,
         P_i's alone: P_i sends h'_i - u to A) and W_i (with v, shared: W_i - v opened
         both ways), and the openings are kept for the backward products; a forward
         pass alone takes a Beaver triple (:meth:`_forward_only`)."""

@@ -7,7 +7,7 @@ arithmetic as CrypTen's: fixed-point encoding as ``FixedPointEncoder.encode``,
 Beaver's product as ``crypten.mpc.primitives.beaver.matmul`` (the first party adds
 eps delta).
 
-Truncation is exact, with the dealer's material (:mod:`securevfl.exchange.truncation`).
+Truncation is exact, with the dealer's material (:mod:`securevfl.exchange.mpc.truncation`).
 SecureML's local truncation (:func:`truncate`: each party divides its own share,
 CrypTen's two-party ``div_``) is kept only as the reference the tests compare
 against: it fails, adding +-2^(64 - f), with probability about |x| / 2^64 per
@@ -76,5 +76,5 @@ def truncate(share: torch.Tensor, bits: int) -> torch.Tensor:
     """SecureML's local truncation, **not exact** (module docstring): this party's
     share of about x / 2^bits with two parties, each dividing its own share
     (CrypTen's two-party ``div_``). securevfl truncates with
-    :func:`securevfl.exchange.truncation.finish`."""
+    :func:`securevfl.exchange.mpc.truncation.finish`."""
     return share.div(2**bits, rounding_mode="trunc")

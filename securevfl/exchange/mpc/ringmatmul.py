@@ -54,10 +54,10 @@ protocol multiplies:
   (securevfl's batched form of CrypTen's ``beaver.matmul``); it also fuses the
   three products into one limb product over twice the inner dimension
   (eps (b + delta) + a delta at the first party, a ring identity);
-* the dealer (``crypten_dealer.SecretDealer``, securevfl's own TTP server) is
+* the dealer (``crypten.dealer.SecretDealer``, securevfl's own TTP server) is
   given :func:`ring_matmul` as the product it computes every c = a b with: the
   joint layout's triples (its ``additive``) and the pairwise layout's
-  (``crypten_pool.pair_c0``, ``pair_step_c0``);
+  (``crypten.pool.pair_c0``, ``pair_step_c0``);
 * the provider calls a party makes for its triples (CrypTen's insecure TFP
   computes c = a b at the parties) run inside :class:`RingProducts`, a
   ``TorchFunctionMode`` (the same ``__torch_function__`` protocol, applied to a

@@ -1,4 +1,4 @@
-"""``paillier``: the two-party HE interactive layer of :mod:`securevfl.exchange.he`
+"""``paillier``: the two-party HE interactive layer of :mod:`securevfl.exchange.he.protocol`
 with packed Paillier encryption (g = n + 1), arithmetic in gmpy2.
 
 What it protects is that protocol's (A never sees h'_i, P_i never sees dL/dz,
@@ -83,7 +83,7 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
     is refused at load, as are ``distance_bits`` below 40 and the former fixed-width
     options ``mask_bits`` and ``share_bits``. Assumptions the bound states: inputs
     below 2^value_bits (P_i clips h'_i's rows and A scales dL/dz to l2 norm just under
-    it before encrypting, :mod:`securevfl.exchange.bounds`; the encoding refuses
+    it before encrypting, :mod:`securevfl.exchange.he.bounds`; the encoding refuses
     anything past it) and |W_i| < 2^weight_bits (default 4; nobody can check W_i: a
     weight of 2^(wb+t) weakens its own terms by 2^t).
 

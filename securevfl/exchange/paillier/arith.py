@@ -1,4 +1,4 @@
-"""``paillier``'s share arithmetic for :mod:`securevfl.exchange.he`: exact integers.
+"""``paillier``'s share arithmetic for :mod:`securevfl.exchange.he.protocol`: exact integers.
 
 Every weight share, momentum buffer, mask and masked result of the protocol is
 an integer at the result scale 2^-Fs (Fs = shared_precision_bits +
@@ -24,7 +24,7 @@ import torch
 import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.errors import CheckpointError, ConfigError, ProtocolError
-from securevfl.exchange.he import HEKey, ShareArith
+from securevfl.exchange.he.protocol import HEKey, ShareArith
 from securevfl.exchange.paillier.options import Params
 from securevfl.runtime.channel import Channel
 

@@ -1,4 +1,4 @@
-"""The ``paillier`` HE scheme for :mod:`securevfl.exchange.he`: key and peer
+"""The ``paillier`` HE scheme for :mod:`securevfl.exchange.he.protocol`: key and peer
 factories, the exact share arithmetic, and the load-time refusal of insecure
 parameters."""
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.base import ExchangeContext
-from securevfl.exchange.he import HEScheme, ShareArith, he_backend
+from securevfl.exchange.he.protocol import HEScheme, ShareArith, he_backend
 from securevfl.exchange.paillier.arith import PaillierArith
 from securevfl.exchange.paillier.options import (
     MIN_DISTANCE_BITS,
@@ -61,7 +61,7 @@ class PaillierScheme(HEScheme):
     def value_bound(self) -> float:
         """2^value_bits: every encrypted value must lie below it (the fixed-point slots
         are sized for that); P_i clips h'_i's rows and A scales dL/dz to l2 norm just
-        under it before encrypting (:mod:`securevfl.exchange.bounds`), which bounds
+        under it before encrypting (:mod:`securevfl.exchange.he.bounds`), which bounds
         every entry too."""
         return 2.0**self.prm.v
 

@@ -1,7 +1,7 @@
 """Exact integer arithmetic of ``paillier``'s share protocol (pure functions).
 
 The weight shares, their momentum, the masks and every masked plaintext of the
-two-party protocol (:mod:`securevfl.exchange.he`) are integers at one fixed-point
+two-party protocol (:mod:`securevfl.exchange.he.protocol`) are integers at one fixed-point
 scale, held as numpy ``object`` arrays of Python ints: a mask that statistically
 hides a value needs the value's bits plus about 75 more (package docstring,
 "Masks"), which neither float64 (53 bits) nor int64 can hold. What is here:

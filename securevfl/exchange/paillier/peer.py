@@ -1,7 +1,7 @@
 """The evaluator's side of ``paillier``: homomorphic products under the peer's key.
 
 Holds the other party's public n only (no decryption is possible here). For
-``matmul``/``tmatmul`` of :mod:`securevfl.exchange.he` it parses the peer's blob,
+``matmul``/``tmatmul`` of :mod:`securevfl.exchange.he.protocol` it parses the peer's blob,
 runs the multi-exponentiation kernels, adds the packed mask and multiplies every
 output by a fresh obfuscator, statistically uniform on the n-th residues, so that
 the key owner learns the masked plaintext and nothing about the plaintext
@@ -23,7 +23,7 @@ import numpy as np
 import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.he import HEPeer
+from securevfl.exchange.he.protocol import HEPeer
 from securevfl.exchange.paillier.counters import count
 from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, block_count, encode, pack
 from securevfl.exchange.paillier.kernels import Exponents, multiexp, powmods

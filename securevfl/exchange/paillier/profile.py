@@ -4,7 +4,7 @@ docs/crypto-performance.md §7: next to a backend's measured step, print the cou
 of its primitive operations and their unit costs measured on the same machine;
 the product is the protocol's floor there, and measured / floor shows how much
 is overhead rather than cryptography. :func:`step_counts` replays the scheme
-calls of one step of :mod:`securevfl.exchange.he` (every passive party: P_i
+calls of one step of :mod:`securevfl.exchange.he.protocol` (every passive party: P_i
 encrypts h'_i, A multiplies, P_i decrypts; A encrypts dL/dz once, P_i multiplies
 twice, A decrypts twice) under :func:`~.counters.counting`; :func:`unit_costs`
 times each primitive on its own. Both use fresh keys and random data of the
@@ -21,7 +21,7 @@ import numpy as np
 
 import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
-from securevfl.exchange.he import MATMUL
+from securevfl.exchange.he.protocol import MATMUL
 from securevfl.exchange.paillier.arith import PaillierArith
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting

@@ -23,7 +23,7 @@ import numpy as np
 from phe import paillier as phe_paillier
 
 from securevfl.errors import ProtocolError
-from securevfl.exchange.he import BOTH_OPS, MATMUL, TMATMUL, HEKey
+from securevfl.exchange.he.protocol import BOTH_OPS, MATMUL, TMATMUL, HEKey
 from securevfl.exchange.paillier.counters import count
 from securevfl.exchange.paillier.encoding import (
     COLS,

@@ -20,7 +20,7 @@ securevfl puts secret streams in their place:
   **refuse** anything else, a ``torch.Generator`` included, with an error naming
   it: no Mersenne Twister path survives silently. CrypTen has no seam for its
   PRG; the replacement, with the check that CrypTen still has its functions where
-  0.4.1 has them, is :func:`securevfl.exchange.crypten_patches.install`, which also
+  0.4.1 has them, is :func:`securevfl.exchange.mpc.crypten.patches.install`, which also
   draws CrypTen's dropout masks from the ``global`` stream;
 * **``crypten.generators``** holds :class:`SecretStream` objects under 256-bit keys
   (:func:`agree_streams`, in place of ``crypten._setup_prng``): every MPC party
@@ -33,8 +33,8 @@ securevfl puts secret streams in their place:
 * **the dealer's streams**: the trusted dealer draws one 256-bit key per MPC party
   and sends it to that party alone (:func:`dealer_keys`, :func:`client_key`), in
   place of CrypTen's 64-bit seeds; both ends draw that party's tuple shares from
-  ``SecretStream(key)`` (:mod:`securevfl.exchange.crypten_pool`,
-  :mod:`securevfl.exchange.crypten_dealer`);
+  ``SecretStream(key)`` (:mod:`securevfl.exchange.mpc.crypten.pool`,
+  :mod:`securevfl.exchange.mpc.crypten.dealer`);
 * **pair keys** (:func:`pair_keys`): a 256-bit key that one party sends one peer,
   for a stream only those two share (the pairwise layout's input re-sharing).
 
@@ -52,7 +52,7 @@ import torch
 
 from securevfl.csprng import KEY_BYTES, SecretStream, fresh_key
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_api import CUDALongTensor, crypten
+from securevfl.exchange.mpc.crypten.api import CUDALongTensor, crypten
 
 RING_BITS = 64
 GENERATOR_NAMES = ("prev", "next", "local", "global")

@@ -2,11 +2,11 @@
 
 securevfl runs CrypTen through the seams CrypTen has: its configuration
 (``crypten.cfg.temp_override`` sets the tuple provider for one run and puts the old
-value back, :mod:`securevfl.exchange.crypten_runtime`), its communicator interface
-(:class:`~securevfl.exchange.crypten_comm.FramedCommunicator` is a
+value back, :mod:`securevfl.exchange.mpc.crypten.runtime`), its communicator interface
+(:class:`~securevfl.exchange.mpc.crypten.comm.FramedCommunicator` is a
 ``crypten.communicator.Communicator``), its provider interface
-(:class:`~securevfl.exchange.crypten_pool.SecretTTP` is a ``TupleProvider``) and its
-table of PRG streams, ``crypten.generators`` (:mod:`securevfl.exchange.crypten_rng`).
+(:class:`~securevfl.exchange.mpc.crypten.pool.SecretTTP` is a ``TupleProvider``) and its
+table of PRG streams, ``crypten.generators`` (:mod:`securevfl.exchange.mpc.crypten.rng`).
 Five things have no seam. Each is replaced here and nowhere else, and each
 replacement first checks that CrypTen still has, at that place, what 0.4.1 has
 there (:class:`CryptenChanged` otherwise, before anything is touched), so a CrypTen
@@ -17,10 +17,10 @@ that moved its internals stops a run instead of leaving a path unreplaced
    tuple through ``generate_random_ring_element`` and ``generate_kbit_random_tensor``
    of ``crypten.common.rng``, which four more modules import by name
    (:data:`IMPORTERS`), from ``torch.Generator`` (Mersenne Twister) objects. They are
-   replaced in all five modules by :func:`~securevfl.exchange.crypten_rng.ring_element`
-   and :func:`~securevfl.exchange.crypten_rng.kbit_tensor`, which draw from a
+   replaced in all five modules by :func:`~securevfl.exchange.mpc.crypten.rng.ring_element`
+   and :func:`~securevfl.exchange.mpc.crypten.rng.kbit_tensor`, which draw from a
    :class:`~securevfl.csprng.SecretStream` and refuse anything else
-   (:class:`~securevfl.exchange.crypten_rng.NotASecretStream`). Before replacing, every
+   (:class:`~securevfl.exchange.mpc.crypten.rng.NotASecretStream`). Before replacing, every
    loaded CrypTen module is searched for CrypTen's own functions: one held anywhere
    :data:`IMPORTERS` does not name stops the install.
 2. **Autograd dropout's mask** (:func:`install`). ``AutogradDropout`` and
@@ -52,7 +52,7 @@ Every other random draw in CrypTen 0.4.1 is listed, with what becomes of it, in
 tests/unit/test_crypten_patches.py (``CRYPTEN_DRAWS``), which reads CrypTen's source
 and fails on a draw the list does not hold: the MT19937 generators of
 ``crypten._setup_prng`` and of CrypTen's TTP client and server are never made by
-securevfl (securevfl agrees its own keys, :func:`securevfl.exchange.crypten_rng.agree_streams`,
+securevfl (securevfl agrees its own keys, :func:`securevfl.exchange.mpc.crypten.rng.agree_streams`,
 and runs its own dealer), and a draw from one is refused by the replaced draw
 functions; CrypTen's layers initialise their plaintext parameters as ``torch.nn``
 does, at each party before ``encrypt()`` (a party's own plaintext model initialisation,
@@ -77,11 +77,11 @@ import torch
 
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError, SecureVFLError
-from securevfl.exchange.crypten_api import Communicator, DistributedCommunicator, crypten, gradients
-from securevfl.exchange.crypten_api import comm as crypten_comm
-from securevfl.exchange.crypten_api import mpc as crypten_mpc
-from securevfl.exchange.crypten_api import privacy as crypten_privacy
-from securevfl.exchange.crypten_rng import NotASecretStream, kbit_tensor, ring_element
+from securevfl.exchange.mpc.crypten.api import Communicator, DistributedCommunicator, crypten, gradients
+from securevfl.exchange.mpc.crypten.api import comm as crypten_comm
+from securevfl.exchange.mpc.crypten.api import mpc as crypten_mpc
+from securevfl.exchange.mpc.crypten.api import privacy as crypten_privacy
+from securevfl.exchange.mpc.crypten.rng import NotASecretStream, kbit_tensor, ring_element
 
 __all__ = [
     "DRAWS",

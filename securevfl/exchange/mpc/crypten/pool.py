@@ -10,8 +10,8 @@ written as CrypTen writes its providers (a ``TupleProvider`` with
 and ``B2A_rng``), with two changes:
 
 * **its streams are secret streams** (AES-256-CTR under a 256-bit key the dealer
-  sent this party alone, :mod:`securevfl.exchange.crypten_rng`), never
-  ``torch.Generator``; the dealer's side is :class:`securevfl.exchange.crypten_dealer.SecretDealer`;
+  sent this party alone, :mod:`securevfl.exchange.mpc.crypten.rng`), never
+  ``torch.Generator``; the dealer's side is :class:`securevfl.exchange.mpc.crypten.dealer.SecretDealer`;
 * **an offline phase**: :meth:`SecretTTP.prefetch` takes a *plan* (the items the
   next steps will consume), rank 0 sends it to the dealer as one validated
   ``bundle`` request, every party draws its shares for the whole plan in plan
@@ -25,7 +25,7 @@ Items a plan may hold besides CrypTen's Beaver triples and wraps pairs (the
 rank 0 and one other rank alone (the pairwise layout's evaluation products),
 :class:`PairStep`, the correlated tuples of one training step of such a pair (three
 products from three masks, each opening reused), :class:`Trunc` material for
-an exact truncation (:mod:`securevfl.exchange.truncation`) and
+an exact truncation (:mod:`securevfl.exchange.mpc.truncation`) and
 :class:`Init`, a weight's initial value W^0 ~ N(0, 1/(3 d)) drawn by the dealer
 and given to its holders as uniformly random shares.
 
@@ -36,7 +36,7 @@ value of the computation (it draws W^0 itself, a value independent of the data,
 within the trusted-dealer model: semi-honest, colluding with no party).
 CrypTen has no function to register a provider: :func:`install` puts a
 :class:`SecretTTP` in ``crypten.mpc``'s provider table under ``TTP`` for the run
-through :func:`securevfl.exchange.crypten_patches.use_provider`, and the function
+through :func:`securevfl.exchange.mpc.crypten.patches.use_provider`, and the function
 it returns puts CrypTen's back.
 """
 
@@ -54,11 +54,11 @@ import torch
 
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
-from securevfl.exchange.crypten_api import BinarySharedTensor as BST
-from securevfl.exchange.crypten_api import TupleProvider, comm
-from securevfl.exchange.crypten_patches import provider as crypten_provider
-from securevfl.exchange.crypten_patches import use_provider
+from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor as AST
+from securevfl.exchange.mpc.crypten.api import BinarySharedTensor as BST
+from securevfl.exchange.mpc.crypten.api import TupleProvider, comm
+from securevfl.exchange.mpc.crypten.patches import provider as crypten_provider
+from securevfl.exchange.mpc.crypten.patches import use_provider
 
 RingProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # an exact product in Z_2^64
 
@@ -156,7 +156,7 @@ class Wraps:
 
 class TruncShares(NamedTuple):
     """One party's material for an exact truncation: its share of the mask r and of
-    Q_0, Q_1, S_0, S_1 (:func:`securevfl.exchange.truncation.material`)."""
+    Q_0, Q_1, S_0, S_1 (:func:`securevfl.exchange.mpc.truncation.material`)."""
 
     r: torch.Tensor
     q0: torch.Tensor
@@ -172,7 +172,7 @@ class TruncShares(NamedTuple):
 @dataclass(frozen=True)
 class Trunc:
     """Material for one exact truncation of ``size`` elements by 2^frac, and of the
-    result times ``scale`` by 2^shift (:mod:`securevfl.exchange.truncation`): a mask
+    result times ``scale`` by 2^shift (:mod:`securevfl.exchange.mpc.truncation`): a mask
     r every holder draws, and four correlated values per element. ``pair`` as
     :class:`Triple`'s."""
 
@@ -376,7 +376,7 @@ def parse_bundle(args: Any, max_elements: int = MAX_BUNDLE_ELEMENTS) -> list[Ite
 def dealer_bundle(server: Any, plan: Sequence[Item]) -> torch.Tensor:
     """Rank 0's shares for ``plan`` (c_0 of each triple, theta_0 of each wraps pair,
     its truncation material and weight shares), flattened into one ring tensor.
-    ``server`` is a :class:`securevfl.exchange.crypten_dealer.SecretDealer` whose
+    ``server`` is a :class:`securevfl.exchange.mpc.crypten.dealer.SecretDealer` whose
     per-party streams are aligned with the parties': it draws, per party, exactly
     what the party draws (see module doc)."""
     out = []
@@ -547,7 +547,7 @@ class SecretTTP(TupleProvider):
 
     def _entry(self, it: Item, rank: int, theirs: torch.Tensor | None) -> Any:
         """This party's draws for one item, in the order the dealer draws them
-        (:class:`securevfl.exchange.crypten_dealer.SecretDealer`), and rank 0's
+        (:class:`securevfl.exchange.mpc.crypten.dealer.SecretDealer`), and rank 0's
         received shares (``theirs``) in place of the correlated draws."""
 
         def correlated(shape: tuple[int, ...]) -> torch.Tensor:

@@ -4,27 +4,27 @@ CrypTen normally creates the torch.distributed process group itself from
 environment variables (and silently falls back to a single party when they are
 missing), runs its collectives as gloo collectives on three process sub-groups
 and ships small objects with ``pickle``. securevfl instead installs its own
-CrypTen communicator, :class:`~securevfl.exchange.crypten_comm.FramedCommunicator`,
+CrypTen communicator, :class:`~securevfl.exchange.mpc.crypten.comm.FramedCommunicator`,
 on the session it already set up and checked (world size, roles, protocol
 digest): every CrypTen byte is a point-to-point frame through one transport,
 collectives are exchanges of shares, control objects are JSON of a closed set
 of types (nothing a peer sends is ever unpickled), every tensor is metered into
 the rank's ledger as ``mpc.<operation>`` records and a transport failure
-becomes a :class:`PartyFailure` naming the peer (see :mod:`.crypten_comm`).
+becomes a :class:`PartyFailure` naming the peer (see :mod:`.comm`).
 
 This module starts and stops CrypTen on that communicator and runs the trusted
 dealer's loop, which validates every request against a whitelist. Starting
 CrypTen here also makes every random draw of it come from secret streams
-(:mod:`securevfl.exchange.crypten_rng`): the MPC parties agree 256-bit keys for
+(:mod:`securevfl.exchange.mpc.crypten.rng`): the MPC parties agree 256-bit keys for
 CrypTen's PRG streams in place of ``crypten._setup_prng``'s 64-bit seeds, the
 dealer sends each MPC party a 256-bit key for its tuple stream, and securevfl's
-own tuple provider (:class:`~securevfl.exchange.crypten_pool.SecretTTP`) and
-dealer (:class:`~securevfl.exchange.crypten_dealer.SecretDealer`) take the place
+own tuple provider (:class:`~securevfl.exchange.mpc.crypten.pool.SecretTTP`) and
+dealer (:class:`~securevfl.exchange.mpc.crypten.dealer.SecretDealer`) take the place
 of CrypTen's ``TrustedThirdParty`` and ``TTPServer``.
 
 A run's CrypTen settings last the run: the provider is set with CrypTen's own
 ``cfg.temp_override``, and the communicator and the ``TTP`` provider go where
-CrypTen looks them up (:mod:`securevfl.exchange.crypten_patches`, which holds every
+CrypTen looks them up (:mod:`securevfl.exchange.mpc.crypten.patches`, which holds every
 part of CrypTen securevfl replaces); :func:`stop_crypten` undoes all three, in
 reverse order, and forgets the run's streams.
 """
@@ -38,20 +38,20 @@ from typing import Any
 
 import torch
 
-import securevfl.exchange.crypten_patches as crypten_patches
-import securevfl.exchange.crypten_pool as crypten_pool
-import securevfl.exchange.crypten_rng as crypten_rng
+import securevfl.exchange.mpc.crypten.patches as crypten_patches
+import securevfl.exchange.mpc.crypten.pool as crypten_pool
+import securevfl.exchange.mpc.crypten.rng as crypten_rng
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange.crypten_api import comm as crypten_comm_module
-from securevfl.exchange.crypten_api import crypten
-from securevfl.exchange.crypten_comm import (
+from securevfl.exchange.mpc.crypten.api import comm as crypten_comm_module
+from securevfl.exchange.mpc.crypten.api import crypten
+from securevfl.exchange.mpc.crypten.comm import (
     FramedCommunicator,
     FrameTransport,
     decode_obj,
     encode_obj,
     transport_for,
 )
-from securevfl.exchange.crypten_dealer import SecretDealer
+from securevfl.exchange.mpc.crypten.dealer import SecretDealer
 from securevfl.runtime.channel import Channel
 
 __all__ = [
@@ -133,7 +133,7 @@ def _size(x: Any) -> torch.Size:
 def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
     """Validate a dealer request from rank 0: a whitelisted function, a whitelisted
     torch operation for triples, sizes within bounds, no keyword arguments. A
-    ``bundle`` (the offline phase, :mod:`crypten_pool`) carries a list of triple and
+    ``bundle`` (the offline phase, :mod:`.pool`) carries a list of triple and
     wraps items, each checked the same way."""
     try:
         fn = msg["function"]

@@ -22,7 +22,7 @@ Backward, g = dL/dz at A (B x o)::
 
 Start (``weight_init: private``): W_i^0 = c R_A F_P (d >= o) or c F_A R_P (d < o),
 a product of a Haar-random orthogonal factor of one party and a uniformly random
-orthonormal factor of the other (:mod:`securevfl.exchange.orthogonal`: W_i^0 is
+orthonormal factor of the other (:mod:`securevfl.exchange.he.orthogonal`: W_i^0 is
 then independent of each factor, so of each party's view). For d >= o::
 
     P_i -> A   Enc_P(F_P^T)                          F_P: P_i's d x o, orthonormal columns
@@ -39,7 +39,7 @@ Operand bounds, when the scheme declares one (:meth:`HEScheme.value_bound` = C;
 ``ckks`` and ``paillier``): P_i clips every row of h to l2 norm C before it
 encrypts (and multiplies) it, and returns the gradient through the clipping; A
 scales g so that its rows and columns are within C
-(:mod:`securevfl.exchange.bounds`). The scheme's guards then hold for any bottom
+(:mod:`securevfl.exchange.he.bounds`). The scheme's guards then hold for any bottom
 model; a healthy run's operands are far inside C and are left as they are.
 
 Re-drawn share, when the scheme asks for it (:meth:`HEScheme.share_bits` = k;
@@ -94,8 +94,8 @@ from securevfl.exchange.base import (
     PassiveExchange,
     check_weight_init,
 )
-from securevfl.exchange.bounds import clip_rows, clip_rows_grad, scale_to_bound
-from securevfl.exchange.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
+from securevfl.exchange.he.bounds import clip_rows, clip_rows_grad, scale_to_bound
+from securevfl.exchange.he.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
 from securevfl.models import build_interactive
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.messages import BYTES, FLOATS, register_tag
@@ -305,7 +305,7 @@ class HEScheme(ABC):
 
     def value_bound(self) -> float | None:
         """C: the l2 norm every row of an encrypted operand (and every column of dL/dz)
-        is brought within before encryption (:mod:`securevfl.exchange.bounds`): the
+        is brought within before encryption (:mod:`securevfl.exchange.he.bounds`): the
         bound the scheme's parameters are sized for. None (the default): no bound."""
         return None
 

@@ -1,7 +1,7 @@
 """Random orthogonal factors for the HE backends' joint start of W_i (pure numpy).
 
 W_i^0 (d x o) is drawn as a product of two secret factors, one per party, each
-uniform on its manifold (:mod:`securevfl.exchange.he`, "Start"):
+uniform on its manifold (:mod:`securevfl.exchange.he.protocol`, "Start"):
 
 * d >= o: W_i^0 = c R_A F_P, R_A a Haar-random d x d orthogonal matrix drawn by A,
   F_P a uniformly random d x o matrix with orthonormal columns drawn by P_i;

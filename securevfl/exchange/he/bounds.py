@@ -1,6 +1,6 @@
 """Norm bounds on what the HE exchanges encrypt (pure numpy).
 
-Under ``ckks`` and ``paillier`` (:mod:`securevfl.exchange.he`) every encrypted
+Under ``ckks`` and ``paillier`` (:mod:`securevfl.exchange.he.protocol`) every encrypted
 operand must lie within a bound the scheme's parameters are sized for: ``ckks``
 sizes its exact decryption and its flooding for rows (and, for dL/dz, columns)
 of l2 norm at most 2^value_norm_bits, ``paillier`` its fixed-point slots for

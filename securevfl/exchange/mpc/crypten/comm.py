@@ -6,9 +6,9 @@ dealer's seeds as raw ``dist.isend``. None of that passes through a channel a
 party could authenticate or encrypt, so an observer of the links would see both
 shares of every opened value. :class:`FramedCommunicator` is a CrypTen
 communicator (a subclass of ``crypten.communicator.Communicator``; CrypTen has no
-function to register one, so :func:`securevfl.exchange.crypten_runtime.start_crypten`
+function to register one, so :func:`securevfl.exchange.mpc.crypten.runtime.start_crypten`
 puts it where ``crypten.communicator.get()`` looks, ``DistributedCommunicator.instance``,
-through :func:`securevfl.exchange.crypten_patches.use_communicator`)
+through :func:`securevfl.exchange.mpc.crypten.patches.use_communicator`)
 whose every operation is a set of point-to-point frames through one
 :class:`FrameTransport`:
 
@@ -33,7 +33,7 @@ whose every operation is a set of point-to-point frames through one
   sets of :class:`RankSet` (no torch process sub-group is created), so a peer
   outside the group is refused;
 * **keys**: the 256-bit keys of CrypTen's PRG streams and of the dealer's stream
-  with each MPC party (:mod:`securevfl.exchange.crypten_rng`) travel as frames
+  with each MPC party (:mod:`securevfl.exchange.mpc.crypten.rng`) travel as frames
   too, each to the one peer that shares the stream, metered without their bytes.
 
 The transport decides what a frame looks like on the wire. :class:`SealedFrames`
@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange.crypten_api import Communicator
+from securevfl.exchange.mpc.crypten.api import Communicator
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
 from securevfl.runtime.secure.link import Link

@@ -1,16 +1,16 @@
-"""The trusted dealer's side of :class:`securevfl.exchange.crypten_pool.SecretTTP`.
+"""The trusted dealer's side of :class:`securevfl.exchange.mpc.crypten.pool.SecretTTP`.
 
 :class:`SecretDealer` replaces CrypTen's ``TTPServer``: it holds one
 :class:`~securevfl.csprng.SecretStream` per MPC party, under the 256-bit key it
-sent that party alone (:func:`securevfl.exchange.crypten_rng.dealer_keys`), and
+sent that party alone (:func:`securevfl.exchange.mpc.crypten.rng.dealer_keys`), and
 draws from it exactly what the party draws, in the party's order: for each tuple,
 the party's random shares first (a and b of a triple, r of a wraps pair, a
 truncation mask, a random bit), then, for every holder but rank 0, its shares of
 the tuple's correlated values. From the random shares it computes the correlated
 values in the clear (c = a op b, r^2, a & b, the wraps count of r, the bit as a
-ring element, the truncation material of :func:`securevfl.exchange.truncation.material`)
+ring element, the truncation material of :func:`securevfl.exchange.mpc.truncation.material`)
 and returns rank 0's shares: each value minus the other holders' uniform shares
-(XOR for binary sharing). A weight initialisation (:class:`~securevfl.exchange.crypten_pool.Init`)
+(XOR for binary sharing). A weight initialisation (:class:`~securevfl.exchange.mpc.crypten.pool.Init`)
 is drawn from the dealer's own fresh stream, which never leaves it.
 
 The dealer is trusted not to collude with any party (semi-honest): it knows the
@@ -25,11 +25,11 @@ from functools import reduce
 
 import torch
 
-import securevfl.exchange.truncation as truncation
+import securevfl.exchange.mpc.truncation as truncation
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.crypten_api import count_wraps
-from securevfl.exchange.crypten_pool import Init, Item, Trunc
+from securevfl.exchange.mpc.crypten.api import count_wraps
+from securevfl.exchange.mpc.crypten.pool import Init, Item, Trunc
 
 __all__ = ["SecretDealer"]
 
@@ -39,8 +39,8 @@ class SecretDealer:
     shares of the correlated values as the answer (module docstring). The methods
     ``additive``, ``square``, ``binary``, ``wraps`` and ``B2A`` answer CrypTen's
     on-demand requests (as ``TTPServer``'s do); an offline plan is answered by
-    :func:`securevfl.exchange.crypten_pool.dealer_bundle` with them, :meth:`trunc`,
-    :meth:`init` and the pair triples of :func:`~securevfl.exchange.crypten_pool.pair_c0`."""
+    :func:`securevfl.exchange.mpc.crypten.pool.dealer_bundle` with them, :meth:`trunc`,
+    :meth:`init` and the pair triples of :func:`~securevfl.exchange.mpc.crypten.pool.pair_c0`."""
 
     def __init__(
         self,
