@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import securevfl.exchange.mpc.crypten.pool as crypten_pool  # noqa: E402
+import securevfl.exchange.mpc.crypten.provider as tuple_provider  # noqa: E402
 from securevfl.exchange.mpc import ops  # noqa: E402
 from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten  # noqa: E402
 from securevfl.exchange.mpc.plan import step_ops, step_plan  # noqa: E402
@@ -48,7 +48,7 @@ try:  # absent from checkouts before the secure channel (an A/B against one of t
 except ImportError:  # pragma: no cover
     Links = None
 try:  # absent from checkouts before CrypTen's framed communicator
-    from securevfl.exchange.mpc.crypten.comm import FramedCommunicator
+    from securevfl.exchange.mpc.crypten.communicator import FramedCommunicator
 except ImportError:  # pragma: no cover
     FramedCommunicator = None
 
@@ -70,7 +70,7 @@ def _step(rank: int, n_mpc: int, w: list[Any], h: torch.Tensor | None, g: torch.
 
     passive = list(range(1, n_mpc))
     trunc = step_plan(BATCH, [DIM] * len(w), OUT, n_mpc, train=True, lr=LR)[-1]
-    (material,) = crypten_pool.current().take([trunc])
+    (material,) = tuple_provider.current().take([trunc])
     hs = [AST(h if rank == p else None, size=(BATCH, DIM), src=p) for p in passive]
     prods = ops.beaver_matmuls(list(zip(hs, w, strict=True)))
     z = prods[0]
@@ -134,7 +134,7 @@ def _rank(
     h = torch.randn(BATCH, DIM, generator=gen)
     g = torch.randn(BATCH, OUT, generator=gen) / BATCH
     c0, t0 = time.process_time(), time.perf_counter()
-    crypten_pool.current().prefetch(plan * (steps + 1))
+    tuple_provider.current().prefetch(plan * (steps + 1))
     offline = (time.process_time() - c0, time.perf_counter() - t0)
     w = _step(rank, n_mpc, w, h, g)  # warm-up
     ch.ledger.records.clear()

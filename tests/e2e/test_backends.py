@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from securevfl.app.loader import load_protocol_dict
-from securevfl.exchange.mpc.crypten.comm import CRYPTEN_TAG
+from securevfl.exchange.mpc.crypten.frames import CRYPTEN_TAG
 from securevfl.exchange.paillier import PaillierOptions, exact
 from securevfl.models import build_top
 from tests.support.protocols import small_digits

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import securevfl.exchange.mpc.crypten.comm as crypten_comm
+import securevfl.exchange.mpc.crypten.frames as crypten_frames
 from securevfl import cli
 from tests.threat_model import wire_tap
 
@@ -28,7 +28,7 @@ from tests.threat_model import wire_tap
 def install(tap: Path, rank: int, flip: int) -> None:
     wire_tap.install(tap, rank, -1)
     plain = open(tap / f"rank{rank}.plain", "ab")  # noqa: SIM115 (open for the process's life)
-    orig_post = crypten_comm.SealedFrames.post_send
+    orig_post = crypten_frames.SealedFrames.post_send
 
     def post_send(self: Any, peer: int, tensor: torch.Tensor) -> Any:
         raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -36,12 +36,12 @@ def install(tap: Path, rank: int, flip: int) -> None:
         plain.flush()
         return orig_post(self, peer, tensor)
 
-    crypten_comm.SealedFrames.post_send = post_send  # type: ignore[method-assign]
+    crypten_frames.SealedFrames.post_send = post_send  # type: ignore[method-assign]
     sent = [0]
     tapped_isend = dist.isend  # wire_tap's: records the frame as it leaves
 
     def isend(tensor: torch.Tensor, dst: Any = None, *args: Any, **kw: Any) -> Any:
-        if kw.get("tag") == crypten_comm.CRYPTEN_TAG:
+        if kw.get("tag") == crypten_frames.CRYPTEN_TAG:
             if sent[0] == flip:
                 tensor = tensor.clone()
                 flat = tensor.reshape(-1).view(torch.uint8)

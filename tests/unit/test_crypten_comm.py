@@ -1,4 +1,4 @@
-"""CrypTen's communicator as point-to-point frames (securevfl.exchange.mpc.crypten.comm).
+"""CrypTen's communicator as point-to-point frames (securevfl.exchange.mpc.crypten.communicator).
 
 The ranks are threads and the transport an in-memory queue per (sender,
 receiver) pair, a test double that records every frame: each collective must
@@ -23,15 +23,9 @@ import torch
 import torch.distributed as dist
 
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange.mpc.crypten.comm import (
-    CRYPTEN_TAG,
-    FramedCommunicator,
-    RankSet,
-    SealedFrames,
-    combine,
-    flat_cat,
-    split_like,
-)
+from securevfl.exchange.mpc.crypten.collective import RankSet, combine, flat_cat, split_like
+from securevfl.exchange.mpc.crypten.communicator import FramedCommunicator
+from securevfl.exchange.mpc.crypten.frames import CRYPTEN_TAG, SealedFrames
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.link import Links

@@ -1,5 +1,5 @@
 """CrypTen's randomness from secret streams (securevfl.exchange.mpc.crypten.rng) and the
-dealer's tuples drawn from them (crypten.pool.SecretTTP, crypten.dealer.SecretDealer).
+dealer's tuples drawn from them (crypten.provider.SecretTTP, crypten.dealer.SecretDealer).
 
 The seam: every CrypTen module that draws ring elements or k-bit tensors gets the
 stream-backed functions, which refuse a torch.Generator by name; the keys of
@@ -21,8 +21,9 @@ import securevfl.exchange.mpc.crypten.rng as crypten_rng
 import securevfl.exchange.mpc.truncation as truncation
 from securevfl.csprng import SecretStream
 from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, count_wraps, crypten
-from securevfl.exchange.mpc.crypten.dealer import SecretDealer
-from securevfl.exchange.mpc.crypten.pool import Init, PairStep, SecretTTP, Triple, Trunc, Wraps, dealer_bundle
+from securevfl.exchange.mpc.crypten.dealer import SecretDealer, dealer_bundle
+from securevfl.exchange.mpc.crypten.items import Init, PairStep, Triple, Trunc, Wraps
+from securevfl.exchange.mpc.crypten.provider import SecretTTP
 from tests.unit.test_crypten_comm import _comms, _each
 
 LR = (104858, 29)

@@ -15,15 +15,9 @@ from securevfl._compat import import_crypten
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.base import RunPlan
-from securevfl.exchange.mpc.crypten.pool import (
-    Triple,
-    Trunc,
-    Wraps,
-    dealer_bundle,
-    parse_bundle,
-    plan_elements,
-    product_shape,
-)
+from securevfl.exchange.mpc.crypten.bundle import parse_bundle
+from securevfl.exchange.mpc.crypten.dealer import dealer_bundle
+from securevfl.exchange.mpc.crypten.items import Triple, Trunc, Wraps, plan_elements, product_shape
 from securevfl.exchange.mpc.crypten.runtime import decode_obj, encode_obj, parse_dealer_request
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import Lookahead, chunk_steps, pair_plan, step_ops, step_plan, top_up
@@ -250,7 +244,7 @@ def test_dealer_bundle_matches_the_parties_draws():
 
 
 def test_pooled_bytes_counts_every_share_a_party_keeps():
-    from securevfl.exchange.mpc.crypten.pool import pooled_bytes
+    from securevfl.exchange.mpc.crypten.items import pooled_bytes
 
     # (2x3)(3x4): a 6, b 12, c 8 elements; wraps of 5: r 5, theta 5
     assert pooled_bytes([Triple((2, 3), (3, 4)), Wraps((5,))]) == 8 * (6 + 12 + 8 + 10)

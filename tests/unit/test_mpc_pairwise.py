@@ -12,15 +12,9 @@ import torch
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.mpc import ring
-from securevfl.exchange.mpc.crypten.pool import (
-    PairStep,
-    StepShares,
-    Triple,
-    Trunc,
-    dealer_bundle,
-    parse_bundle,
-    plan_elements,
-)
+from securevfl.exchange.mpc.crypten.bundle import parse_bundle
+from securevfl.exchange.mpc.crypten.dealer import dealer_bundle
+from securevfl.exchange.mpc.crypten.items import PairStep, StepShares, Triple, Trunc, plan_elements
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops
 
 LR = (104858, 29)  # 0.05 / 256 at 16 significant bits (ops.fixed_scalar)

@@ -17,7 +17,8 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
-from securevfl.exchange.he.protocol import _Shares, redraw_share
+from securevfl.exchange.he.protocol import _Shares
+from securevfl.exchange.he.scheme import redraw_share
 from securevfl.exchange.paillier import (
     BLOB_HEAD,
     COLS,

@@ -265,8 +265,8 @@ def test_dealer_bundles_are_the_same_on_either_kernel(monkeypatch, kernel):
     pair's step tuples (pair_step_c0), computed with the ring kernel the dealer is
     given, and inside the RingProducts scope, equal the int64 ones."""
     from securevfl.csprng import SecretStream
-    from securevfl.exchange.mpc.crypten.dealer import SecretDealer
-    from securevfl.exchange.mpc.crypten.pool import PairStep, Triple, dealer_bundle
+    from securevfl.exchange.mpc.crypten.dealer import SecretDealer, dealer_bundle
+    from securevfl.exchange.mpc.crypten.items import PairStep, Triple
 
     def dealer(**kw):
         keys = [bytes([k]) * 32 for k in (3, 4, 5)]

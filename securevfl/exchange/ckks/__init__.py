@@ -126,7 +126,8 @@ from securevfl.exchange.ckks.params import (
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, PUB_HEADER, frame, unframe
 from securevfl.exchange.ckks.worker import Worker
-from securevfl.exchange.he.protocol import HEScheme, he_backend
+from securevfl.exchange.he.backend import he_backend
+from securevfl.exchange.he.scheme import HEScheme
 
 
 class CkksScheme(HEScheme):

@@ -32,7 +32,7 @@ from securevfl.exchange.ckks.key import CkksKey
 from securevfl.exchange.ckks.params import CkksOptions
 from securevfl.exchange.ckks.peer import CkksPeer
 from securevfl.exchange.ckks.wire import HEADER, LEN
-from securevfl.exchange.he.protocol import MATMUL
+from securevfl.exchange.he.scheme import MATMUL
 
 
 def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dict[str, dict[str, int]]:
@@ -54,7 +54,7 @@ def step_counts(opts: CkksOptions, batch: int, dims: list[int], out: int) -> dic
         key_p.ops.reset()
         peer_p.ops.reset()
         peer_a.ops.reset()
-        blob_h = key_p.encrypt(h, ops=frozenset({MATMUL}))  # as he.py's P_i encrypts h'_i
+        blob_h = key_p.encrypt(h, ops=frozenset({MATMUL}))  # as he/protocol.py's P_i encrypts h'_i
         z = key_p.decrypt(peer_p.matmul(blob_h, (batch, d), w, mask[:batch, :out]), (batch, out))
         gh = peer_a.matmul(blob_g, (batch, out), w.T, mask[:batch, :d])
         gw = peer_a.tmatmul(h, blob_g, (batch, out), mask[:d, :out])

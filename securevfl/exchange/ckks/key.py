@@ -43,7 +43,7 @@ from securevfl.exchange.ckks.kernels import Ring
 from securevfl.exchange.ckks.packing import standard_layout
 from securevfl.exchange.ckks.params import CkksOptions, context, flood_sigma, mask_limit
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, pack_public, unframe
-from securevfl.exchange.he.protocol import BOTH_OPS, MATMUL, TMATMUL, HEKey
+from securevfl.exchange.he.scheme import BOTH_OPS, MATMUL, TMATMUL, HEKey
 
 
 class CkksKey(HEKey):

@@ -54,7 +54,7 @@ from securevfl.exchange.ckks.packing import Layout, LinearMap, matmul_map, stand
 from securevfl.exchange.ckks.params import CkksOptions, smudge_sigma
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, unframe, unpack_public
 from securevfl.exchange.ckks.worker import Worker
-from securevfl.exchange.he.protocol import HEPeer
+from securevfl.exchange.he.scheme import HEPeer
 
 
 class CkksPeer(HEPeer):

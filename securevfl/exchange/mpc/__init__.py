@@ -22,7 +22,7 @@ could unmask all openings: it is refused unless ``insecure: true``.
 
 Rounds (docs/crypto-performance.md §7; counts in :mod:`.plan`): the dealer's
 tuples for up to ``offline_steps`` steps come in one offline bundle
-(:mod:`securevfl.exchange.mpc.crypten.pool`); online, a training step opens all its
+(:mod:`securevfl.exchange.mpc.crypten.provider`); online, a training step opens all its
 forward products in one round and all its backward products in another
 (:mod:`.ops`), reveals z to A in one reduce, and reveals every dL/dh'_i to its
 owner in one round that also opens the truncation of the momentum and the weight
@@ -38,7 +38,7 @@ the dealer's material; each rounds its last unit stochastically, never wraps).
 The learning rate over the batch-size scale is a public integer with 16
 significant bits (CrypTen's 2^-16 encoding truncates the default 0.05 / 256 to 12 / 2^16, 6% low).
 Initial weights: ``private`` (default) has the dealer draw W_i^0 ~ N(0, 1/(3 d_i))
-and share it among the MPC parties (:class:`~securevfl.exchange.mpc.crypten.pool.Init`):
+and share it among the MPC parties (:class:`~securevfl.exchange.mpc.crypten.items.Init`):
 every share alone is uniform in the ring and independent of W_i^0, which the
 dealer alone knows (a value independent of the data, within the trusted-dealer
 model); ``seeded`` lets A share the same W_i^0 that ``plain`` builds from the
@@ -55,7 +55,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-import securevfl.exchange.mpc.crypten.pool as crypten_pool
+import securevfl.exchange.mpc.crypten.provider as tuple_provider
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
@@ -72,7 +72,7 @@ from securevfl.exchange.base import (
 )
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, comm
-from securevfl.exchange.mpc.crypten.pool import Init, Trunc, TruncShares
+from securevfl.exchange.mpc.crypten.items import Init, Trunc, TruncShares, pooled_bytes
 from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc.pairwise import PairRole
 from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, step_plan, top_up
@@ -139,7 +139,7 @@ class _MpcRole:
         # momentum at CrypTen's 16 bits, so m v (16 + 16 bits) adds to h^T dL/dz (16 + 16)
         self.momentum = round(ctx.proto.interactive.momentum * 2**FRAC_BITS)
         self.lr = ops.fixed_scalar(ctx.proto.interactive.lr / self.batch_scale, FRAC_BITS)
-        self.provider = crypten_pool.current()  # None under TFP (no dealer)
+        self.provider = tuple_provider.current()  # None under TFP (no dealer)
         self.lookahead = Lookahead()  # the run's steps ahead, once the training loop says (expect)
         self.pool = self.provider if self.device.type == "cpu" else None
         self.w = [self._init_weight(i, d) for i, d in enumerate(self.dims)]
@@ -175,7 +175,7 @@ class _MpcRole:
             return
         plan = step_plan(batch, self.dims, self.out, self.n_mpc, train=train, lr=self.lr)
         steps = chunk_steps(
-            crypten_pool.pooled_bytes(plan),
+            pooled_bytes(plan),
             self.opts.offline_steps,
             self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,

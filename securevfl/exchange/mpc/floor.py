@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from securevfl.csprng import SecretStream
-from securevfl.exchange.mpc.crypten.dealer import SecretDealer
-from securevfl.exchange.mpc.crypten.pool import Init, PairStep, Triple, Trunc, Wraps, dealer_bundle
+from securevfl.exchange.mpc.crypten.dealer import SecretDealer, dealer_bundle
+from securevfl.exchange.mpc.crypten.items import Init, PairStep, Triple, Trunc, Wraps
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
 from securevfl.exchange.mpc.ring import product_share
 from securevfl.exchange.mpc.ringmatmul import kernel, ring_matmul

@@ -37,7 +37,7 @@ import torch
 
 import securevfl.exchange.mpc.truncation as truncation
 from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, comm, crypten, torch_cat
-from securevfl.exchange.mpc.crypten.pool import Trunc, TruncShares
+from securevfl.exchange.mpc.crypten.items import Trunc, TruncShares
 from securevfl.exchange.mpc.ringmatmul import RingProducts, beaver_terms
 
 # CrypTen's ArithmeticSharedTensor; typed loosely (CrypTen ships no type information)

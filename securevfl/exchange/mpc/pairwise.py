@@ -6,13 +6,13 @@ k (k + 1). Here passive party P_i's block W_i, its momentum, and the products
 h'_i W_i, dL/dz W_i^T and h'_i^T dL/dz are shared between A and P_i alone: each
 pair runs CrypTen's two-party arithmetic (:mod:`.ring`) on Beaver triples the
 dealer generates for that pair only (``Triple.pair``, pooled offline by
-:mod:`securevfl.exchange.mpc.crypten.pool`), and the pairs run side by side in the
+:mod:`securevfl.exchange.mpc.crypten.provider`), and the pairs run side by side in the
 same rounds. A step's work is k two-party computations: linear in k.
 
 Per training step (4 rounds whatever k):
 
 1. every pair opens its forward operands, A with all k at once: P_i sends
-   eps = h'_i - u to A (u, the step's :class:`~securevfl.exchange.mpc.crypten.pool.PairStep`
+   eps = h'_i - u to A (u, the step's :class:`~securevfl.exchange.mpc.crypten.items.PairStep`
    mask for h'_i, is P_i's alone), and A and P_i exchange their shares of
    delta = W_i - v (v shared); a forward pass alone (evaluation, prediction) opens
    a Beaver triple's h'_i - a and W_i - b both ways instead;
@@ -45,7 +45,7 @@ share a_A of the triple's mask, raw output of A's dealer stream, which tells it 
 mask of its own h'_i and nothing else (AES-CTR: no other draw of that stream
 follows from it; SECURITY.md, ``mpc``).
 The initial W_i is the dealer's W_i^0 ~ N(0, 1/(3 d_i)) shared between A and
-P_i (:class:`securevfl.exchange.mpc.crypten.pool.Init`): each share alone is
+P_i (:class:`securevfl.exchange.mpc.crypten.items.Init`): each share alone is
 uniform in the ring and independent of W_i^0 (SECURITY.md, ``mpc``: who learns
 what).
 """
@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-import securevfl.exchange.mpc.crypten.pool as crypten_pool
+import securevfl.exchange.mpc.crypten.provider as tuple_provider
 import securevfl.exchange.mpc.crypten.rng as crypten_rng
 import securevfl.exchange.mpc.ring as ring
 import securevfl.exchange.mpc.truncation as truncation
@@ -65,7 +65,7 @@ from securevfl.errors import CheckpointError, ConfigError
 from securevfl.exchange.base import ExchangeContext
 from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor as AST
 from securevfl.exchange.mpc.crypten.api import comm
-from securevfl.exchange.mpc.crypten.pool import Init
+from securevfl.exchange.mpc.crypten.items import Init, pooled_bytes
 from securevfl.exchange.mpc.crypten.runtime import start_crypten, stop_crypten
 from securevfl.exchange.mpc.ops import fixed_scalar
 from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, pair_plan
@@ -109,7 +109,7 @@ class PairRole:
             provider="TTP",
             on_failure=ctx.channel.comm_failure,
         )
-        pool = crypten_pool.current()
+        pool = tuple_provider.current()
         assert pool is not None  # installed by start_crypten for the TTP provider
         self.pool = pool
         self.offline_steps = offline_steps
@@ -172,7 +172,7 @@ class PairRole:
         and the same steps ahead)."""
         plan = self._plan(batch, train)
         steps = chunk_steps(
-            crypten_pool.pooled_bytes(plan),
+            pooled_bytes(plan),
             self.offline_steps,
             self.ctx.proto.training.max_steps,
             full_batch=batch == self.ctx.proto.training.batch_size,
@@ -225,7 +225,7 @@ class PairRole:
 
     def forward(self, h: torch.Tensor | None, batch: int, train: bool) -> torch.Tensor | None:
         """One forward: A gets z (float64, B x out); P_i gets None. In training the
-        pair's :class:`~securevfl.exchange.mpc.crypten.pool.PairStep` masks h'_i (with u,
+        pair's :class:`~securevfl.exchange.mpc.crypten.items.PairStep` masks h'_i (with u,
         P_i's alone: P_i sends h'_i - u to A) and W_i (with v, shared: W_i - v opened
         both ways), and the openings are kept for the backward products; a forward
         pass alone takes a Beaver triple (:meth:`_forward_only`)."""

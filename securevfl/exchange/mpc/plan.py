@@ -12,7 +12,7 @@ o, N = k + 1 MPC parties (docs/design.md §4, docs/benchmarks.md §3.2):
   revealed to A (one reduce);
 * backward: 2k products dL/dz W_i^T and h_i^T dL/dz (one opening round: in the
   pairwise layout of dL/dz alone, h'_i and W_i being open under the forward
-  pass's masks, :class:`~securevfl.exchange.mpc.crypten.pool.PairStep`);
+  pass's masks, :class:`~securevfl.exchange.mpc.crypten.items.PairStep`);
   dL/dh_i revealed to P_i, all k in one round; the momentum update
   v_i <- trunc(m v_i + h_i^T dL/dz) and the weight update
   W_i <- W_i - trunc(lr' v_i): both exact truncations of one opening
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from securevfl.exchange.base import RunPlan
-from securevfl.exchange.mpc.crypten.pool import Item, PairStep, Triple, Trunc, plan_elements
+from securevfl.exchange.mpc.crypten.items import Item, PairStep, Triple, Trunc, plan_elements
 
 RING_BYTES = 8
 FRAC_BITS = 16  # CrypTen's fixed point (cfg.encoder.precision_bits)
@@ -195,7 +195,7 @@ def pair_plan(
     """The pairwise layout's tuples for one step, P_i's (rank ``ranks[i]``) with A
     only, in a fixed order every party agrees on: a forward pass (evaluation,
     prediction) takes one Beaver triple per pair; a training step one
-    :class:`~securevfl.exchange.mpc.crypten.pool.PairStep` per pair (its forward and
+    :class:`~securevfl.exchange.mpc.crypten.items.PairStep` per pair (its forward and
     backward products from three masks) and its truncation material."""
     pairs = list(zip(dims, ranks, strict=True))
     if not train:

@@ -57,7 +57,7 @@ protocol multiplies:
 * the dealer (``crypten.dealer.SecretDealer``, securevfl's own TTP server) is
   given :func:`ring_matmul` as the product it computes every c = a b with: the
   joint layout's triples (its ``additive``) and the pairwise layout's
-  (``crypten.pool.pair_c0``, ``pair_step_c0``);
+  (``crypten.dealer.pair_c0``, ``pair_step_c0``);
 * the provider calls a party makes for its triples (CrypTen's insecure TFP
   computes c = a b at the parties) run inside :class:`RingProducts`, a
   ``TorchFunctionMode`` (the same ``__torch_function__`` protocol, applied to a

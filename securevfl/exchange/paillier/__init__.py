@@ -7,7 +7,7 @@ nobody holds W_i; docs/design.md §4, SECURITY.md ``paillier``); this package is
 - :mod:`.options`     the options, and the bit budgets derived from them;
 - :mod:`.encoding`    fixed point (one public scale per blob) and slot packing;
 - :mod:`.exact`       exact integer arithmetic of shares, masks and masked results;
-- :mod:`.arith`       that arithmetic as he.py's :class:`ShareArith` (and its wire form);
+- :mod:`.arith`       that arithmetic as he/scheme.py's :class:`ShareArith` (and its wire form);
 - :mod:`.obfuscation` fresh n-th residues from fixed-base tables (statistical bound);
 - :mod:`.scheme`      keys held by their owner: generation, encryption, decryption;
 - :mod:`.kernels`     multi-exponentiation and batched powers (evaluation);
@@ -23,7 +23,7 @@ Fixed point, one public scale per role, never a per-value exponent
     sum of the two scales. phe's default encoding picks an exponent per value,
     sends it in the clear (it leaks the magnitude) and makes every mixed addition a
     modexp; here a blob's header has one scale field and the values have none. f is
-    a public constant of the blob's role: he.py's protocol
+    a public constant of the blob's role: the HE protocol (he/protocol.py)
     (:meth:`PaillierKey.encrypt_shared`) uses ``shared_precision_bits`` (24), the
     generic :meth:`PaillierKey.encrypt` ``precision_bits`` (48).
 
@@ -67,7 +67,7 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
 
     A training step masks sum_i (B o + B d_i + 2 d_i o) values (an evaluation or
     prediction batch only B o per party), and the joint start of W_i sum_i 2 d_i o
-    (he.py, "Start"), so a run of ``run_steps`` passes masks at most N = run_steps x
+    (he/protocol.py, "Start"), so a run of ``run_steps`` passes masks at most N = run_steps x
     the first plus the second. Each mask is used once, and each bound holds whatever
     the other values are, so by a hybrid argument over the values the key owner's
     whole view is within N 2^-sigma of one computed from its own inputs and outputs;
@@ -79,7 +79,7 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
     ``run_steps`` of 131,072 passes (100,000 training steps and 31,072 evaluation or
     prediction batches): N = 1.07e10 <= 2^34, sigma = 75; eps and mu of 138 bits, R
     of 143; U below 2^78; obf_sigma = 76. A run beyond ``run_steps`` stops with an error naming the option
-    (he.py counts passes, checkpoints keep the count); ``training.max_steps`` above it
+    (he/protocol.py counts passes, checkpoints keep the count); ``training.max_steps`` above it
     is refused at load, as are ``distance_bits`` below 40 and the former fixed-width
     options ``mask_bits`` and ``share_bits``. Assumptions the bound states: inputs
     below 2^value_bits (P_i clips h'_i's rows and A scales dL/dz to l2 norm just under
@@ -162,9 +162,9 @@ Costs and floors (reference workload, docs/design.md §10: B = 256, h = o = 64, 
     ciphertexts and 2.4x longer exponents in two thirds of the products; the exact
     integer arithmetic around them takes milliseconds a step.
 
-Weight shares (re-drawn every step; he.py, SECURITY.md ``paillier``)
+Weight shares (re-drawn every step; he/protocol.py, SECURITY.md ``paillier``)
     W_i^0 is the product of a random orthogonal factor from each side, formed by one
-    masked product and a re-draw (``private``, the default: no party knows it; he.py,
+    masked product and a re-draw (``private``, the default: no party knows it; he/protocol.py,
     "Start"), or A starts from plain's W_i and P_i from 0 (``seeded``, only with
     ``insecure: true``: A knows W_i^0). After every update P_i draws U
     uniform on [-2^k, 2^k) at full resolution (``Masks`` above), sends delta = W^P - U

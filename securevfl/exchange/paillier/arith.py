@@ -24,7 +24,7 @@ import torch
 import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.errors import CheckpointError, ConfigError, ProtocolError
-from securevfl.exchange.he.protocol import HEKey, ShareArith
+from securevfl.exchange.he.scheme import HEKey, ShareArith
 from securevfl.exchange.paillier.options import Params
 from securevfl.runtime.channel import Channel
 

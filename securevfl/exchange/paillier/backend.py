@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.base import ExchangeContext
-from securevfl.exchange.he.protocol import HEScheme, ShareArith, he_backend
+from securevfl.exchange.he.backend import he_backend
+from securevfl.exchange.he.scheme import HEScheme, ShareArith
 from securevfl.exchange.paillier.arith import PaillierArith
 from securevfl.exchange.paillier.options import (
     MIN_DISTANCE_BITS,
@@ -68,7 +69,7 @@ class PaillierScheme(HEScheme):
     def share_bits(self) -> int:
         """P_i's weight share is re-drawn uniform in [-2^k, 2^k) every step, k =
         weight_bits + sigma - 1 (:attr:`Params.share`), so that A's share hides W_i
-        within the run's bound and the plaintext operands stay bounded (he.py)."""
+        within the run's bound and the plaintext operands stay bounded (he/protocol.py)."""
         return self.prm.share
 
     @classmethod

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.errors import ConfigError
-from securevfl.exchange.he.protocol import HEWeightInit
+from securevfl.exchange.he.scheme import HEWeightInit
 
 MIN_KEY_BITS = 2048
 MAX_KEY_BITS = 16384
@@ -83,7 +83,7 @@ class PaillierOptions(BaseModel):
     )
     weight_init: HEWeightInit = Field(
         default="private",
-        description="the start of the weight shares (he.py): private (a random W_i^0 known to "
+        description="the start of the weight shares (he/protocol.py): private (a random W_i^0 known to "
         "nobody), or seeded (insecure)",
     )
     insecure: bool = Field(
@@ -104,7 +104,7 @@ def masked_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> 
 
 
 def at_start(dims: list[int] | tuple[int, ...], out: int) -> int:
-    """Values the joint start of W_i masks (he.py, "Start"), all passive parties
+    """Values the joint start of W_i masks (he/protocol.py, "Start"), all passive parties
     together: per party the d x o mask of the product and P_i's first re-drawn share;
     also a bound on its obfuscators (the d x o factor encrypted, the d x o result)."""
     return sum(2 * d * out for d in dims)
@@ -129,7 +129,7 @@ class Params:
     fw: int  # scale of plaintext operands
     v: int
     sb: int
-    fxs: int  # scale of encrypted values in he.py's protocol
+    fxs: int  # scale of encrypted values in the HE protocol (he/protocol.py)
     slot_bits: int | None
     threads: int
     precompute: bool

@@ -23,7 +23,7 @@ import numpy as np
 import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
-from securevfl.exchange.he.protocol import HEPeer
+from securevfl.exchange.he.scheme import HEPeer
 from securevfl.exchange.paillier.counters import count
 from securevfl.exchange.paillier.encoding import COLS, ROWS, arrange, block_count, encode, pack
 from securevfl.exchange.paillier.kernels import Exponents, multiexp, powmods
@@ -59,7 +59,7 @@ class PaillierPeer(HEPeer):
     def prepare_operands(
         self, shape: tuple[int, int], *, w: np.ndarray | None = None, p: np.ndarray | None = None
     ) -> None:
-        """Called by he.py's P_i while A evaluates its forward product (P_i would
+        """Called by he/protocol.py's P_i while A evaluates its forward product (P_i would
         otherwise wait): make the obfuscators of the coming ``matmul(., shape, w, .)``
         and ``tmatmul(p, ., shape, .)``, one per output ciphertext, counted for the
         packing of :meth:`PaillierKey.encrypt_shared` (a wrong guess costs nothing:

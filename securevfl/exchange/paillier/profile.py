@@ -21,7 +21,7 @@ import numpy as np
 
 import securevfl.exchange.paillier.exact as exact
 from securevfl.csprng import SecretStream
-from securevfl.exchange.he.protocol import MATMUL
+from securevfl.exchange.he.scheme import MATMUL
 from securevfl.exchange.paillier.arith import PaillierArith
 from securevfl.exchange.paillier.backend import PaillierScheme
 from securevfl.exchange.paillier.counters import OpCounts, counting

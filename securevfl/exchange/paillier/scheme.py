@@ -23,7 +23,7 @@ import numpy as np
 from phe import paillier as phe_paillier
 
 from securevfl.errors import ProtocolError
-from securevfl.exchange.he.protocol import BOTH_OPS, MATMUL, TMATMUL, HEKey
+from securevfl.exchange.he.scheme import BOTH_OPS, MATMUL, TMATMUL, HEKey
 from securevfl.exchange.paillier.counters import count
 from securevfl.exchange.paillier.encoding import (
     COLS,
@@ -105,7 +105,7 @@ class PaillierKey(HEKey):
     def encrypt_shared(
         self, x: np.ndarray, *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
     ) -> bytes:
-        """he.py's protocol: values at 2^-shared_precision_bits (the owner multiplies
+        """The HE protocol (he/protocol.py): values at 2^-shared_precision_bits (the owner multiplies
         :meth:`shared_copy`, rounded alike, so the rounding meets W_i, not the shares);
         ``matmul`` operands are weight shares below 2^share_bits, ``tmatmul`` operands
         the peer's embedding, below 2^value_bits like every encrypted value. Narrower
@@ -122,7 +122,7 @@ class PaillierKey(HEKey):
     def prepare_encryption(
         self, shape: tuple[int, int], *, ops: frozenset[str] = BOTH_OPS, share_bits: int | None = None
     ) -> None:
-        """Make the obfuscators of a coming :meth:`encrypt_shared` of ``shape`` now (he.py
+        """Make the obfuscators of a coming :meth:`encrypt_shared` of ``shape`` now (he/protocol.py
         calls it while the party waits); they are handed out first, each exactly once."""
         prm = self.prm
         rows, cols = (int(v) for v in shape)

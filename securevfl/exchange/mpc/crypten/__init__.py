@@ -3,7 +3,7 @@
 CrypTen is imported once, with securevfl's shim in place (:mod:`.api`); what of it
 securevfl replaces for lack of a seam is in :mod:`.patches`; its randomness comes
 from secret streams (:mod:`.rng`); its communicator is securevfl's point-to-point
-frames (:mod:`.comm`); its trusted-dealer tuples come from securevfl's provider and
+frames (:mod:`.communicator`, :mod:`.frames`); its trusted-dealer tuples come from securevfl's provider and
 dealer with an offline phase (:mod:`.pool`, :mod:`.dealer`); :mod:`.runtime` starts
 and stops CrypTen on a session and runs the dealer's loop.
 

@@ -1,4 +1,4 @@
-"""The trusted dealer's side of :class:`securevfl.exchange.mpc.crypten.pool.SecretTTP`.
+"""The trusted dealer's side of :class:`securevfl.exchange.mpc.crypten.provider.SecretTTP`.
 
 :class:`SecretDealer` replaces CrypTen's ``TTPServer``: it holds one
 :class:`~securevfl.csprng.SecretStream` per MPC party, under the 256-bit key it
@@ -10,7 +10,7 @@ the tuple's correlated values. From the random shares it computes the correlated
 values in the clear (c = a op b, r^2, a & b, the wraps count of r, the bit as a
 ring element, the truncation material of :func:`securevfl.exchange.mpc.truncation.material`)
 and returns rank 0's shares: each value minus the other holders' uniform shares
-(XOR for binary sharing). A weight initialisation (:class:`~securevfl.exchange.mpc.crypten.pool.Init`)
+(XOR for binary sharing). A weight initialisation (:class:`~securevfl.exchange.mpc.crypten.items.Init`)
 is drawn from the dealer's own fresh stream, which never leaves it.
 
 The dealer is trusted not to collude with any party (semi-honest): it knows the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import reduce
+from typing import Any
 
 import torch
 
@@ -29,9 +30,11 @@ import securevfl.exchange.mpc.truncation as truncation
 from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.mpc.crypten.api import count_wraps
-from securevfl.exchange.mpc.crypten.pool import Init, Item, Trunc
+from securevfl.exchange.mpc.crypten.items import Init, Item, PairStep, Triple, Trunc, Wraps
 
-__all__ = ["SecretDealer"]
+__all__ = ["SecretDealer", "dealer_bundle", "pair_c0", "pair_step_c0"]
+
+RingProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # an exact product in Z_2^64
 
 
 class SecretDealer:
@@ -39,14 +42,14 @@ class SecretDealer:
     shares of the correlated values as the answer (module docstring). The methods
     ``additive``, ``square``, ``binary``, ``wraps`` and ``B2A`` answer CrypTen's
     on-demand requests (as ``TTPServer``'s do); an offline plan is answered by
-    :func:`securevfl.exchange.mpc.crypten.pool.dealer_bundle` with them, :meth:`trunc`,
-    :meth:`init` and the pair triples of :func:`~securevfl.exchange.mpc.crypten.pool.pair_c0`."""
+    :func:`securevfl.exchange.mpc.crypten.dealer.dealer_bundle` with them, :meth:`trunc`,
+    :meth:`init` and the pair triples of :func:`~securevfl.exchange.mpc.crypten.dealer.pair_c0`."""
 
     def __init__(
         self,
         streams: Sequence[SecretStream],
         own: SecretStream | None = None,
-        matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
+        matmul: RingProduct = torch.matmul,
     ):
         """``matmul``: the ring product every triple's c = a b is computed with (the
         ``mpc`` backend passes its exact CPU kernel,
@@ -122,3 +125,63 @@ class SecretDealer:
         holders = self._holders(it)
         w0 = (self.own.normal(it.size) * (it.std * 2**it.frac)).long()  # fixed point, as CrypTen encodes
         return self._share0(w0, holders)
+
+
+# -- an offline plan's bundle ------------------------------------------------------------
+
+
+def dealer_bundle(server: Any, plan: Sequence[Item]) -> torch.Tensor:
+    """Rank 0's shares for ``plan`` (c_0 of each triple, theta_0 of each wraps pair,
+    its truncation material and weight shares), flattened into one ring tensor.
+    ``server`` is a :class:`securevfl.exchange.mpc.crypten.dealer.SecretDealer` whose
+    per-party streams are aligned with the parties': it draws, per party, exactly
+    what the party draws (see module doc)."""
+    out = []
+    for it in plan:
+        if isinstance(it, Triple) and it.pair:
+            out.append(pair_c0(server.streams, it, server.matmul).reshape(-1))
+        elif isinstance(it, PairStep):
+            out.append(pair_step_c0(server.streams, it, server.matmul))
+        elif isinstance(it, Triple):
+            out.append(server.additive(torch.Size(it.size0), torch.Size(it.size1), it.op).reshape(-1))
+        elif isinstance(it, Wraps):
+            out.append(server.wraps(torch.Size(it.size)).reshape(-1))
+        elif isinstance(it, Trunc):
+            out.append(server.trunc(it).reshape(-1))
+        else:
+            out.append(server.init(it).reshape(-1))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def pair_c0(streams: Sequence[SecretStream], it: Triple, matmul: RingProduct = torch.matmul) -> torch.Tensor:
+    """Rank 0's share c_0 = a b - c_i of a pair triple between ranks 0 and i = it.pair:
+    a = a_0 + a_i and b = b_0 + b_i drawn from those two parties' streams in the
+    order they draw them (a, b; then c_i at rank i), as CrypTen's ``TTPServer.additive``
+    does for all parties. A pair naming a rank the dealer has no stream for is a
+    protocol violation by rank 0."""
+    if not 0 < it.pair < len(streams):
+        raise ProtocolError(f"rank 0 asked the dealer for a triple with rank {it.pair}, not an MPC party")
+    g0, gi = streams[0], streams[it.pair]
+    s0, s1 = torch.Size(it.size0), torch.Size(it.size1)
+    a = g0.ring(s0) + gi.ring(s0)
+    b = g0.ring(s1) + gi.ring(s1)
+    c = matmul(a, b)
+    return c - gi.ring(c.size())
+
+
+def pair_step_c0(
+    streams: Sequence[SecretStream], it: PairStep, matmul: RingProduct = torch.matmul
+) -> torch.Tensor:
+    """Rank 0's shares of c, e and f of a :class:`PairStep` (flattened, in that
+    order), from the two holders' draws in their order (:meth:`PairStep.draws`):
+    u is rank i's alone, g rank 0's alone, v the sum of both; rank i then draws
+    its shares of c, e, f."""
+    if not 0 < it.pair < len(streams):
+        raise ProtocolError(
+            f"rank 0 asked the dealer for a step's tuples with rank {it.pair}, not an MPC party"
+        )
+    g0, gi = streams[0], streams[it.pair]
+    (v0, g), (u, vi) = (g0.ring(s) for s in it.draws(True)), (gi.ring(s) for s in it.draws(False))
+    v = v0 + vi
+    values = (matmul(u, v), matmul(g, v.t()), matmul(u.t(), g))
+    return torch.cat([(x - gi.ring(x.shape)).reshape(-1) for x in values])

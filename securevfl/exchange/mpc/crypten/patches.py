@@ -3,9 +3,9 @@
 securevfl runs CrypTen through the seams CrypTen has: its configuration
 (``crypten.cfg.temp_override`` sets the tuple provider for one run and puts the old
 value back, :mod:`securevfl.exchange.mpc.crypten.runtime`), its communicator interface
-(:class:`~securevfl.exchange.mpc.crypten.comm.FramedCommunicator` is a
+(:class:`~securevfl.exchange.mpc.crypten.communicator.FramedCommunicator` is a
 ``crypten.communicator.Communicator``), its provider interface
-(:class:`~securevfl.exchange.mpc.crypten.pool.SecretTTP` is a ``TupleProvider``) and its
+(:class:`~securevfl.exchange.mpc.crypten.provider.SecretTTP` is a ``TupleProvider``) and its
 table of PRG streams, ``crypten.generators`` (:mod:`securevfl.exchange.mpc.crypten.rng`).
 Five things have no seam. Each is replaced here and nowhere else, and each
 replacement first checks that CrypTen still has, at that place, what 0.4.1 has

@@ -33,7 +33,7 @@ securevfl puts secret streams in their place:
 * **the dealer's streams**: the trusted dealer draws one 256-bit key per MPC party
   and sends it to that party alone (:func:`dealer_keys`, :func:`client_key`), in
   place of CrypTen's 64-bit seeds; both ends draw that party's tuple shares from
-  ``SecretStream(key)`` (:mod:`securevfl.exchange.mpc.crypten.pool`,
+  ``SecretStream(key)`` (:mod:`securevfl.exchange.mpc.crypten.provider`,
   :mod:`securevfl.exchange.mpc.crypten.dealer`);
 * **pair keys** (:func:`pair_keys`): a 256-bit key that one party sends one peer,
   for a stream only those two share (the pairwise layout's input re-sharing).

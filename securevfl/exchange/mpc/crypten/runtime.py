@@ -4,13 +4,13 @@ CrypTen normally creates the torch.distributed process group itself from
 environment variables (and silently falls back to a single party when they are
 missing), runs its collectives as gloo collectives on three process sub-groups
 and ships small objects with ``pickle``. securevfl instead installs its own
-CrypTen communicator, :class:`~securevfl.exchange.mpc.crypten.comm.FramedCommunicator`,
+CrypTen communicator, :class:`~securevfl.exchange.mpc.crypten.communicator.FramedCommunicator`,
 on the session it already set up and checked (world size, roles, protocol
 digest): every CrypTen byte is a point-to-point frame through one transport,
 collectives are exchanges of shares, control objects are JSON of a closed set
 of types (nothing a peer sends is ever unpickled), every tensor is metered into
 the rank's ledger as ``mpc.<operation>`` records and a transport failure
-becomes a :class:`PartyFailure` naming the peer (see :mod:`.comm`).
+becomes a :class:`PartyFailure` naming the peer (see :mod:`.communicator`).
 
 This module starts and stops CrypTen on that communicator and runs the trusted
 dealer's loop, which validates every request against a whitelist. Starting
@@ -18,7 +18,7 @@ CrypTen here also makes every random draw of it come from secret streams
 (:mod:`securevfl.exchange.mpc.crypten.rng`): the MPC parties agree 256-bit keys for
 CrypTen's PRG streams in place of ``crypten._setup_prng``'s 64-bit seeds, the
 dealer sends each MPC party a 256-bit key for its tuple stream, and securevfl's
-own tuple provider (:class:`~securevfl.exchange.mpc.crypten.pool.SecretTTP`) and
+own tuple provider (:class:`~securevfl.exchange.mpc.crypten.provider.SecretTTP`) and
 dealer (:class:`~securevfl.exchange.mpc.crypten.dealer.SecretDealer`) take the place
 of CrypTen's ``TrustedThirdParty`` and ``TTPServer``.
 
@@ -39,19 +39,16 @@ from typing import Any
 import torch
 
 import securevfl.exchange.mpc.crypten.patches as crypten_patches
-import securevfl.exchange.mpc.crypten.pool as crypten_pool
+import securevfl.exchange.mpc.crypten.provider as tuple_provider
 import securevfl.exchange.mpc.crypten.rng as crypten_rng
 from securevfl.errors import PartyFailure, ProtocolError
 from securevfl.exchange.mpc.crypten.api import comm as crypten_comm_module
 from securevfl.exchange.mpc.crypten.api import crypten
-from securevfl.exchange.mpc.crypten.comm import (
-    FramedCommunicator,
-    FrameTransport,
-    decode_obj,
-    encode_obj,
-    transport_for,
-)
-from securevfl.exchange.mpc.crypten.dealer import SecretDealer
+from securevfl.exchange.mpc.crypten.bundle import parse_bundle
+from securevfl.exchange.mpc.crypten.communicator import FramedCommunicator
+from securevfl.exchange.mpc.crypten.dealer import SecretDealer, dealer_bundle
+from securevfl.exchange.mpc.crypten.frames import FrameTransport, transport_for
+from securevfl.exchange.mpc.crypten.objects import decode_obj, encode_obj
 from securevfl.runtime.channel import Channel
 
 __all__ = [
@@ -102,7 +99,7 @@ def start_crypten(
         if channel.rank < n_mpc:
             crypten_rng.agree_streams(comm)  # prev/next keys to neighbours, the global key from rank 0
             if use_ttp:
-                _, restore = crypten_pool.install(crypten_rng.client_key(comm))
+                _, restore = tuple_provider.install(crypten_rng.client_key(comm))
                 undo.callback(restore)
     except BaseException:
         undo.close()
@@ -148,7 +145,7 @@ def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
         if fn == "bundle":
             if len(args) != 1 or device is not None:
                 raise ValueError("bundle arguments")
-            args = crypten_pool.parse_bundle(args[0])
+            args = parse_bundle(args[0])
         elif fn == "additive":
             if len(args) != 3 or args[2] not in DEALER_OPS:
                 raise ValueError("operation")
@@ -187,7 +184,7 @@ def serve_dealer(
         fn, args, _device = parse_dealer_request(msg)
         if fn == "bundle":
             # one broadcast for the whole plan; its size follows from the plan
-            c.broadcast(crypten_pool.dealer_bundle(server, args), me, c.ttp_comm_group)
+            c.broadcast(dealer_bundle(server, args), me, c.ttp_comm_group)
             served += len(args)
             continue
         # the shares are computed on the CPU; rank 0 moves its own to its device

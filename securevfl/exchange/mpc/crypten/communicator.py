@@ -36,271 +36,31 @@ whose every operation is a set of point-to-point frames through one
   with each MPC party (:mod:`securevfl.exchange.mpc.crypten.rng`) travel as frames
   too, each to the one peer that shares the stream, metered without their bytes.
 
-The transport decides what a frame looks like on the wire. :class:`SealedFrames`
-(every rank of a run) seals each frame on the session's authenticated link to
-the peer (:mod:`securevfl.runtime.secure.link`, stream ``"crypten"``) and moves
-it with ``dist.isend``/``dist.irecv`` on the default process group under
-CrypTen's own gloo tag, so CrypTen's frames keep their own order, apart from the
-:class:`~securevfl.runtime.channel.Channel`'s messages (tag 0); a frame that
-fails to open aborts the run naming the sender. :class:`GlooFrames` moves the
-same frames unsealed, for a process group made without a session (unit tests,
-``benchmarks/mpc_comm.py``).
+The frames' transport is :mod:`.frames`, control objects travel as JSON
+(:mod:`.objects`), the pure pieces of a collective are :mod:`.collective` and
+CrypTen's CUDA shares pass through :mod:`.cuda`.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from securevfl.errors import PartyFailure, ProtocolError
 from securevfl.exchange.mpc.crypten.api import Communicator
+from securevfl.exchange.mpc.crypten.collective import RankSet, combine, flat_cat, split_like
+from securevfl.exchange.mpc.crypten.cuda import cuda_shares
+from securevfl.exchange.mpc.crypten.frames import FrameTransport, Pending
+from securevfl.exchange.mpc.crypten.objects import decode_obj, encode_obj
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.ledger import Record
-from securevfl.runtime.secure.link import Link
 
 GROUP = -1  # ledger peer for collectives: "the MPC group"
-CRYPTEN_TAG = 0x4372  # gloo tag of CrypTen's frames ("Cr"); the Channel uses tag 0
-STREAM = "crypten"  # the sealed links' stream for CrypTen's frames
 PHASES = {"setup", "psi", "train", "eval"}
 MAX_OBJ_BYTES = 1 << 20
-REDUCE_OPS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    dist.ReduceOp.SUM: torch.Tensor.add_,
-    dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_,
-}
-
-
-def _posted(work: dist.Work | None) -> Pending:
-    """torch types ``isend``/``irecv`` as possibly None (it is None only for a
-    rank outside the group, which a frame's peer never is)."""
-    if work is None:
-        raise ProtocolError("torch.distributed posted no request for a point-to-point frame")
-    return work
-
-
-# -- JSON object codec ----------------------------------------------------------------
-
-
-def encode_obj(obj: Any) -> bytes:
-    """Encode a CrypTen control object (str/int/float/bool/None, lists, tuples,
-    dicts with str keys, torch.Size) as JSON; anything else is refused."""
-
-    def enc(o: Any) -> Any:
-        if o is None or isinstance(o, (bool, int, float, str)):
-            return o
-        if isinstance(o, torch.Size):
-            return {"__t": "size", "v": [int(x) for x in o]}
-        if isinstance(o, tuple):
-            return {"__t": "tuple", "v": [enc(x) for x in o]}
-        if isinstance(o, list):
-            return [enc(x) for x in o]
-        if isinstance(o, dict) and all(isinstance(k, str) for k in o):
-            return {"__t": "dict", "v": {k: enc(v) for k, v in o.items()}}
-        raise TypeError(f"securevfl does not send objects of type {type(o).__name__} between parties")
-
-    return json.dumps(enc(obj)).encode()
-
-
-def decode_obj(raw: bytes) -> Any:
-    """Inverse of :func:`encode_obj`; malformed input raises ValueError."""
-
-    def dec(o: Any) -> Any:
-        if o is None or isinstance(o, (bool, int, float, str)):
-            return o
-        if isinstance(o, list):
-            return [dec(x) for x in o]
-        if isinstance(o, dict):
-            kind = o.get("__t")
-            if kind == "size" and all(isinstance(x, int) and x >= 0 for x in o["v"]):
-                return torch.Size(o["v"])
-            if kind == "tuple":
-                return tuple(dec(x) for x in o["v"])
-            if kind == "dict" and isinstance(o.get("v"), dict):
-                return {str(k): dec(v) for k, v in o["v"].items()}
-        raise ValueError("malformed object")
-
-    return dec(json.loads(raw.decode()))
-
-
-# -- the transport ----------------------------------------------------------------------
-
-
-class Pending(Protocol):
-    """A posted frame; ``wait`` returns once it is sent (or received into its buffer)."""
-
-    def wait(self) -> Any: ...
-
-
-class FrameTransport(Protocol):
-    """Point-to-point frames between ranks. Both calls post and return at once;
-    frames between one pair of ranks arrive in the order they were posted. A
-    receive names the buffer (shape and dtype the receiver expects) the frame's
-    payload must fill exactly."""
-
-    def post_send(self, peer: int, tensor: torch.Tensor) -> Pending: ...
-
-    def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending: ...
-
-
-class GlooFrames:
-    """Frames as plain ``dist.isend``/``dist.irecv`` of the tensor's bytes on the
-    default process group, under :data:`CRYPTEN_TAG`."""
-
-    def post_send(self, peer: int, tensor: torch.Tensor) -> Pending:
-        return _posted(dist.isend(tensor, dst=peer, tag=CRYPTEN_TAG))
-
-    def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
-        return _posted(dist.irecv(tensor, src=peer, tag=CRYPTEN_TAG))
-
-
-class _Opening:
-    """A posted receive of a sealed frame: waits for it, then opens it into the
-    caller's buffer (in the order the receives were posted, as the link needs)
-    and gives the frame's buffer back to the link's pool."""
-
-    def __init__(self, pending: Pending, link: Link, frame: torch.Tensor, out: torch.Tensor):
-        self.pending, self.link, self.frame, self.out = pending, link, frame, out
-
-    def wait(self) -> None:
-        self.pending.wait()
-        self.link.open_tensor(self.frame, self.out)
-        self.link.release(self.frame)
-
-
-class _Sending:
-    """A posted send of a sealed frame: the frame's buffer goes back to the
-    link's pool only once the send has completed."""
-
-    def __init__(self, pending: Pending, link: Link, frame: torch.Tensor):
-        self.pending, self.link, self.frame = pending, link, frame
-
-    def wait(self) -> None:
-        self.pending.wait()
-        self.link.release(self.frame)
-
-
-class SealedFrames:
-    """Frames sealed on the session's authenticated per-peer links (stream
-    :data:`STREAM`, AES-256-GCM under per-direction keys, sequence-numbered:
-    :mod:`securevfl.runtime.secure.link`), moved like :class:`GlooFrames`. A
-    frame that fails to open (forged, altered, replayed, reordered, truncated)
-    raises :class:`ProtocolError` naming the sender; the link then refuses
-    everything from it. Every CrypTen frame between two ranks is sealed and
-    opened in the order posted, which is the order gloo delivers one (peer, tag).
-    Frame buffers come from the links' pool and go back to it when the send has
-    completed or the frame has been opened (:mod:`securevfl.runtime.secure.frames`)."""
-
-    def __init__(self, channel: Channel):
-        self.channel = channel
-
-    def post_send(self, peer: int, tensor: torch.Tensor) -> Pending:
-        link = self.channel.link(peer, STREAM)
-        frame = link.seal_tensor(tensor)
-        return _Sending(_posted(dist.isend(frame, dst=peer, tag=CRYPTEN_TAG)), link, frame)
-
-    def post_recv(self, peer: int, tensor: torch.Tensor) -> Pending:
-        link = self.channel.link(peer, STREAM)
-        frame = link.frame_for(tensor)
-        return _Opening(_posted(dist.irecv(frame, src=peer, tag=CRYPTEN_TAG)), link, frame, tensor)
-
-
-def transport_for(channel: Channel) -> FrameTransport:
-    """:class:`SealedFrames` when the channel has the session's links (every
-    rank of a run), else :class:`GlooFrames` (a process group made without a
-    session: unit tests and the communicator benchmark)."""
-    return SealedFrames(channel) if channel.links is not None else GlooFrames()
-
-
-@dataclass(frozen=True)
-class RankSet:
-    """One of CrypTen's communication groups, as the ranks it contains."""
-
-    name: str
-    ranks: tuple[int, ...]
-
-
-# -- CrypTen's CUDA shares ----------------------------------------------------------------
-# On CUDA CrypTen keeps a share as a ``CUDALongTensor``, a wrapper (not a torch.Tensor)
-# whose int64 CUDA tensor is its ``data``. The communicator moves that tensor (frames are
-# CPU bytes either way) and hands results back in the wrapper type it was given, as
-# CrypTen's own communicator does; plain tensors pass through untouched. Duck-typed so
-# this module stays free of CrypTen imports.
-
-
-def _raw(x: Any, seen: list[type]) -> Any:
-    if x is None or isinstance(x, (torch.Tensor, int, float, str, RankSet)):
-        return x
-    if isinstance(x, (list, tuple)):
-        return type(x)(_raw(v, seen) for v in x)
-    data = getattr(x, "data", None)
-    if isinstance(data, torch.Tensor) and hasattr(x, "tensor"):
-        seen.append(type(x))
-        return data
-    return x
-
-
-def _wrap(x: Any, cls: type) -> Any:
-    if isinstance(x, torch.Tensor):
-        return cls(x)
-    if isinstance(x, list):
-        return [_wrap(v, cls) for v in x]
-    if isinstance(x, tuple):
-        return tuple(_wrap(v, cls) for v in x)
-    return x
-
-
-def cuda_shares(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Let a communicator method take and return CrypTen's CUDA share wrappers."""
-
-    @functools.wraps(method)
-    def call(self: Any, *args: Any, **kw: Any) -> Any:
-        seen: list[type] = []
-        args = tuple(_raw(a, seen) for a in args)
-        kw = {k: _raw(v, seen) for k, v in kw.items()}
-        out = method(self, *args, **kw)
-        return _wrap(out, seen[0]) if seen else out
-
-    return call
-
-
-# -- helpers (pure) -----------------------------------------------------------------------
-
-
-def flat_cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous CPU tensor of every part's elements, in order (one frame)."""
-    if len(parts) == 1:
-        return parts[0].detach().reshape(-1).contiguous().cpu()
-    dtypes = {p.dtype for p in parts}
-    if len(dtypes) != 1:
-        raise ProtocolError(f"CrypTen batched operation over mixed dtypes {sorted(map(str, dtypes))}")
-    return torch.cat([p.detach().reshape(-1).cpu() for p in parts])
-
-
-def split_like(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Inverse of :func:`flat_cat`: views of ``flat`` shaped as ``like``, on their devices."""
-    out, at = [], 0
-    for t in like:
-        n = t.numel()
-        out.append(flat[at : at + n].reshape(t.shape).to(t.device))
-        at += n
-    return out
-
-
-def combine(own: torch.Tensor, others: Sequence[torch.Tensor], op: Any) -> torch.Tensor:
-    """``own`` reduced with ``others`` (in the given order) by SUM (ring addition,
-    wrapping modulo 2^64 as CrypTen's shares do) or BXOR."""
-    fn = REDUCE_OPS.get(op)
-    if fn is None:
-        raise ProtocolError(f"CrypTen reduction {op} is not used by securevfl's MPC exchange")
-    total = own.clone()
-    for t in others:
-        fn(total, t)
-    return total
 
 
 def _numel_bytes(t: torch.Tensor) -> int:
