@@ -107,7 +107,7 @@ from securevfl.app.loader import load_protocol_dict  # noqa: E402
 from securevfl.exchange import EXCHANGES  # noqa: E402
 from securevfl.exchange.ckks import CkksOptions  # noqa: E402
 from securevfl.exchange.ckks.floor import report as ckks_report  # noqa: E402
-from securevfl.exchange.mpc import MpcOptions, layout_of  # noqa: E402
+from securevfl.exchange.mpc import MpcOptions, share_layout  # noqa: E402
 from securevfl.exchange.mpc.floor import report as mpc_report  # noqa: E402
 from securevfl.exchange.paillier import PaillierOptions  # noqa: E402
 from securevfl.exchange.paillier.profile import FLOOR_OPS, profile_step  # noqa: E402
@@ -225,7 +225,7 @@ def floor_bytes(
     if backend == "plain":
         return 2 * parties * per_dir * 4
     if backend == "mpc":
-        if layout_of(MpcOptions.model_validate(params or {}), device) == "pairwise":
+        if share_layout(MpcOptions.model_validate(params or {}), device) == "pairwise":
             # per pair: h'_i opened once by P_i and dL/dz once by A (one-sided masks),
             # W_i by both, z and dL/dh'_i revealed to their owners, the momentum's
             # truncation opened by both, and the dealer's shares of the step's three
@@ -380,7 +380,7 @@ def mpc_floor(params: dict[str, Any], batch: int, dims: list[int], out: int) -> 
     arithmetic) and the online floor; the offline phase per step beside it
     (securevfl.exchange.mpc.floor)."""
     opts = MpcOptions.model_validate(params)
-    layout = layout_of(opts, "cpu")
+    layout = share_layout(opts, "cpu")
     rep = mpc_report(batch, dims, out, offline_steps=opts.offline_steps, layout=layout)
     c = rep["counts"]
     text = (

@@ -73,7 +73,7 @@ def words_to_ring(words: np.ndarray) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Layout:
+class WordOrder:
     """How two consecutive 32-bit outputs make one 64-bit ring element:
     ``high_first``, the first output is the high half (torch's randint) or the low
     half (a little-endian keystream read as 64-bit words); ``offset``, 2^63 is
@@ -96,22 +96,22 @@ class Layout:
         return (u >> np.uint64(32)).astype(np.uint32)
 
 
-TORCH = Layout(high_first=True, offset=True)  # CrypTen's generate_random_ring_element
-KEYSTREAM = Layout(high_first=False, offset=False)  # 32-bit outputs as little-endian bytes
-LAYOUTS = (TORCH, KEYSTREAM, Layout(True, False), Layout(False, True))
+TORCH = WordOrder(high_first=True, offset=True)  # CrypTen's generate_random_ring_element
+KEYSTREAM = WordOrder(high_first=False, offset=False)  # 32-bit outputs as little-endian bytes
+LAYOUTS = (TORCH, KEYSTREAM, WordOrder(True, False), WordOrder(False, True))
 
 
 class Clone:
     """A generator rebuilt from 624 consecutive outputs; :meth:`ring` continues it."""
 
-    def __init__(self, words: np.ndarray, layout: Layout = TORCH):
+    def __init__(self, words: np.ndarray, layout: WordOrder = TORCH):
         if len(words) < N:
             raise ValueError("624 outputs are needed")
         self.state = [int(v) for v in _untemper(words[:N])]
         self.layout = layout
 
     @classmethod
-    def from_state(cls, raw: np.ndarray, layout: Layout) -> Clone:
+    def from_state(cls, raw: np.ndarray, layout: WordOrder) -> Clone:
         """A generator whose last 624 raw (untempered) words were ``raw``."""
         return cls(_temper(np.asarray(raw, dtype=np.uint64)), layout)
 
@@ -136,7 +136,7 @@ def clone_from_ring(x: torch.Tensor) -> Clone:
     return Clone(ring_to_words(x[:ELEMENTS]))
 
 
-def clone_from_high_halves(high: np.ndarray, layout: Layout) -> Clone:
+def clone_from_high_halves(high: np.ndarray, layout: WordOrder) -> Clone:
     """The generator that drew :data:`HIGH_ELEMENTS` (or more) consecutive ring
     elements in ``layout``, from their high halves alone (module docstring),
     placed after the first :data:`HIGH_ELEMENTS` of them.

@@ -45,7 +45,7 @@ from tests.threat_model.mt19937 import (
     LAYOUTS,
     TORCH,
     Clone,
-    Layout,
+    WordOrder,
     clone_from_high_halves,
     clone_from_ring,
 )
@@ -66,7 +66,7 @@ def _u64(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().reshape(-1).numpy().view(np.uint64)
 
 
-def clone_mask(v: np.ndarray, layout: Layout) -> Clone | None:
+def clone_mask(v: np.ndarray, layout: WordOrder) -> Clone | None:
     """The generator behind a mask whose approximation ``v`` (uint64, the opening
     negated, off by the small opened value) starts a draw in ``layout``, placed
     after its first :data:`HIGH_ELEMENTS` elements, if a clone predicts the next
@@ -109,7 +109,7 @@ def hypotheses(opening: torch.Tensor, parts: list[int]) -> list[tuple[str, np.nd
 class Hit:
     opening: int
     where: str
-    layout: Layout
+    layout: WordOrder
     clone: Clone
 
 

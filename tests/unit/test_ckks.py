@@ -30,7 +30,7 @@ from securevfl.exchange.ckks import (  # noqa: E402  (after the optional-depende
     PUB_HEADER,
     CkksOptions,
     CkksScheme,
-    Layout,
+    SlotLayout,
     matmul_map,
     simulate,
     standard_layout,
@@ -76,8 +76,8 @@ def _rng(seed: int = 0) -> np.random.Generator:
         standard_layout(64, 64, SLOTS),  # spread: 32 blocks of 128
         standard_layout(5, 3, SLOTS),
         standard_layout(4096, 3, SLOTS),
-        Layout(64, 64, 16, 256, 64),  # tmatmul output: a-vectors in 64-slot chunks
-        Layout(300, 7, 512, 8, 8),  # rows cut into row chunks
+        SlotLayout(64, 64, 16, 256, 64),  # tmatmul output: a-vectors in 64-slot chunks
+        SlotLayout(300, 7, 512, 8, 8),  # rows cut into row chunks
     ],
 )
 def test_layout_packs_every_entry_once(layout):

@@ -215,13 +215,13 @@ def test_pair_plan_is_linear_in_parties_and_truncates_per_pair():
 def test_layout_auto_and_refusals():
     from securevfl.app.loader import load_protocol_dict
     from securevfl.errors import ConfigError
-    from securevfl.exchange.mpc import MpcOptions, layout_of
+    from securevfl.exchange.mpc import MpcOptions, share_layout
     from tests.support.protocols import small_digits
 
-    assert layout_of(MpcOptions(), "cpu") == "pairwise"
-    assert layout_of(MpcOptions(), "cuda") == "joint"
-    assert layout_of(MpcOptions(provider="TFP", insecure=True), "cpu") == "joint"
-    assert layout_of(MpcOptions(layout="joint"), "cpu") == "joint"
+    assert share_layout(MpcOptions(), "cpu") == "pairwise"
+    assert share_layout(MpcOptions(), "cuda") == "joint"
+    assert share_layout(MpcOptions(provider="TFP", insecure=True), "cpu") == "joint"
+    assert share_layout(MpcOptions(layout="joint"), "cpu") == "joint"
     doc = small_digits()
     doc["exchange"] = {
         "backend": "mpc",

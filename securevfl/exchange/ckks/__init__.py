@@ -108,8 +108,8 @@ from securevfl.exchange.ckks.counters import OPS, OpCounter, floor_seconds
 from securevfl.exchange.ckks.kernels import chain_cost, naf_weight, signed_units
 from securevfl.exchange.ckks.key import CkksKey
 from securevfl.exchange.ckks.packing import (
-    Layout,
     LinearMap,
+    SlotLayout,
     matmul_map,
     simulate,
     standard_layout,
@@ -192,9 +192,9 @@ __all__ = [
     "CkksOptions",
     "CkksPeer",
     "CkksScheme",
-    "Layout",
     "LinearMap",
     "OpCounter",
+    "SlotLayout",
     "Worker",
     "chain_cost",
     "floor_seconds",

@@ -48,7 +48,7 @@ def _is_pow2(x: int) -> bool:
 
 
 @dataclass(frozen=True)
-class Layout:
+class SlotLayout:
     """Where the complex entry X[i, 2l] + i X[i, 2l+1] lives. Rows are cut in row
     chunks of ``chunk`` (c = i // chunk); complex columns in groups of ``nb``
     (block p = l % nb, group v = l // nb); unit u = c * groups + v goes to
@@ -137,7 +137,7 @@ class Layout:
 TMATMUL_SPREAD_ROWS = 256
 
 
-def standard_layout(rows: int, cols: int, slots: int, *, tmatmul: bool = True) -> Layout:
+def standard_layout(rows: int, cols: int, slots: int, *, tmatmul: bool = True) -> SlotLayout:
     """The key owner's layout of a (rows x cols) matrix; ``tmatmul``: whether the
     matrix is also the encrypted operand of a ``tmatmul`` (else only of ``matmul``).
 
@@ -159,11 +159,11 @@ def standard_layout(rows: int, cols: int, slots: int, *, tmatmul: bool = True) -
     if chunked and (not tmatmul or pow2(rows) > TMATMUL_SPREAD_ROWS):
         nb = pow2(ncc)
         bp = slots // nb
-        return Layout(rows, cols, nb, bp, bp)
+        return SlotLayout(rows, cols, nb, bp, bp)
     return spread_layout(rows, cols, slots)
 
 
-def spread_layout(rows: int, cols: int, slots: int) -> Layout:
+def spread_layout(rows: int, cols: int, slots: int) -> SlotLayout:
     """One row chunk: blocks of pow2(rows) slots, spread so the columns fill
     each ciphertext evenly (also the output of a product on such an input)."""
     if not 1 <= rows <= slots or cols < 1:
@@ -173,7 +173,7 @@ def spread_layout(rows: int, cols: int, slots: int) -> Layout:
     n_ct = -(-ncc // cap)
     nb = pow2(-(-ncc // n_ct))
     bp = slots // nb
-    return Layout(rows, cols, nb, bp, bp)
+    return SlotLayout(rows, cols, nb, bp, bp)
 
 
 @dataclass
@@ -188,7 +188,7 @@ class LinearMap:
     delta: np.ndarray  # mod slots
     diag: Callable[[int], tuple[np.ndarray, np.ndarray | None]]
     conj: bool
-    out: Layout
+    out: SlotLayout
     fold: list[int] = field(default_factory=list)
 
     @property
@@ -196,14 +196,14 @@ class LinearMap:
         return self.out.n_ct
 
 
-def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
+def matmul_map(lin: SlotLayout, w: np.ndarray, slots: int) -> LinearMap:
     """Enc(X) -> Enc(X w) for X laid out as ``lin`` (w real, cols x m). With row
     chunks, the output keeps the input's blocks and chunks (chunk c of X gives
     chunk c of X w), so the shift between an input and an output column is the
     same in every chunk and the chunks share their diagonals."""
     r, c = lin.rows, lin.cols
     m = w.shape[1]
-    lout = spread_layout(r, m, slots) if lin.row_chunks == 1 else Layout(r, m, lin.nb, lin.bp, lin.chunk)
+    lout = spread_layout(r, m, slots) if lin.row_chunks == 1 else SlotLayout(r, m, lin.nb, lin.bp, lin.chunk)
     wp = np.zeros((2 * lin.ncc, 2 * lout.ncc))
     wp[:c, :m] = w
     u, v, u2, v2 = wp[0::2, 0::2], wp[1::2, 0::2], wp[0::2, 1::2], wp[1::2, 1::2]
@@ -249,7 +249,7 @@ def matmul_map(lin: Layout, w: np.ndarray, slots: int) -> LinearMap:
     )
 
 
-def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
+def tmatmul_map(p: np.ndarray, lin: SlotLayout, slots: int) -> LinearMap:
     """Enc(Y) -> Enc(p^T Y) for Y laid out as ``lin`` (p real, rows x a). Each row
     chunk of Y is a term p_c^T Y_c with the same output positions, so the chunks'
     products add up before any giant step or fold: the cost per row chunk is
@@ -262,7 +262,7 @@ def tmatmul_map(p: np.ndarray, lin: Layout, slots: int) -> LinearMap:
     # Keep the input's block stride and put the a-vector of column group t in
     # chunk t (or, when a > bp, row chunk c of it in ciphertext c*T + t): the
     # shift of the term (i, alpha) is then i - alpha - t*A, the same in every block.
-    lout = Layout(a, m, lin.nb, lin.bp, min(big_a, lin.bp))
+    lout = SlotLayout(a, m, lin.nb, lin.bp, min(big_a, lin.bp))
     if t2 * big_a <= lin.bp:
         # spare chunks: split the rows into n_part slices summed into chunks
         # t + h*t2 and folded at the end; the slices share their diagonals

@@ -50,7 +50,7 @@ from securevfl.errors import Diverged, ProtocolError
 from securevfl.exchange.ckks._tenseal import sa, ts
 from securevfl.exchange.ckks.counters import OpCounter
 from securevfl.exchange.ckks.kernels import Encoded, Kernels, Ring
-from securevfl.exchange.ckks.packing import Layout, LinearMap, matmul_map, standard_layout, tmatmul_map
+from securevfl.exchange.ckks.packing import LinearMap, SlotLayout, matmul_map, standard_layout, tmatmul_map
 from securevfl.exchange.ckks.params import CkksOptions, smudge_sigma
 from securevfl.exchange.ckks.wire import SealIO, check_level, frame, unframe, unpack_public
 from securevfl.exchange.ckks.worker import Worker
@@ -111,7 +111,7 @@ class CkksPeer(HEPeer):
         self._ahead: tuple[bytes, tuple[Any, ...], LinearMap, Worker] | None = None
 
     # -- helpers
-    def _input(self, blob: bytes, shape: tuple[int, int]) -> tuple[Layout, list[Any]]:
+    def _input(self, blob: bytes, shape: tuple[int, int]) -> tuple[SlotLayout, list[Any]]:
         what = f"{self.sender}: ckks ciphertext"
         try:
             layout, cts = unframe(blob, self.io, what)
@@ -124,7 +124,7 @@ class CkksPeer(HEPeer):
             raise ProtocolError(str(exc)) from None
         return layout, cts
 
-    def _finish(self, outs: list[Any], layout: Layout, mask: np.ndarray) -> bytes:
+    def _finish(self, outs: list[Any], layout: SlotLayout, mask: np.ndarray) -> bytes:
         """Add a fresh public-key encryption of the mask to every result (re-randomizes
         it; data positions get the caller's mask, all others fresh Gaussian masks of
         mask_std) and the smudging noise (module docstring), exactly in the ring."""
@@ -184,7 +184,7 @@ class CkksPeer(HEPeer):
             raise ValueError(f"ckks {name}: expected a finite {shape} matrix, got {a.shape}")
         return a
 
-    def _map(self, op: str, lin: Layout, operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
+    def _map(self, op: str, lin: SlotLayout, operand: np.ndarray) -> tuple[LinearMap, Encoded | None]:
         """The linear map of a product on an input laid out as ``lin``, and its encoded
         diagonals when :meth:`prepare_operands` made them for exactly this operand and
         layout (taken: each is used once)."""
@@ -193,10 +193,10 @@ class CkksPeer(HEPeer):
         return hit if hit is not None else (self._build(op, lin, operand), None)
 
     @staticmethod
-    def _key(op: str, lin: Layout, x: np.ndarray) -> tuple[Any, ...]:
+    def _key(op: str, lin: SlotLayout, x: np.ndarray) -> tuple[Any, ...]:
         return (op, lin, x.shape, x.tobytes())
 
-    def _build(self, op: str, lin: Layout, x: np.ndarray) -> LinearMap:
+    def _build(self, op: str, lin: SlotLayout, x: np.ndarray) -> LinearMap:
         return matmul_map(lin, x, self.ring.slots) if op == "matmul" else tmatmul_map(x, lin, self.ring.slots)
 
     def _collect(self) -> None:
@@ -239,7 +239,7 @@ class CkksPeer(HEPeer):
             self._prep = Worker(self._encode_jobs, lin, jobs, name="ckks-prepare")
 
     def _encode_jobs(
-        self, lin: Layout, jobs: list[tuple[str, np.ndarray]]
+        self, lin: SlotLayout, jobs: list[tuple[str, np.ndarray]]
     ) -> dict[tuple[Any, ...], tuple[LinearMap, Encoded]]:
         out = {}
         for op, x in jobs:

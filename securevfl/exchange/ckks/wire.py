@@ -23,7 +23,7 @@ from typing import Any
 
 from securevfl.exchange.ckks._tenseal import sa
 from securevfl.exchange.ckks.counters import OpCounter
-from securevfl.exchange.ckks.packing import Layout
+from securevfl.exchange.ckks.packing import SlotLayout
 
 MAGIC = b"SVCK"
 PUB_MAGIC = b"SVCP"
@@ -77,20 +77,20 @@ class SealIO:
         return obj
 
 
-def frame(layout: Layout, cts: list[bytes]) -> bytes:
+def frame(layout: SlotLayout, cts: list[bytes]) -> bytes:
     """One blob: the header, then each serialized ciphertext with its length."""
     head = HEADER.pack(MAGIC, VERSION, layout.rows, layout.cols, layout.nb, layout.bp, layout.chunk, len(cts))
     return b"".join([head, *(LEN.pack(len(c)) + c for c in cts)])
 
 
-def unframe(blob: bytes, io: SealIO, what: str) -> tuple[Layout, list[Any]]:
+def unframe(blob: bytes, io: SealIO, what: str) -> tuple[SlotLayout, list[Any]]:
     """Parse and validate a blob; raises ValueError with the reason."""
     if not isinstance(blob, bytes | bytearray) or len(blob) < HEADER.size:
         raise ValueError(f"{what}: too short for a ckks blob")
     magic, version, rows, cols, nb, bp, chunk, count = HEADER.unpack_from(blob, 0)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"{what}: not a ckks blob (bad magic or version)")
-    layout = Layout(rows, cols, nb, bp, chunk)
+    layout = SlotLayout(rows, cols, nb, bp, chunk)
     if not layout.valid(io.slots) or count != layout.n_ct:
         raise ValueError(f"{what}: inconsistent layout {layout} with {count} ciphertexts")
     off, raw = HEADER.size, []

@@ -99,7 +99,7 @@ class MpcOptions(BaseModel):
     layout: Literal["auto", "pairwise", "joint"] = "auto"
 
 
-def layout_of(options: MpcOptions, device: str) -> str:
+def share_layout(options: MpcOptions, device: str) -> str:
     """The share layout a run uses: ``auto`` is ``pairwise`` with the TTP dealer on
     CPU, ``joint`` otherwise (CrypTen's TFP provider, CUDA shares)."""
     if options.layout != "auto":
@@ -277,7 +277,7 @@ class _MpcRole:
 
 def _role(ctx: ExchangeContext) -> _MpcRole | PairRole:
     opts: MpcOptions = ctx.options  # type: ignore[assignment]
-    if layout_of(opts, ctx.device.type) == "pairwise":
+    if share_layout(opts, ctx.device.type) == "pairwise":
         return PairRole(ctx, weight_init=opts.weight_init, offline_steps=opts.offline_steps)
     return _MpcRole(ctx)
 
