@@ -41,7 +41,7 @@ ATTACKS = [
     {"name": "feature_reconstruction", "params": {"target": "left", "aux_fraction": 0.2}},
     {"name": "model_completion", "params": {"party": "left", "n_known": 40}},
 ]
-#: the perturbation: VFL-AFE embedding DP, clip + Gaussian noise (docs/vfl-afe.md)
+#: the perturbation: VFL-AFE embedding DP, clip + Gaussian noise (docs/methods/vfl-afe.md)
 EMBEDDING_DP = {
     "name": "embedding_dp",
     "params": {"variant": "vanilla", "epsilon": 3.0, "delta": 1e-5, "calibration": "analytic", "clip": 1.0},

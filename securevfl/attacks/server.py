@@ -5,7 +5,7 @@ logits ``top(z)`` (:class:`securevfl.parties.active.ActiveParty`). Under
 ``plain`` it holds every block W_i in the clear, so its view carries the whole
 function: for HashVFL (docs/methods/hashvfl.md §2.7) the interactive layer is the paper's
 Linear(N d, 16) and the top model its ReLU -> Linear(16, C)
-(docs/hashvfl.md, "The split model"). White-box evaluators (docs/methods/hashvfl.md §5.5,
+(docs/methods/hashvfl.md, "The split model"). White-box evaluators (docs/methods/hashvfl.md §5.5,
 §5.6) run this function on chosen codes.
 
 Also here: the embeddings the active party received in the final evaluation,

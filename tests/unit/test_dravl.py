@@ -580,7 +580,7 @@ def test_behaviour_dcor_moves_privacy_the_right_way(vanilla_runs: dict[str, list
     """§9.5-19, 3 seeds, 3 epochs, log form: at alpha_d = 0.03 the median nMSE is at
     least 0.08 above vanilla's and the median AUC within 0.01 of it; at 0.1 the
     median held-out dCor is below vanilla's; the collapse detector fires at
-    alpha_d = 3. Thresholds are the spec's. Measured: see docs/dravl.md."""
+    alpha_d = 3. Thresholds are the spec's. Measured: see docs/methods/dravl.md."""
     configs = {
         "dcor_0.03": lambda: synthetic_defense(Dravl, alpha_d=0.03),
         "dcor_0.1": lambda: synthetic_defense(Dravl, alpha_d=0.1),
@@ -602,7 +602,7 @@ def test_behaviour_embedding_noise_moves_privacy_the_right_way(vanilla_runs: dic
     nMSE increases over s in {0, 0.5, 2} and exceeds 0.8 on every seed at s = 2; the
     median AUC is non-increasing over the same s; at s = 200 it is more than 0.2
     below vanilla's. The attacker sees the noised embedding. Thresholds are the
-    spec's. Measured: see docs/dravl.md."""
+    spec's. Measured: see docs/methods/dravl.md."""
     runs: dict[float, dict[str, list[float]]] = {0.0: vanilla_runs}
     for std in (0.5, 2.0, 200.0):
         for seed in SEEDS:
@@ -669,7 +669,7 @@ def test_behaviour_nr_raises_attacker_error(vanilla_runs, nr_runs):
     """§9.5-18, 3 seeds, 3 epochs: NR at alpha_n = 0.1 raises the median nMSE by at
     least 0.08 over vanilla; the median nMSE is non-decreasing over alpha_n in
     {0, 0.01, 0.1, 1}; the median AUC at alpha_n = 0.01 is within 0.01 of vanilla.
-    Thresholds are the spec's. Measured: see docs/dravl.md."""
+    Thresholds are the spec's. Measured: see docs/methods/dravl.md."""
     sweep = (0.0, 0.01, 0.1, 1.0)
     med = _medians({0.0: vanilla_runs, **nr_runs})
     nmse = [med[a]["nmse"] for a in sweep]
@@ -684,7 +684,7 @@ def test_behaviour_ar_with_inner_steps_raises_attacker_error(vanilla_runs):
     """§9.5-20, 3 seeds, 3 epochs: AR with ar_inner_steps = 5 and alpha_r = 0.1
     raises the median nMSE by at least 0.1 over vanilla (the spec's threshold). The
     inner steps use the split model's lr (1e-3), as the spec's prototype did.
-    Measured: see docs/dravl.md."""
+    Measured: see docs/methods/dravl.md."""
     configs = {"ar_k5": lambda: synthetic_defense(Dravl, alpha_r=0.1, ar_inner_steps=5, inner_lr=1e-3)}
     med = _medians({"vanilla": vanilla_runs, **_collect(configs, XP_EVAL)})
     assert med["ar_k5"]["nmse"] >= med["vanilla"]["nmse"] + 0.1, med
@@ -697,7 +697,7 @@ def test_behaviour_all_three_modules_together(vanilla_runs, nr_runs) -> None:
     the median nMSE is at least 0.2 above vanilla's, the median held-out dCor is
     below vanilla's, and the median AUC is below vanilla's and below NR-alone's at
     0.1 (the direction of H10). Not asserted, as the spec says: that the
-    combination beats every single module. Measured: see docs/dravl.md."""
+    combination beats every single module. Measured: see docs/methods/dravl.md."""
     configs = {"all_0.1": lambda: synthetic_defense(Dravl, alpha_r=0.1, alpha_n=0.1, alpha_d=0.1)}
     med = _medians({"vanilla": vanilla_runs, "nr_0.1": nr_runs[0.1], **_collect(configs, XP_EVAL)})
     assert med["all_0.1"]["nmse"] >= med["vanilla"]["nmse"] + 0.2, med
@@ -711,7 +711,7 @@ def test_behaviour_all_three_modules_together(vanilla_runs, nr_runs) -> None:
 def test_known_limitation_ar_without_inner_steps_is_recorded_not_asserted(vanilla_runs):
     """§9.5-20, the faithful k = 0 AR (paper form: R trained only through the AR term
     at alpha_r = 0.1): the spec measured no reliable effect on the post-hoc
-    attacker, so its nMSE is recorded (printed with ``-s``, in docs/dravl.md) and
+    attacker, so its nMSE is recorded (printed with ``-s``, in docs/methods/dravl.md) and
     not compared with vanilla. Asserted only: the runs complete, the AR term was
     active on every step, and the metric is a valid nMSE."""
     nmse, aucs = [], []

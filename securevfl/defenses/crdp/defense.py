@@ -255,7 +255,7 @@ class Crdp(Defense[CrdpOptions]):
         }
 
     def report(self) -> dict[str, Any]:
-        """The party's own account of its selection and noise (docs/crdp-fl.md, "What
+        """The party's own account of its selection and noise (docs/methods/crdp-fl.md, "What
         is reported"): scores, candidates and their sensitivities, the exponential
         mechanism's probabilities, the MCD, the chosen columns and the noise scale.
         All computed from its data: kept by the party, sent nowhere."""
