@@ -34,7 +34,7 @@ class PeerGone(RuntimeError):
 
 
 class MemoryChannel:
-    """An in-memory point-to-point channel with the calls he.py makes (a test double).
+    """An in-memory point-to-point channel with the calls he/protocol.py makes (a test double).
     A receive gives up when the other side has failed (``failed`` set)."""
 
     def __init__(

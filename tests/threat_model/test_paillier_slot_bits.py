@@ -45,7 +45,7 @@ OLD_GRID_BITS = 16  # the low bits an earlier version's masks left bare
 
 
 class _Channel:
-    """An in-memory point-to-point channel with the calls he.py makes (a test double)."""
+    """An in-memory point-to-point channel with the calls he/protocol.py makes (a test double)."""
 
     def __init__(self, rank: int, boxes: dict[tuple[int, int, str], queue.Queue[Any]]):
         self.rank, self.boxes = rank, boxes

@@ -49,7 +49,7 @@ def peer(scheme, key):
 
 
 def _share(stream: SecretStream, shape: tuple[int, int]) -> np.ndarray:
-    """A re-drawn weight share: uniform in +-2^share_bits, as he.py draws P_i's."""
+    """A re-drawn weight share: uniform in +-2^share_bits, as he/protocol.py draws P_i's."""
     return 2.0**OPTS.share_bits * (2.0 * stream.uniform_np(shape) - 1.0)
 
 
@@ -219,7 +219,7 @@ def test_a_decryption_past_the_exact_limit_is_refused(key, peer):
 
 
 def test_shares_are_redrawn_within_share_bits(scheme):
-    """he.py's re-draw runs for ckks: P_i's share uniform in +-2^16 every step, whose
+    """he/protocol.py's re-draw runs for ckks: P_i's share uniform in +-2^16 every step, whose
     columns (64 entries, norm ~2^18.2) fit the evaluator's operand bound 2^19."""
     assert scheme.share_bits() == OPTS.share_bits == 16
     w = _share(SecretStream.from_seed(13, "share"), (64, 64))

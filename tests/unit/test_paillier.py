@@ -377,7 +377,7 @@ def test_encrypt_writes_only_the_layouts_the_peer_operations_need(key):
         key.encrypt(x, ops=frozenset())
 
 
-# -- he.py's protocol path: re-drawn shares, narrow slots, the owner's rounded copy ------
+# -- he/protocol.py's protocol path: re-drawn shares, narrow slots, the owner's rounded copy ------
 
 
 def test_redrawn_share_keeps_the_sum_and_forgets_the_old_share():

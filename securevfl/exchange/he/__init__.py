@@ -1,9 +1,15 @@
 """The two-party homomorphic protocol that ``ckks`` and ``paillier`` share.
 
-:mod:`.protocol` runs the interactive layer between A and each passive party with a
-scheme's keys; :mod:`.orthogonal` draws the factors of the private start of W_i;
-:mod:`.bounds` brings every encrypted operand within the bound a scheme is sized
-for. A scheme package (:mod:`securevfl.exchange.ckks`,
-:mod:`securevfl.exchange.paillier`) implements the scheme interface and makes its
-backend with the protocol's factory; nothing here imports a scheme.
+- :mod:`.scheme`      what a scheme supplies: keys, the peer's public view, the scheme
+  with its options, the arithmetic of what the protocol handles in the clear;
+- :mod:`.protocol`    the interactive layer between A and each passive party (the
+  protocol, its start and its re-drawn shares, described there);
+- :mod:`.messages`    the protocol's messages and their payload kinds;
+- :mod:`.backend`     an exchange backend made from a scheme;
+- :mod:`.bounds`      every encrypted operand brought within the bound a scheme is sized for;
+- :mod:`.orthogonal`  the factors of the private start of W_i.
+
+A scheme package (:mod:`securevfl.exchange.ckks`, :mod:`securevfl.exchange.paillier`)
+implements :mod:`.scheme` and makes its backend with :mod:`.backend`; nothing here
+imports a scheme.
 """

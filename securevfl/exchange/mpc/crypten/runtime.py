@@ -130,7 +130,7 @@ def _size(x: Any) -> torch.Size:
 def parse_dealer_request(msg: Any) -> tuple[str, list[Any], str | None]:
     """Validate a dealer request from rank 0: a whitelisted function, a whitelisted
     torch operation for triples, sizes within bounds, no keyword arguments. A
-    ``bundle`` (the offline phase, :mod:`.pool`) carries a list of triple and
+    ``bundle`` (the offline phase, :mod:`.provider`) carries a list of triple and
     wraps items, each checked the same way."""
     try:
         fn = msg["function"]
