@@ -52,4 +52,3 @@ class TopKEmbedding(Defense[TopKOptions]):
 
     def embed_local(self, h: torch.Tensor) -> torch.Tensor:
         return topk_rows(h, self.params.k)  # no noise: a FedBCD local step sees the same map
-
