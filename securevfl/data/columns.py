@@ -46,7 +46,6 @@ def contiguous_blocks(n: int, ratios: Sequence[float]) -> list[tuple[int, int]]:
     return out
 
 
-
 @dataclass(frozen=True)
 class PartyLayout:
     name: str
