@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from securevfl.app.outdir import output_error
+from securevfl.app.rank_server import start_rank_server
 from securevfl.errors import PartyFailure, SecureVFLError, UserCodeError, show_warning
 from securevfl.registry import Registry
 
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     stops_ranks = args.command in LAUNCHING and threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if stops_ranks else None
     try:
+        if args.command in LAUNCHING:  # the ranks' fork server imports while the command does
+            start_rank_server()
         return COMMANDS.get(args.command)(args)
     except SecureVFLError as exc:
         if args.debug:
