@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,11 +40,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from securevfl.app.comparison import execute, folder_name, sources_from_paths
+from securevfl.app.compare_runs import execute
+from securevfl.app.comparison import folder_name, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
-from securevfl.app.loader import OWN, Allow, load_protocol_dict, needed_code, override_expr
+from securevfl.app.loader import OWN, Allow, allowed_modules, load_protocol_dict, needed_code, override_expr
 from securevfl.app.loader import load_protocol as load_protocol_file
 from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
@@ -61,7 +61,7 @@ from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, Priva
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.compare import write_comparison
 from securevfl.report.stats import Interval
-from securevfl.usercode import MODULE_PATTERN, CodePolicy
+from securevfl.usercode import CodePolicy
 
 __all__ = [
     "Comparison",
@@ -318,7 +318,7 @@ def load_protocol(
     before anything is imported. ``rank``: the rank this process will run, whose
     model factories are checked with the plugins."""
     sets = _set_list(overrides)
-    allow: Allow = OWN if allow_plugins is None else _modules(allow_plugins)
+    allow: Allow = OWN if allow_plugins is None else allowed_modules(allow_plugins)
     if isinstance(source, Mapping):
         converted = convert(source)
         if converted.registrations:
@@ -347,18 +347,6 @@ def load_protocol(
     raise ConfigError(
         f"a protocol is a file path, a mapping or a Protocol, not {type(source).__name__}", path="protocol"
     )
-
-
-def _modules(names: Sequence[str]) -> list[str]:
-    """Module names a process allows, each checked to be one."""
-    if isinstance(names, str):
-        raise ConfigError("allow_plugins is a list of module names, not one string", path="allow_plugins")
-    out = []
-    for n in names:
-        if not isinstance(n, str) or not re.fullmatch(MODULE_PATTERN, n):
-            raise ConfigError(f"{n!r} is not a module name (package.module)", path="--allow-plugin")
-        out.append(n)
-    return out
 
 
 def _run_result(result: Mapping[str, Any], folder: Path) -> RunResult:
@@ -695,7 +683,7 @@ def party(
             f"rendezvous is a string tcp://HOST:PORT, not {_kind(rendezvous)}", path="rendezvous"
         )
     _flags(overwrite=overwrite, resume=resume, progress=progress)
-    allowed = _modules(allow_plugins)
+    allowed = allowed_modules(allow_plugins)
     proto = load_protocol(protocol, overrides, allow_plugins=allowed, rank=rank)
     beside = components_of(proto).code.beside
     code = CodePolicy(frozenset(allowed), beside)

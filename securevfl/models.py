@@ -29,7 +29,6 @@ code 2, no traceback.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -37,66 +36,18 @@ import torch
 from torch import nn
 
 from securevfl import optim
+from securevfl.bottoms import CNNBottom as CNNBottom
+from securevfl.bottoms import mlp
 from securevfl.config import InteractiveSpec, ModelSpec, TopSpec, TrainingSpec
 from securevfl.csprng import SecretStream
-from securevfl.errors import ConfigError, SecureVFLError, UserCodeError
+from securevfl.errors import SecureVFLError, UserCodeError
+from securevfl.model_kinds import MODELS as MODELS
+from securevfl.model_kinds import ModelFactory
 from securevfl.private_init import private_rng
-from securevfl.registry import Registry
 from securevfl.seeding import seeded
 from securevfl.usercode import CodePolicy, explain
 
-#: ``factory(in_features, out, **params) -> torch.nn.Module``
-ModelFactory = Callable[..., nn.Module]
-MODELS: Registry[ModelFactory] = Registry("model")
-
 PROBE_ROWS = 8  # rows of the probe batch a party checks its bottom model on at set-up
-
-
-class CNNBottom(nn.Module):
-    """Small conv net for image halves: conv3x3 -> ReLU -> conv3x3 -> ReLU -> linear."""
-
-    def __init__(self, input_shape: list[int] | tuple[int, ...], channels: int, out: int):
-        super().__init__()
-        c, h, w = input_shape
-        self.input_shape = tuple(input_shape)
-        self.features = nn.Sequential(
-            nn.Conv2d(c, channels, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, padding=1),
-            nn.ReLU(),
-        )
-        self.head = nn.Linear(channels * h * w, out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.view(x.shape[0], *self.input_shape)
-        return self.head(self.features(x).flatten(1))
-
-
-def mlp(sizes: list[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-@MODELS.register("mlp")
-def mlp_model(in_features: int, out: int, *, hidden: Sequence[int] = (64,)) -> nn.Module:
-    """The built-in ``mlp``: Linear/ReLU layers of widths ``hidden``, then a Linear to ``out``."""
-    return mlp([in_features, *hidden, out])
-
-
-@MODELS.register("cnn")
-def cnn_model(in_features: int, out: int, *, input_shape: Sequence[int], channels: int = 8) -> nn.Module:
-    """The built-in ``cnn`` (:class:`CNNBottom`) over rows reshaped to ``input_shape``."""
-    c, h, w = input_shape
-    if c * h * w != in_features:
-        raise ConfigError(
-            f"input_shape {list(input_shape)} holds {c * h * w} values but the party has {in_features} "
-            "feature columns"
-        )
-    return CNNBottom(list(input_shape), channels, out)
 
 
 def build_interactive(in_features: int, out: int, *, seed: int, party: str) -> nn.Linear:

@@ -88,10 +88,12 @@ from typing import Any, TypeVar
 
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
 from securevfl.config import DatasetSpec
-from securevfl.data.datasets import DATASETS, DatasetBuilder, Table
+from securevfl.data.catalog import DATASETS
+from securevfl.data.datasets import DatasetBuilder, Table
 from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
 from securevfl.models import MODELS, ModelFactory
-from securevfl.parties.tasks import TASKS, Task
+from securevfl.parties.task_kinds import TASKS
+from securevfl.parties.tasks import Task
 
 __all__ = [
     "Attack",

@@ -1,10 +1,12 @@
 """How many parameters each party of a protocol trains, and whether that fits.
 
-Counted at load, before any rank starts, by building every model the party
-builds on PyTorch's ``meta`` device (shapes without storage: a 4-billion-parameter
-layer costs nothing here) with the same builders the ranks use
-(:mod:`securevfl.models`), so any bottom-model kind is counted as it will be built.
-User code is not run here: a model a factory or a plugin builds
+Counted at load, before any rank starts, from the shapes of the models the
+party builds: the built-in bottom models (``mlp``, ``cnn``), its block W_i of
+the interactive layer and the top model, each by the parameter count of its
+layers (pure arithmetic: no model is built and torch is not imported, so a
+4-billion-parameter layer costs nothing here and ``securevfl validate`` starts
+fast; tests/unit/test_sizing.py compares every count with the module
+:mod:`securevfl.models` builds). User code is not run here: a model a factory or a plugin builds
 (:mod:`securevfl.usercode`) is its owner's, imported only in the owner's own rank
 under its policy, so its parameters are not counted and the party's count is a
 lower bound ("at least").
@@ -28,13 +30,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import torch
+from itertools import pairwise
+from typing import Any
 
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError
-from securevfl.models import MODELS, build_interactive, build_top
 
 MAX_PARAMETERS = 1 << 31
 """The most parameters one party trains (2,147,483,648: 8 GiB of float32
@@ -59,18 +61,45 @@ class PartySize:
         return max(self.parts, key=lambda k: self.parts[k])
 
 
-def _count(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
+def linear_parameters(fan_in: int, fan_out: int, *, bias: bool = True) -> int:
+    """A ``torch.nn.Linear(fan_in, fan_out, bias)``'s parameters."""
+    return fan_in * fan_out + (fan_out if bias else 0)
 
 
-def _builtin_bottom(spec: ModelSpec, width: int) -> torch.nn.Module | None:
-    """A built-in bottom model (``mlp``, ``cnn``) as the ranks build it, on the
-    device in effect; None for one that user code builds (a factory, a model a
-    plugin registered), which this process does not run."""
-    params = spec.builtin_params()
-    if params is None or spec.kind not in MODELS:
+def mlp_parameters(sizes: Sequence[int]) -> int:
+    """:func:`securevfl.bottoms.mlp`'s parameters: a Linear between each pair of widths."""
+    return sum(linear_parameters(a, b) for a, b in pairwise(sizes))
+
+
+def cnn_parameters(in_features: int, out: int, *, input_shape: Sequence[int], channels: int = 8) -> int:
+    """:class:`securevfl.bottoms.CNNBottom`'s parameters: two 3x3 convolutions
+    (with bias) and a Linear head over every position."""
+    c, h, w = input_shape
+    if c * h * w != in_features:
+        raise ConfigError(
+            f"input_shape {list(input_shape)} holds {c * h * w} values but the party has {in_features} "
+            "feature columns"
+        )
+    convs = (c * channels * 9 + channels) + (channels * channels * 9 + channels)
+    return convs + linear_parameters(channels * h * w, out)
+
+
+def _mlp_bottom(in_features: int, out: int, *, hidden: Sequence[int] = (64,)) -> int:
+    return mlp_parameters([in_features, *hidden, out])
+
+
+#: the parameter count of each built-in bottom model (config.BUILTIN_OPTIONS), by kind
+BUILTIN_COUNTS: dict[str, Callable[..., int]] = {"mlp": _mlp_bottom, "cnn": cnn_parameters}
+
+
+def _builtin_bottom(spec: ModelSpec, width: int) -> int | None:
+    """A built-in bottom model's (``mlp``, ``cnn``) parameters as the ranks build
+    it; None for one that user code builds (a factory, a model a plugin
+    registered), which this process does not run."""
+    params: dict[str, Any] | None = spec.builtin_params()
+    if params is None or spec.kind not in BUILTIN_COUNTS:
         return None
-    return MODELS.get(spec.kind)(width, spec.out, **params)
+    return BUILTIN_COUNTS[spec.kind](width, spec.out, **params)
 
 
 def physical_memory() -> int | None:
@@ -84,7 +113,6 @@ def physical_memory() -> int | None:
 def party_sizes(proto: Protocol, widths: dict[str, int | None]) -> list[PartySize]:
     """Every party's parameters, the active party first. ``widths``: each party's
     number of input columns (None: unknown)."""
-    seed = proto.training.seed
     out = proto.interactive.out
     shares = proto.exchange.backend != "plain"
     entries = [("parties.active", proto.parties.active)] + [
@@ -93,27 +121,26 @@ def party_sizes(proto: Protocol, widths: dict[str, int | None]) -> list[PartySiz
     sizes = [PartySize(spec.name) for _, spec in entries]
     active = sizes[0]
     blocks = out  # the bias b, the active party's own
-    with torch.device("meta"):
-        for (path, spec), size in zip(entries, sizes, strict=True):
-            if spec.model is None:
-                continue
-            width = widths.get(spec.name)
-            size.lower_bound = width is None and spec.model.kind != "cnn"
-            if width is None and spec.model.kind == "cnn" and spec.model.input_shape is not None:
-                width = math.prod(spec.model.input_shape)  # a cnn's input is its input_shape
-            bottom = _builtin_bottom(spec.model, width or 1)
-            if bottom is None:
-                size.lower_bound = True
-            else:
-                size.parts[f"{path}.model"] = _count(bottom)
-            block = _count(build_interactive(spec.model.out, out, seed=seed, party=spec.name))
-            blocks += block  # W_i: at the active party, in the clear or as its shares
-            if shares and size is not active:
-                size.parts["interactive.out"] = block  # the passive party's share of its W_i
-        classes = 1 if proto.task == "regression" else None
-        active.parts["interactive.out"] = blocks
-        if proto.top.factory is None:
-            active.parts["top.hidden"] = _count(build_top(proto.top, out, classes or 1, seed=seed))
+    for (path, spec), size in zip(entries, sizes, strict=True):
+        if spec.model is None:
+            continue
+        width = widths.get(spec.name)
+        size.lower_bound = width is None and spec.model.kind != "cnn"
+        if width is None and spec.model.kind == "cnn" and spec.model.input_shape is not None:
+            width = math.prod(spec.model.input_shape)  # a cnn's input is its input_shape
+        bottom = _builtin_bottom(spec.model, width or 1)
+        if bottom is None:
+            size.lower_bound = True
+        else:
+            size.parts[f"{path}.model"] = bottom
+        block = linear_parameters(spec.model.out, out, bias=False)  # W_i (models.build_interactive)
+        blocks += block  # W_i: at the active party, in the clear or as its shares
+        if shares and size is not active:
+            size.parts["interactive.out"] = block  # the passive party's share of its W_i
+    classes = 1 if proto.task == "regression" else None
+    active.parts["interactive.out"] = blocks
+    if proto.top.factory is None:  # models.Top: ReLU, then an mlp to one output a class
+        active.parts["top.hidden"] = mlp_parameters([out, *proto.top.hidden, classes or 1])
     # the top model's output layer: one output a class; a factory's top is not counted
     active.lower_bound |= classes is None or proto.top.factory is not None
     return sizes

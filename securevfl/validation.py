@@ -16,14 +16,14 @@ from pydantic import BaseModel, ValidationError
 from securevfl.attacks import ATTACKS
 from securevfl.components import Components, PartyComponents, Resolved, attach
 from securevfl.config import ComponentSpec, Protocol, validation_error
-from securevfl.data.datasets import DATASETS, feature_columns
-from securevfl.data.partition import party_layouts, resolve_partition
+from securevfl.data.catalog import DATASETS, feature_columns
+from securevfl.data.columns import party_layouts, resolve_partition
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
-from securevfl.exchange.base import ExchangeBackend
-from securevfl.models import MODELS
-from securevfl.parties.tasks import TASKS
+from securevfl.exchange.spec import ExchangeBackend
+from securevfl.model_kinds import MODELS
+from securevfl.parties.task_kinds import TASKS
 from securevfl.registry import Registry
 from securevfl.sizing import check_sizes
 

@@ -1,5 +1,6 @@
-"""A comparison: which runs it holds, which of them are already done, and
-running the rest with progress (``securevfl compare``).
+"""A comparison: which runs it holds (``securevfl compare``, and ``validate`` of a
+comparison file). Which of them are already done, and running the rest, is
+:mod:`securevfl.app.compare_runs`.
 
 What is compared comes from protocol files (or folders of them) on the command
 line, or from a comparison file (:class:`ComparisonFile`): each protocol, expanded
@@ -20,12 +21,9 @@ changed since (an edited metric never reaches the table), saying so.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +32,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
-from securevfl.app.launcher import launch
 from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
-from securevfl.app.objects import Registration
 from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol, validation_error
 from securevfl.errors import ConfigError
-from securevfl.report.result import RESULT_FILE
 
 MARKER = "compare-run.json"
 
@@ -224,7 +219,7 @@ def plan(
             path="--grid" if gridded else "--seeds",
         )
     if gridded:
-        (say or _say)(f"{title}: {size}; validating every point before any runs")
+        (say or say_stderr)(f"{title}: {size}; validating every point before any runs")
     runs: list[Run] = []
     axes_of: dict[str, list[str]] = {}
     for src in sources:
@@ -274,117 +269,6 @@ def plan(
     return Plan(title, runs, axes_of)
 
 
-# -- the cache ----------------------------------------------------------------------------
-
-
-def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
-    """(the finished result of ``run``, None) when its folder holds one of the same
-    protocol digest and seed that is what the run wrote; else (None, why it is not
-    used), the reason None for a run that is simply not there (never run,
-    interrupted, another protocol or seed) and a sentence for a result that was
-    there but cannot be trusted (changed since the run wrote it, or a marker
-    without the result's digest)."""
-    marker, result = run.folder / MARKER, run.folder / RESULT_FILE
-    try:
-        mark = json.loads(marker.read_text())
-        raw = result.read_bytes()
-    except (OSError, ValueError):
-        return None, None
-    if not isinstance(mark, dict) or mark.get("digest") != run.digest or mark.get("seed") != run.seed:
-        return None, None
-    if mark.get("result_sha256") is None:
-        return None, f"{marker} holds no digest of {RESULT_FILE} (an older securevfl wrote it)"
-    if hashlib.sha256(raw).hexdigest() != mark["result_sha256"]:
-        return None, f"{result} was changed after the run wrote it"
-    try:
-        res = json.loads(raw)
-    except ValueError:
-        return None, f"{result} is not JSON"
-    if not isinstance(res, dict) or res.get("digest") != run.digest:
-        return None, f"{result} is not this protocol's result"
-    return res, None
-
-
-def cached(run: Run) -> dict[str, Any] | None:
-    """The finished result of ``run`` when the cache holds one it can use
-    (:func:`cache_entry`), else None."""
-    return cache_entry(run)[0]
-
-
-def mark_done(run: Run, seconds: float) -> None:
-    """Mark ``run`` finished: its protocol digest, seed and the SHA-256 of the
-    ``result.json`` it wrote (a result changed later is not reused)."""
-    tmp = run.folder / f".{MARKER}.tmp"
-    digest = hashlib.sha256((run.folder / RESULT_FILE).read_bytes()).hexdigest()
-    tmp.write_text(
-        json.dumps(
-            {
-                "digest": run.digest,
-                "seed": run.seed,
-                "label": run.label,
-                "point": run.point,
-                "run_s": seconds,
-                "result_sha256": digest,
-            }
-        )
-    )
-    tmp.replace(run.folder / MARKER)
-
-
-def fmt_duration(s: float) -> str:
-    s = max(0, round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-def _say(msg: str) -> None:
+def say_stderr(msg: str) -> None:
+    """Progress of a comparison, on standard error."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def execute(
-    plan_: Plan,
-    out: Path,
-    *,
-    rerun: bool = False,
-    progress: bool = True,
-    say: Callable[[str], None] = _say,
-    registrations: tuple[Registration, ...] = (),
-) -> list[tuple[Run, dict[str, Any]]]:
-    """Run what the cache lacks (everything with ``rerun``), in plan order; return
-    every run with its result record. Progress: runs done / total and, once one
-    run has been timed, the estimated time left (mean time of this session's runs,
-    else the previous runs' own wall time, times the runs left). ``registrations``:
-    the caller's own component classes, for every run's ranks (:func:`launch`)."""
-    runs = plan_.runs
-    have: dict[int, dict[str, Any] | None] = {}
-    for r in runs:
-        have[id(r)], why = (None, None) if rerun else cache_entry(r)
-        if why:
-            say(f"{r.label} seed {r.seed}: not reused: {why}; it runs again")
-    todo = [r for r in runs if have[id(r)] is None]
-    total, n_cached = len(runs), len(runs) - len(todo)
-    say(f"{plan_.title}: {total} runs, {n_cached} already done in {out}, {len(todo)} to run")
-    spent: list[float] = []
-    done = n_cached
-    for i, run in enumerate(todo):
-        left = len(todo) - i
-        eta = f", about {fmt_duration(left * sum(spent) / len(spent))} left" if spent else ""
-        say(f"[{done + 1}/{total}] {run.label} seed {run.seed} ({run.proto.exchange.backend}){eta}")
-        (run.folder / MARKER).unlink(missing_ok=True)
-        t0 = time.monotonic()
-        launch(
-            run.proto,
-            run.folder,
-            data_dir=out / "data",
-            progress=progress,
-            overwrite=True,
-            registrations=registrations,
-        )
-        seconds = time.monotonic() - t0
-        mark_done(run, seconds)
-        spent.append(seconds)
-        done += 1
-        # re-read: the attack harness completes result.json after the ranks end
-        have[id(run)] = json.loads((run.folder / RESULT_FILE).read_text())
-    if todo:
-        say(f"{len(todo)} runs in {fmt_duration(sum(spent))}; {total} of {total} done")
-    return [(r, have[id(r)]) for r in runs]  # type: ignore[misc]

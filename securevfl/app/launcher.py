@@ -39,6 +39,8 @@ from securevfl.app.objects import Registration, register_in_rank
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
+from securevfl.app.rank_server import START_METHOD_ENV as START_METHOD_ENV
+from securevfl.app.rank_server import rank_context
 from securevfl.app.threads import rank_threads
 from securevfl.components import components_of
 from securevfl.config import Protocol
@@ -123,12 +125,6 @@ def _release(procs: list[Any]) -> None:
 
 
 RANK_PROCESS = "securevfl-rank"
-START_METHOD_ENV = "SECUREVFL_START_METHOD"
-START_METHODS = ("forkserver", "spawn")
-# what the fork server imports once, before it forks any rank: the ranks' entry points,
-# and the command line, which a rank started from the `securevfl` console script re-imports
-# with that script as its main module (3.4 of 18.6 CPU s of a 2-step plain `securevfl run`)
-RANK_MODULES = ["securevfl.app.launcher", "securevfl.app.predict", "securevfl.cli"]
 KILL_REAP_S = 0.1  # after killing the ranks left, how long one wait for them lasts at most
 STOP_GRACE_S = 2.0  # a stopped launch's ranks get this long to end on SIGTERM before SIGKILL
 # a rank's exit code when its entry point raised before the rank could report it;
@@ -301,33 +297,6 @@ def _launch(
             writer.close()
         if stream is not None:
             stream.close()
-
-
-def rank_context() -> Any:
-    """The multiprocessing context ranks start in, from ``SECUREVFL_START_METHOD``.
-
-    ``forkserver`` (the default where the OS has it): a server process, started once
-    per launching process and kept for its later runs, imports :data:`RANK_MODULES`
-    and forks every rank from itself. A rank then starts in milliseconds instead of
-    importing torch, scikit-learn and securevfl again (about 5 CPU s a rank on the
-    2026-11-26 test box; a local run's start-up was mostly that). The server is a
-    fresh interpreter that has only imported modules (no threads, no process group,
-    no CUDA), which is what makes forking it safe; it is the default start method of
-    Python 3.14 on Linux. ``spawn``: every rank a fresh interpreter, for tools that
-    inject code at interpreter start-up (a ``sitecustomize`` probe, a re-imported
-    benchmark script), and the only method on Windows. Each rank gets the launcher's
-    environment as it is at launch either way (:func:`_rank_main`)."""
-    available = mp.get_all_start_methods()
-    method = os.environ.get(START_METHOD_ENV) or ("forkserver" if "forkserver" in available else "spawn")
-    if method not in START_METHODS or method not in available:
-        raise ConfigError(
-            f"{START_METHOD_ENV}={method!r}: ranks start with one of "
-            f"{[m for m in START_METHODS if m in available]}"
-        )
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(RANK_MODULES)  # read when the server starts; later calls change nothing
-    return ctx
 
 
 def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, *args: Any) -> None:

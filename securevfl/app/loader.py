@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from securevfl.app.yamldoc import load_yaml, parse_value
 from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol, format_loc, validation_error
 from securevfl.errors import ConfigError, UserCodeError
-from securevfl.usercode import CodePolicy, Needed, split_ref
+from securevfl.usercode import MODULE_PATTERN, CodePolicy, Needed, split_ref
 from securevfl.validation import check_protocol, resolve_components
 
 #: a path element ``[*]``: every element of the list at that point (``--set`` and
@@ -47,6 +47,19 @@ _TOKEN = re.compile(r"\[([^\]]*)\]|([^.\[\]]+)")
 #: ``allow``: every module the protocol names itself (the local launcher's rule).
 OWN: Literal["own"] = "own"
 Allow = Literal["own"] | Iterable[str]
+
+
+def allowed_modules(names: Sequence[str]) -> list[str]:
+    """Module names a process allows (``--allow-plugin``, ``allow_plugins``), each
+    checked to be one."""
+    if isinstance(names, str):
+        raise ConfigError("allow_plugins is a list of module names, not one string", path="allow_plugins")
+    out = []
+    for n in names:
+        if not isinstance(n, str) or not re.fullmatch(MODULE_PATTERN, n):
+            raise ConfigError(f"{n!r} is not a module name (package.module)", path="--allow-plugin")
+        out.append(n)
+    return out
 
 
 def split_override(expr: str, flag: str = "--set") -> tuple[list[str | int], str, str]:

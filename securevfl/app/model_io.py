@@ -33,7 +33,8 @@ from securevfl.exchange.base import ExchangeBackend, ExchangeContext
 from securevfl.models import build_bias, build_bottom, build_interactive, build_top
 from securevfl.parties.predict import ActivePredictor, PassivePredictor
 from securevfl.parties.state import ModelInfo, PartyState, PreprocessState, join_components
-from securevfl.parties.tasks import TASKS, Task
+from securevfl.parties.task_kinds import TASKS
+from securevfl.parties.tasks import Task
 from securevfl.runtime.layout import Role
 from securevfl.snapshot import ComponentState
 

@@ -4,9 +4,10 @@ in ATTACKS. Importing this package registers every built-in attack by where it
 lives (:meth:`~securevfl.registry.Registry.add_path`): an attack's module (and
 the scikit-learn models it trains) is imported on its first lookup, which is
 only in a process whose protocol runs it. :mod:`securevfl.app.harness` runs
-them after training."""
+them after training. The face itself imports nothing heavy: the attack
+interface is :mod:`securevfl.attacks.base`."""
 
-from securevfl.attacks.base import ATTACKS, Attack, View, World
+from securevfl.attacks.names import ATTACKS
 
 ATTACKS.add_path("code_detection", "securevfl.attacks.code_detection:CodeDetection")
 ATTACKS.add_path("code_reconstruction", "securevfl.attacks.code_reconstruction:CodeReconstruction")
@@ -19,4 +20,4 @@ ATTACKS.add_path("model_completion", "securevfl.attacks.label_inference:ModelCom
 ATTACKS.add_path("online_reconstruction", "securevfl.attacks.online_reconstruction:OnlineReconstruction")
 ATTACKS.add_path("targeted_pgd", "securevfl.attacks.targeted_pgd:TargetedPGD")
 
-__all__ = ["ATTACKS", "Attack", "View", "World"]
+__all__ = ["ATTACKS"]

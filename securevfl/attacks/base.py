@@ -21,10 +21,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from securevfl.attacks.names import ATTACKS as ATTACKS
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.records import OwnView
-from securevfl.registry import Registry
 from securevfl.runtime.layout import Layout
 
 
@@ -134,6 +134,3 @@ class Attack(Generic[OptionsT]):
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         """Grade the guess against the ground truth: metric name -> value."""
         raise NotImplementedError
-
-
-ATTACKS: Registry[type[Attack[Any]]] = Registry("attack")

@@ -2,7 +2,9 @@
 
 A built-in dataset is a :class:`Table` (IDs, named feature columns, labels). It is
 only ever materialized into per-party CSV files (see :mod:`securevfl.data.partition`);
-party processes read their own file and nothing else.
+party processes read their own file and nothing else. The builders are
+registered by path in :data:`securevfl.data.catalog.DATASETS`, which also knows
+their columns without building them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import pandas as pd
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, make_classification
 
 from securevfl.config import DatasetSpec, SyntheticParams
-from securevfl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,12 @@ class Table:
 
 
 DatasetBuilder = Callable[[DatasetSpec, int], Table]
-DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 
 
 def _ids(n: int) -> list[str]:
     return [f"r{i:06d}" for i in range(n)]
 
 
-@DATASETS.register("digits")
 def digits(spec: DatasetSpec, seed: int) -> Table:
     """scikit-learn's 8x8 digits, pixels scaled to [0, 1]; columns ``px_R_C``.
     Split left/right with ``glob: "px_?_[0-3]"`` and ``"px_?_[4-7]"``."""
@@ -46,7 +45,6 @@ def digits(spec: DatasetSpec, seed: int) -> Table:
     return Table(_ids(len(x)), x, d.target.astype(np.int64), standardize=False)
 
 
-@DATASETS.register("breast_cancer")
 def breast_cancer(spec: DatasetSpec, seed: int) -> Table:
     """scikit-learn's Wisconsin breast cancer set: 569 rows, 30 features, binary."""
     d = load_breast_cancer()
@@ -55,7 +53,6 @@ def breast_cancer(spec: DatasetSpec, seed: int) -> Table:
     return Table(_ids(len(x)), x, d.target.astype(np.int64), standardize=True)
 
 
-@DATASETS.register("diabetes")
 def diabetes(spec: DatasetSpec, seed: int) -> Table:
     """scikit-learn's diabetes set (Efron et al. 2004): 442 rows, 10 numeric
     features, a continuous target (disease progression after one year, 25-346);
@@ -66,7 +63,6 @@ def diabetes(spec: DatasetSpec, seed: int) -> Table:
     return Table(_ids(len(x)), x, d.target.astype(np.float64), standardize=True)
 
 
-@DATASETS.register("synthetic")
 def synthetic(spec: DatasetSpec, seed: int) -> Table:
     """Gaussian-cluster classification rows (scikit-learn's make_classification),
     for scale tests: ``synthetic: {rows, features, classes, informative,
@@ -87,18 +83,3 @@ def synthetic(spec: DatasetSpec, seed: int) -> Table:
     )
     cols = [f"f{i}" for i in range(p.features)]
     return Table(_ids(p.rows), pd.DataFrame(x, columns=cols), y.astype(np.int64), True)
-
-
-def feature_columns(name: str, spec: DatasetSpec) -> list[str] | None:
-    """Column names of a built-in dataset without building it, where that is static
-    (used to validate column selections at load time); None if unknown."""
-    if name == "digits":
-        return [f"px_{r}_{c}" for r in range(8) for c in range(8)]
-    if name == "synthetic":
-        p = spec.synthetic or SyntheticParams()
-        return [f"f{i}" for i in range(p.features)]
-    if name == "diabetes":
-        return ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
-    if name == "breast_cancer":
-        return [str(c).replace(" ", "_") for c in load_breast_cancer().feature_names]
-    return None

@@ -9,7 +9,6 @@ this is what lets tests prove that no rank ever loads another party's columns.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hashlib
 import json
 import multiprocessing as mp
@@ -17,16 +16,18 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from securevfl.config import ColumnSelect, CsvSource, PartySpec, Protocol
-from securevfl.data.datasets import DATASETS
-from securevfl.data.splits import contiguous_blocks
-from securevfl.errors import ConfigError, DataError, SecureVFLError
+from securevfl.config import CsvSource, Protocol
+from securevfl.data.catalog import DATASETS
+from securevfl.data.columns import PartyLayout as PartyLayout
+from securevfl.data.columns import party_layouts as party_layouts
+from securevfl.data.columns import resolve_partition as resolve_partition
+from securevfl.data.columns import select_columns as select_columns
+from securevfl.errors import DataError, SecureVFLError
 from securevfl.runtime.lifeline import die_with
 
 ID_COLUMN = "id"
@@ -39,72 +40,6 @@ PENDING_WAIT_S = 900.0
 #: Below this many values in all, one process writes every party's file (small
 #: data, tests); above it, forked workers write them side by side, one per core.
 PARALLEL_MIN_VALUES = 2_000_000
-
-
-@dataclass(frozen=True)
-class PartyLayout:
-    name: str
-    is_active: bool
-    spec: PartySpec
-    path: str  # YAML path of this party's spec, for error messages
-
-
-def party_layouts(proto: Protocol) -> list[PartyLayout]:
-    """Active party first, then passive parties in file order."""
-    out = [PartyLayout(proto.parties.active.name, True, proto.parties.active, "parties.active")]
-    for i, p in enumerate(proto.parties.passive):
-        out.append(PartyLayout(p.name, False, p, f"parties.passive[{i}]"))
-    return out
-
-
-def select_columns(all_cols: list[str], sel: ColumnSelect, *, path: str) -> list[str]:
-    """Resolve a ColumnSelect against a dataset's feature columns, keeping dataset
-    order. Empty or unknown selections are errors naming the YAML path."""
-    if sel.names is not None:
-        missing = [c for c in sel.names if c not in all_cols]
-        if missing:
-            raise ConfigError(f"unknown columns {missing[:5]}", path=f"{path}.columns.names")
-        chosen = set(sel.names)
-        cols = [c for c in all_cols if c in chosen]
-    elif sel.glob is not None:
-        cols = [c for c in all_cols if fnmatch.fnmatchcase(c, sel.glob)]
-    elif sel.block is not None:
-        try:
-            start, stop = contiguous_blocks(len(all_cols), sel.block.ratios)[sel.block.part]
-        except ConfigError as exc:
-            raise ConfigError(str(exc), path=f"{path}.columns.block") from exc
-        cols = all_cols[start:stop]
-    else:
-        start, stop = sel.index  # type: ignore[misc]
-        if stop > len(all_cols):
-            raise ConfigError(
-                f"index [{start}, {stop}) exceeds the {len(all_cols)} feature columns",
-                path=f"{path}.columns.index",
-            )
-        cols = all_cols[start:stop]
-    if not cols:
-        raise ConfigError("column selection matches no column", path=f"{path}.columns")
-    return cols
-
-
-def resolve_partition(proto: Protocol, all_cols: list[str]) -> dict[str, list[str]]:
-    """Feature columns per party for a built-in dataset; disjointness is checked."""
-    owner: dict[str, str] = {}
-    out: dict[str, list[str]] = {}
-    for lay in party_layouts(proto):
-        if lay.spec.columns is None:
-            out[lay.name] = []
-            continue
-        cols = select_columns(all_cols, lay.spec.columns, path=lay.path)
-        for c in cols:
-            if c in owner:
-                raise ConfigError(
-                    f"column '{c}' is given to both '{owner[c]}' and '{lay.name}'",
-                    path=f"{lay.path}.columns",
-                )
-            owner[c] = lay.name
-        out[lay.name] = cols
-    return out
 
 
 def is_builtin(proto: Protocol) -> bool:

@@ -4,9 +4,9 @@
 * :func:`feature_ratios`: the official code's party ratios, round(1/N, 2) for the
   first N - 1 parties and the remainder for the last (N = 3: 0.33/0.33/0.34,
   where the paper's text says 30/30/40).
-* :func:`block_sizes` / :func:`contiguous_blocks`: contiguous column blocks from
-  ratios with Python's ``round`` (half to even), as the code's
-  ``feature_distribute``: 95 columns at 0.5 give 48/47, 25 give 12/13.
+* :func:`block_sizes` / :func:`contiguous_blocks` (:mod:`securevfl.data.columns`):
+  contiguous column blocks from ratios with Python's ``round`` (half to even), as
+  the code's ``feature_distribute``: 95 columns at 0.5 give 48/47, 25 give 12/13.
 * :func:`image_column_widths` / :func:`image_columns`: images cut into vertical
   strips of whole columns (28 -> 14/14, 32 -> 16/16, 48 -> 24/24), as index lists
   into row-major flattened (C x) H x W images.
@@ -29,12 +29,13 @@ partitioned, as in the paper's simulation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from securevfl.data.columns import block_sizes as block_sizes
+from securevfl.data.columns import contiguous_blocks as contiguous_blocks
 from securevfl.errors import ConfigError, DataError
 
 # -- column splits (docs/methods/hashvfl.md §3.1, §4) --------------------------------------------------------
@@ -47,35 +48,6 @@ def feature_ratios(parties: int) -> list[float]:
         raise ConfigError(f"need at least one party, got {parties}")
     head = [round(1 / parties, 2)] * (parties - 1)
     return [*head, round(1 - sum(head), 2)]
-
-
-def block_sizes(n: int, ratios: Sequence[float]) -> list[int]:
-    """Sizes of contiguous blocks of ``n`` columns: round(n * r) (Python's
-    round, half to even) for every ratio but the last, the remainder for the
-    last (the official ``feature_distribute``). Every block must get at least one
-    column."""
-    if not ratios:
-        raise ConfigError("ratios must not be empty")
-    if any(not r > 0 for r in ratios):
-        raise ConfigError(f"ratios must be positive, got {list(ratios)}")
-    if abs(sum(ratios) - 1) > 1e-6:
-        raise ConfigError(f"ratios must sum to 1, got {list(ratios)} (sum {sum(ratios):g})")
-    head = [round(n * r) for r in ratios[:-1]]
-    sizes = [*head, n - sum(head)]
-    if any(s < 1 for s in sizes):
-        raise ConfigError(f"{n} columns at ratios {list(ratios)} leave a party without columns: {sizes}")
-    return sizes
-
-
-def contiguous_blocks(n: int, ratios: Sequence[float]) -> list[tuple[int, int]]:
-    """[start, stop) of each party's contiguous block of ``n`` columns (see
-    :func:`block_sizes`): 95 at [0.5, 0.5] -> (0, 48), (48, 95)."""
-    out: list[tuple[int, int]] = []
-    start = 0
-    for size in block_sizes(n, ratios):
-        out.append((start, start + size))
-        start += size
-    return out
 
 
 def image_column_widths(width: int, parties: int = 2) -> list[int]:

@@ -8,9 +8,10 @@ options. Larger defenses are packages of small modules (``crdp/``, ``hashvfl/``)
 Importing this package registers every built-in defense by where it lives
 (:meth:`~securevfl.registry.Registry.add_path`); a defense's module is imported
 on its first lookup, so a process loads the defenses its protocol runs and no
-others."""
+others. The face itself imports nothing heavy: the defense interface is
+:mod:`securevfl.defenses.base`."""
 
-from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseStack
+from securevfl.defenses.names import DEFENSES
 
 DEFENSES.add_path("crdp", "securevfl.defenses.crdp.defense:Crdp")
 DEFENSES.add_path("dravl", "securevfl.defenses.dravl:Dravl")
@@ -20,4 +21,4 @@ DEFENSES.add_path("hashvfl", "securevfl.defenses.hashvfl.passive:HashVFL")
 DEFENSES.add_path("hashvfl_consistency", "securevfl.defenses.hashvfl.consistency:HashVFLConsistency")
 DEFENSES.add_path("label_dp", "securevfl.defenses.label_dp:LabelDP")
 
-__all__ = ["DEFENSES", "Defense", "DefenseContext", "DefenseStack"]
+__all__ = ["DEFENSES"]

@@ -57,9 +57,9 @@ from securevfl._compat import import_crypten
 from securevfl.components import components_of
 from securevfl.config import ComponentSpec, Protocol
 from securevfl.csprng import SecretStream
+from securevfl.defenses.names import DEFENSES as DEFENSES
 from securevfl.errors import CheckpointError, ProtocolError
 from securevfl.privacy.accountant import Mechanism, Plan
-from securevfl.registry import Registry
 from securevfl.runtime.layout import Layout
 from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
 
@@ -259,9 +259,6 @@ class Defense(Generic[OptionsT]):
         """Load-time checks that depend on the options or on the rest of the
         protocol (``backend`` is the exchange backend class); raise a ConfigError or
         UnsupportedCombination naming ``path``."""
-
-
-DEFENSES: Registry[type[Defense[Any]]] = Registry("defense")
 
 
 class DefenseStack:

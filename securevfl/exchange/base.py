@@ -1,33 +1,31 @@
-"""The exchange-backend seam.
+"""The exchange-backend seam: the role objects a backend builds, one per rank.
 
-A backend is one class registered by name. It declares
-
-* ``capabilities``: what it offers, e.g. ``active_sees_embeddings`` (A receives
-  h'_i in the clear), ``cuda``, or ``local_steps`` (FedBCD rounds: the round
-  methods below); defenses and attacks state what they require,
-  and a protocol asking for a combination that cannot work is rejected at load;
-* ``options``: a strict pydantic model of its ``exchange.params``;
-* ``helper_names``: extra ranks it needs (a dealer, say);
-
-and builds one role object per rank. The party code only ever calls
+A backend is one class registered by name; what it declares (capabilities,
+options, helper ranks, load-time checks) is :mod:`securevfl.exchange.spec`,
+re-exported here. It builds one role object per rank. The party code only ever calls
 ``forward``/``backward`` on those role objects, so the training loop never
 branches on a backend's name.
 """
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from securevfl.config import Protocol
-from securevfl.errors import CheckpointError, CryptoParameterError, SecurityWarning
-from securevfl.registry import Registry
+from securevfl.errors import CheckpointError
+from securevfl.exchange.spec import (
+    EXCHANGES,
+    SEEDED_WARNING,
+    ExchangeBackend,
+    NoOptions,
+    Roles,
+    check_weight_init,
+)
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout
 from securevfl.snapshot import ComponentState
@@ -44,10 +42,6 @@ class RunPlan:
 
     train: Mapping[int, int]
     evaluation: tuple[int, ...]
-
-
-class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass
@@ -192,64 +186,16 @@ def _restore_nothing(obj: object, state: ComponentState) -> None:
         )
 
 
-class ExchangeBackend(ABC):
-    name: ClassVar[str]
-    capabilities: ClassVar[frozenset[str]] = frozenset()
-    options: ClassVar[type[BaseModel]] = NoOptions
-    description: ClassVar[str] = ""
-
-    @classmethod
-    def helper_names(cls, proto: Protocol) -> list[str]:
-        return []
-
-    @classmethod  # noqa: B027 - optional hook
-    def check(cls, proto: Protocol, options: BaseModel) -> None:
-        """Extra load-time checks (security floors, sizes); raise ConfigError."""
-
-    @classmethod
-    @abstractmethod
-    def active(cls, ctx: ExchangeContext) -> ActiveExchange: ...
-
-    @classmethod
-    @abstractmethod
-    def passive(cls, ctx: ExchangeContext) -> PassiveExchange: ...
-
-    @classmethod
-    def helper(cls, ctx: ExchangeContext) -> HelperExchange:
-        raise NotImplementedError(f"backend {cls.name} has no helper ranks")
-
-    @classmethod
-    def result_info(cls, options: BaseModel) -> dict[str, Any]:
-        """What the result record should say about this backend's settings."""
-        return {"backend": cls.name, "params": options.model_dump(mode="json")}
-
-
-#: what a run with ``weight_init: seeded`` (and ``insecure: true``) is told, and records
-SEEDED_WARNING = (
-    "weight_init: seeded: the active party starts from the interactive layer's W_i^0 of the public "
-    "seed and so knows it exactly (it can read h'_i off z_i at the first steps); for step-by-step "
-    "comparisons with plain only, not private"
-)
-
-
-def check_weight_init(options: BaseModel) -> None:
-    """Refuse ``weight_init: seeded`` unless the options also say ``insecure: true``
-    (a CryptoParameterError naming the field), and warn when they do. Under
-    ``seeded`` A holds W_i^0, which every party can compute from the protocol seed,
-    so z_i = h'_i W_i hands A the embedding at the first steps: a verification
-    setting (runs compared step by step with ``plain``), like CrypTen's TFP provider.
-    For the options of a backend with ``weight_init`` and ``insecure`` fields."""
-    if getattr(options, "weight_init", None) != "seeded":
-        return
-    if not getattr(options, "insecure", False):
-        raise CryptoParameterError(
-            "weight_init: seeded gives the active party the initial interactive weights W_i^0 "
-            "exactly (they follow from the public seed), so z_i reveals the embeddings h'_i at the "
-            "first steps; it is for step-by-step comparisons with plain only: set insecure: true "
-            "beside it to allow that, or leave weight_init at its default",
-            path="exchange.params.weight_init",
-        )
-    warnings.warn(SecurityWarning(SEEDED_WARNING), stacklevel=3)
-
-
-EXCHANGES: Registry[type[ExchangeBackend]] = Registry("exchange backend")
+__all__ = [
+    "EXCHANGES",
+    "SEEDED_WARNING",
+    "ActiveExchange",
+    "ExchangeBackend",
+    "ExchangeContext",
+    "HelperExchange",
+    "NoOptions",
+    "PassiveExchange",
+    "Roles",
+    "RunPlan",
+    "check_weight_init",
+]

@@ -15,9 +15,9 @@ import torch
 
 from securevfl.exchange.base import (
     ActiveExchange,
-    ExchangeBackend,
     ExchangeContext,
     PassiveExchange,
+    Roles,
 )
 from securevfl.models import build_interactive, interactive_optimizer
 from securevfl.privacy.hashing import pack_codes, unpack_codes
@@ -169,10 +169,8 @@ class PlainPassive(PassiveExchange):
         return list(torch.split(g.to(self.ctx.device), sizes))
 
 
-class Plain(ExchangeBackend):
-    name = "plain"
-    capabilities = frozenset({"active_sees_embeddings", "cuda", "local_steps"})
-    description = "no protection: h'_i sent in the clear (baseline)"
+class PlainRoles(Roles):
+    """The role objects of ``plain`` (its declaration: :class:`~securevfl.exchange.declared.Plain`)."""
 
     @classmethod
     def active(cls, ctx: ExchangeContext) -> ActiveExchange:

@@ -24,7 +24,7 @@ from securevfl.models import (
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
 from securevfl.parties.state import module_states
-from securevfl.parties.tasks import TASKS
+from securevfl.parties.task_kinds import TASKS
 from securevfl.records import EpochRecord, OwnView, PartyPrivacy
 from securevfl.schedule import eval_batches
 

@@ -43,7 +43,7 @@ from securevfl.parties.state import (
     rng_state,
     split_components,
 )
-from securevfl.parties.tasks import TASKS
+from securevfl.parties.task_kinds import TASKS
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
 from securevfl.records import EpochRecord, OwnReport

@@ -1,5 +1,6 @@
-"""Task kinds, registered by name: what the top model outputs, the training loss
-and the test metrics. The active party picks its task from the label column
+"""Task kinds, registered by name (by path, in
+:data:`securevfl.parties.task_kinds.TASKS`): what the top model outputs, the
+training loss and the test metrics. The active party picks its task from the label column
 (declared ``task:`` or inferred, :func:`securevfl.data.party_data.labels_for_task`)
 and never branches on its name.
 
@@ -23,9 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from securevfl.metrics import classification_metrics, regression_metrics
-from securevfl.registry import Registry
 
-__all__ = ["TASKS", "Task", "classification_metrics", "regression_metrics"]
+__all__ = ["Task", "classification_metrics", "regression_metrics"]
 
 
 class Task:
@@ -186,8 +186,3 @@ class Regression(Task):
     def prediction_columns(self, scores: np.ndarray) -> dict[str, list[Any]]:
         """``value``: the prediction in the target's own units."""
         return {"value": np.asarray(scores, dtype=np.float64).reshape(-1).tolist()}
-
-
-TASKS: Registry[type[Task]] = Registry("task")
-for _cls in (Binary, Multiclass, Regression):
-    TASKS.add(_cls.name, _cls)

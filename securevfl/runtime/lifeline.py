@@ -12,7 +12,7 @@ will commit (a launcher killed with SIGKILL cannot stop anything).
   from a thread that lives as long as the parent needs it (the launcher's, the
   rank's main thread);
 * a rank the local launcher starts through a fork server
-  (:func:`securevfl.app.launcher.rank_context`) has the fork server as its
+  (:func:`securevfl.app.rank_server.rank_context`) has the fork server as its
   parent, and the fork server does not end with the launcher: it runs until
   every holder of its "alive" pipe has closed it, and every rank it forks holds
   one. Such a child watches ``origin`` itself from a daemon thread, on a pidfd

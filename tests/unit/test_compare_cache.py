@@ -10,8 +10,10 @@ import json
 
 import pytest
 
+import securevfl.app.compare_runs as compare_runs
 import securevfl.app.comparison as comparison
-from securevfl.app.comparison import MARKER, Source, cached, execute, mark_done, plan
+from securevfl.app.compare_runs import cached, execute, mark_done
+from securevfl.app.comparison import MARKER, Source, plan
 from tests.support.protocols import PROTOCOLS
 
 
@@ -64,7 +66,7 @@ def test_execute_runs_only_what_is_missing(tmp_path, monkeypatch) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "result.json").write_text(json.dumps({"digest": proto.digest(), "protocol": proto.name}))
 
-    monkeypatch.setattr(comparison, "launch", fake_launch)
+    monkeypatch.setattr(compare_runs, "launch", fake_launch)
     said: list[str] = []
     p = _plan(tmp_path, seeds=(0, 1, 2))
     _finish(p.runs[1])
@@ -96,7 +98,7 @@ def _recording_launch(monkeypatch) -> list[int]:
             json.dumps({"digest": proto.digest(), "protocol": proto.name, "test_accuracy": 0.54})
         )
 
-    monkeypatch.setattr(comparison, "launch", fake_launch)
+    monkeypatch.setattr(compare_runs, "launch", fake_launch)
     return launched
 
 

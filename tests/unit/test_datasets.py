@@ -103,7 +103,7 @@ def test_waiting_for_a_file_that_never_comes_is_a_data_error(tmp_path: Path):
 
 @pytest.mark.parametrize("name,n,cols,classes", [("digits", 1797, 64, 10), ("breast_cancer", 569, 30, 2)])
 def test_builtin_tables(name, n, cols, classes):
-    from securevfl.data.datasets import DATASETS
+    from securevfl.data.catalog import DATASETS
 
     proto = load_protocol_dict({**_synthetic(), "dataset": {"name": name}})
     t = DATASETS.get(name)(proto.dataset, 0)
@@ -143,3 +143,15 @@ def test_one_party_materialized_apart_writes_its_file_only(tmp_path: Path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError):
         materialize_apart(proto, tmp_path / "file", "p1")
+
+
+@pytest.mark.parametrize("name", ["digits", "breast_cancer", "diabetes", "synthetic"])
+def test_catalog_columns_are_the_builders_columns(name):
+    """The columns known without building a dataset (checked at load, with no
+    scikit-learn) are the columns its builder makes, in order."""
+    from securevfl.config import DatasetSpec
+    from securevfl.data.catalog import DATASETS, feature_columns
+
+    spec = DatasetSpec(name=name)
+    table = DATASETS.get(name)(spec, 0)
+    assert feature_columns(name, spec) == list(table.features.columns)

@@ -72,6 +72,8 @@ LAYERS: tuple[str, ...] = (
     "securevfl.data",
     "securevfl.privacy",
     "securevfl.models",
+    "securevfl.model_kinds",
+    "securevfl.bottoms",
     "securevfl.runtime",
     "securevfl.schedule",
     "securevfl.metrics",

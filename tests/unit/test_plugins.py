@@ -17,7 +17,7 @@ from securevfl import plugins
 from securevfl.app.loader import OWN, load_protocol, load_protocol_dict, needed_code
 from securevfl.attacks import ATTACKS
 from securevfl.components import components_of
-from securevfl.data.datasets import DATASETS
+from securevfl.data.catalog import DATASETS
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UserCodeError
 from securevfl.models import MODELS
@@ -218,7 +218,8 @@ def test_a_registered_task_is_named_by_the_protocol_and_reads_its_labels():
     import pandas as pd
 
     from securevfl.data.party_data import labels_for_task
-    from securevfl.parties.tasks import TASKS, Regression
+    from securevfl.parties.task_kinds import TASKS
+    from securevfl.parties.tasks import Regression
 
     tag = uuid.uuid4().hex[:8]
 

@@ -18,7 +18,7 @@ from securevfl.data.fitted import apply_fitted, from_saved
 from securevfl.data.party_data import load_new_records
 from securevfl.data.preprocess import fit_preprocessor
 from securevfl.errors import ConfigError, DataError
-from securevfl.parties.tasks import TASKS
+from securevfl.parties.task_kinds import TASKS
 from tests.support.protocols import small_digits
 
 

@@ -121,20 +121,24 @@ NOT_FOR_PLAIN = (
     "securevfl.attacks.code_detection",
     "sklearn.ensemble",
     "sklearn.cluster",
+    "matplotlib",
 )
 
 
 def test_a_plain_protocol_loads_none_of_the_components_it_does_not_use():
     """What a plain rank imports (the CLI, which a spawned rank re-imports as its
-    main module, the launcher and the rank's code), with the protocol loaded and
-    its components resolved, holds no other backend, defense or attack."""
+    main module, the launcher and the rank's code: what the fork server preloads),
+    with the protocol loaded, its components resolved and its backend's role objects
+    looked up, holds no other backend, defense or attack, and no plotting."""
     code = (
         "import sys\n"
-        "import securevfl.cli, securevfl.app.launcher, securevfl.app.rank\n"
+        "import securevfl.cli, securevfl.app.launcher, securevfl.app.rank, securevfl.app.predict\n"
         "from securevfl.app.loader import load_protocol\n"
         "from securevfl.app.rank_layout import layout_of\n"
+        "from securevfl.exchange import ROLES\n"
         "proto = load_protocol('protocols/plain.yaml')\n"
         "assert layout_of(proto).world_size == 3\n"
+        "ROLES.get('plain')\n"
         f"print(' '.join(m for m in {NOT_FOR_PLAIN!r} if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from securevfl.app.loader import load_protocol_dict
-from securevfl.attacks import ATTACKS, Attack
+from securevfl.attacks import ATTACKS
+from securevfl.attacks.base import Attack
 from securevfl.csprng import SecretStream
-from securevfl.defenses import DEFENSES, Defense, DefenseStack
-from securevfl.defenses.base import DefenseContext, DefenseOptions
+from securevfl.defenses import DEFENSES
+from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions, DefenseStack
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.registry import Registry
 from tests.support.protocols import small_digits

@@ -49,6 +49,18 @@ def test_the_counts_are_the_built_models(backend):
     assert sizes["active"].lower_bound  # the top model's output layer has one output a class
 
 
+def test_the_cnn_counts_are_the_built_models():
+    """plain.yaml's passive parties run the built-in cnn: counted from its shapes,
+    the same number as the module the rank builds."""
+    proto = load_protocol_dict(load_yaml("plain.yaml"))
+    sizes = {s.party: s for s in party_sizes(proto, input_widths(proto))}
+    for i, p in enumerate(proto.parties.passive):
+        assert p.model is not None and p.model.kind == "cnn"
+        bottom = _numel(build_bottom(p.model, 32, seed=0, party=p.name))
+        assert sizes[p.name].parts[f"parties.passive[{i}].model"] == bottom
+        assert not sizes[p.name].lower_bound
+
+
 def test_validate_states_the_parameter_count(capsys):
     assert main(["validate", str(PROTOCOLS / "diabetes_regression.yaml")]) == 0
     out = capsys.readouterr().out

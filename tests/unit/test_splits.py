@@ -10,7 +10,7 @@ import pytest
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.data import splits
-from securevfl.data.datasets import feature_columns
+from securevfl.data.catalog import feature_columns
 from securevfl.data.partition import resolve_partition
 from securevfl.errors import ConfigError, DataError
 from tests.support.protocols import load_yaml

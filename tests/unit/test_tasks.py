@@ -10,7 +10,8 @@ from sklearn.metrics import mean_absolute_error, r2_score, roc_auc_score
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, UnsupportedCombination
-from securevfl.parties.tasks import TASKS, classification_metrics, regression_metrics
+from securevfl.parties.task_kinds import TASKS
+from securevfl.parties.tasks import classification_metrics, regression_metrics
 from tests.support.protocols import load_yaml
 
 

@@ -13,13 +13,13 @@ import torch
 import securevfl.defenses.crdp.collective as collective
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.data.datasets import feature_columns
+from securevfl.data.catalog import feature_columns
 from securevfl.data.partition import resolve_partition
 from securevfl.defenses.base import CollectiveContext, Defense, DefenseContext
 from securevfl.defenses.crdp.accounting import crdp_mechanisms
 from securevfl.defenses.crdp.options import CrdpOptions
 from securevfl.errors import ConfigError, DataError, ProtocolError, UnsupportedCombination
-from securevfl.exchange.mpc import MpcOptions
+from securevfl.exchange.declared import MpcOptions
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.privacy.correlated import (
     MergedSensitivity,

@@ -49,62 +49,33 @@ Under the insecure TFP provider rank 0 plays the dealer's part, in the clear.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 import securevfl.exchange.mpc.crypten.provider as tuple_provider
-from securevfl.components import components_of
-from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
-from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.base import (
-    SEEDED_WARNING,
     ActiveExchange,
-    ExchangeBackend,
     ExchangeContext,
     HelperExchange,
     PassiveExchange,
+    Roles,
     RunPlan,
-    check_weight_init,
 )
+from securevfl.exchange.declared import INSECURE_WARNING as INSECURE_WARNING
+from securevfl.exchange.declared import Mpc as Mpc
+from securevfl.exchange.declared import MpcOptions as MpcOptions
+from securevfl.exchange.declared import share_layout as share_layout
 from securevfl.exchange.mpc import ops
 from securevfl.exchange.mpc.crypten.api import ArithmeticSharedTensor, comm
 from securevfl.exchange.mpc.crypten.items import Init, Trunc, TruncShares, pooled_bytes
 from securevfl.exchange.mpc.crypten.runtime import serve_dealer, start_crypten, stop_crypten
 from securevfl.exchange.mpc.pairwise import PairRole
 from securevfl.exchange.mpc.plan import FRAC_BITS, Lookahead, chunk_steps, step_plan, top_up
-from securevfl.exchange.mpc.ringmatmul import forced_kernel, ring_matmul
+from securevfl.exchange.mpc.ringmatmul import ring_matmul
 from securevfl.models import build_interactive
 from securevfl.snapshot import ComponentState
-
-INSECURE_WARNING = (
-    "mpc provider TFP: rank 0 generates all Beaver triples in the clear and can unmask "
-    "every opened value; use only for debugging"
-)
-
-
-class MpcOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    provider: Literal["TTP", "TFP"] = "TTP"
-    insecure: bool = False
-    weight_init: Literal["private", "seeded"] = "private"
-    # offline phase: the dealer pre-generates this many steps' tuples per request (TTP only)
-    offline_steps: int = Field(default=16, ge=1, le=1024)
-    # pairwise: P_i's products shared by A and P_i alone (linear in k; needs TTP and CPU);
-    # joint: every product shared by all k + 1 MPC parties (CrypTen's own protocols);
-    # auto: pairwise where it can run, else joint
-    layout: Literal["auto", "pairwise", "joint"] = "auto"
-
-
-def share_layout(options: MpcOptions, device: str) -> str:
-    """The share layout a run uses: ``auto`` is ``pairwise`` with the TTP dealer on
-    CPU, ``joint`` otherwise (CrypTen's TFP provider, CUDA shares)."""
-    if options.layout != "auto":
-        return options.layout
-    return "pairwise" if options.provider == "TTP" and device == "cpu" else "joint"
 
 
 class _MpcRole:
@@ -358,37 +329,8 @@ class MpcDealer(HelperExchange):
         stop_crypten()
 
 
-class Mpc(ExchangeBackend):
-    name = "mpc"
-    capabilities = frozenset({"cuda", "mpc"})
-    options = MpcOptions
-    description = "CrypTen secret sharing; z revealed to A only; dealer-provided triples"
-
-    @classmethod
-    def helper_names(cls, proto: Protocol) -> list[str]:
-        opts = components_of(proto).exchange_options(MpcOptions)  # validated at load
-        return ["dealer"] if opts is not None and opts.provider == "TTP" else []
-
-    @classmethod
-    def check(cls, proto: Protocol, options: BaseModel) -> None:
-        assert isinstance(options, MpcOptions)
-        forced_kernel()  # a misspelt SECUREVFL_RING_KERNEL stops the run before any rank starts
-        if options.provider == "TFP" and not options.insecure:
-            raise CryptoParameterError(
-                "CrypTen's TFP provider is insecure: rank 0 generates every Beaver triple in the "
-                "clear and so learns every shared value; use provider: TTP (the default), or set "
-                "insecure: true for debugging only",
-                path="exchange.params.provider",
-            )
-        if options.insecure and options.provider == "TFP":
-            warnings.warn(INSECURE_WARNING, stacklevel=2)
-        check_weight_init(options)
-        if options.layout == "pairwise" and (options.provider != "TTP" or proto.training.device != "cpu"):
-            raise ConfigError(
-                "the pairwise share layout needs the TTP dealer (its triples are generated per pair) "
-                "and runs on CPU; use layout: joint (or auto)",
-                path="exchange.params.layout",
-            )
+class MpcRoles(Roles):
+    """The role objects of ``mpc`` (its declaration: :class:`~securevfl.exchange.declared.Mpc`)."""
 
     @classmethod
     def active(cls, ctx: ExchangeContext) -> ActiveExchange:
@@ -401,14 +343,3 @@ class Mpc(ExchangeBackend):
     @classmethod
     def helper(cls, ctx: ExchangeContext) -> HelperExchange:
         return MpcDealer(ctx)
-
-    @classmethod
-    def result_info(cls, options: BaseModel) -> dict[str, Any]:
-        info = super().result_info(options)
-        assert isinstance(options, MpcOptions)
-        flags = {INSECURE_WARNING: options.provider == "TFP", SEEDED_WARNING: options.weight_init == "seeded"}
-        warned = [w for w, on in flags.items() if on]
-        info["insecure"] = bool(warned)
-        if warned:
-            info["warning"] = "; ".join(warned)
-        return info

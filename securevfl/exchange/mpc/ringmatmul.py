@@ -72,7 +72,6 @@ The training loop never sees any of this: it calls the exchange as before.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -80,13 +79,13 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from securevfl.errors import ConfigError
+from securevfl.exchange.declared import KERNEL_ENV as KERNEL_ENV
+from securevfl.exchange.declared import KERNELS as KERNELS
+from securevfl.exchange.declared import forced_kernel
 
 LIMB_BITS = 22
 LIMBS = 3
 CHUNK = 1024  # inner-dimension terms per float64 sum: 2 * 1024 * 2^42 = 2^53
-KERNEL_ENV = "SECUREVFL_RING_KERNEL"
-KERNELS = ("int64", "limbs")
 
 _LOW = 64 - LIMB_BITS  # shift that leaves the low digit's bits at the top
 
@@ -219,15 +218,6 @@ def choose_kernel() -> str:
     # int64 without a fast kernel is 3-30x the limbs: one timed call at twice them settles it
     t_int = _timed(lambda: torch.matmul(x, y), above=2 * t_limbs)
     return "int64" if t_int <= t_limbs else "limbs"
-
-
-def forced_kernel() -> str | None:
-    """The kernel ``SECUREVFL_RING_KERNEL`` names, None when it is unset; any other
-    value is a :class:`ConfigError` (checked when an ``mpc`` protocol is loaded)."""
-    forced = os.environ.get(KERNEL_ENV, "").strip().lower()
-    if forced and forced not in KERNELS:
-        raise ConfigError(f"{KERNEL_ENV}={forced!r}: the ring kernel is one of {', '.join(KERNELS)}")
-    return forced or None
 
 
 def kernel() -> str:

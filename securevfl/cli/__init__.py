@@ -2,41 +2,31 @@
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
+
+This module parses the command line and dispatches; each command lives in a
+module of this package (:data:`COMMANDS`), imported when that command runs, so
+``--help``, ``list`` and ``validate`` never pay for torch or the reports.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import signal
 import sys
 import textwrap
 import threading
 import warnings
-from pathlib import Path
+from collections.abc import Callable
 from types import FrameType
 
-import yaml
-
-from securevfl import api
-from securevfl.app.comparison import plan as make_plan
-from securevfl.app.comparison import read_comparison_file, sources_from_args
 from securevfl.app.outdir import output_error
-from securevfl.app.predict import PREDICTIONS_FILE
-from securevfl.app.rank_layout import layout_of
-from securevfl.attacks import ATTACKS
-from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
-from securevfl.data.datasets import DATASETS
-from securevfl.defenses import DEFENSES
-from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, UserCodeError, show_warning
-from securevfl.exchange import EXCHANGES
-from securevfl.models import MODELS
-from securevfl.report.compare import print_summary, print_table
-from securevfl.runtime.secure.keys import Identity, fingerprint, pin_instructions
-from securevfl.sizing import describe, party_sizes
-from securevfl.validation import input_widths
+from securevfl.app.rank_server import start_rank_server
+from securevfl.errors import PartyFailure, SecureVFLError, UserCodeError, show_warning
+from securevfl.registry import Registry
+
+#: a command: its parsed arguments in, its exit code out
+Command = Callable[[argparse.Namespace], int]
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -212,168 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    proto = api.load_protocol(args.file, args.overrides)
-    result = api.run(
-        proto,
-        out=args.out,
-        data_dir=args.data_dir,
-        progress=not args.quiet,
-        overwrite=args.overwrite,
-        resume=args.resume,
-    )
-    print_table([result.to_json()], title=f"securevfl run: {proto.name}")
-    print(f"result: {result.folder / 'result.json'}")
-    return 0
-
-
-def cmd_party(args: argparse.Namespace) -> int:
-    proto = api.load_protocol(args.file, args.overrides, allow_plugins=args.allow_plugins, rank=args.rank)
-    try:
-        out = api.party(
-            proto,
-            allow_plugins=args.allow_plugins,
-            rank=args.rank,
-            rendezvous=args.rendezvous,
-            out=args.out,
-            data_dir=args.data_dir,
-            key=args.key,
-            predict=args.predict,
-            data=args.data,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            progress=not args.quiet,
-        )
-    except RankFailed as exc:  # the rank has reported its error itself
-        if exc.kept_aside is not None:
-            print(
-                f"securevfl: the earlier result in {exc.kept_aside.parent} is untouched; "
-                f"this run's files are in {exc.kept_aside}",
-                file=sys.stderr,
-            )
-        return exc.exit_code
-    role = layout_of(proto).role(args.rank)
-    if args.predict is not None:
-        if role.kind == "active":
-            print(f"predictions: {out / PREDICTIONS_FILE}")
-        else:
-            print(f"done: rank {args.rank} ({role.label}) took part; the active party holds the predictions")
-    elif args.rank == 0:
-        print(f"result: {out / 'result.json'}")
-    else:  # the other ranks say so too, in one line: rank 0 holds the result
-        print(_rank_done(out, args.rank, role.label))
-    return 0
-
-
-def _rank_done(out: Path, rank: int, label: str) -> str:
-    """One line for a rank other than rank 0 that has finished: what it did, from
-    its own summary, and where its files are."""
-    try:
-        summary = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
-    if summary.get("train_steps") is None:  # a helper rank (the mpc dealer)
-        return f"done: rank {rank} ({label}) served the run; its files are in {out}"
-    model = out / "ranks" / f"rank{rank}" / "model"
-    return (
-        f"done: rank {rank} ({label}): {summary['train_steps']} training steps on "
-        f"{summary.get('n_aligned', '?')} aligned rows; its model is in {model}"
-    )
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    pred = api.predict(
-        args.run_dir, out=args.out, data=args.data, data_dir=args.data_dir, overwrite=args.overwrite
-    )
-    print(
-        f"securevfl predict: {pred.protocol} [{pred.backend}]: {pred.rows['aligned']} rows aligned "
-        "and predicted ("
-        + ", ".join(f"{k} {v}" for k, v in pred.rows.items() if k != "aligned")
-        + " records)"
-    )
-    print(f"predictions: {pred.path}")
-    return 0
-
-
-def cmd_keygen(args: argparse.Namespace) -> int:
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", args.party):
-        raise SecureVFLError(f"--party {args.party!r}: a party name is a letter then letters, digits, _ or -")
-    identity = Identity.generate()
-    secret, public = identity.write(Path(args.out), args.party)
-    print(f"wrote {secret} (secret key: keep it; mode 0600)")
-    print(f"wrote {public}")
-    print(f"fingerprint: {fingerprint(identity.public)}")
-    for line in pin_instructions(args.party, identity.public):
-        print(line)
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    table = api.compare(
-        args.files,
-        seeds=args.seeds,
-        grid=args.grid,
-        overrides=args.overrides,
-        out=args.out,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
-    print_summary(table.summary, title=table.title)
-    print("wrote " + ", ".join(str(p) for p in table.files.values()))
-    return 0
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    for f in args.files:
-        if Path(f).is_file() and read_comparison_file(Path(f)) is not None:
-            title, sources, seeds = sources_from_args([f], args.overrides, [])
-            runs = make_plan(title, sources, seeds, Path("runs/compare"), allow=args.allow_plugins).runs
-            print(f"ok: {f}: comparison '{title}', {len(runs)} runs, every one validated")
-            continue
-        proto = api.load_protocol(f, args.overrides, allow_plugins=args.allow_plugins)
-        lay = layout_of(proto)
-        print(
-            f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
-            f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)}); "
-            + describe(party_sizes(proto, input_widths(proto)))
-        )
-    return 0
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    for title, reg in (
-        ("exchange backends", EXCHANGES),
-        ("defenses", DEFENSES),
-        ("attacks", ATTACKS),
-        ("datasets", DATASETS),
-        ("models", MODELS),
-    ):
-        names = reg.names() + (["csv"] if reg is DATASETS else [])
-        print(f"{title}: {', '.join(names) or '(none yet)'}")
-    return 0
-
-
-def cmd_criteo(args: argparse.Namespace) -> int:
-    paths = criteo_paths(args.out)
-    doc = criteo_protocol(paths, top_k=args.top_k, source=args.file)  # checks top_k before writing
-    split_criteo(args.file, args.out, max_rows=args.max_rows)
-    proto = Path(args.out) / "protocol.yaml"
-    proto.write_text(yaml.safe_dump(doc, sort_keys=False))
-    for p in (*paths.values(), proto):
-        print(f"wrote {p}")
-    return 0
-
-
-COMMANDS = {
-    "run": cmd_run,
-    "party": cmd_party,
-    "predict": cmd_predict,
-    "keygen": cmd_keygen,
-    "compare": cmd_compare,
-    "validate": cmd_validate,
-    "list": cmd_list,
-    "criteo": cmd_criteo,
-}
+#: ``command -> "module:function"``: a command's module is imported when it runs, so
+#: ``securevfl --help``, ``list`` and ``validate`` load no torch, scikit-learn or plotting
+COMMANDS: Registry[Command] = Registry("command")
+COMMANDS.add_path("run", "securevfl.cli.training:cmd_run")
+COMMANDS.add_path("party", "securevfl.cli.training:cmd_party")
+COMMANDS.add_path("predict", "securevfl.cli.training:cmd_predict")
+COMMANDS.add_path("compare", "securevfl.cli.training:cmd_compare")
+COMMANDS.add_path("keygen", "securevfl.cli.keys:cmd_keygen")
+COMMANDS.add_path("validate", "securevfl.cli.checking:cmd_validate")
+COMMANDS.add_path("list", "securevfl.cli.checking:cmd_list")
+COMMANDS.add_path("criteo", "securevfl.cli.criteo:cmd_criteo")
 
 
 LAUNCHING = frozenset({"run", "predict", "compare"})  # commands that start every rank locally
@@ -403,16 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = show_warning
     if not args.debug:
         # torch's C++ logs append native stack traces; securevfl reports its errors
-        # itself. torch reads this when it loads: this process has loaded it already
-        # (its own native logs stay on torch's default level), the ranks the local
-        # launcher spawns inherit it.
+        # itself. torch reads this when it loads: in this process (a command that
+        # needs torch loads it after this line) and in the ranks the local launcher
+        # spawns, which inherit it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     # the commands that start ranks themselves stop them on SIGTERM; elsewhere (one
     # `party` rank, which may sit in a transport call) SIGTERM keeps its default action
     stops_ranks = args.command in LAUNCHING and threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if stops_ranks else None
     try:
-        return COMMANDS[args.command](args)
+        if args.command in LAUNCHING:  # the ranks' fork server imports while the command does
+            start_rank_server()
+        return COMMANDS.get(args.command)(args)
     except SecureVFLError as exc:
         if args.debug:
             raise

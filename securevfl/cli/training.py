@@ -1,0 +1,113 @@
+"""``securevfl run | party | predict | compare``: the commands that train, predict
+and compare (imported when one of them runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from securevfl import api
+from securevfl.app.predict import PREDICTIONS_FILE
+from securevfl.app.rank_layout import layout_of
+from securevfl.errors import RankFailed
+from securevfl.report.compare import print_summary, print_table
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    proto = api.load_protocol(args.file, args.overrides)
+    result = api.run(
+        proto,
+        out=args.out,
+        data_dir=args.data_dir,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        resume=args.resume,
+    )
+    print_table([result.to_json()], title=f"securevfl run: {proto.name}")
+    print(f"result: {result.folder / 'result.json'}")
+    return 0
+
+
+def cmd_party(args: argparse.Namespace) -> int:
+    proto = api.load_protocol(args.file, args.overrides, allow_plugins=args.allow_plugins, rank=args.rank)
+    try:
+        out = api.party(
+            proto,
+            allow_plugins=args.allow_plugins,
+            rank=args.rank,
+            rendezvous=args.rendezvous,
+            out=args.out,
+            data_dir=args.data_dir,
+            key=args.key,
+            predict=args.predict,
+            data=args.data,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            progress=not args.quiet,
+        )
+    except RankFailed as exc:  # the rank has reported its error itself
+        if exc.kept_aside is not None:
+            print(
+                f"securevfl: the earlier result in {exc.kept_aside.parent} is untouched; "
+                f"this run's files are in {exc.kept_aside}",
+                file=sys.stderr,
+            )
+        return exc.exit_code
+    role = layout_of(proto).role(args.rank)
+    if args.predict is not None:
+        if role.kind == "active":
+            print(f"predictions: {out / PREDICTIONS_FILE}")
+        else:
+            print(f"done: rank {args.rank} ({role.label}) took part; the active party holds the predictions")
+    elif args.rank == 0:
+        print(f"result: {out / 'result.json'}")
+    else:  # the other ranks say so too, in one line: rank 0 holds the result
+        print(_rank_done(out, args.rank, role.label))
+    return 0
+
+
+def _rank_done(out: Path, rank: int, label: str) -> str:
+    """One line for a rank other than rank 0 that has finished: what it did, from
+    its own summary, and where its files are."""
+    try:
+        summary = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("train_steps") is None:  # a helper rank (the mpc dealer)
+        return f"done: rank {rank} ({label}) served the run; its files are in {out}"
+    model = out / "ranks" / f"rank{rank}" / "model"
+    return (
+        f"done: rank {rank} ({label}): {summary['train_steps']} training steps on "
+        f"{summary.get('n_aligned', '?')} aligned rows; its model is in {model}"
+    )
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    pred = api.predict(
+        args.run_dir, out=args.out, data=args.data, data_dir=args.data_dir, overwrite=args.overwrite
+    )
+    print(
+        f"securevfl predict: {pred.protocol} [{pred.backend}]: {pred.rows['aligned']} rows aligned "
+        "and predicted ("
+        + ", ".join(f"{k} {v}" for k, v in pred.rows.items() if k != "aligned")
+        + " records)"
+    )
+    print(f"predictions: {pred.path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    table = api.compare(
+        args.files,
+        seeds=args.seeds,
+        grid=args.grid,
+        overrides=args.overrides,
+        out=args.out,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    print_summary(table.summary, title=table.title)
+    print("wrote " + ", ".join(str(p) for p in table.files.values()))
+    return 0
