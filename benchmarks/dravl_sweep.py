@@ -10,8 +10,8 @@ Leakage metric: each passive party's defense reports, from its last evaluation
 pass, the V-statistic dCor between its own test-row inputs (the fixed, z-scored
 pixel columns its bottom model reads) and the embeddings it sent, in batches of up
 to 512 rows, next to the permuted-row baseline and the bias-corrected dCor^2
-(``result.json["defense_report"]``). The passive party computes these locally;
-they are a measurement, nothing is sent. Rows average the two passive parties,
+(its own ``ranks/rank<R>.defense_report.json``). The passive party computes these
+locally; they are a measurement, nothing is sent. Rows average the two passive parties,
 then the seeds (mean and sample std over seeds).
 
 Usage:  python benchmarks/dravl_sweep.py [--weights 0,0.01,0.1,0.3,1] [--seeds 0,1,2]
@@ -47,21 +47,25 @@ def protocol(defense: dict[str, Any] | None, seed: int, epochs: int) -> dict[str
     return doc
 
 
-def run_one(doc: dict[str, Any]) -> dict[str, Any]:
+def run_one(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The run's result and every party's own defense report (a local run's folder holds all)."""
     from securevfl.app.launcher import launch
     from securevfl.app.loader import load_protocol_dict
+    from securevfl.report.result import read_own_reports
 
     with tempfile.TemporaryDirectory() as tmp:
-        return launch(load_protocol_dict(doc), Path(tmp), progress=False)
+        result = launch(load_protocol_dict(doc), Path(tmp), progress=False)
+        return result, {p: r.defenses for p, r in read_own_reports(Path(tmp)).items()}
 
 
-def leakage(result: dict[str, Any], name: str) -> dict[str, float]:
+def leakage(own: dict[str, dict[str, Any]], name: str) -> dict[str, float]:
     """The passive parties' eval metrics of the sent embeddings, averaged."""
-    reps = [r[name]["eval"] for r in result["defense_report"].values()]
+    mine = [r[name] for r in own.values() if name in r]
+    reps = [r["eval"] for r in mine]
     keys = ("v_dcor", "v_dcor_permuted", "u_dcor2")
     out = {k: statistics.fmean(r["sent"][k] for r in reps) for k in keys}
     if name == "dravl":
-        out["collapsed"] = sum(r[name].get("collapsed_batches", 0) for r in result["defense_report"].values())
+        out["collapsed"] = sum(r.get("collapsed_batches", 0) for r in mine)
     return out
 
 
@@ -104,8 +108,8 @@ def main() -> None:
                 runs.setdefault(label, []).append(old[0])
                 continue
             t0 = time.time()
-            result = run_one(protocol(defense, seed, args.epochs))
-            row = {"seed": seed, "acc": result["test_accuracy"], **leakage(result, defense["name"])}
+            result, own = run_one(protocol(defense, seed, args.epochs))
+            row = {"seed": seed, "acc": result["test_accuracy"], **leakage(own, defense["name"])}
             runs.setdefault(label, []).append(row)
             print(f"{label} seed={seed}: {json.dumps(row)} ({time.time() - t0:.0f} s)", file=sys.stderr)
 

@@ -5,7 +5,11 @@ On a machine whose torch sees a CUDA device it runs, within a budget of 8 minute
 1. every test marked ``cuda`` (``pytest -m cuda``): the device runs of ``plain``
    and ``mpc`` end to end, ``mpc``'s ring products on CrypTen's CUDA kernel, the
    exchange benchmark on the device;
-2. the reference benchmark (``benchmarks/exchange.py --quick``) for ``plain`` and
+2. a user's own bottom model (a factory in a module beside the protocol file,
+   ``model: {factory: ...}``) trained on the device with ``plain`` and ``mpc``
+   through ``securevfl run``; the module records the device its first forward
+   ran on in each passive rank;
+3. the reference benchmark (``benchmarks/exchange.py --quick``) for ``plain`` and
    ``mpc`` on the device at batch 256 (digits) and 4096 (synthetic data of
    digits' shapes); ``mpc`` runs its joint layout there (CrypTen's own CUDA path).
 
@@ -43,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT_ENV = "SECUREVFL_GPU_CHECK_OUT"
 BUDGET_S = 480.0  # the whole check
 TESTS_S = 210.0  # the cuda-marked tests, at most
+USER_MODEL_S = 120.0  # the user model's two runs, at most
 BATCHES = (256, 4096)
 TAIL = 4000  # characters of a failed stage's output kept in the JSON
 
@@ -111,6 +116,98 @@ def cuda_tests(timeout: float) -> dict[str, Any]:
     return res
 
 
+#: the user's module of the user-model stage, written beside its protocol file
+USER_MODULE = """
+import os
+from pathlib import Path
+
+from torch import nn
+
+
+class Bottom(nn.Module):
+    def __init__(self, in_features, out, hidden):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(in_features, hidden), nn.LayerNorm(hidden), nn.GELU(), nn.Linear(hidden, out), nn.Tanh()
+        )
+        self.seen = False
+
+    def forward(self, x):
+        if not self.seen:
+            self.seen = True
+            marks = os.environ.get("GPU_CHECK_MARKS")
+            if marks:
+                device = next(self.parameters()).device
+                Path(marks, str(os.getpid())).write_text(f"{x.device} {device}")
+        return self.net(x)
+
+
+def bottom(in_features, out, *, hidden=64):
+    return Bottom(in_features, out, hidden)
+"""
+
+USER_PROTOCOL = """
+name: gpu-user-model
+dataset: {name: digits}
+parties:
+  active: {name: active}
+  passive:
+    - name: left
+      columns: {glob: "px_?_[0-3]"}
+      model: {factory: "gpu_user_models:bottom", params: {hidden: 64}, out: 16}
+    - name: right
+      columns: {glob: "px_?_[4-7]"}
+      model: {factory: "gpu_user_models:bottom", params: {hidden: 64}, out: 16}
+interactive: {out: 16}
+training: {epochs: 2, batch_size: 128, lr: 0.01, device: cuda}
+"""
+
+
+def user_model(timeout: float) -> dict[str, Any]:
+    """A user's own bottom model trained on the device with plain and mpc: each
+    run's accuracy, time per step, and the device each passive rank's module ran on."""
+    rows = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "gpu_user_models.py").write_text(USER_MODULE)
+        proto = folder / "protocol.yaml"
+        proto.write_text(USER_PROTOCOL)
+        for i, backend in enumerate(("plain", "mpc")):
+            marks = folder / f"marks-{backend}"
+            marks.mkdir()
+            out = folder / f"run-{backend}"
+            cmd = [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(out), "--quiet"]
+            cmd += ["--set", f"exchange.backend={backend}"]
+            os.environ["GPU_CHECK_MARKS"] = str(marks)
+            try:
+                left = timeout - (time.perf_counter() - t0)
+                code, output, wall = run(cmd, left / (2 - i))
+            finally:
+                os.environ.pop("GPU_CHECK_MARKS", None)
+            row: dict[str, Any] = {"backend": backend, "exit": code, "wall_s": wall}
+            devices = sorted(f.read_text() for f in marks.iterdir())
+            row["module_devices"] = devices  # "<input device> <parameter device>" per passive rank
+            if (out / "result.json").exists():
+                res = json.loads((out / "result.json").read_text())
+                row.update(
+                    device=res["device"],
+                    test_accuracy=res["test_accuracy"],
+                    train_steps=res["train_steps"],
+                    s_per_step=res["time_per_step_s"],
+                )
+            row["ok"] = (
+                code == 0
+                and row.get("device") == "cuda"
+                and len(devices) == 2
+                and all(d.split()[0].startswith("cuda") and d.split()[1].startswith("cuda") for d in devices)
+            )
+            if not row["ok"]:
+                row["output_tail"] = output[-TAIL:]
+            rows.append(row)
+    return {"ok": all(r["ok"] for r in rows), "wall_s": time.perf_counter() - t0, "runs": rows}
+
+
 def benchmark(batch: int, timeout: float) -> dict[str, Any]:
     """The reference benchmark for plain and mpc on the device at one batch size."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,8 +269,14 @@ def main() -> int:
         "machine": machine(),
     }
     print(f"gpu-check on {doc['machine']['device']}: cuda-marked tests ...", flush=True)
-    doc["tests"] = cuda_tests(min(TESTS_S, left() - 60 * len(BATCHES)))
+    doc["tests"] = cuda_tests(min(TESTS_S, left() - 60 * len(BATCHES) - USER_MODEL_S))
     print(f"  {doc['tests']['counts']} in {doc['tests']['wall_s']:.0f} s", flush=True)
+    print("gpu-check: a user's own bottom model with plain and mpc ...", flush=True)
+    doc["user_model"] = user_model(min(USER_MODEL_S, left() - 60 * len(BATCHES)))
+    for r in doc["user_model"]["runs"]:
+        acc = r.get("test_accuracy")
+        shown = "-" if acc is None else f"{acc:.3f}"
+        print(f"  {r['backend']:5s} ok={r['ok']} accuracy {shown} on {r.get('device')}", flush=True)
     doc["benchmarks"] = []
     for i, batch in enumerate(BATCHES):
         print(f"gpu-check: benchmark plain, mpc at batch {batch} ...", flush=True)
@@ -187,7 +290,7 @@ def main() -> int:
         if not res["ok"]:
             print(f"  failed (exit {res['exit']}, {res['wall_s']:.0f} s)", flush=True)
     doc["wall_s"] = time.perf_counter() - t0
-    doc["ok"] = doc["tests"]["ok"] and all(b["ok"] for b in doc["benchmarks"])
+    doc["ok"] = doc["tests"]["ok"] and doc["user_model"]["ok"] and all(b["ok"] for b in doc["benchmarks"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))

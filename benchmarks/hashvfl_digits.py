@@ -107,14 +107,18 @@ def run_one(doc: dict[str, Any], out: Path, data_dir: Path) -> dict[str, Any]:
     return launch(load_protocol_dict(doc), out, data_dir=data_dir, progress=False, overwrite=True)
 
 
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Accuracy, and over both passive parties' final-evaluation codes: the
-    worst bit's |fraction of +1 - 1/2|, the mean entropy per bit, and the
-    fraction of bits within [0.4, 0.6]."""
+def summarize(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Accuracy, and over both passive parties' final-evaluation codes (from each
+    party's own defense report in the run folder ``out``): the worst bit's
+    |fraction of +1 - 1/2|, the mean entropy per bit, and the fraction of bits
+    within [0.4, 0.6]."""
+    from securevfl.report.result import read_own_reports
+
     row: dict[str, Any] = {"acc": result["test_accuracy"]}
     fracs: list[float] = []
     ents: list[float] = []
-    for party, rep in result.get("defense_report", {}).items():
+    for party, own in read_own_reports(out).items():
+        rep = own.defenses
         bits = rep.get("hashvfl", {}).get("test_bits")
         if bits:
             fracs += bits["plus_fraction"]
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                     result = json.loads(done.read_text())
                 else:
                     result = run_one(doc, args.out / doc["name"], args.out / "data")
-                row = {"seed": seed, **summarize(result)}
+                row = {"seed": seed, **summarize(result, args.out / doc["name"])}
                 rows.setdefault((bits, arm), []).append(row)
                 print(json.dumps({"bits": bits, "arm": arm, **row}), flush=True)
     text = table(rows) + "\n\n" + per_seed(rows)

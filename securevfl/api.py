@@ -29,8 +29,10 @@ nothing here exits the interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -43,22 +45,32 @@ from securevfl.app.comparison import execute, folder_name, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
+from securevfl.app.loader import OWN, Allow, load_protocol_dict, needed_code, override_expr
 from securevfl.app.loader import load_protocol as load_protocol_file
-from securevfl.app.loader import load_protocol_dict, override_expr, resolve_protocol
+from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
 from securevfl.app.predict import (
     PredictionRecord,
     predict_local,
+    read_predictions,
 )
+from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
-from securevfl.records import ResultRecord
+from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport, ResultRecord
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.compare import write_comparison
+from securevfl.report.stats import Interval
+from securevfl.usercode import MODULE_PATTERN, CodePolicy
 
 __all__ = [
     "Comparison",
+    "ComparisonRow",
+    "EpochRecord",
+    "MechanismPrivacy",
+    "PartyPrivacy",
     "Prediction",
+    "PrivacyReport",
     "ProtocolLike",
     "RunResult",
     "compare",
@@ -69,7 +81,9 @@ __all__ = [
 ]
 
 #: What the functions below accept as a protocol: a protocol file's path, a parsed
-#: protocol document (a mapping, as the YAML file would read), or a loaded protocol.
+#: protocol document (a mapping, as the YAML file would read; :func:`run` and
+#: :func:`compare` also take classes and callables in it, see :func:`run`), or a
+#: loaded protocol.
 ProtocolLike = str | os.PathLike[str] | Mapping[str, Any] | Protocol
 
 #: Overrides, as ``--set`` takes them: ``{"training.epochs": 3}`` (values as Python
@@ -80,7 +94,10 @@ Overrides = Mapping[str, Any] | Sequence[str]
 class RunResult(ResultRecord):
     """The result record of a finished run (``result.json``: metrics, privacy
     spent, attacks, bytes and time per step, every rank's ledger), every field
-    typed, and the output folder it lies in (``folder``)."""
+    typed, and the output folder it lies in (``folder``). The privacy each party
+    spent: ``result.privacy_of("left").epsilon`` (and ``.delta``, ``.mechanisms``),
+    ``result.privacy_report`` for the whole record typed; ``result.privacy`` is
+    the mapping as written in result.json."""
 
     folder: Path
 
@@ -104,10 +121,55 @@ class Prediction(PredictionRecord):
 
     @property
     def frame(self) -> pd.DataFrame:
-        """The predictions, read from :attr:`path` (IDs kept as text)."""
-        with open(self.path, encoding="utf-8") as fh:
-            id_column = fh.readline().rstrip("\r\n").split(",")[0]
-        return pd.read_csv(self.path, dtype={id_column: str})
+        """The predictions, read from :attr:`path` (IDs kept as text, each cell as
+        the run wrote it: :func:`~securevfl.app.predict.read_predictions`)."""
+        return read_predictions(self.path)
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One compared protocol (a protocol at one grid point) over its seeds, typed:
+    its label (``protocol``), grid point, backend, defenses, dataset, seeds, every
+    metric of the table as an :class:`~securevfl.report.stats.Interval` (mean,
+    95% bounds, per-seed values; None where no run has it) and its runs' results.
+    The privacy each party spent: ``row.privacy_of("left").epsilon``."""
+
+    protocol: str
+    point: dict[str, Any]
+    backend: str
+    defenses: str
+    dataset: str
+    seeds: tuple[int, ...]
+    metrics: dict[str, Interval | None]
+    results: tuple[RunResult, ...]
+
+    def mean(self, metric: str) -> float | None:
+        """A metric's mean over the seeds (``"test_accuracy"``, ``"attack:membership_inference"``)."""
+        iv = self.metrics.get(metric)
+        return None if iv is None else iv.mean
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.mean("test_accuracy")
+
+    @property
+    def privacy(self) -> dict[str, PartyPrivacy]:
+        """Every party that spent privacy, at its largest epsilon over the seeds
+        (the same for every seed unless a mechanism's accounting depends on the data)."""
+        out: dict[str, PartyPrivacy] = {}
+        for r in self.results:
+            report = r.privacy_report
+            for party, spent in (report.parties if report is not None else {}).items():
+                if party not in out or spent.epsilon > out[party].epsilon:
+                    out[party] = spent
+        return out
+
+    def privacy_of(self, party: str) -> PartyPrivacy | None:
+        """``party``'s privacy (as :attr:`privacy`); None when it ran no DP
+        mechanism; a name that is no party of these runs is refused."""
+        for r in self.results:
+            r.privacy_of(party)  # refuses a name that is no party
+        return self.privacy.get(party)
 
 
 @dataclass(frozen=True)
@@ -145,8 +207,65 @@ class Comparison:
         """Every run's result record, in run order."""
         return [_run_result(r.result, Path(r.folder or self.folder)) for r in self.records]
 
+    @cached_property
+    def rows(self) -> list[ComparisonRow]:
+        """The rows of :attr:`frame`, typed (:class:`ComparisonRow`), in the same order."""
+        results = self.results()
+        out = []
+        for g in self.summary.groups:
+            mine = tuple(res for rec, res in zip(self.records, results, strict=True) if rec.label == g.label)
+            out.append(
+                ComparisonRow(
+                    protocol=g.label,
+                    point=dict(g.point),
+                    backend=g.text.get("backend") or "",
+                    defenses=g.text.get("defenses") or "",
+                    dataset=g.text.get("dataset") or "",
+                    seeds=tuple(g.seeds),
+                    metrics=dict(g.metrics),
+                    results=mine,
+                )
+            )
+        return out
+
 
 # -- protocols --------------------------------------------------------------------------------
+
+
+# -- arguments: a wrong type is the caller's ConfigError naming the argument, not a TypeError
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _path_arg(value: object, name: str) -> Path:
+    """A path argument: a string or an ``os.PathLike``."""
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        return Path(value)
+    raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {_kind(value)}", path=name)
+
+
+def _optional_path(value: object, name: str) -> Path | None:
+    return None if value is None else _path_arg(value, name)
+
+
+def _flags(**flags: object) -> None:
+    """Boolean keyword options (``overwrite``, ``resume``, ``progress``)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} is True or False, not {_kind(value)}", path=name)
+
+
+def _seeds(seeds: object) -> list[int] | None:
+    if seeds is None:
+        return None
+    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Sequence):
+        raise ConfigError(f"seeds is a list of integers, not {_kind(seeds)}", path="seeds")
+    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool)]
+    if bad:
+        raise ConfigError(f"seeds are integers; got {bad[0]!r} ({_kind(bad[0])})", path="seeds")
+    return list(seeds)
 
 
 def _set_list(overrides: Overrides | None) -> list[str]:
@@ -154,13 +273,32 @@ def _set_list(overrides: Overrides | None) -> list[str]:
     if overrides is None:
         return []
     if isinstance(overrides, str):
-        raise ConfigError("overrides are a mapping or a list of KEY=VALUE strings, not one string")
+        raise ConfigError(
+            "overrides are a mapping or a list of KEY=VALUE strings, not one string", path="overrides"
+        )
     if isinstance(overrides, Mapping):
-        return [override_expr(str(key), value) for key, value in overrides.items()]
-    return [str(o) for o in overrides]
+        keys = [k for k in overrides if not isinstance(k, str)]
+        if keys:
+            raise ConfigError(f"an override's key is a string, not {_kind(keys[0])}", path="overrides")
+        return [override_expr(key, value) for key, value in overrides.items()]
+    if not isinstance(overrides, Sequence) or isinstance(overrides, bytes):
+        raise ConfigError(
+            f"overrides are a mapping or a list of KEY=VALUE strings, not {_kind(overrides)}",
+            path="overrides",
+        )
+    items = [o for o in overrides if not isinstance(o, str)]
+    if items:
+        raise ConfigError(f"an override is a KEY=VALUE string, not {_kind(items[0])}", path="overrides")
+    return list(overrides)
 
 
-def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> Protocol:
+def load_protocol(
+    source: ProtocolLike,
+    overrides: Overrides | None = None,
+    *,
+    allow_plugins: Sequence[str] | None = None,
+    rank: int | None = None,
+) -> Protocol:
     """Load and check a protocol, as ``securevfl run FILE --set ...`` does.
 
     ``source`` is a protocol file (YAML), a protocol document as a mapping, or a
@@ -170,23 +308,78 @@ def load_protocol(source: ProtocolLike, overrides: Overrides | None = None) -> P
     validated against the schema, the registries and its components' options;
     anything wrong raises :class:`~securevfl.errors.ConfigError` naming the field.
     CSV paths in a file are taken relative to the file's folder, in a mapping
-    relative to the working directory."""
+    relative to the working directory.
+
+    User code (SECURITY.md §4b): ``allow_plugins`` None (the default) allows the
+    modules the protocol names itself (its ``plugins`` and model factories, found
+    first beside the file), as ``securevfl run`` does for its author; a list
+    allows those modules alone, as ``securevfl party --allow-plugin`` does, and
+    any other module the protocol would make this process import is refused
+    before anything is imported. ``rank``: the rank this process will run, whose
+    model factories are checked with the plugins."""
     sets = _set_list(overrides)
-    if isinstance(source, Protocol):
-        if not sets:
-            return resolve_protocol(source)
-        return load_protocol_dict(source.model_dump(mode="json"), overrides=sets)
+    allow: Allow = OWN if allow_plugins is None else _modules(allow_plugins)
     if isinstance(source, Mapping):
-        return load_protocol_dict(dict(source), overrides=sets)
+        converted = convert(source)
+        if converted.registrations:
+            r = converted.registrations[0]
+            raise ConfigError(
+                f"load_protocol takes {r.kind}s by name; a {r.kind} class ({r.reference}) goes to run() or "
+                "compare(), which register it for their runs",
+                path=r.kind + "s",
+            )
+        source = converted.doc
+    if isinstance(source, Protocol):
+        if not sets and is_resolved(source):
+            return source
+        beside = components_of(source).code.beside if is_resolved(source) else None
+        return load_protocol_dict(
+            source.model_dump(mode="json"),
+            overrides=sets,
+            allow=allow,
+            rank=rank,
+            beside=Path(beside) if beside else None,
+        )
+    if isinstance(source, Mapping):
+        return load_protocol_dict(dict(source), overrides=sets, allow=allow, rank=rank)
     if isinstance(source, (str, os.PathLike)):
-        return load_protocol_file(Path(source), sets)
+        return load_protocol_file(Path(source), sets, allow=allow, rank=rank)
     raise ConfigError(
         f"a protocol is a file path, a mapping or a Protocol, not {type(source).__name__}", path="protocol"
     )
 
 
+def _modules(names: Sequence[str]) -> list[str]:
+    """Module names a process allows, each checked to be one."""
+    if isinstance(names, str):
+        raise ConfigError("allow_plugins is a list of module names, not one string", path="allow_plugins")
+    out = []
+    for n in names:
+        if not isinstance(n, str) or not re.fullmatch(MODULE_PATTERN, n):
+            raise ConfigError(f"{n!r} is not a module name (package.module)", path="--allow-plugin")
+        out.append(n)
+    return out
+
+
 def _run_result(result: Mapping[str, Any], folder: Path) -> RunResult:
     return RunResult.model_validate({**result, "folder": Path(folder)})
+
+
+def _converted(protocol: ProtocolLike) -> tuple[ProtocolLike, Converted]:
+    """A protocol mapping with its classes and callables replaced by names and
+    references (:func:`securevfl.app.objects.convert`); anything else as it is."""
+    if isinstance(protocol, Mapping):
+        conv = convert(protocol)
+        return conv.doc, conv
+    return protocol, Converted({})
+
+
+def _load(protocol: ProtocolLike, overrides: Overrides | None) -> Protocol:
+    """:func:`load_protocol` of what :func:`_converted` gave (its classes registered)."""
+    sets = _set_list(overrides)
+    if isinstance(protocol, Mapping):  # the caller's own: its modules are allowed (OWN)
+        return load_protocol_dict(dict(protocol), overrides=sets, allow=OWN)
+    return load_protocol(protocol, sets)
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -201,6 +394,7 @@ def run(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> RunResult:
     """Run every rank of a protocol on this machine, one OS process each, then the
     protocol's attacks (``securevfl run``); return the run's result record.
@@ -214,18 +408,40 @@ def run(
     ``progress``: the active party's progress display on stderr (``--quiet`` is
     ``progress=False``). ``overrides`` as for :func:`load_protocol`.
 
+    ``on_epoch``: called in this process with an :class:`EpochRecord` (epoch, steps,
+    training loss, the epoch's evaluation metrics, seconds so far, and the privacy
+    the active party's own mechanisms spent so far) as each epoch ends; the record
+    is what the active party's progress line shows, sent by its rank to this
+    process. If it raises, every rank is stopped, the run ends as a failed run does
+    (an earlier result in ``out`` stays) and the exception propagates unchanged.
+
+    A protocol given as a mapping may hold Python objects where a file names
+    something (:mod:`securevfl.app.objects`): a ``Defense`` or ``Attack`` subclass
+    for a defense's or an attack's ``name`` (or as the whole entry), registered
+    under its ``name`` for this run, in this process and in every rank; a
+    callable for a model's ``factory``. Each must be defined at the top level of a
+    module the ranks can import (the running script counts when it is run as a
+    file or with ``-m``); a lambda, a local function or class, or an object of an
+    interactive session is refused with a ConfigError naming the field.
+
     Raises :class:`~securevfl.errors.ConfigError` for a bad protocol or folder, and
     for a failed run the error of its root cause, naming the rank."""
-    proto = load_protocol(protocol, overrides)
-    folder = Path(out) if out is not None else Path("runs") / proto.name
-    result = launch(
-        proto,
-        folder,
-        data_dir=Path(data_dir) if data_dir is not None else None,
-        progress=progress,
-        overwrite=overwrite,
-        resume=resume,
-    )
+    out_path, data_path = _optional_path(out, "out"), _optional_path(data_dir, "data_dir")
+    _flags(overwrite=overwrite, resume=resume, progress=progress)
+    given, conv = _converted(protocol)
+    with registered(conv.registrations):
+        proto = _load(given, overrides)
+        folder = out_path if out_path is not None else Path("runs") / proto.name
+        result = launch(
+            proto,
+            folder,
+            data_dir=data_path,
+            progress=progress,
+            overwrite=overwrite,
+            resume=resume,
+            on_epoch=on_epoch,
+            registrations=conv.registrations,
+        )
     return _run_result(result, folder)
 
 
@@ -236,6 +452,10 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
         raise ConfigError(
             "a grid is a mapping or a list of KEY=V1,V2,... strings, not one string", path="--grid"
         )
+    if not isinstance(grid, (Mapping, Sequence)) or isinstance(grid, bytes):
+        raise ConfigError(
+            f"a grid is a mapping or a list of KEY=V1,V2,... strings, not {_kind(grid)}", path="--grid"
+        )
     if isinstance(grid, Mapping):
         axes = []
         for key, values in grid.items():
@@ -243,25 +463,45 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
                 raise ConfigError(f"the grid's values for {key} must be a list", path="--grid")
             axes.append(make_axis(str(key), list(values)))
         return axes
+    items = [g for g in grid if not isinstance(g, str)]
+    if items:
+        raise ConfigError(f"a grid axis is a KEY=V1,V2,... string, not {_kind(items[0])}", path="--grid")
     return [parse_axis(g) for g in grid]
 
 
-def _source_paths(sources: ProtocolLike | Sequence[ProtocolLike], folder: Path) -> list[Path]:
+def _items(sources: ProtocolLike | Sequence[ProtocolLike]) -> list[ProtocolLike]:
+    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)):
+        return [sources]
+    return list(sources)
+
+
+def _registrations(converted: Sequence[Converted]) -> tuple[Registration, ...]:
+    """The classes of every protocol of a comparison, each name once."""
+    found: dict[tuple[str, str], Registration] = {}
+    for conv in converted:
+        for r in conv.registrations:
+            earlier = found.setdefault((r.kind, r.name), r)
+            if earlier.reference != r.reference:
+                raise ConfigError(
+                    f"two different {r.kind} classes are named '{r.name}' ({earlier.reference}, "
+                    f"{r.reference})",
+                    path=r.kind + "s",
+                )
+    return tuple(found.values())
+
+
+def _source_paths(items: Sequence[ProtocolLike], folder: Path) -> list[Path]:
     """Files to compare: paths as given; a protocol given as a mapping or a
     :class:`Protocol` is checked, then written to ``folder/protocols/<name>.yaml``
     (CSV paths made absolute) and compared from there, so the comparison folder
     keeps what it compared."""
-    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)):
-        items: list[ProtocolLike] = [sources]
-    else:
-        items = list(sources)
     paths: list[Path] = []
     written: set[str] = set()
     for item in items:
         if isinstance(item, (str, os.PathLike)):
             paths.append(Path(item))
             continue
-        proto = load_protocol(item)
+        proto = _load(item, None)
         if proto.name in written:
             raise ConfigError(
                 f"two protocols are both named '{proto.name}': protocol names must be distinct to "
@@ -315,19 +555,35 @@ def compare(
     comparison files (compare.json, compare.csv, runs.csv, report.md and figures)
     are written to ``out``, under ``title`` (default: a comparison file's title,
     else "securevfl compare"). ``progress``: each run's progress display (the
-    per-run status lines go to stderr either way)."""
-    folder = Path(out)
-    paths = _source_paths(sources, folder)
-    file_title, found, file_seeds = sources_from_paths(paths, _set_list(overrides), _axes(grid))
-    title = title or file_title
-    chosen = list(seeds) if seeds is not None else file_seeds
-    plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
-    done = execute(plan, folder, rerun=overwrite, progress=progress)
-    records = [
-        RunRecord(label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder))
-        for r, res in done
-    ]
-    files = write_comparison(folder, records, plan.axes, title=title)
+    per-run status lines go to stderr either way).
+
+    Protocols given as mappings may hold classes and callables as for :func:`run`;
+    their classes are registered for the comparison's runs (the protocol files
+    written to ``OUT/protocols`` name them by their ``name``). The table typed:
+    :attr:`Comparison.rows`, with each party's privacy as for a run
+    (``table.rows[0].privacy_of("left").epsilon``)."""
+    folder = _path_arg(out, "out")
+    _flags(overwrite=overwrite, progress=progress)
+    if title is not None and not isinstance(title, str):
+        raise ConfigError(f"title is a string, not {_kind(title)}", path="title")
+    wanted = _seeds(seeds)
+    sets = _set_list(overrides)
+    pairs = [_converted(item) for item in _items(sources)]
+    regs = _registrations([conv for _, conv in pairs])
+    with registered(regs):
+        paths = _source_paths([given for given, _ in pairs], folder)
+        file_title, found, file_seeds = sources_from_paths(paths, sets, _axes(grid))
+        title = title or file_title
+        chosen = wanted if wanted is not None else file_seeds
+        plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
+        done = execute(plan, folder, rerun=overwrite, progress=progress, registrations=regs)
+        records = [
+            RunRecord(
+                label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder)
+            )
+            for r, res in done
+        ]
+        files = write_comparison(folder, records, plan.axes, title=title)
     return Comparison(title, folder, records, summarize(records), files)
 
 
@@ -338,8 +594,16 @@ def _data_files(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | Non
     if isinstance(data, str):
         raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
     if isinstance(data, Mapping):
-        return [f"{party}={os.fspath(path)}" for party, path in data.items()]
-    return [str(d) for d in data]
+        return [f"{party}={_path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
+    if not isinstance(data, Sequence) or isinstance(data, bytes):
+        raise ConfigError(
+            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {_kind(data)}",
+            path="--data",
+        )
+    items = [d for d in data if not isinstance(d, str)]
+    if items:
+        raise ConfigError(f"a data item is a PARTY=PATH string, not {_kind(items[0])}", path="--data")
+    return list(data)
 
 
 def predict(
@@ -362,12 +626,21 @@ def predict(
     (not the run's own folder; a folder holding results is refused unless
     ``overwrite``). ``data_dir``: where built-in datasets are materialized
     (default ``RUN/data``)."""
-    run_dir = run.folder if isinstance(run, RunResult) else Path(run)
+    if isinstance(run, RunResult):
+        run_dir = run.folder
+    elif isinstance(run, (str, os.PathLike)):
+        run_dir = Path(run)
+    else:
+        raise ConfigError(
+            f"run is a training run's folder (a path) or its RunResult, not {_kind(run)}", path="run"
+        )
+    out_path, data_path = _path_arg(out, "out"), _optional_path(data_dir, "data_dir")
+    _flags(overwrite=overwrite)
     record, path = predict_local(
         run_dir,
-        Path(out),
+        out_path,
         data=_data_files(data),
-        data_dir=Path(data_dir) if data_dir is not None else None,
+        data_dir=data_path,
         overwrite=overwrite,
     )
     return Prediction.model_validate({**record.model_dump(), "folder": path.parent})
@@ -387,6 +660,7 @@ def party(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
+    allow_plugins: Sequence[str] = (),
 ) -> Path:
     """Run one rank of a protocol in this process (``securevfl party``): the way
     each organization runs its own party when the parties are on different hosts.
@@ -402,17 +676,39 @@ def party(
     ``runs/<name>-rank<R>`` (``runs/<name>-predict-rank<R>`` for a prediction).
     Other options as for :func:`run`.
 
+    ``allow_plugins``: the modules this party may import for the protocol (a
+    plugin it names, this party's model factory; a name allows its submodules).
+    The protocol file may come from another organization: naming a module in it
+    never makes this process import it (SECURITY.md §4b). Anything the rank
+    would import that is not allowed is refused before anything is imported,
+    with :class:`~securevfl.errors.UserCodeError` naming each. A
+    :class:`~securevfl.config.Protocol` given loaded has had its plugins imported
+    by its loader; its model factories are still held to ``allow_plugins``.
+
     This process becomes the rank: it runs until the protocol ends. A failed rank
     reports its error itself (stderr, its error file, its peers) and this raises
     :class:`~securevfl.errors.RankFailed` with the rank's exit code."""
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise ConfigError(f"rank is an integer, not {_kind(rank)}", path="rank")
+    if not isinstance(rendezvous, str):
+        raise ConfigError(
+            f"rendezvous is a string tcp://HOST:PORT, not {_kind(rendezvous)}", path="rendezvous"
+        )
+    _flags(overwrite=overwrite, resume=resume, progress=progress)
+    allowed = _modules(allow_plugins)
+    proto = load_protocol(protocol, overrides, allow_plugins=allowed, rank=rank)
+    beside = components_of(proto).code.beside
+    code = CodePolicy(frozenset(allowed), beside)
+    code.check(needed_code(proto, rank))
+    proto = attach(proto, dataclasses.replace(components_of(proto), code=code))
     return run_party(
-        load_protocol(protocol, overrides),
+        proto,
         rank,
         rendezvous,
-        out=Path(out) if out is not None else None,
-        data_dir=Path(data_dir) if data_dir is not None else None,
-        key=Path(key) if key is not None else None,
-        predict=Path(predict) if predict is not None else None,
+        out=_optional_path(out, "out"),
+        data_dir=_optional_path(data_dir, "data_dir"),
+        key=_optional_path(key, "key"),
+        predict=_optional_path(predict, "predict"),
         data=_data_files(data),
         overwrite=overwrite,
         resume=resume,

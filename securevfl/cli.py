@@ -30,10 +30,13 @@ from securevfl.attacks import ATTACKS
 from securevfl.data.criteo import criteo_paths, criteo_protocol, split_criteo
 from securevfl.data.datasets import DATASETS
 from securevfl.defenses import DEFENSES
-from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, show_warning
+from securevfl.errors import PartyFailure, RankFailed, SecureVFLError, UserCodeError, show_warning
 from securevfl.exchange import EXCHANGES
+from securevfl.models import MODELS
 from securevfl.report.compare import print_summary, print_table
 from securevfl.runtime.secure.keys import Identity, fingerprint, pin_instructions
+from securevfl.sizing import describe, party_sizes
+from securevfl.validation import input_widths
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -77,6 +80,19 @@ def _add_resume(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_allow(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--allow-plugin",
+        dest="allow_plugins",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"allow {what} to import MODULE (and its submodules) for the protocol file: a plugin it "
+        "names, or this party's model factory (repeatable). A module the file names but no "
+        "--allow-plugin allows is refused before anything is imported (SECURITY.md §4b)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="securevfl", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -108,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="this party's secret key file (securevfl keygen); required when the protocol pins this "
         "rank's key, otherwise a throw-away key is used and the peers cannot authenticate this rank",
     )
+    _add_allow(party, "this rank")
     _add_data(party)
     _add_overwrite(party)
     _add_resume(party)
@@ -169,11 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(cmp_)
 
-    val = sub.add_parser("validate", help="check protocol files without running them")
+    val = sub.add_parser(
+        "validate",
+        help="check protocol files without running them",
+        description="Checks protocol files (or comparison files) without running them. A file's "
+        "plugins are imported (they register the components it names) only where --allow-plugin "
+        "allows them: a file received from another organization can be validated without running "
+        "its code. Model factories are not imported.",
+    )
     val.add_argument("files", nargs="+")
+    _add_allow(val, "validate")
     _add_common(val)
 
-    lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets")
+    lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets, models")
     crit = sub.add_parser(
         "criteo",
         help="split a Criteo TSV into the passive and active parties' CSV files (docs/methods/dravl.md §4.4)",
@@ -203,10 +228,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_party(args: argparse.Namespace) -> int:
-    proto = api.load_protocol(args.file, args.overrides)
+    proto = api.load_protocol(args.file, args.overrides, allow_plugins=args.allow_plugins, rank=args.rank)
     try:
         out = api.party(
             proto,
+            allow_plugins=args.allow_plugins,
             rank=args.rank,
             rendezvous=args.rendezvous,
             out=args.out,
@@ -301,14 +327,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for f in args.files:
         if Path(f).is_file() and read_comparison_file(Path(f)) is not None:
             title, sources, seeds = sources_from_args([f], args.overrides, [])
-            runs = make_plan(title, sources, seeds, Path("runs/compare")).runs
+            runs = make_plan(title, sources, seeds, Path("runs/compare"), allow=args.allow_plugins).runs
             print(f"ok: {f}: comparison '{title}', {len(runs)} runs, every one validated")
             continue
-        proto = api.load_protocol(f, args.overrides)
+        proto = api.load_protocol(f, args.overrides, allow_plugins=args.allow_plugins)
         lay = layout_of(proto)
         print(
             f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
-            f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)})"
+            f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)}); "
+            + describe(party_sizes(proto, input_widths(proto)))
         )
     return 0
 
@@ -319,6 +346,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         ("defenses", DEFENSES),
         ("attacks", ATTACKS),
         ("datasets", DATASETS),
+        ("models", MODELS),
     ):
         names = reg.names() + (["csv"] if reg is DATASETS else [])
         print(f"{title}: {', '.join(names) or '(none yet)'}")
@@ -364,6 +392,9 @@ def _error(exc: SecureVFLError, code: int) -> int:
     """Print ``exc`` as the command's one-paragraph error; return ``code``."""
     msg = textwrap.fill(f"securevfl: error: {exc}", width=100, break_long_words=False, break_on_hyphens=False)
     print(msg, file=sys.stderr)
+    detail = getattr(exc, "detail", None) if isinstance(exc, UserCodeError) else None
+    if detail:  # the user code's own exception, on this machine's terminal
+        print(f"securevfl: {detail}", file=sys.stderr)
     return code
 
 

@@ -20,13 +20,14 @@ are validated exactly once per process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, ProtocolError
+from securevfl.usercode import CodePolicy
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
@@ -60,11 +61,15 @@ class PartyComponents:
 class Components:
     """Every component of one protocol, resolved: the exchange backend, each
     party's defenses (active party first, then the passive parties in order) and
-    the attacks."""
+    the attacks; and ``code``, the user code this process may import for the
+    protocol (:mod:`securevfl.usercode`: the plugins it has imported, the model
+    factories of the parties it runs), which the loader sets from the process's
+    invocation (nothing, unless it says otherwise)."""
 
     exchange: Resolved
     parties: tuple[PartyComponents, ...]
     attacks: tuple[Resolved, ...]
+    code: CodePolicy = field(default_factory=CodePolicy)
 
     @property
     def active(self) -> PartyComponents:

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from securevfl.errors import ConfigError
+from securevfl.usercode import MODULE_PATTERN, REF_PATTERN
 
 
 class Strict(BaseModel):
@@ -99,21 +100,82 @@ Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
 """A layer width or tensor extent: positive and small enough to allocate."""
 
 
-class ModelSpec(Strict):
-    """A bottom model. ``mlp``: Linear/ReLU stack to ``out``; ``cnn``: a small conv
-    net over ``input_shape`` (channels, height, width), e.g. an image half."""
+#: The built-in models' options, written at the top level of a model entry.
+BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {"mlp": ("hidden",), "cnn": ("input_shape", "channels")}
+_BUILTIN_FIELDS = frozenset(f for fields in BUILTIN_OPTIONS.values() for f in fields)
 
-    kind: Literal["mlp", "cnn"] = "mlp"
-    hidden: list[Width] = Field(default_factory=lambda: [64])
+
+class ModelSpec(Strict):
+    """A bottom model: a registered ``kind`` or a ``factory`` named by import path.
+
+    Built in: ``mlp``, a Linear/ReLU stack of widths ``hidden`` to ``out``; ``cnn``,
+    a small conv net over ``input_shape`` (channels, height, width; e.g. an image
+    half) with ``channels`` filters. Plugins register more kinds
+    (:mod:`securevfl.plugins`), which take their options under ``params``. A
+    ``factory: "package.module:callable"`` is imported and called in the owner's
+    rank alone, and only where that party's invocation allows the module
+    (SECURITY.md §4b), as ``callable(in_features, out, **params)``; it returns a
+    ``torch.nn.Module`` mapping a batch of the party's features (float32, one row
+    per record) to ``out`` columns. ``out`` is the embedding width, the one
+    contract between a bottom model and the exchange; every backend takes any
+    bottom model that keeps it.
+
+    ``init``: ``private`` (the default) draws the initial weights in the owner's
+    rank from its own secret randomness, so no other party can compute them;
+    ``seeded`` derives them from the protocol's shared seed, as every party can:
+    for runs compared step by step (two backends, a reference model, a resumed run
+    against an uninterrupted one), not for private runs (SECURITY.md §7)."""
+
+    kind: str = Field(default="mlp", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+    factory: str | None = Field(
+        default=None,
+        pattern=REF_PATTERN,
+        description="package.module:callable, called as callable(in_features, out, **params)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="a factory's or registered model's options"
+    )
     out: Width = 64
+    init: Literal["private", "seeded"] = "private"
+    hidden: list[Width] = Field(default_factory=lambda: [64])
     input_shape: list[Width] | None = Field(default=None, min_length=3, max_length=3)
     channels: Width = 8
 
     @model_validator(mode="after")
-    def _cnn_shape(self) -> ModelSpec:
-        if self.kind == "cnn" and self.input_shape is None:
+    def _one_source(self) -> ModelSpec:
+        # checked on values, not on the keys written, so that a dumped entry loads again
+        if self.factory is not None and self.kind != "mlp":
+            raise ValueError(
+                "give either 'kind' (a registered model) or 'factory' (an import path), not both"
+            )
+        builtin = None if self.factory is not None else BUILTIN_OPTIONS.get(self.kind)
+        if builtin is None:
+            defaults = ModelSpec.model_fields
+            stray = [
+                f
+                for f in sorted(_BUILTIN_FIELDS)
+                if getattr(self, f) != defaults[f].get_default(call_default_factory=True)
+            ]
+            if stray:
+                what = f"factory '{self.factory}'" if self.factory else f"model '{self.kind}'"
+                raise ValueError(
+                    f"'{stray[0]}' is an option of the built-in mlp and cnn models; {what} takes its "
+                    "options under 'params'"
+                )
+        elif self.params:
+            raise ValueError(
+                f"the built-in '{self.kind}' model takes its options ({', '.join(builtin)}) at the top "
+                "level of the model entry, not under 'params'"
+            )
+        if self.kind == "cnn" and self.factory is None and self.input_shape is None:
             raise ValueError("a cnn bottom model needs input_shape: [channels, height, width]")
         return self
+
+    def builtin_params(self) -> dict[str, Any] | None:
+        """The keyword arguments of a built-in model (its top-level options), or
+        None for a factory or a registered model (which take ``params``)."""
+        names = None if self.factory is not None else BUILTIN_OPTIONS.get(self.kind)
+        return None if names is None else {n: getattr(self, n) for n in names}
 
 
 class ComponentSpec(Strict):
@@ -222,9 +284,15 @@ class PartySpec(Strict):
     preprocess: PreprocessSpec | None = None
 
 
+MAX_PASSIVE = 32
+"""The most passive parties a protocol holds: every party is its own process (a
+local run starts them all on one machine) and runs a key exchange with every
+other rank at start-up."""
+
+
 class PartiesSpec(Strict):
     active: PartySpec = Field(default_factory=lambda: PartySpec(name="active"))
-    passive: list[PartySpec] = Field(min_length=1)
+    passive: list[PartySpec] = Field(min_length=1, max_length=MAX_PASSIVE)
 
 
 MAX_SYNTHETIC_ROWS = 50_000_000
@@ -280,7 +348,30 @@ class InteractiveSpec(Strict):
 
 
 class TopSpec(Strict):
+    """The active party's top model g(z), from the interactive layer's output z
+    (``interactive.out`` columns) to the task's outputs (the classes, or one value
+    for a regression). Built in: ReLU on z, then Linear/ReLU layers of widths
+    ``hidden``, then the output layer. A ``factory: "package.module:callable"`` is
+    imported and called in the active party's rank alone, where its invocation
+    allows the module (SECURITY.md §4b), as ``callable(in_features, outputs,
+    **params)``; its module gets z as it is (no ReLU first). The top model's
+    initial weights come from the shared seed (SECURITY.md §7)."""
+
     hidden: list[Width] = Field(default_factory=list)
+    factory: str | None = Field(
+        default=None,
+        pattern=REF_PATTERN,
+        description="package.module:callable, called as callable(in_features, outputs, **params)",
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="the factory's options")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TopSpec:
+        if self.factory is not None and self.hidden:
+            raise ValueError("'hidden' is an option of the built-in top model; a factory takes 'params'")
+        if self.factory is None and self.params:
+            raise ValueError("'params' are a factory's options: the built-in top model takes 'hidden'")
+        return self
 
 
 class TrainingSpec(Strict):
@@ -374,7 +465,9 @@ class SecuritySpec(Strict):
     )
 
 
-TaskKind = Literal["binary", "multiclass", "regression"]
+#: A task by its registered name: built in ``binary``, ``multiclass``, ``regression``;
+#: plugins register more (:func:`securevfl.plugins.register_task`).
+TaskKind = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")]
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,99}$"
@@ -387,8 +480,15 @@ class Protocol(Strict):
     description: str = ""
     task: TaskKind | None = Field(
         default=None,
-        description="what the label column is; default: inferred from it at the active party "
+        description="what the label column is (binary, multiclass, regression, or a task a plugin "
+        "registers); default: inferred from it at the active party "
         "(non-integer numbers: regression; else binary or multiclass by the number of classes)",
+    )
+    plugins: list[Annotated[str, Field(pattern=MODULE_PATTERN)]] = Field(
+        default_factory=list,
+        description="modules imported in every rank, and by validate, before the protocol is checked: they "
+        "register defenses, attacks, datasets, tasks or models (securevfl.plugins); a party imports only "
+        "those its invocation allows (SECURITY.md §4b)",
     )
     dataset: DatasetSpec
     parties: PartiesSpec
@@ -448,10 +548,24 @@ class Protocol(Strict):
                 entry["source"].pop("path", None)
             if entry.get("key") is None:  # unset: digests of protocols without keys stay as they were
                 entry.pop("key", None)
+            _drop_defaults(entry.get("model"), MODEL_DEFAULTS)
+        _drop_defaults(doc["top"], MODEL_DEFAULTS)
+        if not doc["plugins"]:
+            doc.pop("plugins")
         if doc["security"] == SecuritySpec().model_dump(mode="json"):
             doc.pop("security")
         blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+#: Model fields whose default leaves a protocol's digest as it was before they existed.
+MODEL_DEFAULTS: dict[str, Any] = {"factory": None, "params": {}, "init": "private"}
+
+
+def _drop_defaults(entry: dict[str, Any] | None, defaults: Mapping[str, Any]) -> None:
+    for key, value in defaults.items():
+        if entry is not None and key in entry and entry[key] == value:
+            del entry[key]
 
 
 # -- errors with YAML paths -----------------------------------------------------

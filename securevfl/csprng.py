@@ -22,14 +22,17 @@ share keystream.
 Samplers turn keystream words into values without bias where exactness is
 possible (ring elements, k-bit words and bits are raw keystream; integers in a
 range use rejection; uniform floats use the top 53 bits of a word: exactly the
-float64 grid of [0, 1) with step 2^-53). Gaussian and Laplace samples are
-computed in float64 from those uniforms (Box-Muller, inverse CDF); how their
-floating-point behaviour is handled where a DP guarantee rests on them is
-:mod:`securevfl.privacy.sampling`'s job (snapping to a grid).
+float64 grid of [0, 1) with step 2^-53). Gaussian samples are computed in
+float64 from those uniforms (Box-Muller), Laplace samples from a uniform on the
+open interval (0, 1) (:func:`open_uniform`, inverse CDF), so neither is ever
+infinite. They are not certified DP samplers: nothing snaps or discretizes the
+values, and the floating-point attacks on such noise (Mironov 2012) are a stated
+residual risk (SECURITY.md §6a, "Floating-point noise").
 
 A stream's state is its key and its position (bytes consumed), so a checkpoint
 can resume it exactly (:meth:`SecretStream.state`); the state is as secret as
-the noise it protects and stays in its owner's checkpoint.
+the noise it protects and stays in its owner's checkpoint (a saved model keeps
+none: a prediction draws fresh keys).
 """
 
 from __future__ import annotations
@@ -52,12 +55,33 @@ _INV_2_53 = 2.0**-53
 _CHUNK = 1 << 20  # keystream bytes per OpenSSL call
 _ZEROS = bytes(_CHUNK)  # the plaintext whose encryption is the keystream (read-only)
 
-__all__ = ["KEY_BYTES", "SecretStream", "fresh_key"]
+__all__ = ["KEY_BYTES", "SecretStream", "fresh_key", "laplace_from_words", "open_uniform"]
 
 
 def fresh_key() -> bytes:
     """A new 256-bit key from the operating system's entropy."""
     return os.urandom(KEY_BYTES)
+
+
+def open_uniform(words: np.ndarray) -> np.ndarray:
+    """Uniform float64 on the open interval (0, 1) from 64-bit words (uint64): the
+    top 52 bits k of each word give the midpoint (2k + 1) 2^-53 of one of 2^52 equal
+    cells. Every value is exact (2k + 1 < 2^53), 2^-53 <= u <= 1 - 2^-53, and the set
+    of values is symmetric about 1/2 (u and 1 - u are both midpoints), which 1/2
+    itself is not."""
+    k = np.asarray(words, dtype=np.uint64) >> np.uint64(12)
+    return (k * np.uint64(2) + np.uint64(1)).astype(np.float64) * _INV_2_53
+
+
+def laplace_from_words(words: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Laplace(0, scale) float64 from 64-bit words by the inverse CDF of
+    :func:`open_uniform`: with v = u - 1/2 (exact: a multiple of 2^-53 below 1 in
+    absolute value, as u and 1/2 are), -scale sign(v) log(1 - 2|v|), where 1 - 2|v| >= 2^-52,
+    so every value is finite, |value| <= 52 ln 2 scale, and the distribution is
+    exactly symmetric. (A uniform closed at 1, or rounding to it, would give
+    log(0) = -inf: an infinite release.)"""
+    v = open_uniform(words) - 0.5
+    return -scale * np.sign(v) * np.log1p(-2.0 * np.abs(v))
 
 
 class SecretStream:
@@ -265,10 +289,9 @@ class SecretStream:
         return torch.from_numpy(self.normal_np(tuple(shape))).to(dtype)
 
     def laplace_np(self, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-        """Laplace(0, scale) float64 by the inverse CDF of a 53-bit uniform."""
-        w = self._words(math.prod(shape)) >> np.uint64(11)
-        u = (w.astype(np.float64) + 0.5).reshape(shape) * _INV_2_53 - 0.5  # open (-1/2, 1/2)
-        return -scale * np.sign(u) * np.log1p(-2.0 * np.abs(u))
+        """Laplace(0, scale) float64 by the inverse CDF of an open uniform
+        (:func:`laplace_from_words`): finite, |value| <= 52 ln 2 scale."""
+        return laplace_from_words(self._words(math.prod(shape)), scale).reshape(shape)
 
     def laplace(
         self, shape: tuple[int, ...] | torch.Size, scale: float = 1.0, dtype: torch.dtype = torch.float64

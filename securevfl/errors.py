@@ -21,6 +21,7 @@ class ConfigError(SecureVFLError):
     """A protocol file or override is malformed; the message names the YAML path."""
 
     def __init__(self, message: str, *, path: str | None = None, source: str | None = None):
+        self.message = message  # without the file and path
         self.path = path
         self.source = source
         where = f"{source}: " if source else ""
@@ -55,10 +56,20 @@ class ProtocolError(SecureVFLError):
 
 
 class Diverged(SecureVFLError):
-    """This party's own computation produced NaN or infinite values (training
-    diverged: a learning rate too large for the data's scale, say). Raised by the
-    sender before anything non-finite goes on the wire, so the failure names the
-    party where it happened instead of a peer refusing the message."""
+    """This party's own computation produced NaN or infinite values, or a value
+    outside a bound the exchange is sized for (training diverged: a learning rate
+    too large for the data's scale, say). Raised by the party where it happened,
+    before anything derived from the value goes on the wire, so the failure names
+    that party instead of a peer refusing the message.
+
+    ``str(exc)`` is public (it reaches every peer): it names the value and the
+    bound it passed, never a quantity computed from the data. ``detail``, for the
+    owner only (its stderr and error file, as :class:`DataError`'s), may give the
+    offending norm, row or column."""
+
+    def __init__(self, message: str, *, detail: str | None = None):
+        self.detail = detail
+        super().__init__(message)
 
 
 class PartyFailure(SecureVFLError):
@@ -98,6 +109,26 @@ class OutputError(SecureVFLError):
     def __init__(self, message: str, *, detail: str | None = None):
         self.detail = detail
         super().__init__(message)
+
+
+class UserCodeError(ConfigError):
+    """User code named in a protocol file (a plugin module, a model factory)
+    cannot be used in this process: its invocation does not allow it, it fails
+    to import, it raises, or it returns something securevfl cannot train
+    (:mod:`securevfl.usercode`). Exit code 2, no traceback.
+
+    ``str(exc)`` is public: it names the YAML field, the party, the module or
+    factory and the exception's type, and a failing rank relays it to its peers.
+    ``detail`` is for the owner only: the exception's own text and where in the
+    user's file it was raised (the text may quote the party's data), written to
+    the owner's stderr and error file, never sent to a peer (as
+    :class:`DataError`'s)."""
+
+    def __init__(
+        self, message: str, *, path: str | None = None, source: str | None = None, detail: str | None = None
+    ):
+        self.detail = detail
+        super().__init__(message, path=path, source=source)
 
 
 class CryptoParameterError(ConfigError):

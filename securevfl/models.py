@@ -1,18 +1,55 @@
-"""Bottom, interactive and top models, built under named seeds.
+"""Bottom, interactive and top models.
 
-Every component is constructed under :func:`securevfl.seeding.seeded` with a label
-naming it, so the split run and a centralized reference build bit-identical
-initial weights (tests compare them).
+A bottom model comes from a *model factory*, a callable
+``factory(in_features, out, **params)`` that returns a ``torch.nn.Module``
+mapping a batch of a party's features (float32, one row per record) to ``out``
+columns: the embedding width, the one contract between a bottom model and the
+exchange. The built-in ``mlp`` and ``cnn`` are entries of :data:`MODELS`;
+plugins register more (:mod:`securevfl.plugins`); a protocol names a registered
+one by ``kind`` or any factory by import path (``factory``), which is imported
+under the process's :class:`~securevfl.usercode.CodePolicy`, in its owner's rank
+alone. The top model is the built-in :class:`Top` or a factory called as
+``factory(in_features, outputs, **params)``.
+
+Initial weights: ``init: seeded`` builds a model under
+:func:`securevfl.seeding.seeded` with a label naming it, so every rank (and a
+centralized reference in the tests) builds bit-identical weights; ``private``,
+the default for bottom models, builds it under
+:func:`securevfl.private_init.private_rng`, from its owner's secret randomness.
+The top model and the interactive blocks are built seeded.
+
+A party checks its models at set-up (:func:`check_output`): the output on a
+probe batch must have the declared width, dtype float32 and finite values. Any
+failure of a model's code (a factory that fails to import, raises, returns no
+module, or a module of the wrong width) is a
+:class:`~securevfl.errors.UserCodeError` naming the party and the model: exit
+code 2, no traceback.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from itertools import chain
+from typing import Any
 
 import torch
 from torch import nn
 
 from securevfl import optim
 from securevfl.config import InteractiveSpec, ModelSpec, TopSpec, TrainingSpec
+from securevfl.csprng import SecretStream
+from securevfl.errors import ConfigError, SecureVFLError, UserCodeError
+from securevfl.private_init import private_rng
+from securevfl.registry import Registry
 from securevfl.seeding import seeded
+from securevfl.usercode import CodePolicy, explain
+
+#: ``factory(in_features, out, **params) -> torch.nn.Module``
+ModelFactory = Callable[..., nn.Module]
+MODELS: Registry[ModelFactory] = Registry("model")
+
+PROBE_ROWS = 8  # rows of the probe batch a party checks its bottom model on at set-up
 
 
 class CNNBottom(nn.Module):
@@ -44,13 +81,22 @@ def mlp(sizes: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def build_bottom(spec: ModelSpec, in_features: int, *, seed: int, party: str) -> nn.Module:
-    """A party's bottom model f_i; the caller checks ``in_features`` fits the spec."""
-    with seeded(seed, "bottom", party):
-        if spec.kind == "cnn":
-            assert spec.input_shape is not None
-            return CNNBottom(spec.input_shape, spec.channels, spec.out)
-        return mlp([in_features, *spec.hidden, spec.out])
+@MODELS.register("mlp")
+def mlp_model(in_features: int, out: int, *, hidden: Sequence[int] = (64,)) -> nn.Module:
+    """The built-in ``mlp``: Linear/ReLU layers of widths ``hidden``, then a Linear to ``out``."""
+    return mlp([in_features, *hidden, out])
+
+
+@MODELS.register("cnn")
+def cnn_model(in_features: int, out: int, *, input_shape: Sequence[int], channels: int = 8) -> nn.Module:
+    """The built-in ``cnn`` (:class:`CNNBottom`) over rows reshaped to ``input_shape``."""
+    c, h, w = input_shape
+    if c * h * w != in_features:
+        raise ConfigError(
+            f"input_shape {list(input_shape)} holds {c * h * w} values but the party has {in_features} "
+            "feature columns"
+        )
+    return CNNBottom(list(input_shape), channels, out)
 
 
 def build_interactive(in_features: int, out: int, *, seed: int, party: str) -> nn.Linear:
@@ -75,9 +121,152 @@ class Top(nn.Module):
         return self.net(z)
 
 
-def build_top(spec: TopSpec, in_features: int, classes: int, *, seed: int) -> Top:
-    with seeded(seed, "top"):
-        return Top(spec, in_features, classes)
+def _factory(
+    factory: str | None, kind: str | None, code: CodePolicy, *, what: str, path: str
+) -> tuple[ModelFactory, str]:
+    """The factory a model entry names, and how messages call it: a reference
+    imported under ``code``, or a registered ``kind``."""
+    if factory is not None:
+        what = f"{what} factory '{factory}'"
+        fn = code.load(factory, what=what, path=f"{path}.factory")
+        if not callable(fn):
+            raise UserCodeError(f"{what} is not callable (a {type(fn).__name__})", path=f"{path}.factory")
+        return fn, what
+    assert kind is not None
+    return MODELS.get(kind, path=f"{path}.kind"), f"{what} model '{kind}'"
+
+
+def _construct(
+    fn: ModelFactory,
+    in_features: int,
+    out: int,
+    params: dict[str, Any],
+    rng: contextlib.AbstractContextManager[Any],
+    *,
+    what: str,
+    path: str,
+) -> nn.Module:
+    """Call a model factory under ``rng`` and check it returned a module on the
+    CPU. A factory may raise securevfl's own errors (a :class:`ConfigError` for a
+    bad option): they pass as they are; anything else it raises is a
+    :class:`UserCodeError`, its text kept for the owner."""
+    try:
+        with rng:
+            module = fn(in_features, out, **params)
+    except SecureVFLError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(
+            f"{what} raised {type(exc).__name__} when called with in_features={in_features}, out={out} "
+            f"and params {sorted(params)}",
+            path=path,
+            detail=explain(exc),
+        ) from None
+    if not isinstance(module, nn.Module):
+        raise UserCodeError(f"{what} returned a {type(module).__name__}, not a torch.nn.Module", path=path)
+    for name, t in chain(module.named_parameters(), module.named_buffers()):
+        if t.device.type != "cpu":
+            raise UserCodeError(
+                f"{what} built '{name}' on {t.device}: build the module on the CPU (the rank moves it to "
+                "training.device)",
+                path=path,
+            )
+    return module
+
+
+def bottom_label(spec: ModelSpec, party: str) -> str:
+    """How messages name a party's bottom model: by its factory or its kind."""
+    if spec.factory is not None:
+        return f"bottom model of party '{party}': factory '{spec.factory}'"
+    return f"bottom model of party '{party}': model '{spec.kind}'"
+
+
+def build_bottom(
+    spec: ModelSpec,
+    in_features: int,
+    *,
+    seed: int,
+    party: str,
+    code: CodePolicy | None = None,
+    stream: SecretStream | None = None,
+    path: str = "model",
+) -> nn.Module:
+    """A party's bottom model f_i on ``in_features`` columns, on the CPU.
+    ``code``: the user code this process may import (a factory is refused
+    without it); ``stream``: the secret randomness of ``init: private``
+    (default: a fresh key); ``path``: the YAML path of the model entry."""
+    params = spec.builtin_params()
+    params = dict(spec.params) if params is None else params
+    fn, what = _factory(
+        spec.factory, spec.kind, code or CodePolicy(), what=f"bottom model of party '{party}':", path=path
+    )
+    rng = (
+        seeded(seed, "bottom", party)
+        if spec.init == "seeded"
+        else private_rng(stream if stream is not None else SecretStream.fresh())
+    )
+    return _construct(fn, in_features, spec.out, params, rng, what=what, path=path)
+
+
+def build_top(
+    spec: TopSpec,
+    in_features: int,
+    classes: int,
+    *,
+    seed: int,
+    code: CodePolicy | None = None,
+    party: str = "active",
+) -> nn.Module:
+    """The top model g from ``in_features`` (the interactive layer's width) to
+    ``classes`` outputs, built under the shared seed: the built-in :class:`Top`,
+    or ``spec.factory`` imported under ``code`` and called as
+    ``factory(in_features, classes, **params)``."""
+    if spec.factory is None:
+        with seeded(seed, "top"):
+            return Top(spec, in_features, classes)
+    fn, what = _factory(
+        spec.factory, None, code or CodePolicy(), what=f"top model of party '{party}':", path="top"
+    )
+    return _construct(fn, in_features, classes, dict(spec.params), seeded(seed, "top"), what=what, path="top")
+
+
+def check_output(module: nn.Module, x: torch.Tensor, width: int, *, what: str, path: str) -> None:
+    """Refuse a model whose output on the probe batch ``x`` (on the model's
+    device) is not a float32 tensor of ``len(x)`` rows and ``width`` columns with
+    finite values. It runs in evaluation mode without gradients (a batch-norm
+    layer's running statistics are not touched), and the module's mode is put
+    back. The message names shapes and dtypes, never a value: a failing rank
+    relays it to its peers."""
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            y = module(x)
+    except SecureVFLError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(
+            f"{what}: its module raised {type(exc).__name__} on a probe batch of shape {tuple(x.shape)}",
+            path=path,
+            detail=explain(exc),
+        ) from None
+    finally:
+        module.train(was)
+    if not isinstance(y, torch.Tensor):
+        raise UserCodeError(f"{what}: its module returned a {type(y).__name__}, not a tensor", path=path)
+    want = (x.shape[0], width)
+    if tuple(y.shape) != want:
+        raise UserCodeError(
+            f"{what}: its module maps a probe batch of shape {tuple(x.shape)} to shape {tuple(y.shape)}; "
+            f"the exchange needs {want} (the declared width is {width})",
+            path=path,
+        )
+    if y.dtype != torch.float32:
+        raise UserCodeError(
+            f"{what}: its module outputs {y.dtype}; the exchange needs torch.float32", path=path
+        )
+    if not bool(torch.isfinite(y).all()):
+        raise UserCodeError(f"{what}: its module outputs non-finite values on a probe batch", path=path)
 
 
 def interactive_optimizer(params, spec: InteractiveSpec) -> optim.Optimizer:

@@ -1,6 +1,7 @@
 """Typed records of a run: what each rank reports (:class:`RankSummary`), the
 result record rank 0 assembles from them (:class:`ResultRecord`, ``result.json``),
-and what each party legitimately holds for attacks (:class:`OwnView`).
+what each party keeps for itself (:class:`OwnReport`) and what each party
+legitimately holds for attacks (:class:`OwnView`).
 
 Both are pydantic models so that a field is read as a field, a misspelt one is an
 error where it is written, and a summary another rank sent is validated before
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from securevfl.errors import ProtocolError
+from securevfl.errors import ConfigError, ProtocolError
 
 #: a JSON number kept as written: an int stays an int, so a record read back and
 #: written again is the same file
@@ -34,10 +35,12 @@ class _Record(BaseModel):
 
 
 class RankSummary(_Record):
-    """One rank's account of its run. Every rank sets the identity, ledger and
-    timing fields; party ranks add training, privacy and data fields; the active
-    rank its metrics (``Party.run`` and the side's ``run_summary``), a passive rank
-    its column count."""
+    """One rank's account of its run, as it is sent to rank 0 (SECURITY.md §7,
+    "Metadata to rank 0"): every rank sets the identity, ledger and timing fields;
+    party ranks add training, privacy and data fields; the active rank its metrics
+    (``Party.run`` and the side's ``run_summary``). ``defense_report`` holds only
+    what the defenses declared public (``Defense.public_report``); their
+    statistics of the data are in each party's :class:`OwnReport`."""
 
     rank: int
     party: str
@@ -63,8 +66,6 @@ class RankSummary(_Record):
     n_test: int | None = None
     n_aligned: int | None = None
     classes: int | None = None
-    # a passive party's feature count (PassiveParty.run_summary)
-    columns: int | None = None
     # what the party loaded and aligned (n_records: rows of its file, at prediction)
     n_records: int | None = None
     loaded_columns: list[str] | None = None
@@ -82,6 +83,125 @@ class RankSummary(_Record):
     def to_json(self) -> dict[str, Any]:
         """The fields this rank set (a passive rank has no test accuracy, not a null one)."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+class MechanismPrivacy(_Record):
+    """One DP mechanism of a party over the run: its ``(epsilon, delta)`` as the
+    accountant composed its releases (``releases``: kind, parameters and count of
+    each), the source method's own figure where it states one (``claim``, reported
+    as given, not the sound figure) and what the figure does not cover (``notes``)."""
+
+    name: str
+    epsilon: float
+    delta: float
+    releases: list[dict[str, Any]]
+    claim: dict[str, Any] | None = None
+    notes: list[str] = []
+
+
+class PartyPrivacy(_Record):
+    """The privacy one party spent: ``epsilon`` and ``delta`` of every DP mechanism
+    it ran composed over the same records (what a budget bounds; ``inf`` when one
+    of them is not private), and each mechanism alone (``mechanisms``)."""
+
+    party: str
+    epsilon: float
+    delta: float
+    mechanisms: dict[str, MechanismPrivacy]
+
+    @classmethod
+    def from_account(cls, party: str, entry: Mapping[str, Any]) -> PartyPrivacy:
+        """From one party's entry of the accountant's output (``result.json``'s
+        ``privacy.parties.<party>``: ``mechanisms`` and ``total``)."""
+        return cls(
+            party=party,
+            epsilon=entry["total"]["epsilon"],
+            delta=entry["total"]["delta"],
+            mechanisms={
+                name: MechanismPrivacy(name=name, **row)
+                for name, row in (entry.get("mechanisms") or {}).items()
+            },
+        )
+
+
+class PrivacyReport(_Record):
+    """A run's privacy records, typed (``result.json``'s ``privacy``): every party
+    that ran a DP mechanism (``parties``), the accountant and its ``delta``, the
+    budget's epsilon if the protocol set one, the steps planned and run, and
+    whether the budget stopped training early. ``noise_seed_pinned``: the defenses'
+    noise came from a pinned seed, so the figures do not hold (SECURITY.md)."""
+
+    accountant: str
+    delta: float
+    noise_seed_pinned: bool
+    parties: dict[str, PartyPrivacy]
+    budget_epsilon: float | None
+    planned_steps: int | None
+    steps_run: int | None
+    stopped_by_budget: bool
+
+    @classmethod
+    def from_json(cls, privacy: Mapping[str, Any]) -> PrivacyReport | None:
+        """From ``result.json``'s ``privacy`` mapping; None when it is empty (no DP
+        mechanism ran)."""
+        if not privacy:
+            return None
+        budget = privacy.get("budget") or {}
+        return cls(
+            accountant=privacy["accountant"],
+            delta=privacy["delta"],
+            noise_seed_pinned=bool(privacy.get("noise_seed_pinned")),
+            parties={p: PartyPrivacy.from_account(p, e) for p, e in (privacy.get("parties") or {}).items()},
+            budget_epsilon=budget.get("epsilon"),
+            planned_steps=privacy.get("planned_steps"),
+            steps_run=privacy.get("steps_run"),
+            stopped_by_budget=bool(privacy.get("stopped_by_budget")),
+        )
+
+
+class EpochRecord(_Record):
+    """One finished training epoch, as the active party's rank (rank 0) knows it
+    at that moment: ``epoch`` of ``epochs`` (1-based), the training ``step``s run so
+    far, the mean training loss of the epoch, the metrics of the evaluation run at
+    its end (``metrics``, empty when ``training.eval_every`` skipped it), the
+    seconds since training started (``elapsed_s``) and the privacy spent so far by
+    the mechanisms rank 0 runs itself (``privacy``, its own party only: a passive
+    party's accounting reaches rank 0 only with its summary at the end of the run).
+    Nothing in it is new to rank 0's owner: it is what the progress line shows."""
+
+    epoch: int
+    epochs: int
+    step: int
+    train_loss: float | None
+    metrics: dict[str, Any]  # as the run's history row holds them (a task's own metrics included)
+    elapsed_s: float
+    privacy: dict[str, PartyPrivacy] = {}
+
+    @property
+    def test_accuracy(self) -> float | None:
+        """The epoch's test accuracy (None when not evaluated, or not a classification)."""
+        value = self.metrics.get("test_accuracy")
+        return None if value is None else float(value)
+
+    def privacy_of(self, party: str) -> PartyPrivacy | None:
+        """``party``'s privacy spent so far, if rank 0 accounts for it (its own)."""
+        return self.privacy.get(party)
+
+
+class OwnReport(_Record):
+    """``ranks/rank<R>.defense_report.json``: what a party keeps for itself after a
+    run, written by its own rank and sent nowhere (``Party.own_report``): its
+    defenses' run statistics (``Defense.report``: selection scores, rescaling
+    factors, probabilities, computed from its data) and its model's input column
+    count after their feature selection."""
+
+    rank: int
+    party: str
+    columns: int | None = None
+    defenses: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
 
 
 class ResultRecord(_Record):
@@ -133,6 +253,31 @@ class ResultRecord(_Record):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @property
+    def privacy_report(self) -> PrivacyReport | None:
+        """:attr:`privacy`, typed (None when no DP mechanism ran)."""
+        return PrivacyReport.from_json(self.privacy)
+
+    @property
+    def party_names(self) -> list[str]:
+        """The run's parties (helper ranks, such as a dealer, are not parties)."""
+        return [
+            r["party"]
+            for _, r in sorted(self.ranks.items(), key=lambda kv: int(kv[0]))
+            if r["role"] != "helper"
+        ]
+
+    def privacy_of(self, party: str) -> PartyPrivacy | None:
+        """The privacy ``party`` spent: ``result.privacy_of("left").epsilon``. None
+        when that party ran no DP mechanism (its releases carry no DP guarantee, so
+        no epsilon describes them); a name that is no party of the run is refused."""
+        if party not in self.party_names:
+            raise ConfigError(
+                f"no party '{party}' in this run (parties: {', '.join(self.party_names)})", path="party"
+            )
+        report = self.privacy_report
+        return None if report is None else report.parties.get(party)
 
 
 class OwnView(Mapping[str, Any]):

@@ -12,12 +12,17 @@ the components its protocol names and no others: a ``plain`` rank never loads
 the HE libraries, CrypTen's helpers, the DP accountants of defenses it does not
 run or the scikit-learn models of attacks it does not run. Listing the names
 (``securevfl list``, the "known: ..." of an error) imports nothing.
+
+A registry may be used from several threads at once (two ``api.run`` calls in
+one script): every change and every first lookup of a path entry holds the
+registry's lock, so two threads looking up the same name both get the object.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar, cast
 
@@ -37,6 +42,8 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
         self._paths: dict[str, str] = {}  # registered by path, not imported yet
+        # reentrant: importing a registered module may register more names here
+        self._lock = threading.RLock()
 
     def register(self, name: str, *, force: bool = False) -> Callable[[T], T]:
         """Decorator: ``@REGISTRY.register("name")``."""
@@ -48,35 +55,41 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T, *, force: bool = False) -> None:
-        self._refuse_duplicate(name, force)
-        self._paths.pop(name, None)
-        self._items[name] = obj
+        with self._lock:
+            self._refuse_duplicate(name, force)
+            self._paths.pop(name, None)
+            self._items[name] = obj
 
     def add_path(self, name: str, path: str, *, force: bool = False) -> None:
         """Register ``name`` as the object at ``path`` (``"package.module:attribute"``),
         imported on the first :meth:`get` of ``name``."""
         if not PATH.match(path):
             raise ValueError(f"{self.kind} '{name}': {path!r} is not a 'package.module:attribute' path")
-        self._refuse_duplicate(name, force)
-        self._items.pop(name, None)
-        self._paths[name] = path
+        with self._lock:
+            self._refuse_duplicate(name, force)
+            self._items.pop(name, None)
+            self._paths[name] = path
 
     def _refuse_duplicate(self, name: str, force: bool) -> None:
         if name in self and not force:
             raise ValueError(f"{self.kind} '{name}' is already registered")
 
     def remove(self, name: str) -> None:
-        self._items.pop(name, None)
-        self._paths.pop(name, None)
+        with self._lock:
+            self._items.pop(name, None)
+            self._paths.pop(name, None)
 
     def get(self, name: str, *, path: str | None = None) -> T:
         if name in self._items:
             return self._items[name]
-        if name in self._paths:
-            obj = self._load(name, self._paths[name], path)
-            del self._paths[name]
-            self._items[name] = obj
-            return obj
+        with self._lock:  # the first lookup of a path entry imports it, once
+            if name in self._items:  # another thread imported it meanwhile
+                return self._items[name]
+            if name in self._paths:
+                obj = self._load(name, self._paths[name], path)
+                self._items[name] = obj  # before the path goes: the name is never missing
+                del self._paths[name]
+                return obj
         known = ", ".join(self.names()) or "none"
         raise ConfigError(f"unknown {self.kind} '{name}' (known: {known})", path=path)
 
@@ -112,4 +125,5 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def names(self) -> list[str]:
-        return sorted({*self._items, *self._paths})
+        with self._lock:
+            return sorted({*self._items, *self._paths})

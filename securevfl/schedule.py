@@ -50,17 +50,30 @@ def schedule(
         yield epoch, list(train_batches(n_train, tr.batch_size, tr.seed, epoch))[:n], last
 
 
-def batch_sizes(
+def batch_counts(
     n_train: int, tr: TrainingSpec, steps: int | None = None, first_epoch: int = 0
-) -> tuple[int, ...]:
-    """The sizes of :func:`schedule`'s batches from ``first_epoch`` on, in order,
-    without drawing any epoch's permutation (an epoch's batches are full but its
-    last, which holds the remainder)."""
+) -> dict[int, int]:
+    """How many of :func:`schedule`'s batches from ``first_epoch`` on have each size
+    (an epoch's batches are full but its last, which holds the remainder), counted
+    from the epoch and step counts alone: no permutation is drawn and nothing is
+    listed, so a run of a billion epochs costs a few integers here."""
     full, rest = divmod(n_train, tr.batch_size)
-    per_epoch = [tr.batch_size] * full + ([rest] if rest else [])
-    return tuple(
-        s for epoch, n, _ in _epochs(n_train, tr, steps) if epoch >= first_epoch for s in per_epoch[:n]
-    )
+    per = steps_per_epoch(n_train, tr.batch_size)
+    if per == 0:
+        return {}
+    limit = tr.max_steps if steps is None else steps
+    total = per * tr.epochs if limit is None else min(limit, per * tr.epochs)
+    complete, partial = divmod(total, per)  # whole epochs, then the steps of a cut one (all full)
+    whole = max(0, complete - first_epoch)
+    counts: dict[int, int] = {}
+
+    def add(size: int, n: int) -> None:
+        if n > 0 and size > 0:
+            counts[size] = counts.get(size, 0) + n
+
+    add(tr.batch_size, whole * full + (partial if complete >= first_epoch else 0))
+    add(rest, whole)
+    return counts
 
 
 def rounds_of(batches: list[np.ndarray], local_steps: int) -> list[list[np.ndarray]]:

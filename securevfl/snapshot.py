@@ -10,7 +10,9 @@ crosses a party boundary: each rank saves its own components' state only
 :func:`capture_attributes` / :func:`restore_attributes` are the default way a
 component turns its own attributes into a state: random generators (torch's and
 numpy's), tensors, arrays and JSON scalars; modules are left to their owner's
-optimizer and model state.
+optimizer and model state. A secret stream is kept under a key starting with
+:data:`SECRET_STREAM`, so that its key and position can be left out where a
+component must not continue the stream (:meth:`ComponentState.without_secret_streams`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import torch
 
 from securevfl.csprng import SecretStream
 from securevfl.errors import CheckpointError
+
+#: the key prefix of a :class:`~securevfl.csprng.SecretStream`'s state in ``meta``
+SECRET_STREAM = "secret_stream."
 
 
 @dataclass
@@ -41,6 +46,14 @@ class ComponentState:
     @classmethod
     def from_parts(cls, tensors: dict[str, Any] | None, meta: dict[str, Any] | None) -> ComponentState:
         return cls(dict(tensors or {}), dict(meta or {}))
+
+    def without_secret_streams(self) -> ComponentState:
+        """This state less every secret stream's key and position: restored, it
+        leaves the component's streams as they are (fresh keys), where a full
+        restore would rewind them to the saved keys and positions and replay
+        their keystream."""
+        meta = {k: v for k, v in self.meta.items() if not k.startswith(SECRET_STREAM)}
+        return ComponentState(dict(self.tensors), meta)
 
 
 def _json_ok(value: Any) -> bool:
@@ -67,7 +80,7 @@ def capture_attributes(obj: object, skip: Iterable[str] = ()) -> ComponentState:
         if isinstance(value, torch.Generator):
             state.tensors[f"generator.{name}"] = value.get_state()
         elif isinstance(value, SecretStream):
-            state.meta[f"secret_stream.{name}"] = value.state()
+            state.meta[f"{SECRET_STREAM}{name}"] = value.state()
         elif isinstance(value, np.random.Generator):
             state.meta[f"np_generator.{name}"] = value.bit_generator.state
         elif isinstance(value, torch.Tensor):
@@ -107,7 +120,7 @@ def restore_attributes(obj: object, state: ComponentState, *, owner: str) -> Non
         name = target(key)
         if key.startswith("np_generator."):
             have[name].bit_generator.state = value
-        elif key.startswith("secret_stream."):
+        elif key.startswith(SECRET_STREAM):
             try:
                 setattr(obj, name, SecretStream.from_state(value))
             except ValueError as exc:

@@ -22,8 +22,10 @@ from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeBackend
+from securevfl.models import MODELS
 from securevfl.parties.tasks import TASKS
 from securevfl.registry import Registry
+from securevfl.sizing import check_sizes
 
 
 def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
@@ -105,13 +107,19 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
             raise err("the active party holds features, so it needs a bottom 'model'", f"{lay.path}.model")
         if lay.is_active and not has_features and spec.model is not None:
             raise err("a label-only active party has no bottom model", f"{lay.path}.model")
+        if spec.model is not None and spec.model.factory is None and spec.model.kind not in MODELS:
+            raise err(
+                f"unknown model '{spec.model.kind}' (known: {', '.join(MODELS.names())}; or name a factory: "
+                "factory: package.module:callable)",
+                f"{lay.path}.model.kind",
+            )
     if builtin:
         cols = feature_columns(proto.dataset.name, proto.dataset)
         if cols is not None:
             parts = resolve_partition(proto, cols)
             for lay in party_layouts(proto):
                 m = lay.spec.model
-                if m is not None and m.kind == "cnn" and m.input_shape is not None:
+                if m is not None and m.factory is None and m.kind == "cnn" and m.input_shape is not None:
                     c, h, w = m.input_shape
                     if c * h * w != len(parts[lay.name]):
                         raise err(
@@ -119,6 +127,9 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
                             f"has {len(parts[lay.name])} columns",
                             f"{lay.path}.model.input_shape",
                         )
+
+    # what each party trains: refused beyond the stated limit or this machine's memory
+    check_sizes(proto, input_widths(proto), source=source)
 
     # defenses and attacks: options validated here, once, and attached to the protocol
     components = resolve_components(proto, source=source, backend=backend, options=options)
@@ -154,6 +165,24 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
     if proto.task is not None:
         check_task(proto, proto.task, source=source)
     return components
+
+
+def input_widths(proto: Protocol) -> dict[str, int | None]:
+    """Each party's number of input columns where the protocol fixes it: a built-in
+    dataset's selected columns, or a CSV party's listed ``feature_columns`` without
+    preprocessing (which may add columns); None where only its data file says."""
+    cols = feature_columns(proto.dataset.name, proto.dataset) if proto.dataset.name != "csv" else None
+    parts = resolve_partition(proto, cols) if cols is not None else {}
+    widths: dict[str, int | None] = {}
+    for lay in party_layouts(proto):
+        src = lay.spec.source
+        if lay.name in parts:
+            widths[lay.name] = len(parts[lay.name])
+        elif src is not None and src.feature_columns is not None and lay.spec.preprocess is None:
+            widths[lay.name] = len(src.feature_columns)
+        else:
+            widths[lay.name] = None
+    return widths
 
 
 def check_task(proto: Protocol, task: str, *, source: str | None = None) -> None:

@@ -13,7 +13,9 @@ its role and party, the epoch and the step. A folder is written under a
 temporary name and renamed into place, manifest last, so a folder that exists
 under its final name is complete; one whose manifest or any file does not verify
 is refused (:class:`~securevfl.errors.CheckpointError`, exit code 2) with the
-rank, the file or field and the reason, never silently skipped.
+rank, the file or field and the reason, never silently skipped. A state folder is
+its owner's alone: mode 0700, every file in it 0600 (a checkpoint holds the
+party's noise keys, and either kind its weight shares).
 
 What goes into the files is the party's business (securevfl.parties.state);
 this module only writes, lists and verifies them.
@@ -30,7 +32,7 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,6 +47,8 @@ MODEL = "model"
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(pt|json)$")
 _CHUNK = 1 << 20
+PRIVATE_FILE = 0o600  # a state folder's files: its owner's alone
+PRIVATE_DIR = 0o700
 
 Kind = Literal["checkpoint", "model"]
 
@@ -105,15 +109,33 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_tensors(obj: Any, path: Path) -> None:
+def _open_private(path: Path) -> BinaryIO:
+    """``path`` opened for writing, readable and writable by its owner alone (mode
+    0600 whatever the umask, as the channel's secret key files are)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE)  # an existing file keeps its mode through O_CREAT
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def save_tensors(obj: Any, path: Path, *, private: bool = False) -> None:
     """``torch.save`` through a file this process opens: a write that fails (a full
     disk) raises the OSError naming ``path``, where ``torch.save(obj, path)``
-    raises a RuntimeError from its C++ writer ("unexpected pos ...")."""
+    raises a RuntimeError from its C++ writer ("unexpected pos ..."). ``private``:
+    mode 0600 (:func:`_open_private`)."""
     try:
-        with open(path, "wb") as fh:
+        with _open_private(path) if private else open(path, "wb") as fh:
             torch.save(obj, fh)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def _write_private_text(path: Path, text: str) -> None:
+    with _open_private(path) as fh:
+        fh.write(text.encode("utf-8"))
 
 
 def write_state(
@@ -132,21 +154,24 @@ def write_state(
 ) -> Manifest:
     """Write a state folder at ``dest`` atomically: every file into a temporary
     folder beside it, then the manifest, then one rename. A folder already at
-    ``dest`` (an older run's, or an interrupted one's) is replaced."""
+    ``dest`` (an older run's, or an interrupted one's) is replaced. The folder is
+    the owner's alone (mode 0700, every file 0600): a checkpoint holds the party's
+    noise keys and weight shares (SECURITY.md, "Checkpoints and saved models")."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp.mkdir(mode=PRIVATE_DIR)
+    os.chmod(tmp, PRIVATE_DIR)  # whatever the umask
     files: dict[str, str] = {}
     for name, obj in tensors.items():
         f = tmp / f"{name}.pt"
-        save_tensors(obj, f)
+        save_tensors(obj, f, private=True)
         files[f.name] = file_digest(f)
     for name, doc in docs.items():
         f = tmp / f"{name}.json"
-        f.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        _write_private_text(f, json.dumps(doc, indent=1, sort_keys=True))
         files[f.name] = file_digest(f)
     for name in files:
         _check_name(name)
@@ -163,7 +188,7 @@ def write_state(
         step=step,
         files=files,
     )
-    (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+    _write_private_text(tmp / MANIFEST, manifest.model_dump_json(indent=1))
     _fsync(tmp / MANIFEST)
     old = dest.parent / f".old-{dest.name}-{os.getpid()}"
     if dest.exists():

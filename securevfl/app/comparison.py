@@ -10,14 +10,19 @@ drawing on each party's private entropy, as in any run.
 The comparison folder is a cache: run ``r`` of seed ``s`` lives in
 ``OUT/<protocol>[/<grid point>]/seed<s>/`` with a marker file (:data:`MARKER`)
 written only once the run and its attacks have finished, holding the protocol
-digest. A run whose marker and ``result.json`` carry the digest of the protocol
-now planned is skipped; a changed protocol, a missing marker (an interrupted or
-deleted run) or ``rerun`` runs it again, replacing securevfl's own files there.
+digest and the SHA-256 of the ``result.json`` the run wrote. A run whose marker
+and ``result.json`` carry the digest of the protocol now planned, and whose
+``result.json`` is byte for byte the one the run wrote, is skipped; a changed
+protocol, a missing marker (an interrupted or deleted run) or ``rerun`` runs it
+again, replacing securevfl's own files there, and so does a ``result.json``
+changed since (an edited metric never reaches the table), saying so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import re
 import sys
 import time
@@ -30,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.launcher import launch
-from securevfl.app.loader import apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.objects import Registration
 from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol, validation_error
 from securevfl.errors import ConfigError
@@ -153,7 +159,7 @@ def _doc(source: Source) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ConfigError):
         doc = None
     if not isinstance(doc, dict):
-        load_protocol(source.path, list(source.overrides))  # raises the loader's error
+        load_protocol(source.path, list(source.overrides), allow=OWN)  # raises the loader's error
         raise ConfigError("a protocol file must be a YAML mapping", source=str(source.path))
     for expr in source.overrides:
         apply_override(doc, *parse_override(expr))
@@ -167,11 +173,58 @@ def folder_name(text: str) -> str:
     return SAFE.sub("_", text) or "_"
 
 
-def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) -> Plan:
+MAX_RUNS = 10_000
+"""The most runs one comparison holds (protocols x grid points x seeds): beyond
+it a grid is more likely a mistake (an axis too many) than a plan, and its
+points alone would take long to validate; split such a study into several
+comparisons."""
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+def count_runs(sources: list[Source], seeds: list[int] | None) -> tuple[int, int]:
+    """(grid points over every protocol, runs) of a comparison, counted from the
+    axes' lengths without expanding them."""
+    n_points = sum(math.prod(len(a.values) for a in src.axes) for src in sources)
+    return n_points, n_points * (len(seeds) if seeds is not None else 1)
+
+
+def plan(
+    title: str,
+    sources: list[Source],
+    seeds: list[int] | None,
+    out: Path,
+    *,
+    say: Callable[[str], None] | None = None,
+    allow: Allow = OWN,
+) -> Plan:
     """Every run of the comparison, each protocol validated at every grid point
-    before anything runs."""
+    before anything runs. With a grid, its size is said first (``say``, default
+    stderr): validating a large one takes a while. An empty list of seeds and
+    more than :data:`MAX_RUNS` runs are refused. ``allow``: the user code the
+    protocols may import (:func:`~securevfl.app.loader.load_protocol`; default:
+    each file's own, as the local launcher that runs them allows)."""
+    if seeds is not None and not seeds:
+        raise ConfigError("give at least one seed (an empty list would run nothing)", path="--seeds")
     if seeds is not None and len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds repeat: {seeds}", path="--seeds")
+    n_points, n_runs = count_runs(sources, seeds)
+    gridded = any(src.axes for src in sources)
+    size = (
+        f"{n_runs:,} runs ({_count(n_points, 'protocol and grid point')} x "
+        + (_count(len(seeds), "seed") if seeds is not None else "each protocol's own seed")
+        + ")"
+    )
+    if n_runs > MAX_RUNS:
+        raise ConfigError(
+            f"the comparison holds {size}; one comparison holds at most {MAX_RUNS:,} runs: use fewer grid "
+            "values or seeds, or split it into several comparisons",
+            path="--grid" if gridded else "--seeds",
+        )
+    if gridded:
+        (say or _say)(f"{title}: {size}; validating every point before any runs")
     runs: list[Run] = []
     axes_of: dict[str, list[str]] = {}
     for src in sources:
@@ -182,7 +235,7 @@ def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) 
             label_pt = point_label(pt)
             sets = [override_expr(a.key, v) for a, v in pt]
             try:
-                base = load_protocol(src.path, [*src.overrides, *sets])
+                base = load_protocol(src.path, [*src.overrides, *sets], allow=allow)
             except ConfigError as exc:
                 if pt:
                     exc.args = (f"{exc} (grid point {label_pt})",)
@@ -192,7 +245,9 @@ def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) 
                 proto = (
                     base
                     if seeds is None
-                    else load_protocol(src.path, [*src.overrides, *sets, f"training.seed={seed}"])
+                    else load_protocol(
+                        src.path, [*src.overrides, *sets, f"training.seed={seed}"], allow=allow
+                    )
                 )
                 folder = out / folder_name(base.name)
                 if pt:
@@ -222,26 +277,55 @@ def plan(title: str, sources: list[Source], seeds: list[int] | None, out: Path) 
 # -- the cache ----------------------------------------------------------------------------
 
 
-def cached(run: Run) -> dict[str, Any] | None:
-    """The finished result of ``run`` when its folder holds one of the same
-    protocol digest (and seed), else None."""
+def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
+    """(the finished result of ``run``, None) when its folder holds one of the same
+    protocol digest and seed that is what the run wrote; else (None, why it is not
+    used), the reason None for a run that is simply not there (never run,
+    interrupted, another protocol or seed) and a sentence for a result that was
+    there but cannot be trusted (changed since the run wrote it, or a marker
+    without the result's digest)."""
     marker, result = run.folder / MARKER, run.folder / RESULT_FILE
     try:
         mark = json.loads(marker.read_text())
-        res = json.loads(result.read_text())
+        raw = result.read_bytes()
     except (OSError, ValueError):
-        return None
-    if not isinstance(mark, dict) or not isinstance(res, dict):
-        return None
-    ok = mark.get("digest") == run.digest == res.get("digest") and mark.get("seed") == run.seed
-    return res if ok else None
+        return None, None
+    if not isinstance(mark, dict) or mark.get("digest") != run.digest or mark.get("seed") != run.seed:
+        return None, None
+    if mark.get("result_sha256") is None:
+        return None, f"{marker} holds no digest of {RESULT_FILE} (an older securevfl wrote it)"
+    if hashlib.sha256(raw).hexdigest() != mark["result_sha256"]:
+        return None, f"{result} was changed after the run wrote it"
+    try:
+        res = json.loads(raw)
+    except ValueError:
+        return None, f"{result} is not JSON"
+    if not isinstance(res, dict) or res.get("digest") != run.digest:
+        return None, f"{result} is not this protocol's result"
+    return res, None
+
+
+def cached(run: Run) -> dict[str, Any] | None:
+    """The finished result of ``run`` when the cache holds one it can use
+    (:func:`cache_entry`), else None."""
+    return cache_entry(run)[0]
 
 
 def mark_done(run: Run, seconds: float) -> None:
+    """Mark ``run`` finished: its protocol digest, seed and the SHA-256 of the
+    ``result.json`` it wrote (a result changed later is not reused)."""
     tmp = run.folder / f".{MARKER}.tmp"
+    digest = hashlib.sha256((run.folder / RESULT_FILE).read_bytes()).hexdigest()
     tmp.write_text(
         json.dumps(
-            {"digest": run.digest, "seed": run.seed, "label": run.label, "point": run.point, "run_s": seconds}
+            {
+                "digest": run.digest,
+                "seed": run.seed,
+                "label": run.label,
+                "point": run.point,
+                "run_s": seconds,
+                "result_sha256": digest,
+            }
         )
     )
     tmp.replace(run.folder / MARKER)
@@ -263,13 +347,19 @@ def execute(
     rerun: bool = False,
     progress: bool = True,
     say: Callable[[str], None] = _say,
+    registrations: tuple[Registration, ...] = (),
 ) -> list[tuple[Run, dict[str, Any]]]:
     """Run what the cache lacks (everything with ``rerun``), in plan order; return
     every run with its result record. Progress: runs done / total and, once one
     run has been timed, the estimated time left (mean time of this session's runs,
-    else the previous runs' own wall time, times the runs left)."""
+    else the previous runs' own wall time, times the runs left). ``registrations``:
+    the caller's own component classes, for every run's ranks (:func:`launch`)."""
     runs = plan_.runs
-    have = {id(r): (None if rerun else cached(r)) for r in runs}
+    have: dict[int, dict[str, Any] | None] = {}
+    for r in runs:
+        have[id(r)], why = (None, None) if rerun else cache_entry(r)
+        if why:
+            say(f"{r.label} seed {r.seed}: not reused: {why}; it runs again")
     todo = [r for r in runs if have[id(r)] is None]
     total, n_cached = len(runs), len(runs) - len(todo)
     say(f"{plan_.title}: {total} runs, {n_cached} already done in {out}, {len(todo)} to run")
@@ -281,7 +371,14 @@ def execute(
         say(f"[{done + 1}/{total}] {run.label} seed {run.seed} ({run.proto.exchange.backend}){eta}")
         (run.folder / MARKER).unlink(missing_ok=True)
         t0 = time.monotonic()
-        launch(run.proto, run.folder, data_dir=out / "data", progress=progress, overwrite=True)
+        launch(
+            run.proto,
+            run.folder,
+            data_dir=out / "data",
+            progress=progress,
+            overwrite=True,
+            registrations=registrations,
+        )
         seconds = time.monotonic() - t0
         mark_done(run, seconds)
         spent.append(seconds)

@@ -1,7 +1,9 @@
 """Parameter grids for ``securevfl compare --grid KEY=v1,v2,...``.
 
 A grid axis names one protocol field the way ``--set`` does (dotted keys, list
-indices such as ``parties.active.defenses[0].params.epsilon``; the key is parsed by
+indices such as ``parties.active.defenses[0].params.epsilon``, ``[*]`` for every
+element of a list, so ``parties.passive[*].defenses[0].params.epsilon`` varies
+every passive party's at once; the key is parsed by
 :func:`securevfl.app.loader.split_override`, so both flags accept the same keys)
 and lists its values, each read as YAML. A protocol with axes expands into the
 product of their values, one grid point per combination, in the order the axes
@@ -25,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from securevfl.app.loader import apply_override, split_override
+from securevfl.app.loader import EVERY, apply_override, split_override
 from securevfl.app.yamldoc import parse_value
 from securevfl.errors import ConfigError
 
@@ -47,7 +49,7 @@ class Axis:
     @property
     def short(self) -> str:
         """The key's last field name (``epsilon`` for ``...params.epsilon``)."""
-        names = [p for p in self.path if isinstance(p, str)]
+        names = [p for p in self.path if isinstance(p, str) and p != EVERY]
         return names[-1] if names else self.key
 
 
@@ -119,32 +121,37 @@ def make_axis(key: str, values: list[Any]) -> Axis:
     return Axis(key, tuple(path), tuple(values))
 
 
-def current(doc: Any, path: tuple[str | int, ...]) -> tuple[bool, Any]:
-    """(found, value) at ``path`` of a protocol document."""
-    node = doc
+def current(doc: Any, path: tuple[str | int, ...]) -> list[Any]:
+    """The values a protocol document holds at ``path``: none when it holds none
+    there, one per list element under :data:`~securevfl.app.loader.EVERY`."""
+    nodes = [doc]
     for part in path:
-        if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                return False, None
-        elif not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
+        found = []
+        for node in nodes:
+            if part == EVERY:
+                found += node if isinstance(node, list) else []
+            elif isinstance(part, int):
+                if isinstance(node, list) and part < len(node):
+                    found.append(node[part])
+            elif isinstance(node, dict) and part in node:
+                found.append(node[part])
+        nodes = found
+    return nodes
 
 
 def check_axis(doc: dict[str, Any], axis: Axis, *, source: str | None = None) -> None:
     """The axis's values are of the kind the document holds at its key (when it
     holds one): a grid of strings over a number is refused before anything runs."""
-    found, value = current(doc, axis.path)
-    have = kind(value) if found else None
-    for v in axis.values:
-        k = kind(v)
-        if have is not None and k is not None and k != have:
-            raise ConfigError(
-                f"grid value {v!r} is a {k}, the protocol holds a {have} ({value!r}) here",
-                path=axis.key,
-                source=source,
-            )
+    for value in current(doc, axis.path):
+        have = kind(value)
+        for v in axis.values:
+            k = kind(v)
+            if have is not None and k is not None and k != have:
+                raise ConfigError(
+                    f"grid value {v!r} is a {k}, the protocol holds a {have} ({value!r}) here",
+                    path=axis.key,
+                    source=source,
+                )
 
 
 def points(axes: list[Axis]) -> list[tuple[tuple[Axis, Any], ...]]:

@@ -25,18 +25,22 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
 from securevfl.app.checkpoints import check_one_run
+from securevfl.app.epochs import EpochSender, EpochStream
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
+from securevfl.app.objects import Registration, register_in_rank
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
+from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
@@ -49,14 +53,18 @@ from securevfl.errors import (
     ProtocolError,
     SecureVFLError,
 )
+from securevfl.records import EpochRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
+from securevfl.runtime.notes import error_note, exit_code_for, write_error_file
 from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import EXIT_INTERRUPTED, ErrorNote
+from securevfl.usercode import CodePolicy
 
 ERROR_KINDS: dict[str, type[SecureVFLError]] = {
     "ConfigError": ConfigError,
     "UnsupportedCombination": ConfigError,
+    "UserCodeError": ConfigError,
     "CryptoParameterError": ConfigError,
     "DataError": DataError,
     "CheckpointError": CheckpointError,
@@ -137,10 +145,17 @@ def _child(
     data_dir: str,
     progress: bool,
     resume: bool,
+    policy: CodePolicy,
+    registrations: list[tuple[str, str, str]],
+    epochs: Connection | None,
     seed: bytes,
     pins: dict[int, str],
 ) -> None:
-    proto = resolve_protocol(Protocol.model_validate_json(proto_json))
+    """A rank of a local launch. ``policy``: the launcher's user code policy;
+    ``registrations``: the caller's own component classes, by reference, loaded
+    under that policy (:func:`~securevfl.app.objects.register_in_rank`);
+    ``epochs``: rank 0's end of the epoch-record pipe (:mod:`securevfl.app.epochs`)."""
+    proto = rank_protocol(proto_json, rank, policy, Path(out_dir), registrations)
     identity = Identity.from_seed(seed)
     code = run_rank(
         proto,
@@ -152,8 +167,33 @@ def _child(
         resume=resume,
         identity=identity,
         pins=pins,
+        on_epoch=None if epochs is None else EpochSender(epochs),
     )
     sys.exit(code)
+
+
+def rank_protocol(
+    proto_json: str,
+    rank: int,
+    code: CodePolicy,
+    out_dir: Path,
+    registrations: Sequence[tuple[str, str, str]] = (),
+) -> Protocol:
+    """The protocol a rank receives from the local launcher, resolved in the rank
+    under the launcher's user code policy (the caller's registered classes
+    loaded and its plugins imported here, both under ``code``). User code that
+    fails here, though it imported in the launcher, ends the rank with exit code
+    2 and its error file, which the launcher reports."""
+    try:
+        register_in_rank(registrations, code)
+        return resolve_protocol(Protocol.model_validate_json(proto_json), code, rank=rank)
+    except SecureVFLError as exc:
+        note = error_note(rank, exc)
+        write_error_file(out_dir, note)
+        print(f"securevfl: rank {rank}: {note.message}", file=sys.stderr, flush=True)
+        if note.detail:
+            print(f"securevfl: rank {rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True)
+        sys.exit(exit_code_for(exc))
 
 
 def launch(
@@ -164,6 +204,8 @@ def launch(
     progress: bool = True,
     overwrite: bool = False,
     resume: bool = False,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+    registrations: tuple[Registration, ...] = (),
 ) -> dict[str, Any]:
     """Run every rank locally; return the result record (also in out_dir/result.json).
 
@@ -172,7 +214,12 @@ def launch(
     once it has finished (:class:`~securevfl.app.outdir.OutputFolder`).
     ``resume``: continue the interrupted run in ``out_dir`` from the newest
     checkpoint every rank holds (the ranks agree on it at start-up), writing
-    into ``out_dir`` itself."""
+    into ``out_dir`` itself. ``on_epoch``: called in this process with rank 0's
+    :class:`~securevfl.records.EpochRecord` as each epoch ends
+    (:mod:`securevfl.app.epochs`); if it raises, every rank is stopped and the
+    exception propagates. ``registrations``: the caller's own defense and attack
+    classes, registered in every rank for this launch
+    (:mod:`securevfl.app.objects`; the caller registers them in this process)."""
     if mp.current_process().name.startswith(RANK_PROCESS):
         # Each rank re-imports the caller's main module on start-up (spawn and
         # forkserver alike); a script that calls launch() at top level would launch again.
@@ -193,11 +240,15 @@ def launch(
         layout = layout_of(proto)
         folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
         parties = [r.rank for r in layout.roles if r.kind != "helper"]
-        check_one_run(out_dir, parties, protocol_digest=proto.digest())
+        try:
+            check_one_run(out_dir, parties, protocol_digest=proto.digest())
+        except BaseException:
+            folder.release()
+            raise
     else:
         folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
-        result = _launch(proto, folder.path, data_dir, progress, resume)
+        result = _launch(proto, folder.path, data_dir, progress, resume, on_epoch, registrations)
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):
@@ -209,22 +260,47 @@ def launch(
     return result
 
 
-def _launch(proto: Protocol, out_dir: Path, data_dir: Path, progress: bool, resume: bool) -> dict[str, Any]:
+def _launch(
+    proto: Protocol,
+    out_dir: Path,
+    data_dir: Path,
+    progress: bool,
+    resume: bool,
+    on_epoch: Callable[[EpochRecord], None] | None,
+    registrations: tuple[Registration, ...],
+) -> dict[str, Any]:
     blob = proto.model_dump_json()
-    with materializing(proto, data_dir) as pending:
-        procs = start_ranks(
-            proto,
-            out_dir,
-            _child,
-            lambda rank, rendezvous: (blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume),
-        )
-        if pending:  # while the ranks start up (interpreter, imports, rendezvous)
-            try:
-                materialize(proto, data_dir)
-            except BaseException:
-                stop_ranks(procs)
-                raise
-    return _watch(proto, out_dir, procs)
+    # the launcher's user code policy, for every rank: the file's own modules, and
+    # the modules of the caller's own classes (the caller runs every party)
+    code = components_of(proto).code.allowing(r.module for r in registrations)
+    regs = [r.for_rank() for r in registrations]
+    reader, writer = mp.Pipe(duplex=False) if on_epoch is not None else (None, None)
+    stream = None if reader is None or on_epoch is None else EpochStream(reader, on_epoch)
+    try:
+        with materializing(proto, data_dir) as pending:
+            procs = start_ranks(
+                proto,
+                out_dir,
+                _child,
+                lambda rank, rendezvous: (
+                    *(blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume, code, regs),
+                    writer if rank == 0 else None,
+                ),
+            )
+            if writer is not None:
+                writer.close()  # rank 0 holds the only writing end: the stream ends with it
+            if pending:  # while the ranks start up (interpreter, imports, rendezvous)
+                try:
+                    materialize(proto, data_dir)
+                except BaseException:
+                    stop_ranks(procs)
+                    raise
+        return _watch(proto, out_dir, procs, stream)
+    finally:
+        if writer is not None:
+            writer.close()
+        if stream is not None:
+            stream.close()
 
 
 def rank_context() -> Any:
@@ -325,19 +401,26 @@ def start_ranks(
     return procs
 
 
-def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
+def watch_ranks(
+    proto: Protocol, procs: list[Any], stream: EpochStream | None = None
+) -> dict[int, int | None]:
     """Wait for every rank; kill the rest a grace period after the first failure.
     Returns the exit codes by rank; None for a rank this launcher had to kill (it
-    stalled: it did not end by itself within the grace period).
+    stalled: it did not end by itself within the grace period). ``stream``: rank
+    0's epoch records, delivered as they come (the last ones once every rank has
+    ended); if delivering one raises, every rank is stopped and it propagates.
 
-    Event-driven: it sleeps on the ranks' process sentinels, so it wakes the moment
-    a rank ends (no polling slice added to every run); while a failure's grace
-    period runs it wakes at the latest when the period is over."""
+    Event-driven: it sleeps on the ranks' process sentinels (and the stream), so it
+    wakes the moment a rank ends (no polling slice added to every run); while a
+    failure's grace period runs it wakes at the latest when the period is over."""
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
     killed: set[int] = set()
     try:
         while alive := [p for p in procs if p.is_alive()]:
+            if stream is not None and stream.open and stream.conn.poll(0):
+                stream.receive()
+                continue
             if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_failure = time.monotonic()
             timeout = None
@@ -348,8 +431,11 @@ def watch_ranks(proto: Protocol, procs: list[Any]) -> dict[int, int | None]:
                         killed.add(procs.index(p))
                         p.kill()
                 timeout = max(left, KILL_REAP_S)
-            wait_for([p.sentinel for p in alive], timeout=timeout)
-    except BaseException:  # Ctrl-C, SIGTERM (securevfl.cli), an error here: no rank outlives it
+            listening = [stream.conn] if stream is not None and stream.open else []
+            wait_for([p.sentinel for p in alive] + listening, timeout=timeout)
+        if stream is not None:
+            stream.drain()
+    except BaseException:  # Ctrl-C, SIGTERM (securevfl.cli), a callback's error: no rank outlives it
         stop_ranks(procs)
         raise
     for p in procs:
@@ -374,9 +460,11 @@ def stop_ranks(procs: list[Any], grace_s: float = STOP_GRACE_S) -> None:
     _release(procs)
 
 
-def _watch(proto: Protocol, out_dir: Path, procs: list[Any]) -> dict[str, Any]:
+def _watch(
+    proto: Protocol, out_dir: Path, procs: list[Any], stream: EpochStream | None = None
+) -> dict[str, Any]:
     """The run's result once every rank has ended, or the root cause of its failure."""
-    codes = watch_ranks(proto, procs)
+    codes = watch_ranks(proto, procs, stream)
     if all(c == 0 for c in codes.values()):
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
             run_attacks(proto, out_dir)

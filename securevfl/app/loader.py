@@ -4,6 +4,16 @@ schema (:mod:`securevfl.config`) and then cross-checked against the registries
 (:mod:`securevfl.validation`), which validates every component's options once
 and attaches them to the protocol (:mod:`securevfl.components`).
 
+Between the two, the protocol's ``plugins`` are imported, under the user code
+policy of the process (:mod:`securevfl.usercode`): ``allow`` names the modules
+its invocation allows (``securevfl party`` and ``validate``: ``--allow-plugin``),
+or is :data:`OWN`, every module the file names itself (the local launcher, run by
+the file's author). Every module the process would import for the protocol (its
+plugins and, given ``rank``, the model factories that rank runs) is checked
+before any is imported. The policy is attached with the components
+(:attr:`~securevfl.components.Components.code`), so the ranks import each
+party's factory under it later.
+
 It sits above every registry (exchange backends, defenses, attacks, datasets), so
 that the schema below them never imports them back.
 """
@@ -11,9 +21,12 @@ that the schema below them never imports them back.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError
@@ -21,22 +34,38 @@ from pydantic import ValidationError
 from securevfl.app.yamldoc import load_yaml, parse_value
 from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol, format_loc, validation_error
-from securevfl.errors import ConfigError
+from securevfl.errors import ConfigError, UserCodeError
+from securevfl.usercode import CodePolicy, Needed, split_ref
 from securevfl.validation import check_protocol, resolve_components
+
+#: a path element ``[*]``: every element of the list at that point (``--set`` and
+#: ``--grid`` keys such as ``parties.passive[*].defenses[0].params.epsilon``)
+EVERY = "[*]"
+
+_TOKEN = re.compile(r"\[([^\]]*)\]|([^.\[\]]+)")
+
+#: ``allow``: every module the protocol names itself (the local launcher's rule).
+OWN: Literal["own"] = "own"
+Allow = Literal["own"] | Iterable[str]
 
 
 def split_override(expr: str, flag: str = "--set") -> tuple[list[str | int], str, str]:
     """``a.b[0].c=raw`` -> (['a', 'b', 0, 'c'], 'a.b[0].c', 'raw'): the key path of an
-    override (``--set``, and each ``--grid`` axis) and its unparsed value text."""
+    override (``--set``, and each ``--grid`` axis) and its unparsed value text.
+    ``[*]`` stands for every element of a list (:data:`EVERY`)."""
     what = "override" if flag == "--set" else "grid axis"
     if "=" not in expr:
         raise ConfigError(f"{what} '{expr}' must look like key.path=value", path=flag)
     key, raw = expr.split("=", 1)
     path: list[str | int] = []
-    for token in key.replace("[", ".").replace("]", "").split("."):
+    for index, name in _TOKEN.findall(key):
+        token = index or name
         if not token:
             continue
-        path.append(int(token) if token.isdigit() else token)
+        if index and token == "*":
+            path.append(EVERY)
+        else:
+            path.append(int(token) if token.isdigit() else token)
     if not path:
         raise ConfigError(f"{what} '{expr}' has an empty key", path=flag)
     return path, key, raw
@@ -63,25 +92,31 @@ def parse_override(expr: str) -> tuple[list[str | int], Any]:
 
 
 def apply_override(doc: dict[str, Any], path: list[str | int], value: Any) -> None:
-    node: Any = doc
-    shown = ""
-    for i, part in enumerate(path):
-        last = i == len(path) - 1
-        shown += f"[{part}]" if isinstance(part, int) else ("." if shown else "") + part
-        if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                raise ConfigError("no such list element to override", path=shown)
-            if last:
-                node[part] = value
-            else:
-                node = node[part]
-        else:
-            if not isinstance(node, dict):
-                raise ConfigError("cannot set a key inside a non-mapping", path=shown)
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
+    """Set ``value`` at ``path`` in ``doc``: mappings on the way are created, a list
+    index must exist, and :data:`EVERY` sets it in every element of a non-empty list."""
+    _set(doc, path, value, "")
+
+
+def _set(node: Any, path: list[str | int], value: Any, shown: str) -> None:
+    part, rest = path[0], path[1:]
+    if part == EVERY:
+        if not isinstance(node, list) or not node:
+            raise ConfigError("[*] needs a non-empty list here", path=shown + EVERY)
+        for j in range(len(node)):
+            _set(node, [j, *rest], copy.deepcopy(value), shown)
+        return
+    shown += f"[{part}]" if isinstance(part, int) else ("." if shown else "") + part
+    if isinstance(part, int):
+        if not isinstance(node, list) or part >= len(node):
+            raise ConfigError("no such list element to override", path=shown)
+    elif not isinstance(node, dict):
+        raise ConfigError("cannot set a key inside a non-mapping", path=shown)
+    if not rest:
+        node[part] = value
+    elif isinstance(part, int):
+        _set(node[part], rest, value, shown)
+    else:
+        _set(node.setdefault(part, {}), rest, value, shown)
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -109,9 +144,19 @@ def check_numbers(node: Any, loc: tuple[Any, ...] = (), *, source: str | None = 
 
 
 def load_protocol_dict(
-    doc: Any, *, source: str | None = None, overrides: list[str] | None = None
+    doc: Any,
+    *,
+    source: str | None = None,
+    overrides: list[str] | None = None,
+    allow: Allow = (),
+    rank: int | None = None,
+    beside: Path | None = None,
 ) -> Protocol:
-    """Validate a protocol given as a parsed mapping (plus ``--set`` overrides)."""
+    """Validate a protocol given as a parsed mapping (plus ``--set`` overrides).
+    ``allow``: the modules this process may import for it (:data:`OWN`: the ones
+    it names); ``rank``: the rank this process runs, whose model factories are
+    checked with the plugins before anything is imported; ``beside``: the
+    protocol file's folder, where its own modules are found."""
     if not isinstance(doc, dict):
         raise ConfigError("a protocol file must be a YAML mapping", source=source)
     doc = copy.deepcopy(doc)
@@ -123,24 +168,80 @@ def load_protocol_dict(
         proto = Protocol.model_validate(doc)
     except ValidationError as exc:
         raise validation_error(exc, source=source) from None
+    code = code_policy(proto, allow, beside)
+    import_plugins(proto, code, rank=rank, source=source)
     # component-level checks (registries, capabilities, column layout); attaches the
     # components with their validated options
     check_protocol(proto, source=source)
-    return proto
+    return attach(proto, dataclasses.replace(components_of(proto), code=code))
 
 
-def resolve_protocol(proto: Protocol) -> Protocol:
+def code_policy(proto: Protocol, allow: Allow, beside: Path | None) -> CodePolicy:
+    """The user code policy of a process loading ``proto``: the modules ``allow``
+    names, or with :data:`OWN` every module the protocol names."""
+    where = str(Path(beside).resolve()) if beside is not None else None
+    if isinstance(allow, str):
+        if allow != OWN:
+            raise ValueError(f"allow is {OWN!r} or a list of module names, not {allow!r}")
+        named = {n.module for n in needed_code(proto, None, factories=True)}
+        return CodePolicy(frozenset(named), where)
+    return CodePolicy(frozenset(allow), where)
+
+
+def needed_code(proto: Protocol, rank: int | None, *, factories: bool = False) -> list[Needed]:
+    """The modules a process imports for ``proto``: its plugins (every process
+    does), and the model factories of the party of ``rank`` (rank 0 the active
+    party with its top model, then the passive parties; a helper rank has none);
+    with ``factories``, every party's."""
+    out = [Needed(m, f"plugin '{m}'", f"plugins[{i}]") for i, m in enumerate(proto.plugins)]
+    models: list[tuple[str | None, str, str]] = []  # (factory, party, YAML path)
+    active = proto.parties.active
+    if factories or rank == 0:
+        models.append((active.model.factory if active.model else None, active.name, "parties.active.model"))
+        models.append((proto.top.factory, active.name, "top"))
+    for i, p in enumerate(proto.parties.passive):
+        if factories or rank == i + 1:
+            models.append((p.model.factory if p.model else None, p.name, f"parties.passive[{i}].model"))
+    for ref, party, path in models:
+        if ref is not None:
+            what = f"model factory '{ref}' of party '{party}'"
+            out.append(Needed(split_ref(ref)[0], what, f"{path}.factory"))
+    return out
+
+
+def import_plugins(proto: Protocol, code: CodePolicy, *, rank: int | None, source: str | None) -> None:
+    """Check every module this process would import for ``proto`` (its plugins,
+    and the factories of ``rank``'s party) against ``code``, then import the
+    plugins, which register their components as they are imported."""
+    try:
+        code.check(needed_code(proto, rank))
+        for i, module in enumerate(proto.plugins):
+            code.import_module(module, what=f"plugin '{module}'", path=f"plugins[{i}]")
+    except UserCodeError as exc:
+        if source is None:
+            raise
+        raise UserCodeError(exc.message, path=exc.path, source=source, detail=exc.detail) from None
+
+
+def resolve_protocol(proto: Protocol, code: CodePolicy | None = None, *, rank: int | None = None) -> Protocol:
     """Attach resolved components to a protocol that was checked elsewhere (a rank
     spawned by the local launcher receives it as JSON from the launcher, which
-    loaded and checked the file): every component's options are validated here,
-    once in that process. A protocol that already has them is returned as is."""
+    loaded and checked the file, with the launcher's ``code`` policy): the
+    plugins are imported under ``code`` (checked with ``rank``'s factories
+    first), then every component's options are validated, once in that process.
+    A protocol that already has them is returned as is."""
     if is_resolved(proto):
         return proto
-    return attach(proto, resolve_components(proto))
+    code = code or CodePolicy()
+    import_plugins(proto, code, rank=rank, source=None)
+    return attach(proto, dataclasses.replace(resolve_components(proto), code=code))
 
 
-def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Protocol:
-    """Read, validate and cross-check one protocol file."""
+def load_protocol(
+    path: str | Path, overrides: list[str] | None = None, *, allow: Allow = (), rank: int | None = None
+) -> Protocol:
+    """Read, validate and cross-check one protocol file; its own modules are
+    looked up in its folder (``allow`` and ``rank`` as for :func:`load_protocol_dict`)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"protocol file not found: {p}")
@@ -153,7 +254,9 @@ def load_protocol(path: str | Path, overrides: list[str] | None = None) -> Proto
     if "\x00" in text:
         raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
     doc = load_yaml(text, source=str(p))
-    proto = load_protocol_dict(doc, source=str(p), overrides=overrides)
+    proto = load_protocol_dict(
+        doc, source=str(p), overrides=overrides, allow=allow, rank=rank, beside=p.parent
+    )
     return _resolve_paths(proto, p.parent)
 
 

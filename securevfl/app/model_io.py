@@ -5,7 +5,8 @@ Every rank saves its own final model at the end of a run
 :mod:`securevfl.parties.state`). This module loads one rank's, and only one
 rank's, verified model folder and puts it back to work: the fitted input
 transform, the bottom (and, at the active party, own block, bias and top)
-models, the defense stack in its trained state, the task of the active party,
+models, the defense stack in its trained state under fresh noise keys (every
+prediction draws new noise: a saved key would repeat it), the task of the active party,
 and the exchange role restored to its trained interactive layer (A's plain
 blocks under ``plain``, this party's shares under ``mpc``/``ckks``/``paillier``).
 Nothing here reads another party's files or learns anything of theirs.
@@ -21,8 +22,9 @@ import numpy as np
 import torch
 
 from securevfl.app.checkpoints import load_model
-from securevfl.app.loader import load_protocol_dict
-from securevfl.config import PartySpec, Protocol
+from securevfl.app.loader import OWN, load_protocol_dict
+from securevfl.components import components_of
+from securevfl.config import ModelSpec, PartySpec, Protocol
 from securevfl.data.fitted import apply_fitted, from_saved
 from securevfl.data.party_data import PartyData
 from securevfl.defenses.base import DefenseStack, build_stack
@@ -43,12 +45,17 @@ def _spec(proto: Protocol, role: Role) -> PartySpec:
 def run_protocol(run_dir: Path) -> Protocol:
     """The protocol a local run in ``run_dir`` was trained under, as the active
     rank saved it with its model (the local launcher's user holds every rank's
-    folder); checked against the digest in that model's manifest."""
+    folder); checked against the digest in that model's manifest. Its user
+    ran it, so the modules it names are allowed (the local launcher's rule), and
+    found beside the protocol file it was loaded from."""
     saved = load_model(Path(run_dir), 0)
-    doc = saved.docs.get("model", {}).get("protocol")
+    model = saved.docs.get("model", {})
+    doc = model.get("protocol")
     if not isinstance(doc, dict):
         raise CheckpointError(f"rank 0: {saved.path}/model.json holds no protocol")
-    proto = load_protocol_dict(doc, source=str(saved.path / "model.json"))
+    code_dir = model.get("code_dir")
+    beside = Path(code_dir) if isinstance(code_dir, str) else None
+    proto = load_protocol_dict(doc, source=str(saved.path / "model.json"), allow=OWN, beside=beside)
     if proto.digest() != saved.manifest.protocol_digest:
         raise CheckpointError(
             f"rank 0: {saved.path}/model.json: field 'protocol' does not match the manifest's "
@@ -113,6 +120,18 @@ class PartyModel:
             ) from None
         return module.to(device)
 
+    def _bottom(self, spec: ModelSpec, width: int, path: str) -> torch.nn.Module:
+        """This party's bottom model rebuilt for its saved weights: a factory is
+        called again, under this process's user code policy, in this rank alone."""
+        return build_bottom(
+            spec,
+            width,
+            seed=self.proto.training.seed,
+            party=self.spec.name,
+            code=components_of(self.proto).code,
+            path=f"{path}.model",
+        )
+
     def predictor(
         self, backend: type[ExchangeBackend], ctx: ExchangeContext, *, keep_sent: bool = False
     ) -> ActivePredictor | PassivePredictor:
@@ -125,10 +144,12 @@ class PartyModel:
         return self._active(backend, ctx, keep_sent)
 
     def _passive(self, backend: type[ExchangeBackend], ctx: ExchangeContext, keep: bool) -> PassivePredictor:
-        spec, dev, seed = self.spec, ctx.device, self.proto.training.seed
+        spec, dev = self.spec, ctx.device
         assert spec.model is not None
         width = len(self.preprocess.columns)
-        bottom = self._module("bottom", build_bottom(spec.model, width, seed=seed, party=spec.name), dev)
+        bottom = self._module(
+            "bottom", self._bottom(spec.model, width, f"parties.passive[{self.role.index}]"), dev
+        )
         exchange = backend.passive(ctx)
         exchange.restore(self.exchange_state)
         return PassivePredictor(
@@ -143,9 +164,11 @@ class PartyModel:
         bottom: torch.nn.Module | None = None
         own: torch.nn.Module | None = None
         if spec.model is not None and width:
-            bottom = self._module("bottom", build_bottom(spec.model, width, seed=seed, party=spec.name), dev)
+            bottom = self._module("bottom", self._bottom(spec.model, width, "parties.active"), dev)
             own = self._module("own", build_interactive(spec.model.out, out, seed=seed, party=spec.name), dev)
-        top = self._module("top", build_top(proto.top, out, self.task.outputs, seed=seed), dev)
+        code = components_of(proto).code
+        top = build_top(proto.top, out, self.task.outputs, seed=seed, code=code, party=spec.name)
+        top = self._module("top", top, dev)
         saved_bias = self.tensors.get("bias")
         if not isinstance(saved_bias, torch.Tensor) or saved_bias.shape != build_bias(out).shape:
             raise CheckpointError(
@@ -192,8 +215,10 @@ def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.d
             f"but this rank is {role.kind} '{spec.name}'"
         )
     pre: PreprocessState = state.doc("preprocess", PreprocessState, rank=rank)
-    stack = build_stack(proto, spec.name, role.kind, spec.defenses)
-    stack.restore(join_components(state.tensor("defenses", rank=rank), state.docs.get("defenses", [])))
+    stack = build_stack(proto, spec.name, role.kind, spec.defenses)  # fresh noise keys: this prediction's
+    stack.restore_trained(
+        join_components(state.tensor("defenses", rank=rank), state.docs.get("defenses", []))
+    )
     models = state.tensor("models", rank=rank)
     for m, sd in zip(stack.modules(), models.get("defense_modules", []), strict=False):
         m.load_state_dict(sd)

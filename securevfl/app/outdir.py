@@ -10,17 +10,30 @@ removed and the new ones moved into their place. Files securevfl did not write
 are never touched. A run that fails leaves the earlier result as it was and its
 own files in ``OUT/failed-run/``; a launch that dies before either (SIGKILL)
 leaves its staging folder, which the next run in ``OUT`` removes.
+
+One run at a time: a run holds a lock on its output folder (:class:`FolderLock`,
+``OUT/.securevfl-lock``) from the moment it opens it until its files are in
+place, so a second run into the same folder (another command, or another
+thread of the same script) is refused with exit 2, naming the first, instead of
+both reporting success with one result lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from securevfl.errors import ConfigError, OutputError
 from securevfl.runtime.lifeline import alive
@@ -29,6 +42,7 @@ from securevfl.runtime.lifeline import alive
 # machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 STAGING_PREFIX = ".securevfl-staging-"
+LOCK_FILE = ".securevfl-lock"
 FAILED_RUN = "failed-run"
 # what securevfl writes under an output folder (paths relative to it)
 OWN_FILES = re.compile(
@@ -46,64 +60,184 @@ def is_own(relpath: str) -> bool:
 
 
 def _entries(out: Path, keep: set[Path]) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.resolve() not in keep)
+    return sorted(p for p in out.iterdir() if p.name != LOCK_FILE and p.resolve() not in keep)
+
+
+@dataclass
+class FolderLock:
+    """An exclusive lock on an output folder for the length of one run: ``flock``
+    on ``OUT/.securevfl-lock``, which holds who took it (pid, thread, start time,
+    command line) so that a refused run can name the first. The kernel drops the
+    lock when its holder ends, however it ends (SIGKILL included); a lock file
+    left behind so is taken over by the next run. ``flock`` locks belong to an
+    open file, so two threads of one process exclude each other too."""
+
+    path: Path
+    fd: int | None
+
+    @classmethod
+    def take(cls, out: Path, *, flag: str = "--out") -> FolderLock | None:
+        """Lock ``out`` (created if missing) or raise :class:`ConfigError` naming
+        the run that holds it. None where no lock file can be made (a folder that
+        cannot be written: :func:`check_writable` refuses it with its reason) or
+        the file system has no locks."""
+        lock = Path(out) / LOCK_FILE
+        while True:
+            try:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise ConfigError(
+                    f"the output folder {out} is in use by another securevfl run ({holder}): wait for it "
+                    "to end, or choose another folder",
+                    path=flag,
+                ) from None
+            except OSError:  # no locks on this file system
+                os.close(fd)
+                return None
+            # the holder before us may have removed the file between our open and our lock
+            try:
+                current = os.stat(lock, follow_symlinks=False).st_ino
+            except OSError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                break
+            os.close(fd)
+        who = {
+            "pid": os.getpid(),
+            "thread": threading.current_thread().name,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv),
+        }
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(who).encode(), 0)
+        return cls(lock, fd)
+
+    def release(self) -> None:
+        """Remove the lock file and let the lock go (idempotent)."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self.fd)
+        self.fd = None
+
+
+#: how long a refused run waits for the holder to write who it is (it writes right
+#: after taking the lock; a loaded machine can hold it between the two)
+HOLDER_WAIT_S = 2.0
+
+
+def _read_holder(fd: int) -> dict[str, Any] | None:
+    try:
+        info: Any = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and "pid" in info else None
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock, as its file says: ``pid 123 (thread 'MainThread'), started
+    ..., securevfl run p.yaml --out r``. The holder writes it just after taking the
+    lock, so an empty or half-written file is read again for up to
+    :data:`HOLDER_WAIT_S`."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while (info := _read_holder(fd)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if info is None:
+        return "its details are not written yet"
+    pid = info.get("pid")
+    who = "this process" if pid == os.getpid() else f"pid {pid}"
+    parts = [f"{who} (thread '{info.get('thread', '?')}')", f"started {info.get('started', '?')}"]
+    if info.get("command"):
+        parts.append(str(info["command"]))
+    return ", ".join(parts)
 
 
 @dataclass
 class OutputFolder:
     """Where one run writes. ``path`` is the folder the ranks write to: the output
     folder itself when it was empty, else a staging folder inside it that
-    :meth:`commit` moves into place."""
+    :meth:`commit` moves into place. ``lock``: the run's lock on the output folder,
+    held until :meth:`commit`, :meth:`abandon` or :meth:`release`."""
 
     out: Path
     path: Path
     staged: bool
+    lock: FolderLock | None = None
 
     @classmethod
     def open(
         cls, out: Path, *, overwrite: bool, keep: tuple[Path, ...] = (), flag: str = "--overwrite"
     ) -> OutputFolder:
-        """Check ``out`` and choose where the run writes. ``keep`` lists entries of
-        ``out`` that do not count as earlier results (the data cache). Raises
-        :class:`ConfigError` (path ``--out``) for a folder that holds earlier
-        results when ``overwrite`` is false."""
+        """Lock ``out``, check it and choose where the run writes. ``keep`` lists
+        entries of ``out`` that do not count as earlier results (the data cache).
+        Raises :class:`ConfigError` (path ``--out``) for a folder that another run
+        holds, or that holds earlier results when ``overwrite`` is false."""
         out = Path(out)
-        sweep_stale_staging(out)
-        check_available(out, overwrite=overwrite, keep=keep, flag=flag)
-        check_writable(out)
-        kept = {Path(k).resolve() for k in keep}
-        if not _entries(out, kept):
-            return cls(out, out, staged=False)
-        staging = out / f"{STAGING_PREFIX}{os.getpid()}"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
-        return cls(out, staging, staged=True)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"the output folder {out} is a file", path="--out")
+        lock = FolderLock.take(out)
+        try:
+            sweep_stale_staging(out)
+            check_available(out, overwrite=overwrite, keep=keep, flag=flag)
+            check_writable(out)
+            kept = {Path(k).resolve() for k in keep}
+            if not _entries(out, kept):
+                return cls(out, out, staged=False, lock=lock)
+            staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir()
+            return cls(out, staging, staged=True, lock=lock)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    def release(self) -> None:
+        """Let the output folder's lock go (idempotent; :meth:`commit` and
+        :meth:`abandon` do)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def commit(self) -> None:
         """Replace securevfl's earlier files in the output folder by the new run's."""
-        if not self.staged:
-            return
-        for old in _own_files(self.out):
-            old.unlink()
-        for old_dir in _own_dirs(self.out):  # an earlier run's checkpoints must not mix with these
-            shutil.rmtree(old_dir)
-        for new in sorted(p for p in self.path.rglob("*") if p.is_file()):
-            dest = self.out / new.relative_to(self.path)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(new, dest)
-        shutil.rmtree(self.path)
+        try:
+            if not self.staged:
+                return
+            for old in _own_files(self.out):
+                old.unlink()
+            for old_dir in _own_dirs(self.out):  # an earlier run's checkpoints must not mix with these
+                shutil.rmtree(old_dir)
+            for new in sorted(p for p in self.path.rglob("*") if p.is_file()):
+                dest = self.out / new.relative_to(self.path)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(new, dest)
+            shutil.rmtree(self.path)
+        finally:
+            self.release()
 
     def abandon(self) -> Path | None:
         """After a failed run: leave the earlier result as it was and keep the
         failed run's files in ``OUT/failed-run`` (returned), replacing an older one."""
-        if not self.staged or not self.path.exists():
-            return None
-        failed = self.out / FAILED_RUN
-        if failed.exists():
-            shutil.rmtree(failed)
-        os.replace(self.path, failed)
-        return failed
+        try:
+            if not self.staged or not self.path.exists():
+                return None
+            failed = self.out / FAILED_RUN
+            if failed.exists():
+                shutil.rmtree(failed)
+            os.replace(self.path, failed)
+            return failed
+        finally:
+            self.release()
 
 
 def output_error(exc: BaseException, *, shared: bool = True) -> OutputError | None:
@@ -207,7 +341,7 @@ def resume_folder(out: Path, *, overwrite: bool, ranks: range) -> OutputFolder:
             f"the run in {out} has finished (result.json is there): there is nothing to resume",
             path="--resume",
         )
-    return OutputFolder(out, out, staged=False)
+    return OutputFolder(out, out, staged=False, lock=FolderLock.take(out))
 
 
 def _own_dirs(out: Path) -> list[Path]:

@@ -69,27 +69,30 @@ def run_party(
         folder = resume_folder(folder_path, overwrite=overwrite, ranks=range(rank, rank + 1))
     else:
         folder = OutputFolder.open(folder_path, overwrite=overwrite, keep=(data_path,))
-    if is_builtin(proto) and role.kind != "helper":
-        # this party's slice, written by a short-lived forked child: the rank's own
-        # process never holds the other parties' columns
-        materialize_apart(proto, data_path, role.party)
-    code = run_rank(
-        proto,
-        rank,
-        rendezvous,
-        folder.path,
-        data_path,
-        progress=progress,
-        resume=resume,
-        identity=identity,
-    )
-    if code != 0:
-        raise RankFailed(
-            f"rank {rank} ({role.party}) stopped with exit code {code}",
-            exit_code=code,
-            kept_aside=folder.abandon(),
+    try:
+        if is_builtin(proto) and role.kind != "helper":
+            # this party's slice, written by a short-lived forked child: the rank's own
+            # process never holds the other parties' columns
+            materialize_apart(proto, data_path, role.party)
+        code = run_rank(
+            proto,
+            rank,
+            rendezvous,
+            folder.path,
+            data_path,
+            progress=progress,
+            resume=resume,
+            identity=identity,
         )
-    folder.commit()
+        if code != 0:
+            raise RankFailed(
+                f"rank {rank} ({role.party}) stopped with exit code {code}",
+                exit_code=code,
+                kept_aside=folder.abandon(),
+            )
+        folder.commit()
+    finally:
+        folder.release()  # the output folder's lock, whatever happened
     return folder_path
 
 
@@ -117,19 +120,22 @@ def _predict_rank(
     check_out(folder_path, run_dir)
     data_path = data_dir if data_dir is not None else run_dir / "data"
     folder = OutputFolder.open(folder_path, overwrite=overwrite)
-    code = predict_rank(
-        proto,
-        rank,
-        rendezvous,
-        run_dir,
-        folder.path,
-        data_path,
-        data=files.get(me),
-        progress=progress,
-        identity=identity,
-    )
-    if code != 0:
-        folder.abandon()
-        raise RankFailed(f"rank {rank} ({me}) stopped with exit code {code}", exit_code=code)
-    folder.commit()
+    try:
+        code = predict_rank(
+            proto,
+            rank,
+            rendezvous,
+            run_dir,
+            folder.path,
+            data_path,
+            data=files.get(me),
+            progress=progress,
+            identity=identity,
+        )
+        if code != 0:
+            folder.abandon()
+            raise RankFailed(f"rank {rank} ({me}) stopped with exit code {code}", exit_code=code)
+        folder.commit()
+    finally:
+        folder.release()  # the output folder's lock, whatever happened
     return folder_path

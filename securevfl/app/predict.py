@@ -42,8 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.app.checkpoints import load_model, save_tensors
-from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
-from securevfl.app.loader import resolve_protocol
+from securevfl.app.launcher import explain_failure, rank_protocol, start_ranks, watch_ranks
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder, holds_training_run
 from securevfl.app.rank import AUDIT_ENV, failure_exit, install_open_audit
@@ -52,6 +51,7 @@ from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import CsvSource, Protocol
+from securevfl.csvfile import read_rows, typed, write_rows
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import is_builtin, materialize, party_source
 from securevfl.data.party_data import PartyData, load_new_records
@@ -66,6 +66,7 @@ from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
 from securevfl.runtime.session import Session
 from securevfl.timing import PhaseClock, peak_rss_mib
+from securevfl.usercode import CodePolicy
 
 PREDICTIONS_FILE = "predictions.csv"
 RECORD_FILE = "prediction.json"
@@ -124,10 +125,19 @@ def records_source(proto: Protocol, party: str, data_dir: Path, override: Path |
 def check_out(out: Path, run_dir: Path) -> None:
     """The prediction's output folder may not hold a training run, this one or
     any other, with or without ``--overwrite``: replacing securevfl's files there
-    would delete the run's result, its saved models and its checkpoints."""
-    if Path(out).resolve() == Path(run_dir).resolve():
+    would delete the run's result, its saved models and its checkpoints. Nor may
+    it lie inside the training run's folder (its ``ranks/`` or ``data/``, say),
+    where the prediction's files would mix with the run's."""
+    here, run = Path(out).resolve(), Path(run_dir).resolve()
+    if here == run:
         raise ConfigError(
             f"{out} is the training run's folder: write the predictions to another folder", path="--out"
+        )
+    if here.is_relative_to(run):
+        raise ConfigError(
+            f"{out} lies inside the training run's folder {run_dir}: write the predictions to a folder "
+            "outside it",
+            path="--out",
         )
     found = holds_training_run(Path(out))
     if found:
@@ -150,10 +160,23 @@ def predictions_frame(id_column: str, ids: list[str], columns: dict[str, list[An
 
 def write_predictions(path: Path, frame: pd.DataFrame) -> None:
     """Write the table atomically; floats at full precision (``repr``), so a
-    score read back is the score computed."""
-    tmp = path.with_suffix(".tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(path)
+    score read back is the score computed. IDs and class labels are the parties'
+    data: every text cell that a spreadsheet would run as a formula is guarded,
+    and cells are quoted as RFC 4180 says (:mod:`securevfl.csvfile`), so
+    :func:`read_predictions` reads back exactly what was written."""
+    columns = [frame[c].tolist() for c in frame.columns]
+    write_rows(path, [str(c) for c in frame.columns], zip(*columns, strict=True))
+
+
+def read_predictions(path: Path) -> pd.DataFrame:
+    """``predictions.csv`` as :func:`write_predictions` wrote it: guards removed,
+    the ID column (the first) as text, the task's columns as numbers where every
+    cell is one (a class column of text labels stays text)."""
+    header, rows = read_rows(Path(path))
+    cells = [[row[i] for row in rows] for i in range(len(header))]
+    frame = pd.DataFrame({i: pd.Series(col if i == 0 else typed(col)) for i, col in enumerate(cells)})
+    frame.columns = pd.Index(header)
+    return frame
 
 
 # -- one rank -----------------------------------------------------------------------------------
@@ -320,10 +343,11 @@ def _child(
     out_dir: str,
     data_dir: str,
     data: str | None,
+    policy: CodePolicy,
     seed: bytes,
     pins: dict[int, str],
 ) -> None:
-    proto = resolve_protocol(Protocol.model_validate_json(proto_json))
+    proto = rank_protocol(proto_json, rank, policy, Path(out_dir))
     code = predict_rank(
         proto,
         rank,
@@ -364,11 +388,12 @@ def predict_local(
     check_out(Path(out_dir), run_dir)
     folder = OutputFolder.open(Path(out_dir), overwrite=overwrite)
     blob = proto.model_dump_json()
+    code = components_of(proto).code
 
     def args(rank: int, rendezvous: str) -> tuple[Any, ...]:
         party = layout.role(rank).party
         own = str(files[party]) if party in files else None
-        return (blob, rank, rendezvous, str(run_dir), str(folder.path), str(data_dir), own)
+        return (blob, rank, rendezvous, str(run_dir), str(folder.path), str(data_dir), own, code)
 
     try:
         codes = watch_ranks(proto, start_ranks(proto, folder.path, _child, args))
@@ -397,4 +422,5 @@ __all__ = [
     "predict_local",
     "predict_rank",
     "predictions_frame",
+    "read_predictions",
 ]

@@ -55,8 +55,8 @@ from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import Party, prepare
 from securevfl.parties.passive import PassiveParty
 from securevfl.parties.state import PartyInfo, PartyState
-from securevfl.records import RankSummary
-from securevfl.report.result import build_result, write_result
+from securevfl.records import EpochRecord, RankSummary
+from securevfl.report.result import build_result, write_own_report, write_result
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Role
 from securevfl.runtime.ledger import Ledger
@@ -173,11 +173,13 @@ def run_rank(
     resume: bool = False,
     identity: Identity | None = None,
     pins: dict[int, str] | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> int:
     """Run one rank to completion; returns the process exit code. ``resume``: go
     on from the newest checkpoint every rank holds (agreed at start-up).
     ``identity`` and ``pins`` go to the :class:`Session` (its identity key; the
-    keys every rank must present, if not the protocol's)."""
+    keys every rank must present, if not the protocol's). ``on_epoch``: the active
+    party's epoch records, as each epoch ends (ignored by the other ranks)."""
     opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
     warnings.showwarning = show_warning
     torch.set_num_threads(rank_threads())
@@ -263,7 +265,13 @@ def run_rank(
                         saved = PartyState(m.epoch, m.step, found.tensors, found.docs)
                     seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank).noise_keys
                     party = cls(
-                        session, backend, ctx, prep, progress=progress and rank == 0, noise_keys=seeds
+                        session,
+                        backend,
+                        ctx,
+                        prep,
+                        progress=progress and rank == 0,
+                        noise_keys=seeds,
+                        on_epoch=on_epoch if role.kind == "active" else None,
                     )
                     if saved is not None:
                         party.restore(saved)
@@ -275,10 +283,14 @@ def run_rank(
                 summary["train_cpu_s"] = round(party.train_cpu_s, 4)
                 party.exchange.close()
                 t_write = time.perf_counter()
-                summary["loaded_columns"] = prep.data.columns
+                # the columns of its file it loaded, by name: after preprocessing, its inputs
+                # (the fitted one-hot names would name categories found in its rows)
+                pre = prep.preprocessor
+                summary["loaded_columns"] = list(pre.inputs) if pre is not None else prep.data.columns
                 summary["has_labels"] = prep.data.y is not None
                 summary["n_aligned"] = len(prep.data.ids)
                 summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
+                write_own_report(out_dir, party.own_report())  # its defenses' statistics: its alone
                 save_tensors(party.state(), ranks_dir / f"rank{rank}.state.pt")
                 save_model(session, out_dir, party)
                 trace = getattr(party, "trace", None)  # the active party's first steps (tests)

@@ -32,6 +32,7 @@ import securevfl.attacks.metrics as metrics
 from securevfl import optim
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row, received_per_forward
+from securevfl.components import components_of
 from securevfl.models import build_bottom
 from securevfl.runtime.messages import EMBEDDING
 
@@ -120,7 +121,15 @@ class CodeReconstruction(Attack[CodeReconstructionOptions]):
         vv = world.views[victim].own
         spec = world.proto.parties.passive[idx]
         assert spec.model is not None
-        bottom = build_bottom(spec.model, vv.x_train.shape[1], seed=0, party=victim)
+        # the harness runs in the local launcher, whose user code policy allows the file's own factories
+        bottom = build_bottom(
+            spec.model,
+            vv.x_train.shape[1],
+            seed=0,
+            party=victim,
+            code=components_of(world.proto).code,
+            path=f"parties.passive[{idx}].model",
+        )
         bottom.load_state_dict(vv.bottom)
         bottom.eval()
         bn = next((m for m in vv.defense_modules if "running_var" in m), None)

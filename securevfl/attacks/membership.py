@@ -33,6 +33,7 @@ from sklearn.ensemble import GradientBoostingClassifier
 import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row
+from securevfl.components import components_of
 from securevfl.models import build_bias, build_top, make_optimizer
 
 
@@ -80,15 +81,17 @@ class MembershipInference(Attack[MembershipOptions]):
     options = MembershipOptions
 
     def knowledge(self, world: World) -> dict[str, Any]:
-        """The architecture and recipe of A's own training (A ran it)."""
+        """The architecture and recipe of A's own training (A ran it), and the user
+        code the harness may import to rebuild A's top model (a factory of the
+        file's own, in the local launcher)."""
         proto = world.proto
-        return {"top": proto.top, "training": proto.training}
+        return {"top": proto.top, "training": proto.training, "code": components_of(proto).code}
 
     def _target(self, view: View):
         own = view.own
         classes = int(own.classes)
         d = own.bias.shape[0]
-        top = build_top(view.prior["top"], d, classes, seed=0)
+        top = build_top(view.prior["top"], d, classes, seed=0, code=view.prior["code"])
         top.load_state_dict(own.top)
         top.eval()
         return top, classes
@@ -153,7 +156,9 @@ class MembershipInference(Attack[MembershipOptions]):
         """A fresh copy of A's top-model architecture (plus bias) trained on z of
         one shadow chunk with A's own recipe."""
         tr = view.prior["training"]
-        top = build_top(view.prior["top"], z.shape[1], classes, seed=self.params.seed + 1 + seed)
+        top = build_top(
+            view.prior["top"], z.shape[1], classes, seed=self.params.seed + 1 + seed, code=view.prior["code"]
+        )
         bias = build_bias(z.shape[1])
         opt = make_optimizer([*top.parameters(), bias], tr)
         g = torch.Generator().manual_seed(self.params.seed + seed)

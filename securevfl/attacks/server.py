@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from securevfl.attacks.views import per_row, received_per_forward
+from securevfl.components import components_of
 from securevfl.errors import ProtocolError
 from securevfl.metrics import classification_metrics
 from securevfl.models import build_top
@@ -84,7 +85,13 @@ def server_from_view(proto: Any, layout: Any, active_own: OwnView) -> ServerMode
             "'active_sees_embeddings' (plain), and only with runtime.record_views on"
         )
     blocks = [inter[f"interactive.{n}"].float() for n in names]
-    top = build_top(proto.top, blocks[0].shape[0], int(active_own.classes), seed=proto.training.seed)
+    top = build_top(
+        proto.top,
+        blocks[0].shape[0],
+        int(active_own.classes),
+        seed=proto.training.seed,
+        code=components_of(proto).code,  # the harness's policy (the local launcher's)
+    )
     top.load_state_dict(active_own.top)
     top.eval()
     return ServerModel(top, active_own.bias.float(), blocks, active_own.own_z_test)

@@ -138,6 +138,7 @@ def load_party_data(
     is_active: bool,
     preprocess: PreprocessSpec | None = None,
     task: TaskKind | None = None,
+    task_has_classes: bool | None = None,
 ) -> PartyData:
     """Read and validate a party's own CSV.
 
@@ -146,7 +147,9 @@ def load_party_data(
     imputed numeric columns may have missing values; the rest stays strict.
 
     ``task`` (active party) is the declared task; ``None`` infers it from the label
-    column (:func:`labels_for_task`).
+    column (:func:`labels_for_task`). ``task_has_classes`` says whether a declared
+    task's labels are classes (a task a plugin registers; the built-in ones are
+    known by name).
 
     Public error messages name the party, the column and a count; the first
     offending lines and IDs go to :attr:`DataError.detail`, which stays with the
@@ -200,7 +203,9 @@ def load_party_data(
     y = classes = None
     kind: TaskKind | None = None
     if label:
-        y, classes, kind = labels_for_task(frame[label], party, label, ids, source.path, task)
+        y, classes, kind = labels_for_task(
+            frame[label], party, label, ids, source.path, task, task_has_classes
+        )
     if preprocess is None:
         return PartyData(party, ids.tolist(), feats, xv.astype(np.float32), y, classes, kind)
     raw = frame[feats].reset_index(drop=True)
@@ -208,7 +213,13 @@ def load_party_data(
 
 
 def labels_for_task(
-    lab: pd.Series, party: str, label: str, ids: pd.Series, path: str, task: TaskKind | None
+    lab: pd.Series,
+    party: str,
+    label: str,
+    ids: pd.Series,
+    path: str,
+    task: TaskKind | None,
+    has_classes: bool | None = None,
 ) -> tuple[np.ndarray, list[str] | None, TaskKind]:
     """The label column as training targets: (y, classes, task).
 
@@ -217,7 +228,8 @@ def labels_for_task(
     holding a non-integer value is a regression target and anything else is
     classification, binary with two classes and multiclass above; an integer
     column with nearly one value per row is warned about (declare ``task:
-    regression`` if it is a quantity)."""
+    regression`` if it is a quantity). A declared task other than the built-in
+    ones reads its labels as classes or as values by ``has_classes``."""
     missing_label = lab.isna().to_numpy()
     if missing_label.any():
         raise DataError(
@@ -227,7 +239,8 @@ def labels_for_task(
     numeric = pd.api.types.is_numeric_dtype(lab) and not pd.api.types.is_bool_dtype(lab)
     if task is None and numeric and not np.all(np.mod(lab.to_numpy(dtype=np.float64), 1) == 0):
         task = "regression"
-    if task == "regression":
+    values = task == "regression" or (task not in (None, "binary", "multiclass") and has_classes is False)
+    if values:
         if not numeric:
             raise DataError(
                 f"party '{party}': label column '{label}' is not numeric, so it is no regression target"
@@ -241,7 +254,7 @@ def labels_for_task(
             raise DataError(
                 f"party '{party}': label column '{label}' is constant; there is nothing to regress"
             )
-        return yv.astype(np.float32), None, "regression"
+        return yv.astype(np.float32), None, task or "regression"
     uniq = sorted(lab.unique().tolist())
     if len(uniq) < 2:
         raise DataError(f"party '{party}': label column '{label}' has fewer than 2 classes")

@@ -17,7 +17,14 @@ each hook is the identity, so a defense implements only what it changes:
   function of the protocol and the plan, not of the data, so every rank can
   compute a budget's stopping step before training (a look-back
   ``privacy_spent()`` could not).
-* reporting: :meth:`Defense.report` adds run statistics to the result
+* reporting, split by who may read it (SECURITY.md §7): :meth:`Defense.report`
+  gives the run statistics the party computed from its data (scores,
+  rescaling factors, probabilities), written to the party's own
+  ``ranks/rank<R>.defense_report.json`` and sent nowhere;
+  :meth:`Defense.public_report` declares what may reach rank 0 in the party's
+  summary and so ``result.json``. The stack takes the public part when it builds
+  the defense, before any hook has seen data, so it can hold only what the
+  protocol determines (by default the validated options).
 * collective set-up: :meth:`Defense.joins_collective` / :meth:`Defense.collective`,
   a step every party rank (active and passive, with or without the defense)
   enters at the same point, after the exchange is up and before the first
@@ -39,7 +46,7 @@ each hook is the identity, so a defense implements only what it changes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -70,20 +77,29 @@ class DefenseContext:
     knows it, so it may only drive what all parties must agree on (e.g. class
     codes). Noise that protects something draws on :meth:`noise_stream`, a
     secret stream (:mod:`securevfl.csprng`) private to this party: a fresh
-    256-bit key per run unless the protocol pins ``privacy.noise_seed`` for a
-    reproducible experiment (which anyone who knows it can use to subtract the
-    noise: such a run is marked as not private; SECURITY.md)."""
+    256-bit key per training run and per prediction run (a resumed run goes on
+    with its checkpoint's keys) unless the protocol pins ``privacy.noise_seed``
+    for a reproducible experiment (which anyone who knows it can use to subtract
+    the noise: such a run is marked as not private; SECURITY.md)."""
 
     proto: Protocol
     party: str
     side: str  # "active" | "passive"
     seed: int
     noise: SecretStream
+    _streams: dict[str, SecretStream] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def noise_stream(self, *labels: object) -> SecretStream:
         """This defense's own secret stream for one purpose (``labels``): a child of
-        its noise key, so two purposes never share keystream."""
-        return self.noise.child(*labels)
+        its noise key, so two purposes never share keystream. Asked again for the
+        same purpose it returns the same live stream, which goes on from where it
+        stands: a second child of the same key would start at position 0 and
+        replay the noise already released."""
+        purpose = "|".join(map(str, labels))  # the child's HKDF info: equal strings, equal keys
+        stream = self._streams.get(purpose)
+        if stream is None:
+            stream = self._streams[purpose] = self.noise.child(*labels)
+        return stream
 
 
 @dataclass(frozen=True)
@@ -184,8 +200,19 @@ class Defense(Generic[OptionsT]):
         return []
 
     def report(self) -> dict[str, Any]:
-        """Run statistics worth keeping in ``result.json`` (e.g. rescaling factors)."""
+        """Run statistics for the party's own file (e.g. rescaling factors, selection
+        scores): computed from its data, so they stay with the party
+        (``ranks/rank<R>.defense_report.json``) and are never sent."""
         return {}
+
+    def public_report(self) -> dict[str, Any]:
+        """What this defense declares to rank 0 (its party's summary, ``result.json``):
+        a function of the options and the protocol alone, which every party holds.
+        Called once, when the stack is built and before any hook has seen data
+        (:class:`DefenseStack`), so no statistic of the data can enter it. By
+        default the validated options (defaults filled in); a defense may add
+        constants derived from them (e.g. a noise multiplier)."""
+        return {"params": self.params.model_dump()}
 
     def modules(self) -> list[torch.nn.Module]:
         """Trainable parts (their parameters join the party's optimizer)."""
@@ -195,7 +222,10 @@ class Defense(Generic[OptionsT]):
         """What this defense needs to go on exactly from a checkpoint: by default
         its random generators (their positions in the noise stream), counters,
         tensors and JSON-valued attributes; its modules are saved with the
-        party's models. A defense with other state overrides this pair."""
+        party's models. A defense with other state overrides this pair, and keeps
+        each secret stream under a :data:`~securevfl.snapshot.SECRET_STREAM` key
+        (as :func:`capture_attributes` does): a saved model and a prediction leave
+        those out (:meth:`DefenseStack.restore_trained`)."""
         return capture_attributes(self)
 
     def restore(self, state: ComponentState) -> None:
@@ -235,10 +265,15 @@ DEFENSES: Registry[type[Defense[Any]]] = Registry("defense")
 
 
 class DefenseStack:
-    """A party's defenses in protocol-file order; each hook is folded over them."""
+    """A party's defenses in protocol-file order; each hook is folded over them.
+
+    Reports come in two parts (SECURITY.md §7): :meth:`public_report`, taken here,
+    at construction, before any defense has seen data, is what the party may send
+    rank 0; :meth:`report` is the party's own, for its own folder only."""
 
     def __init__(self, defenses: list[Defense[Any]]):
         self.defenses = defenses
+        self._public = {d.name: d.public_report() for d in defenses}
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         for d in self.defenses:
@@ -298,7 +333,13 @@ class DefenseStack:
         return [m for d in self.defenses for m in d.mechanisms(plan)]
 
     def report(self) -> dict[str, Any]:
+        """Every defense's own run statistics: the party's alone, never sent."""
         return {d.name: r for d in self.defenses if (r := d.report())}
+
+    def public_report(self) -> dict[str, Any]:
+        """What every defense declared when the stack was built (no statistic of
+        the data): the part of the report that may go to rank 0."""
+        return {name: dict(r) for name, r in self._public.items() if r}
 
     def noise_keys(self) -> list[dict[str, Any]]:
         """Each defense's private noise key (:meth:`SecretStream.state` of its root
@@ -310,13 +351,36 @@ class DefenseStack:
     def checkpoint_state(self) -> list[ComponentState]:
         return [d.checkpoint_state() for d in self.defenses]
 
+    def model_state(self) -> list[ComponentState]:
+        """What a saved model keeps of each defense: its checkpoint state less its
+        secret streams (a prediction draws fresh noise keys, :meth:`restore_trained`),
+        so a model folder holds no noise key."""
+        return [s.without_secret_streams() for s in self.checkpoint_state()]
+
     def restore(self, states: list[ComponentState]) -> None:
+        """Resume from a checkpoint exactly: every secret stream back at its saved
+        key and position (with the noise keys this stack was built from), so the
+        resumed run draws the noise the interrupted one would have drawn."""
+        self._check_count(states)
+        for d, st in zip(self.defenses, states, strict=True):
+            d.restore(st)
+
+    def restore_trained(self, states: list[ComponentState]) -> None:
+        """Put a saved model's defense state back for prediction: everything but the
+        secret streams, which keep the fresh keys this stack was built with. Rewinding
+        them to a saved key and position would add, at every prediction from that
+        model, the same noise to the same records, so that two predictions, or one
+        with a record left out, subtract to noise-free differences of embeddings
+        (tests/threat_model/test_prediction_noise_replay.py)."""
+        self._check_count(states)
+        for d, st in zip(self.defenses, states, strict=True):
+            d.restore(st.without_secret_streams())
+
+    def _check_count(self, states: list[ComponentState]) -> None:
         if len(states) != len(self.defenses):
             raise CheckpointError(
                 f"the checkpoint holds {len(states)} defense states, this party runs {len(self.defenses)}"
             )
-        for d, st in zip(self.defenses, states, strict=True):
-            d.restore(st)
 
 
 def collective_defenses(proto: Protocol) -> list[type[Defense[Any]]]:
@@ -356,7 +420,9 @@ def build_stack(
     validated here: the budget's search builds stacks many times). ``specs``, when
     given, must be the party's own entries (callers that hold them pass them as a
     check). ``noise_keys``: the private noise keys of a checkpoint's stack
-    (:meth:`DefenseStack.noise_keys`), when a run resumes."""
+    (:meth:`DefenseStack.noise_keys`), when a run resumes; without them every
+    defense gets a fresh key (:func:`private_noise_key`), as a new run and every
+    prediction run must."""
     resolved = components_of(proto).party(party).defenses
     if specs is not None and [s.name for s in specs] != [d.name for d in resolved]:
         raise ProtocolError(f"build_stack: the defenses given are not party '{party}'s own")

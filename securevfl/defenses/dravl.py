@@ -33,8 +33,9 @@ row as given to its bottom model (already z-scored on training rows when the
 dataset standardizes): a fixed representation, never a trainable one (§4.3).
 
 Both defenses report leakage metrics of their last evaluation pass (V-dCor between
-X and the embedding, its permutation baseline, bias-corrected dCor^2) in
-``result.json["defense_report"]``; these are computed locally by P and sent nowhere.
+X and the embedding, its permutation baseline, bias-corrected dCor^2) in the
+party's own ``ranks/rank<R>.defense_report.json``; these are computed locally by P
+and sent nowhere (``result.json`` gets only the options, ``Defense.public_report``).
 """
 
 from __future__ import annotations

@@ -33,11 +33,17 @@ import securevfl.defenses._afe as _afe
 from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError
 from securevfl.privacy import gaussian as gm
-from securevfl.privacy.accountant import GaussianRelease, Mechanism, Plan
+from securevfl.privacy.accountant import GaussianRelease, Mechanism, Plan, Release
+from securevfl.privacy.correlated import UnboundedRelease
 from securevfl.seeding import derive_seed
 
 #: The flag every VFL-AFE accounting record carries (docs/methods/vfl-afe.md §7, critique 2 and 6).
 NOT_DATASET_DP = "theta-channel and batch coupling not accounted; not dataset-level DP"
+UNCAPPED = (
+    "paper-mode rescaling is uncapped: the multiplier sigma/s has no bound the options give (s is "
+    "computed from each batch), so no finite figure; set s_max for one (the party's own report gives "
+    "the multiplier at the largest s it observed)"
+)
 
 
 class EmbeddingDPOptions(DefenseOptions):
@@ -214,33 +220,34 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
         return sum(parts[1:], parts[0])
 
     # -- accounting --------------------------------------------------------------------------
-    def _s_bound(self) -> tuple[float, str | None]:
-        """The rescaling factor the sound figure assumes, and how it was obtained."""
+    def _s_bound(self) -> tuple[float | None, str | None]:
+        """The rescaling factor the sound figure assumes, from the options alone (None:
+        no bound), and how it was obtained. Never the factors this run observed: those
+        are statistics of the party's data (they stay in :meth:`report`)."""
         p = self.params
         if not p.rescales or p.rescale_mode == "dp":
             return 1.0, None
         if p.s_max is not None:
             return p.s_max, f"paper-mode rescaling capped at s_max={p.s_max:g}: multiplier sigma/s_max"
-        seen = self.s_train + self.s_eval
-        if seen:
-            s = max(1.0, max(seen))
-            return s, (
-                f"paper-mode rescaling is uncapped: multiplier sigma/s with the largest s observed in "
-                f"this run ({s:.4g}); s is data-dependent, so this is not a worst-case bound"
-            )
-        return 1.0, "paper-mode rescaling is uncapped and no s was observed yet: figure assumes s=1"
+        return None, UNCAPPED
 
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
         """Per-record releases of one passive party over ``plan`` (docs/methods/vfl-afe.md §7): one Gaussian
         row release per step the record was in (or per evaluation, for a test row) at the effective
-        multiplier ``sigma / s``; in ``rescale_mode dp`` also two estimate releases per step."""
+        multiplier ``sigma / s``; in ``rescale_mode dp`` also two estimate releases per step. Uncapped
+        paper-mode rescaling has no bound on ``s`` that the options give, so its releases are
+        unbounded (the multiplier at the largest ``s`` observed is in :meth:`report`, the party's own)."""
         p = self.params
         if self.sigma == 0:
             return []
         count = max(plan.record_releases, plan.evaluations if p.eval_noise else 0)
         s, why = self._s_bound()
-        z = self.sigma / s
-        releases = [GaussianRelease(count=count, noise_multiplier=z)]
+        release: Release = (
+            UnboundedRelease(count=count, reason="uncapped paper-mode rescaling: no bound on s")
+            if s is None
+            else GaussianRelease(count=count, noise_multiplier=self.sigma / s)
+        )
+        releases = [release]
         notes = [
             NOT_DATASET_DP,
             "count = max(training steps a record was in, evaluations of a test row)",
@@ -291,8 +298,18 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
             seen = self.s_train + self.s_eval
             if seen and self.sigma > 0 and p.rescale_mode == "paper":
                 s_max = max(1.0, max(seen))
+                out["noise_multiplier_at_s_max"] = self.sigma / s_max
                 out["effective_epsilon_at_s_max"] = gm.effective_epsilon(self.sigma, s_max, p.delta)
         for key, vals in self.log.items():
             if vals:
                 out[f"{key}_mean"] = sum(vals) / len(vals)
+        return out
+
+    def public_report(self) -> dict[str, Any]:
+        """The options, the noise multiplier and std they give, and the exact
+        single-release epsilon of that multiplier (all from the options alone)."""
+        out = super().public_report()
+        out.update(sigma=self.sigma, noise_std=2.0 * self.sigma * self.t)
+        if self.sigma > 0:
+            out["single_release_epsilon"] = gm.gaussian_epsilon(self.sigma, self.params.delta)
         return out

@@ -16,7 +16,9 @@ branches on a backend's name.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.config import Protocol
-from securevfl.errors import CheckpointError
+from securevfl.errors import CheckpointError, CryptoParameterError, SecurityWarning
 from securevfl.registry import Registry
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout
@@ -35,10 +37,12 @@ from securevfl.snapshot import ComponentState
 class RunPlan:
     """The batch sizes a run will put through the exchange, the same at every party
     (:mod:`securevfl.schedule` derives them from the protocol and the aligned row
-    counts): ``train``, every training step still to come, in order; ``evaluation``,
-    one evaluation pass (every evaluation runs the same batches)."""
+    counts): ``train``, how many training steps of each batch size are still to
+    come (counts, not a list of steps: its size does not grow with the number of
+    epochs); ``evaluation``, one evaluation pass's batch sizes in order (every
+    evaluation runs the same batches)."""
 
-    train: tuple[int, ...]
+    train: Mapping[int, int]
     evaluation: tuple[int, ...]
 
 
@@ -218,6 +222,34 @@ class ExchangeBackend(ABC):
     def result_info(cls, options: BaseModel) -> dict[str, Any]:
         """What the result record should say about this backend's settings."""
         return {"backend": cls.name, "params": options.model_dump(mode="json")}
+
+
+#: what a run with ``weight_init: seeded`` (and ``insecure: true``) is told, and records
+SEEDED_WARNING = (
+    "weight_init: seeded: the active party starts from the interactive layer's W_i^0 of the public "
+    "seed and so knows it exactly (it can read h'_i off z_i at the first steps); for step-by-step "
+    "comparisons with plain only, not private"
+)
+
+
+def check_weight_init(options: BaseModel) -> None:
+    """Refuse ``weight_init: seeded`` unless the options also say ``insecure: true``
+    (a CryptoParameterError naming the field), and warn when they do. Under
+    ``seeded`` A holds W_i^0, which every party can compute from the protocol seed,
+    so z_i = h'_i W_i hands A the embedding at the first steps: a verification
+    setting (runs compared step by step with ``plain``), like CrypTen's TFP provider.
+    For the options of a backend with ``weight_init`` and ``insecure`` fields."""
+    if getattr(options, "weight_init", None) != "seeded":
+        return
+    if not getattr(options, "insecure", False):
+        raise CryptoParameterError(
+            "weight_init: seeded gives the active party the initial interactive weights W_i^0 "
+            "exactly (they follow from the public seed), so z_i reveals the embeddings h'_i at the "
+            "first steps; it is for step-by-step comparisons with plain only: set insecure: true "
+            "beside it to allow that, or leave weight_init at its default",
+            path="exchange.params.weight_init",
+        )
+    warnings.warn(SecurityWarning(SEEDED_WARNING), stacklevel=3)
 
 
 EXCHANGES: Registry[type[ExchangeBackend]] = Registry("exchange backend")

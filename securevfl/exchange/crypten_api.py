@@ -21,7 +21,9 @@ install_crypten_shim()
 # CrypTen from here on (E402: after the shim, on purpose)
 import crypten  # noqa: E402
 import crypten.communicator as comm  # noqa: E402
+import crypten.gradients as gradients  # noqa: E402
 import crypten.mpc as mpc  # noqa: E402
+import crypten.nn.privacy as privacy  # noqa: E402
 from crypten.common.util import count_wraps, torch_cat  # noqa: E402
 from crypten.communicator import Communicator, DistributedCommunicator  # noqa: E402
 from crypten.cuda import CUDALongTensor  # noqa: E402
@@ -38,6 +40,8 @@ __all__ = [
     "comm",
     "count_wraps",
     "crypten",
+    "gradients",
     "mpc",
+    "privacy",
     "torch_cat",
 ]

@@ -6,8 +6,9 @@ dealer's seeds as raw ``dist.isend``. None of that passes through a channel a
 party could authenticate or encrypt, so an observer of the links would see both
 shares of every opened value. :class:`FramedCommunicator` is a CrypTen
 communicator (a subclass of ``crypten.communicator.Communicator``; CrypTen has no
-public seam to register one, so :func:`securevfl.exchange.crypten_runtime.start_crypten`
-puts it where ``crypten.communicator.get()`` looks, ``DistributedCommunicator.instance``)
+function to register one, so :func:`securevfl.exchange.crypten_runtime.start_crypten`
+puts it where ``crypten.communicator.get()`` looks, ``DistributedCommunicator.instance``,
+through :func:`securevfl.exchange.crypten_patches.use_communicator`)
 whose every operation is a set of point-to-point frames through one
 :class:`FrameTransport`:
 

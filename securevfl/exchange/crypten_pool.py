@@ -34,9 +34,10 @@ shares the dealer computed, each uniformly random on its own (it is the
 correlated value minus the other holders' uniform shares); the dealer sees no
 value of the computation (it draws W^0 itself, a value independent of the data,
 within the trusted-dealer model: semi-honest, colluding with no party).
-CrypTen's provider table has no public registration: :func:`install` puts a
+CrypTen has no function to register a provider: :func:`install` puts a
 :class:`SecretTTP` in ``crypten.mpc``'s provider table under ``TTP`` for the run
-and :func:`uninstall` puts CrypTen's back.
+through :func:`securevfl.exchange.crypten_patches.use_provider`, and the function
+it returns puts CrypTen's back.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ from securevfl.csprng import SecretStream
 from securevfl.errors import ProtocolError
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor as AST
 from securevfl.exchange.crypten_api import BinarySharedTensor as BST
-from securevfl.exchange.crypten_api import TupleProvider, comm, mpc
+from securevfl.exchange.crypten_api import TupleProvider, comm
+from securevfl.exchange.crypten_patches import provider as crypten_provider
+from securevfl.exchange.crypten_patches import use_provider
 
 RingProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # an exact product in Z_2^64
 
@@ -615,33 +618,15 @@ class SecretTTP(TupleProvider):
         return self.take(plan)
 
 
-def _table() -> dict[str, Any]:
-    table: dict[str, Any] = vars(mpc)["__SUPPORTED_PROVIDERS"]
-    return table
-
-
-_crypten_ttp: list[Any] = []  # CrypTen's own provider while a SecretTTP replaces it
-
-
-def install(stream: SecretStream) -> SecretTTP:
-    """Register a fresh :class:`SecretTTP` drawing from ``stream`` (the one this party
-    shares with the dealer) as CrypTen's ``TTP`` provider; :func:`uninstall`
-    restores CrypTen's."""
-    table = _table()
-    if not isinstance(table["TTP"], SecretTTP):
-        _crypten_ttp[:] = [table["TTP"]]
-    provider = SecretTTP(stream)
-    table["TTP"] = provider
-    return provider
-
-
-def uninstall() -> None:
-    table = _table()
-    if isinstance(table["TTP"], SecretTTP) and _crypten_ttp:
-        table["TTP"] = _crypten_ttp.pop()
+def install(stream: SecretStream) -> tuple[SecretTTP, Callable[[], None]]:
+    """Serve a fresh :class:`SecretTTP` drawing from ``stream`` (the one this party
+    shares with the dealer) as CrypTen's ``TTP`` provider; returns it and the
+    function that puts CrypTen's back."""
+    ttp = SecretTTP(stream)
+    return ttp, use_provider("TTP", ttp)
 
 
 def current() -> SecretTTP | None:
     """The installed provider, if any."""
-    p = _table()["TTP"]
+    p = crypten_provider("TTP")
     return p if isinstance(p, SecretTTP) else None

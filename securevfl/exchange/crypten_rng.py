@@ -1,4 +1,4 @@
-"""CrypTen's randomness from :class:`~securevfl.csprng.SecretStream`: the seam, and the keys.
+"""CrypTen's randomness from :class:`~securevfl.csprng.SecretStream`: the draws, and the keys.
 
 CrypTen draws every secret of its protocols (the shares of a pseudo-random zero
 sharing, the TTP provider's triple shares, the trusted-first-party tuples, a
@@ -7,20 +7,21 @@ party's local randomness) through two module-level functions of
 ``generate_kbit_random_tensor``, from ``torch.Generator`` objects (Mersenne
 Twister) that ``crypten._setup_prng`` seeds and keeps in ``crypten.generators``
 (``prev``/``next``: shared with the neighbouring ranks, ``global``: shared by all,
-``local``: the party's own). MT19937's state follows from 624 of its outputs, and
+from which CrypTen draws only dropout masks, public to every party; ``local``: the
+party's own). MT19937's state follows from 624 of its outputs, and
 in the ``mpc`` backend a party receives that many raw outputs of its peer's stream
 in a few openings; its CPU seed has 32 effective bits (docs/design.md §13).
 
-CrypTen has no public seam for its PRG, so securevfl takes the one its code
-offers (:func:`install`, idempotent):
+securevfl puts secret streams in their place:
 
 * **the two draw functions** are replaced, in ``crypten.common.rng`` and in every
-  CrypTen module that imported them by name (``crypten.mpc.primitives.arithmetic``
-  and ``binary``, ``crypten.mpc.provider.ttp_provider`` and ``tfp_provider``: the
-  list :data:`IMPORTERS`), by :func:`ring_element` and :func:`kbit_tensor`, which
-  draw from a :class:`SecretStream` (AES-256-CTR) and **refuse** anything else, a
-  ``torch.Generator`` included, with an error naming it: no Mersenne Twister path
-  survives silently;
+  CrypTen module that imported them by name, by :func:`ring_element` and
+  :func:`kbit_tensor`, which draw from a :class:`SecretStream` (AES-256-CTR) and
+  **refuse** anything else, a ``torch.Generator`` included, with an error naming
+  it: no Mersenne Twister path survives silently. CrypTen has no seam for its
+  PRG; the replacement, with the check that CrypTen still has its functions where
+  0.4.1 has them, is :func:`securevfl.exchange.crypten_patches.install`, which also
+  draws CrypTen's dropout masks from the ``global`` stream;
 * **``crypten.generators``** holds :class:`SecretStream` objects under 256-bit keys
   (:func:`agree_streams`, in place of ``crypten._setup_prng``): every MPC party
   draws its ``next`` key, its ``local`` key and (rank 0) the ``global`` key from
@@ -44,7 +45,6 @@ that must hold the same stream, over the sealed channel.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,22 +55,13 @@ from securevfl.errors import ProtocolError
 from securevfl.exchange.crypten_api import CUDALongTensor, crypten
 
 RING_BITS = 64
-#: CrypTen modules that import the draw functions by name (``from crypten.common.rng import ...``)
-IMPORTERS = (
-    "crypten.common.rng",
-    "crypten.mpc.primitives.arithmetic",
-    "crypten.mpc.primitives.binary",
-    "crypten.mpc.provider.ttp_provider",
-    "crypten.mpc.provider.tfp_provider",
-)
 GENERATOR_NAMES = ("prev", "next", "local", "global")
 
 __all__ = [
-    "IMPORTERS",
+    "NotASecretStream",
     "agree_streams",
     "client_key",
     "dealer_keys",
-    "install",
     "kbit_tensor",
     "pair_keys",
     "ring_element",
@@ -141,24 +132,6 @@ def kbit_tensor(size: Any, bitlength: int | None = None, generator: Any = None, 
     device = _checked_kwargs(kwargs)
     bits = RING_BITS if bitlength is None else int(bitlength)
     return _placed(_stream(generator, device).kbits(_size(size), bits), device)
-
-
-def install() -> None:
-    """Put :func:`ring_element` and :func:`kbit_tensor` wherever CrypTen looks the
-    draw functions up (:data:`IMPORTERS`). Idempotent; never undone in a process
-    that imported CrypTen through securevfl."""
-    for name in IMPORTERS:
-        module = sys.modules.get(name)
-        if module is None:
-            raise ProtocolError(
-                f"CrypTen module {name} is not loaded; securevfl cannot secure its randomness"
-            )
-        for attr, fn in (
-            ("generate_random_ring_element", ring_element),
-            ("generate_kbit_random_tensor", kbit_tensor),
-        ):
-            if hasattr(module, attr) or name == "crypten.common.rng":
-                setattr(module, attr, fn)
 
 
 def _set_generators(streams: dict[str, SecretStream]) -> None:

@@ -14,28 +14,36 @@ becomes a :class:`PartyFailure` naming the peer (see :mod:`.crypten_comm`).
 
 This module starts and stops CrypTen on that communicator and runs the trusted
 dealer's loop, which validates every request against a whitelist. Starting
-CrypTen here also makes every secret draw of it come from secret streams
+CrypTen here also makes every random draw of it come from secret streams
 (:mod:`securevfl.exchange.crypten_rng`): the MPC parties agree 256-bit keys for
 CrypTen's PRG streams in place of ``crypten._setup_prng``'s 64-bit seeds, the
 dealer sends each MPC party a 256-bit key for its tuple stream, and securevfl's
 own tuple provider (:class:`~securevfl.exchange.crypten_pool.SecretTTP`) and
 dealer (:class:`~securevfl.exchange.crypten_dealer.SecretDealer`) take the place
 of CrypTen's ``TrustedThirdParty`` and ``TTPServer``.
+
+A run's CrypTen settings last the run: the provider is set with CrypTen's own
+``cfg.temp_override``, and the communicator and the ``TTP`` provider go where
+CrypTen looks them up (:mod:`securevfl.exchange.crypten_patches`, which holds every
+part of CrypTen securevfl replaces); :func:`stop_crypten` undoes all three, in
+reverse order, and forgets the run's streams.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 
+import securevfl.exchange.crypten_patches as crypten_patches
 import securevfl.exchange.crypten_pool as crypten_pool
 import securevfl.exchange.crypten_rng as crypten_rng
 from securevfl.errors import PartyFailure, ProtocolError
-from securevfl.exchange.crypten_api import DistributedCommunicator, crypten
 from securevfl.exchange.crypten_api import comm as crypten_comm_module
+from securevfl.exchange.crypten_api import crypten
 from securevfl.exchange.crypten_comm import (
     FramedCommunicator,
     FrameTransport,
@@ -57,6 +65,10 @@ __all__ = [
 
 MAX_ELEMENTS = 1 << 28
 
+#: what undoes the running CrypTen session's settings (CrypTen's own state is one per
+#: process: its configuration, communicator and provider table are module globals)
+_running: list[ExitStack] = []
+
 
 def start_crypten(
     channel: Channel,
@@ -74,32 +86,36 @@ def start_crypten(
     is rank ``n_mpc`` (= world_size - 1). Every rank must call this at the same
     point: the MPC parties agree the keys of CrypTen's PRG streams here and receive
     the dealer's key, which the dealer sends at the start of :func:`serve_dealer`.
-    No process sub-group is created.
-
-    CrypTen has no public seam for its communicator either: ``crypten.communicator.get()``
-    returns ``DistributedCommunicator.instance`` once the default process group (the
-    session's) is up, so that class attribute is where the communicator goes.
+    No process sub-group is created. A session still running in this process is
+    stopped first.
     """
     use_ttp = provider == "TTP"
     assert world_size == n_mpc + (1 if use_ttp else 0)
-    crypten_rng.install()
-    crypten.cfg.mpc.provider = provider
-    comm = FramedCommunicator(transport or transport_for(channel), channel, n_mpc, world_size, on_failure)
-    DistributedCommunicator.instance = comm
-    crypten_comm_module._init(use_threads=False)  # marks the distributed communicator as in use
-    if channel.rank < n_mpc:
-        crypten_rng.agree_streams(comm)  # prev/next keys to neighbours, the global key from rank 0
-        if use_ttp:
-            crypten_pool.install(crypten_rng.client_key(comm))
+    stop_crypten()
+    crypten_patches.install()
+    undo = ExitStack()
+    try:
+        undo.enter_context(crypten.cfg.temp_override({"mpc.provider": provider}))
+        comm = FramedCommunicator(transport or transport_for(channel), channel, n_mpc, world_size, on_failure)
+        undo.callback(crypten_patches.use_communicator(comm))
+        undo.callback(crypten_rng.clear_generators)
+        if channel.rank < n_mpc:
+            crypten_rng.agree_streams(comm)  # prev/next keys to neighbours, the global key from rank 0
+            if use_ttp:
+                _, restore = crypten_pool.install(crypten_rng.client_key(comm))
+                undo.callback(restore)
+    except BaseException:
+        undo.close()
+        raise
+    _running.append(undo)
     return crypten
 
 
 def stop_crypten() -> None:
-    """Forget CrypTen's communicator, provider and streams (the session tears down
-    the process group)."""
-    crypten_pool.uninstall()
-    crypten_rng.clear_generators()
-    DistributedCommunicator.instance = None
+    """Forget CrypTen's provider, streams and communicator and put its configuration
+    back (the session tears down the process group). Does nothing when no session runs."""
+    while _running:
+        _running.pop().close()
 
 
 # -- the dealer -----------------------------------------------------------------------

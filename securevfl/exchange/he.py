@@ -20,7 +20,30 @@ Backward, g = dL/dz at A (B x o)::
     P_i:       dL/dh = that - mu;  dW^P = R
     both:      v <- momentum v + dW;  W <- W - lr v      (SGD with momentum, on shares)
 
-Re-drawn share, when the scheme asks for it (:meth:`HEScheme.share_bits` = k; ``paillier``)::
+Start (``weight_init: private``): W_i^0 = c R_A F_P (d >= o) or c F_A R_P (d < o),
+a product of a Haar-random orthogonal factor of one party and a uniformly random
+orthonormal factor of the other (:mod:`securevfl.exchange.orthogonal`: W_i^0 is
+then independent of each factor, so of each party's view). For d >= o::
+
+    P_i -> A   Enc_P(F_P^T)                          F_P: P_i's d x o, orthonormal columns
+    A   -> P_i Enc_P(F_P^T c R_A^T + eps)            R_A: A's d x d Haar; eps: A's mask (o x d)
+    P_i:       W^P = (that)^T = W_i^0 + eps^T;   A: W^A = -eps^T
+
+and for d < o the same with the roles swapped (A sends Enc_A(F_A), P_i returns
+Enc_A(F_A c R_P + mu), A decrypts W^A = W_i^0 + mu, P_i keeps W^P = -mu). Then P_i
+re-draws its share at once (below), so A holds W_i^0 - U and P_i holds U before the
+first step. Each decrypted value is masked as every product is, and the re-draw
+hides W_i^0 from A as it hides every later W_i.
+
+Operand bounds, when the scheme declares one (:meth:`HEScheme.value_bound` = C;
+``ckks`` and ``paillier``): P_i clips every row of h to l2 norm C before it
+encrypts (and multiplies) it, and returns the gradient through the clipping; A
+scales g so that its rows and columns are within C
+(:mod:`securevfl.exchange.bounds`). The scheme's guards then hold for any bottom
+model; a healthy run's operands are far inside C and are left as they are.
+
+Re-drawn share, when the scheme asks for it (:meth:`HEScheme.share_bits` = k;
+``ckks`` and ``paillier``)::
 
     P_i:       U uniform in [-2^k, 2^k)  (d x o, fresh every step)
     P_i -> A   delta = W^P - U                        plaintext
@@ -54,7 +77,7 @@ into ciphertexts is the scheme's own business, behind ``encrypt``/``matmul``/
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -62,12 +85,17 @@ from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
+from securevfl.errors import Diverged
 from securevfl.exchange.base import (
+    SEEDED_WARNING,
     ActiveExchange,
     ExchangeBackend,
     ExchangeContext,
     PassiveExchange,
+    check_weight_init,
 )
+from securevfl.exchange.bounds import clip_rows, clip_rows_grad, scale_to_bound
+from securevfl.exchange.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
 from securevfl.models import build_interactive
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.messages import BYTES, FLOATS, register_tag
@@ -85,6 +113,15 @@ HE_ENC_GH = register_tag("he_enc_gh", BYTES, "P_i -> A: Enc_A(g W^P^T + mu)")
 HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
 HE_GH_MASKED = register_tag("he_gh_masked", PLAIN, "A -> P_i: g W_i^T + mu (masked)")
 HE_RESHARE = register_tag("he_reshare", PLAIN, "P_i -> A: W^P - U, U P_i's fresh share (re-drawn share)")
+HE_START_ENC = register_tag(
+    "he_start_enc", BYTES, "start of W_i: Enc(orthonormal factor) from the party of the smaller side"
+)
+HE_START_MASKED = register_tag(
+    "he_start_masked", BYTES, "start of W_i: Enc(that factor times the other's orthogonal factor + mask)"
+)
+
+#: ``exchange.params.weight_init`` of the HE backends (module docstring, "Start")
+HEWeightInit = Literal["private", "seeded"]
 
 MAX_PUBLIC_BYTES = 512 << 20
 MATMUL, TMATMUL = "matmul", "tmatmul"
@@ -266,6 +303,12 @@ class HEScheme(ABC):
         docstring); None (the default): shares are never re-drawn."""
         return None
 
+    def value_bound(self) -> float | None:
+        """C: the l2 norm every row of an encrypted operand (and every column of dL/dz)
+        is brought within before encryption (:mod:`securevfl.exchange.bounds`): the
+        bound the scheme's parameters are sized for. None (the default): no bound."""
+        return None
+
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:
         """Refuse insecure parameters at load (CryptoParameterError)."""
@@ -276,28 +319,16 @@ class HEScheme(ABC):
         return {}
 
 
-def _init_shares(
-    ctx: ExchangeContext, i: int, side: str, weight_init: str, stream: SecretStream
-) -> np.ndarray:
-    """This side's share of W_i (d x o), as float64.
-
-    ``private``: each side draws its own Gaussian half N(0, 1/(6d)) from its secret
-    stream, so W_i^0 ~ N(0, 1/(3d)) is known to nobody. Each half is, however,
-    correlated with W_i^0 (coefficient 1/sqrt(2), the least any split of W_i^0 into
-    two independent halves allows): a side knows W_i^0 up to an independent
-    N(0, 1/(6d)) error per weight, not as a uniform mask would hide it. This concerns
-    the initial weights only (data-independent); every later change of W_i is hidden
-    by the masks and the re-drawn share within their stated bounds.
-    ``seeded``: A starts from plain's W_i^0, P_i from 0 (A knows W_i^0: for
-    step-by-step comparisons with ``plain``, not for private runs)."""
+def _seeded_start(ctx: ExchangeContext, i: int, side: str) -> np.ndarray:
+    """``weight_init: seeded``: A's share is plain's W_i^0 (from the public seed), P_i's
+    is 0, so A knows W_i^0 (step-by-step comparisons with ``plain`` only; refused
+    without ``insecure: true``)."""
     d, o = ctx.embed_dims[i], ctx.proto.interactive.out
-    if weight_init == "seeded":
-        if side == "active":
-            role = ctx.layout.passive[i]
-            blk = build_interactive(d, o, seed=ctx.proto.training.seed, party=role.party)
-            return blk.weight.detach().double().T.numpy().copy()
+    if side != "active":
         return np.zeros((d, o))
-    return stream.normal_np((d, o)) * (1.0 / (3.0 * d * 2)) ** 0.5
+    role = ctx.layout.passive[i]
+    blk = build_interactive(d, o, seed=ctx.proto.training.seed, party=role.party)
+    return blk.weight.detach().double().T.numpy().copy()
 
 
 class _Shares:
@@ -336,6 +367,17 @@ def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return delta, w - delta
 
 
+def _finite(x: np.ndarray, what: str, step: int) -> np.ndarray:
+    """x, when every value is finite; else Diverged naming the value (not its entries)
+    before anything derived from it is encrypted or sent."""
+    if not np.isfinite(x).all():
+        raise Diverged(
+            f"{what} holds NaN or infinite values at pass {step} through the interactive layer: "
+            "training diverged (lower training.lr or interactive.lr, or standardize the features)"
+        )
+    return x
+
+
 def _recv_public(scheme: HEScheme, ch: Channel, src: int, who: str) -> HEPeer:
     return scheme.peer(ch.recv_bytes(src, HE_PUBLIC, max_len=MAX_PUBLIC_BYTES), sender=who)
 
@@ -347,25 +389,55 @@ class HEActive(ActiveExchange):
         ch = ctx.channel
         self.peers_rank = [r.rank for r in ctx.layout.passive]
         self.key = scheme.new_key()
-        self.stream = SecretStream.fresh()  # masks and this side's share initialisation
+        self.stream = SecretStream.fresh()  # masks, this side's factor of every W_i^0
         pub = self.key.public()
         self.peer: list[HEPeer] = []
         for r in ctx.layout.passive:
             ch.send_bytes(r.rank, HE_PUBLIC, pub)
             self.peer.append(_recv_public(scheme, ch, r.rank, f"rank {r.rank} ({r.label})"))
         ip = ctx.proto.interactive
-        self.w = [
-            _Shares(
-                self.ar.from_float(_init_shares(ctx, i, "active", weight_init, self.stream)),
-                ip.lr,
-                ip.momentum,
-                self.ar,
-            )
-            for i in range(len(self.peers_rank))
-        ]
         self.o = ip.out
         self.share_bits = scheme.share_bits()
+        self.bound = scheme.value_bound()
         self.passes = 0
+        if weight_init == "seeded":
+            starts = [
+                self.ar.from_float(_seeded_start(ctx, i, "active")) for i in range(len(self.peers_rank))
+            ]
+        else:
+            starts = self._joint_start()
+        self.w = [_Shares(w0, ip.lr, ip.momentum, self.ar) for w0 in starts]
+
+    def _joint_start(self) -> list[Any]:
+        """A's share of every W_i^0 (module docstring, "Start"): the pairs' first
+        messages, then P_i's re-drawn shares."""
+        ch, ar, o = self.ctx.channel, self.ar, self.o
+        shares: list[Any] = []
+        for i, r in enumerate(self.peers_rank):
+            d = self.ctx.embed_dims[i]
+            if d >= o:  # P_i's orthonormal columns arrive encrypted; A multiplies by c R_A^T
+                blob = ch.recv_bytes(r, HE_START_ENC)
+                eps = ar.mask(self.stream, (o, d), terms=d, share=True)
+                rot = ar.operand(ar.from_float(gain(d, o) * haar(self.stream, d).T))
+                ch.send_bytes(r, HE_START_MASKED, self.peer[i].matmul(blob, (o, d), rot, eps))
+                shares.append(-eps.T)
+            else:  # A's orthonormal rows go out encrypted; P_i multiplies by c R_P
+                f = orthonormal_rows(self.stream, d, o)
+                ch.send_bytes(
+                    r,
+                    HE_START_ENC,
+                    self.key.encrypt_shared(f, ops=frozenset({MATMUL}), share_bits=self.share_bits),
+                )
+                shares.append(None)
+        for i, r in enumerate(self.peers_rank):
+            if shares[i] is None:
+                shares[i] = ar.decrypt(
+                    self.key, ch.recv_bytes(r, HE_START_MASKED), (self.ctx.embed_dims[i], o)
+                )
+        if self.share_bits is not None:  # P_i's first re-draw: A's share becomes W_i^0 - U
+            for i, r in enumerate(self.peers_rank):
+                shares[i] = shares[i] + ar.recv(ch, r, HE_RESHARE, (self.ctx.embed_dims[i], o))
+        return shares
 
     def forward(self, batch_size: int, *, train: bool) -> torch.Tensor:
         ch, ar = self.ctx.channel, self.ar
@@ -388,7 +460,9 @@ class HEActive(ActiveExchange):
 
     def backward(self, grad_z: torch.Tensor) -> None:
         ch, ar = self.ctx.channel, self.ar
-        g = grad_z.detach().double().cpu().numpy()
+        g = _finite(grad_z.detach().double().cpu().numpy(), "dL/dz", self.passes)
+        if self.bound is not None:  # rows and columns within the scheme's bound (bounds.py)
+            g = scale_to_bound(g, self.bound)
         blob_g = self.key.encrypt_shared(g, share_bits=self.share_bits)  # P_i multiplies by its share
         gq = ar.copy_of(self.key, g)
         b = g.shape[0]
@@ -419,7 +493,7 @@ class HEActive(ActiveExchange):
         are per session: a resumed run exchanges fresh ones). A share alone is not
         uniform: under a re-drawing scheme it is W_i minus P_i's uniform U (within the
         scheme's statistical bound of independent of W_i), otherwise W_i minus P_i's
-        accumulated masks; the initial halves are Gaussian (:func:`_init_shares`)."""
+        accumulated masks; at the start W_i^0 minus P_i's first U (module docstring)."""
         return ComponentState({"shares": [s.saved() for s in self.w]}, {"passes": self.passes})
 
     def restore(self, state: ComponentState) -> None:
@@ -437,22 +511,57 @@ class HEPassive(PassiveExchange):
         self.i = role.index
         self.a = ctx.layout.active.rank
         self.key = scheme.new_key()
-        self.stream = SecretStream.fresh()  # masks, re-drawn shares, share initialisation
+        self.stream = SecretStream.fresh()  # masks, re-drawn shares, this side's factor of W_i^0
         self.peer = _recv_public(scheme, ch, self.a, f"rank {self.a} ({ctx.layout.active.label})")
         ch.send_bytes(self.a, HE_PUBLIC, self.key.public())
         ip = ctx.proto.interactive
-        w0 = self.ar.from_float(_init_shares(ctx, self.i, "passive", weight_init, self.stream))
-        self.w = _Shares(w0, ip.lr, ip.momentum, self.ar)
         self.o = ip.out
         self.share_bits = scheme.share_bits()
+        self.bound = scheme.value_bound()
+        if weight_init == "seeded":
+            w0 = self.ar.from_float(_seeded_start(ctx, self.i, "passive"))
+        else:
+            w0 = self._joint_start()
+        self.w = _Shares(w0, ip.lr, ip.momentum, self.ar)
         self._h: np.ndarray | None = None
+        # the embedding as given and the clipping's row factors, for the gradient through it
+        self._clip: tuple[np.ndarray, np.ndarray] | None = None
         self.passes = 0
+
+    def _joint_start(self) -> Any:
+        """P_i's share of W_i^0 (module docstring, "Start"), re-drawn at once."""
+        ch, ar, o = self.ctx.channel, self.ar, self.o
+        d = self.ctx.embed_dims[self.i]
+        if d >= o:  # this party's orthonormal columns go out encrypted; A multiplies by c R_A^T
+            f = orthonormal_columns(self.stream, d, o)
+            ch.send_bytes(
+                self.a,
+                HE_START_ENC,
+                self.key.encrypt_shared(f.T, ops=frozenset({MATMUL}), share_bits=self._h_bits()),
+            )
+            share = ar.decrypt(self.key, ch.recv_bytes(self.a, HE_START_MASKED), (o, d)).T
+        else:  # A's orthonormal rows arrive encrypted; this party multiplies by c R_P
+            blob = ch.recv_bytes(self.a, HE_START_ENC)
+            mu = ar.mask(self.stream, (d, o), terms=o, share=True)
+            rot = ar.operand(ar.from_float(gain(d, o) * haar(self.stream, o)))
+            ch.send_bytes(self.a, HE_START_MASKED, self.peer.matmul(blob, (d, o), rot, mu))
+            share = -mu
+        drawn = ar.redraw(self.stream, share)
+        if drawn is not None:
+            delta, share = drawn
+            ar.send(ch, self.a, HE_RESHARE, delta)
+        return share
 
     def forward(self, h: torch.Tensor, *, train: bool) -> None:
         ch, ar = self.ctx.channel, self.ar
         self.passes += 1
         ar.check_pass(self.passes)
-        x = h.detach().double().cpu().numpy()
+        x = _finite(h.detach().double().cpu().numpy(), "the embedding h'_i", self.passes)
+        self._clip = None
+        if self.bound is not None:  # rows within the scheme's bound (bounds.py)
+            raw = x
+            x, factors = clip_rows(raw, self.bound)
+            self._clip = (raw, factors) if train else None
         self._h = x
         blob = self.key.encrypt_shared(x, ops=frozenset({MATMUL}), share_bits=self._h_bits())
         # while A evaluates: this step's backward products use h and the current share; a
@@ -491,7 +600,11 @@ class HEPassive(PassiveExchange):
             delta, self.w.w = drawn
             ar.send(ch, self.a, HE_RESHARE, delta)
         self._h = None
-        return torch.from_numpy(ar.to_float(masked - mu)).float().to(self.ctx.device)
+        grad = ar.to_float(masked - mu)  # dL/dh'_i at the rows as encrypted
+        if self._clip is not None:  # through the clipping, to the embedding as given
+            grad = clip_rows_grad(*self._clip, grad)
+            self._clip = None
+        return torch.from_numpy(grad).float().to(self.ctx.device)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {"interactive_share": torch.from_numpy(self.ar.to_float(self.w.w)).float()}
@@ -510,7 +623,8 @@ class HEPassive(PassiveExchange):
 def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[ExchangeBackend]:
     """An exchange backend running the two-party protocol with a scheme (its
     package registers it in EXCHANGES by path, :mod:`securevfl.exchange`).
-    The scheme's options model must have a ``weight_init`` field."""
+    The scheme's options model must have ``weight_init`` (:data:`HEWeightInit`) and
+    ``insecure`` fields."""
 
     class _Backend(ExchangeBackend):
         capabilities = frozenset({"he"})
@@ -520,6 +634,7 @@ def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[
         @classmethod
         def check(cls, proto: Protocol, options: BaseModel) -> None:
             scheme_cls.check(proto, options)
+            check_weight_init(options)
 
         @classmethod
         def active(cls, ctx: ExchangeContext) -> ActiveExchange:
@@ -533,6 +648,9 @@ def he_backend(name: str, scheme_cls: type[HEScheme], description: str) -> type[
         def result_info(cls, options: BaseModel) -> dict[str, Any]:
             info = super().result_info(options)
             info.update(scheme_cls.describe(options))
+            info["insecure"] = options.weight_init == "seeded"  # type: ignore[attr-defined]
+            if info["insecure"]:
+                info["warning"] = SEEDED_WARNING
             return info
 
     _Backend.name = name

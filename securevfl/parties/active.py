@@ -9,13 +9,23 @@ import numpy as np
 import torch
 
 from securevfl import optim
+from securevfl.components import components_of
 from securevfl.exchange.base import ActiveExchange
-from securevfl.models import build_bias, build_bottom, build_interactive, build_top, make_optimizer
+from securevfl.models import (
+    PROBE_ROWS,
+    bottom_label,
+    build_bias,
+    build_bottom,
+    build_interactive,
+    build_top,
+    check_output,
+    make_optimizer,
+)
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
 from securevfl.parties.state import module_states
 from securevfl.parties.tasks import TASKS
-from securevfl.records import OwnView
+from securevfl.records import EpochRecord, OwnView, PartyPrivacy
 from securevfl.schedule import eval_batches
 
 
@@ -40,12 +50,31 @@ class ActiveParty(Party):
         out = proto.interactive.out
         modules: list[torch.nn.Module] = []
         self.bottom = self.own = None
+        code = components_of(proto).code  # a factory is imported here, in this rank alone
         if spec.model is not None and self.x_train.shape[1]:
-            self.bottom = build_bottom(spec.model, self.x_train.shape[1], seed=tr.seed, party=spec.name)
+            path = "parties.active.model"
+            self.bottom = build_bottom(
+                spec.model, self.x_train.shape[1], seed=tr.seed, party=spec.name, code=code, path=path
+            )
             self.own = build_interactive(spec.model.out, out, seed=tr.seed, party=spec.name)
             modules += [self.bottom, self.own]
+            probe = self.x_train[:PROBE_ROWS].to(self.device)
+            check_output(
+                self.bottom.to(self.device),
+                probe,
+                spec.model.out,
+                what=bottom_label(spec.model, spec.name),
+                path=path,
+            )
         self.bias = build_bias(out)
-        self.top = build_top(proto.top, out, self.task.outputs, seed=tr.seed)
+        self.top = build_top(proto.top, out, self.task.outputs, seed=tr.seed, code=code, party=spec.name)
+        check_output(
+            self.top.to(self.device),
+            torch.zeros(PROBE_ROWS, out, device=self.device),
+            self.task.outputs,
+            what=f"top model of party '{spec.name}'",
+            path="top",
+        )
         modules += [self.top, *self.stack.modules()]
         for m in modules:
             m.to(self.device)
@@ -160,10 +189,25 @@ class ActiveParty(Party):
         for _ in range(batches):
             self.progress.step()
 
-    def after_epoch(self, row: dict[str, Any]) -> None:
+    def after_epoch(self, row: dict[str, Any], *, step: int, elapsed_s: float) -> None:
         loss = row.get("train_loss")
         info = (f"loss {loss:.4f} " if loss is not None else "") + self.task.headline(row)
         self.progress.epoch(row["epoch"], self.proto.training.epochs, info.strip())
+        if self.on_epoch is not None:
+            self.on_epoch(self.epoch_record(row, step=step, elapsed_s=elapsed_s))
+
+    def epoch_record(self, row: dict[str, Any], *, step: int, elapsed_s: float) -> EpochRecord:
+        """What the progress line says of an epoch, typed: its history row, the
+        steps and seconds so far, and this party's own privacy spent so far."""
+        return EpochRecord(
+            epoch=row["epoch"],
+            epochs=self.proto.training.epochs,
+            step=step,
+            train_loss=row.get("train_loss"),
+            metrics={k: v for k, v in row.items() if k not in ("epoch", "train_loss")},
+            elapsed_s=elapsed_s,
+            privacy={p: PartyPrivacy.from_account(p, e) for p, e in self.privacy_spent(step).items()},
+        )
 
     def finish(self) -> None:
         self.progress.close()

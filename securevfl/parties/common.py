@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from securevfl import optim
+from securevfl.components import components_of
 from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
@@ -42,13 +43,15 @@ from securevfl.parties.state import (
     rng_state,
     split_components,
 )
+from securevfl.parties.tasks import TASKS
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
+from securevfl.records import EpochRecord, OwnReport
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Record
 from securevfl.runtime.session import Session
-from securevfl.schedule import batch_sizes, eval_batches, planned_steps, rounds_of, schedule
+from securevfl.schedule import batch_counts, eval_batches, planned_steps, rounds_of, schedule
 from securevfl.seeding import generator
 from securevfl.snapshot import ComponentState
 from securevfl.timing import PhaseClock
@@ -117,6 +120,7 @@ def prepare(
             is_active=active,
             preprocess=spec.preprocess,
             task=proto.task if active else None,
+            task_has_classes=TASKS.get(proto.task).has_classes if active and proto.task else None,
         )
     channel.phase = "psi"
     with clock.phase("alignment"):
@@ -158,9 +162,13 @@ class Party:
         *,
         progress: bool,
         noise_keys: list[dict[str, Any]] | None = None,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
     ):
         """``noise_keys``: the defenses' private noise keys of the checkpoint a
-        run resumes from (:meth:`restore` then puts the rest of its state back)."""
+        run resumes from (:meth:`restore` then puts the rest of its state back).
+        ``on_epoch``: called with an :class:`~securevfl.records.EpochRecord` as
+        each epoch ends (the active party's; a passive party has none to give)."""
+        self.on_epoch = on_epoch
         self.s = session
         self.proto = session.proto
         self.ctx = ctx
@@ -196,14 +204,22 @@ class Party:
         )
         run_collectives(self.stack, comm)
 
-    def privacy_summary(self, steps: int) -> dict[str, Any]:
-        """This party's own accounting over the steps actually run, and its
-        defenses' run statistics (merged into ``result.json`` by rank 0)."""
+    def privacy_spent(self, steps: int) -> dict[str, Any]:
+        """This party's own accounting over ``steps`` training steps (the
+        accountant's output: ``{party: {"mechanisms", "total"}}``; empty without a
+        DP mechanism)."""
         plan = plan_for(steps, len(self.prep.train_idx), self.proto.training)
         mechs = self.stack.mechanisms(plan)
+        return account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {}
+
+    def privacy_summary(self, steps: int) -> dict[str, Any]:
+        """This party's own accounting over the steps actually run and what its
+        defenses declared public (merged into ``result.json`` by rank 0). Both
+        follow from the protocol and the step count alone; the defenses' statistics
+        of the data stay in :meth:`own_report`."""
         return {
-            "privacy": account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {},
-            "defense_report": self.stack.report(),
+            "privacy": self.privacy_spent(steps),
+            "defense_report": self.stack.public_report(),
             "planned_steps": self.planned_steps,
             "allowed_steps": self.allowed_steps,
         }
@@ -231,7 +247,7 @@ class Party:
         c_run, c_eval, c_save = time.process_time(), 0.0, 0.0
         self.exchange.expect(
             RunPlan(
-                batch_sizes(self.n_train, tr, self.allowed_steps, first_epoch=start),
+                batch_counts(self.n_train, tr, self.allowed_steps, first_epoch=start),
                 tuple(len(b) for b in eval_batches(len(self.prep.test_idx), tr.batch_size)),
             )
         )
@@ -262,7 +278,7 @@ class Party:
                 c_eval += time.process_time() - c0
                 row.update(metrics)
             history.append(row)
-            self.after_epoch(row)
+            self.after_epoch(row, step=step, elapsed_s=time.perf_counter() - t_run)
             every = tr.checkpoint_every
             if save is not None and every is not None and not last and (epoch + 1) % every == 0:
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -310,8 +326,9 @@ class Party:
     def after_round(self, batches: int) -> None:
         """Called after every round of ``batches`` training batches (progress)."""
 
-    def after_epoch(self, row: dict[str, Any]) -> None:
-        """Called with each epoch's history row (progress)."""
+    def after_epoch(self, row: dict[str, Any], *, step: int, elapsed_s: float) -> None:
+        """Called with each epoch's history row, the training steps run so far and
+        the seconds since training started (progress, epoch records)."""
 
     def finish(self) -> None:
         """Called once the schedule is done."""
@@ -321,6 +338,19 @@ class Party:
     ) -> dict[str, Any]:
         """What this side adds to its rank summary."""
         return {}
+
+    def own_report(self) -> OwnReport:
+        """What this party keeps for itself after the run and sends nowhere
+        (``ranks/rank<R>.defense_report.json``, SECURITY.md §7): its defenses' run
+        statistics, computed from its data, and its model's input column count
+        after their feature selection."""
+        columns = getattr(self, "columns", None)
+        return OwnReport(
+            rank=self.s.rank,
+            party=self.spec.name,
+            columns=None if columns is None else len(columns),
+            defenses=self.stack.report(),
+        )
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         raise NotImplementedError
@@ -337,10 +367,12 @@ class Party:
         """The party's own optimizer (bottom/top models and defense modules)."""
         raise NotImplementedError
 
-    def _common_tensors(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Files both a checkpoint and the final model hold: models, exchange, defenses."""
+    def _common_tensors(self, *, model: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Files both a checkpoint and the final model hold: models, exchange, defenses
+        (in a ``model``, without their secret streams: :meth:`DefenseStack.model_state`)."""
         ex = self.exchange_state()
-        d_tensors, d_meta = split_components(self.stack.checkpoint_state())
+        states = self.stack.model_state() if model else self.stack.checkpoint_state()
+        d_tensors, d_meta = split_components(states)
         tensors = {"models": self.model_tensors(), "exchange": ex.tensors, "defenses": d_tensors}
         docs = {"exchange": ex.meta, "defenses": d_meta, "preprocess": self.preprocess_state().model_dump()}
         return tensors, docs
@@ -386,7 +418,7 @@ class Party:
             "rng": rng_d,
             "loop": self.loop.model_dump(),
             "party": self.party_info().model_dump(),
-            "ledger": [asdict(r) for r in self.ctx.channel.ledger.records],
+            "ledger": [asdict(r) for r in self.ctx.channel.ledger.all_records()],
         }
         return PartyState(self.loop.epoch, self.loop.step, tensors, docs)
 
@@ -416,19 +448,21 @@ class Party:
             old = [Record(**{**r, "shape": tuple(r["shape"])}) for r in state.docs.get("ledger", [])]
         except TypeError as exc:
             raise CheckpointError(f"rank {rank}: ledger.json: a malformed record ({exc})") from None
-        ledger.records[:0] = old
+        ledger.prepend(old)
 
     def model_state(self) -> PartyState:
         """What federated prediction needs of this party (``kind: model``): its
         models, its exchange state (weights or shares), its defenses' evaluation
-        state, its fitted preprocessing and what the model is (:class:`ModelInfo`)."""
-        tensors, docs = self._common_tensors()
+        state (no noise key: a prediction draws fresh ones), its fitted preprocessing
+        and what the model is (:class:`ModelInfo`)."""
+        tensors, docs = self._common_tensors(model=True)
         info = ModelInfo(
             party=self.spec.name,
             side=self.side,
             task=self.task_info(),
             columns=list(getattr(self, "columns", self.prep.data.columns)),
             protocol=self.proto.model_dump(mode="json"),
+            code_dir=components_of(self.proto).code.beside,
         )
         docs["model"] = info.model_dump()
         return PartyState(self.epochs_done, self.steps, tensors, docs)

@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from securevfl import optim
+from securevfl.components import components_of
 from securevfl.exchange.base import PassiveExchange
-from securevfl.models import build_bottom, make_optimizer
+from securevfl.models import PROBE_ROWS, bottom_label, build_bottom, check_output, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.state import module_states
 from securevfl.records import OwnView
@@ -29,9 +30,18 @@ class PassiveParty(Party):
         self.x_train = torch.as_tensor(x_tr)
         self.x_test = torch.as_tensor(x_te)
         assert spec.model is not None
+        # the party's own bottom model: a factory is imported here, in its owner's rank alone
+        path = f"parties.passive[{self.s.role.index}].model"
         self.bottom = build_bottom(
-            spec.model, self.x_train.shape[1], seed=proto.training.seed, party=spec.name
+            spec.model,
+            self.x_train.shape[1],
+            seed=proto.training.seed,
+            party=spec.name,
+            code=components_of(proto).code,
+            path=path,
         ).to(self.device)
+        probe = self.x_train[:PROBE_ROWS].to(self.device)
+        check_output(self.bottom, probe, spec.model.out, what=bottom_label(spec.model, spec.name), path=path)
         modules = [self.bottom, *self.stack.modules()]
         for m in modules:
             m.to(self.device)
@@ -98,11 +108,6 @@ class PassiveParty(Party):
         for idx in eval_batches(self.n_test, self.proto.training.batch_size):
             h = self.bottom(self.x_test[idx].to(self.device))
             self.exchange.forward(self.stack.embed(h, train=False), train=False)
-
-    def run_summary(
-        self, history: list[dict[str, Any]], metrics: dict[str, Any], step_times: list[float]
-    ) -> dict[str, Any]:
-        return {"columns": len(self.columns)}
 
     def own_view(self) -> OwnView:
         """What this party itself computed and sent (for wire audits), and, when

@@ -34,7 +34,7 @@ from securevfl.schedule import eval_batches
 def _prediction_plan(n_rows: int, batch_size: int) -> RunPlan:
     """What prediction puts through the exchange: no training step, one pass of
     evaluation batches over the ``n_rows`` aligned rows (both sides know them)."""
-    return RunPlan((), tuple(len(b) for b in eval_batches(n_rows, batch_size)))
+    return RunPlan({}, tuple(len(b) for b in eval_batches(n_rows, batch_size)))
 
 
 @dataclass

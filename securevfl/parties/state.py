@@ -24,8 +24,8 @@ Files of a checkpoint (``kind: checkpoint``):
 * ``ledger.json``: the message records so far.
 
 The final model (``kind: model``) holds ``models.pt``, ``exchange.pt``/``.json``,
-``defenses.pt``/``.json``, ``preprocess.json`` and ``model.json``
-(:class:`ModelInfo`): what federated prediction needs, nothing of training.
+``defenses.pt``/``.json`` (without their secret streams: no noise key), ``preprocess.json``
+and ``model.json`` (:class:`ModelInfo`): what federated prediction needs, nothing of training.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class ModelInfo(_Doc):
     task: dict[str, Any] | None = None
     columns: list[str]
     protocol: dict[str, Any]
+    code_dir: str | None = None  # the protocol file's folder, where its own modules were found
 
 
 class RngState(_Doc):

@@ -30,7 +30,20 @@ __all__ = ["TASKS", "Task", "classification_metrics", "regression_metrics"]
 
 class Task:
     """One task kind. ``y_train`` (the active party's raw training targets) fixes
-    whatever the task fits on them (the regression target's scale)."""
+    whatever the task fits on them (the regression target's scale).
+
+    A plugin's task (:func:`securevfl.plugins.register_task`) subclasses this with
+    a unique ``name``, ``has_classes`` (True: the label column is read as classes,
+    ``classes`` their sorted distinct values and ``y`` their int64 indices; False:
+    as float values, ``classes`` None), ``metric_keys`` (the keys
+    :meth:`metrics` returns, the first one the headline) and the methods below
+    marked raise-NotImplementedError. It runs in the active party's rank alone,
+    on A's own labels: :meth:`loss` from the top model's outputs (``outputs``
+    columns) and the targets, :meth:`outputs_to_scores` and :meth:`metrics` on
+    the test rows (the metrics go to ``result.json``, which every party reads),
+    :meth:`prediction_columns` for ``securevfl predict``. What it fits on the
+    training targets in ``__init__`` it saves as attributes and sets back in
+    :meth:`_restore` (the saved model keeps them; they are A's)."""
 
     name: ClassVar[str]
     has_classes: ClassVar[bool]

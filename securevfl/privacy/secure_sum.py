@@ -15,6 +15,17 @@ opened. :func:`secure_sum` opens the sum; :func:`secure_correlated_sensitivity`
 thresholds and takes the max row-sum inside MPC, so only the scalar
 ``Delta_CS_p`` is opened, never a count.
 
+Nothing here truncates. A product of two fixed-point values carries two
+fractional scales, and CrypTen divides it back in shares with its local (two
+parties) or wraps-based (more) truncation, which silently adds about
++-2^48 with probability |x| / 2^64 per element (docs/design.md §13). CrypTen's
+comparisons do such a division too, on every element, when their input has
+fractional bits. The correlated sensitivity works on integers, so its counts
+are shared at precision 0 (scale 1): comparisons, the 0/1 masks and their
+products with the counts stay integers, exact in the ring, and no step divides.
+The maximum is a comparison tree of its own (CrypTen's ``max`` breaks ties with
+a fixed-point random draw, which would divide again).
+
 Every MPC rank must call these functions at the same point with the same shapes.
 """
 
@@ -29,15 +40,38 @@ from securevfl.privacy.correlated import MergedSensitivity, count_threshold, rai
 
 
 def _share_sum(
-    crypten: Any, local: torch.Tensor | None, shape: tuple[int, ...], sources: Sequence[int]
+    crypten: Any,
+    local: torch.Tensor | None,
+    shape: tuple[int, ...],
+    sources: Sequence[int],
+    *,
+    precision: int | None = None,
 ) -> Any:
+    """The sum of every source's ``local``, each secret-shared from its owner, at
+    CrypTen's fixed-point precision (``None``: its default, 16 fractional bits) or
+    ``precision`` 0 for integers (shared as they are, nothing to truncate later)."""
     rank = crypten.communicator.get().get_rank()
     total = None
     for src in sources:
         t = local if rank == src and local is not None else torch.zeros(shape)
-        part = crypten.cryptensor(t.float(), src=src)
+        if precision == 0:
+            t = t.double().round()  # integer-valued: encoded exactly at scale 1
+        part = crypten.cryptensor(t.float() if precision is None else t, src=src, precision=precision)
         total = part if total is None else total + part
     return total
+
+
+def _integer_max(crypten: Any, values: Any) -> Any:
+    """The maximum of a 1-D shared vector of integers (precision 0) by a tree of
+    pairwise comparisons: ceil(log2 n) rounds, each ``b + [a >= b] (a - b)``, all at
+    scale 1, so no step truncates (CrypTen's ``max`` would, breaking ties)."""
+    v = values
+    while v.size(0) > 1:
+        half = v.size(0) // 2
+        a, b, rest = v[:half], v[half : 2 * half], v[2 * half :]
+        top = b + (a >= b) * (a - b)
+        v = crypten.cat([top, rest]) if rest.size(0) else top
+    return v[0]
 
 
 def secure_sum(
@@ -76,16 +110,17 @@ def secure_correlated_sensitivity(
 
     ``local_counts`` is this rank's ``n x n`` match-count matrix over its own
     columns (None on ranks that contribute nothing), ``n_features`` the merged
-    column count ``l``. Counts are integers, so the comparison is made against
-    ``ceil(w0 l) - 1/2``, far from any count in fixed point."""
+    column count ``l``. Counts are integers, shared at precision 0, so the test
+    ``M_ij >= w0 l`` is ``M_ij >= ceil(w0 l)`` on integers and the opened maximum
+    row sum is exact: no step truncates (module docstring)."""
     if n_features < 1:
         raise ValueError("n_features must be at least 1")
-    counts = _share_sum(crypten, local_counts, (n, n), sources)
+    counts = _share_sum(crypten, local_counts, (n, n), sources, precision=0)
     k0 = count_threshold(w0, n_features)
-    mask = counts >= (k0 - 0.5)
+    mask = counts >= k0
     row = (mask * counts).sum(dim=1)
-    top = row.max()
-    return float(top.get_plain_text()) * s / n_features
+    top = _integer_max(crypten, row)
+    return round(float(top.get_plain_text())) * s / n_features
 
 
 def secure_merged_sensitivity(

@@ -10,7 +10,6 @@ them. Per-run rows: :mod:`securevfl.report.rows`; over seeds:
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from securevfl.csvfile import write_dicts
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.plots import (
     plot_cost,
@@ -109,23 +109,21 @@ def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None
     print_summary(summarize(records_of(results)), title=title)
 
 
+def md_cell(text: str) -> str:
+    """A table cell's text in markdown: a ``|`` (a grid value may hold one) is
+    escaped and a line break becomes a space, so the cell stays one cell."""
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").splitlines())
+
+
 def markdown_summary(summary: Summary) -> str:
     head, body = _table_rows(summary)
-    lines = ["| " + " | ".join(h for _, h in head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(line) + " |" for line in body]
+    lines = ["| " + " | ".join(md_cell(h) for _, h in head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(md_cell(c) for c in line) + " |" for line in body]
     return "\n".join(lines)
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
     return markdown_summary(summarize(records_of(results)))
-
-
-def _write_csv(path: Path, table: list[dict[str, Any]]) -> None:
-    fields = list(dict.fromkeys(k for row in table for k in row))
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(table)
 
 
 def write_comparison(
@@ -161,8 +159,8 @@ def write_comparison(
         "runs": summary.runs,
     }
     paths["json"].write_text(json.dumps(doc, indent=2, default=str))
-    _write_csv(paths["csv"], [g.flat() for g in summary.groups])
-    _write_csv(paths["runs_csv"], [{k: v for k, v in r.items() if k != "grids"} for r in summary.runs])
+    write_dicts(paths["csv"], [g.flat() for g in summary.groups])
+    write_dicts(paths["runs_csv"], [{k: v for k, v in r.items() if k != "grids"} for r in summary.runs])
     figures = {
         "privacy_utility": plot_privacy_utility(summary, out_dir / "privacy_utility.png"),
         "grid_curves": plot_grid_curves(summary, axes or {}, out_dir / "grid_curves.png"),

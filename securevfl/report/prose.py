@@ -13,6 +13,9 @@ from securevfl.report.stats import Interval
 
 #: a composed epsilon above this is reported as no meaningful guarantee
 EPS_MEANINGFUL = 8.0
+#: relative rounding of the accountant's figures: a mechanism calibrated to eps 8 composes to
+#: 8.000000000000007 (the Gaussian's inverse in floating point), which is within 8
+EPS_ROUNDING = 1e-9
 #: a utility loss (points) above which the report says the budget ruins utility
 RUINOUS_POINTS = 10.0
 #: an attack within this of its chance level (or whose interval holds it) is "at chance"
@@ -190,7 +193,7 @@ def privacy_lines(s: Summary) -> list[str]:
         at = f" at delta {delta:g}" if isinstance(delta, float) else ""
         if math.isinf(eps.mean):
             out.append(f"- `{g.label}`: eps inf{at}: the mechanism adds no noise, so it guarantees nothing.")
-        elif eps.mean > EPS_MEANINGFUL:
+        elif eps.mean > EPS_MEANINGFUL * (1 + EPS_ROUNDING):
             out.append(
                 f"- `{g.label}`: composed eps {show(eps, 3)}{at} is above {EPS_MEANINGFUL:g}: "
                 "not a guarantee to rely on, whatever the attacks below it show."

@@ -1,5 +1,7 @@
 """The result record of one run (``result.json``), assembled by the active rank
-from every rank's summary (both typed: :mod:`securevfl.records`)."""
+from every rank's summary (both typed: :mod:`securevfl.records`), and each
+party's own report beside it (``ranks/rank<R>.defense_report.json``, written by
+that party's rank alone)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.exchange.base import ExchangeBackend
-from securevfl.records import RankSummary, ResultRecord
+from securevfl.records import OwnReport, RankSummary, ResultRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.ledger import merge_summaries
 
@@ -132,3 +134,25 @@ def write_result(out_dir: Path, result: ResultRecord) -> Path:
     tmp.write_text(json.dumps(result.to_json(), indent=2))
     tmp.replace(path)
     return path
+
+
+def own_report_path(out_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its own report (:class:`OwnReport`) in its output folder."""
+    return Path(out_dir) / "ranks" / f"rank{rank}.defense_report.json"
+
+
+def write_own_report(out_dir: Path, report: OwnReport) -> Path:
+    path = own_report_path(out_dir, report.rank)
+    path.write_text(json.dumps(report.to_json(), indent=1))
+    return path
+
+
+def read_own_reports(out_dir: Path) -> dict[str, OwnReport]:
+    """Every party's own report found in ``out_dir``, by party name: all of them
+    in a local run's folder (every rank writes to it), only the party's own in
+    one ``securevfl party`` rank's folder."""
+    out: dict[str, OwnReport] = {}
+    for path in sorted((Path(out_dir) / "ranks").glob("rank*.defense_report.json")):
+        rep = OwnReport.model_validate_json(path.read_text())
+        out[rep.party] = rep
+    return out

@@ -8,6 +8,7 @@ interval (its half-width is None). Pure functions: no I/O."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,12 +46,15 @@ def t_quantile(n: int, level: float = LEVEL) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
-def mean_interval(values: Sequence[float | None], level: float = LEVEL) -> Interval | None:
+def mean_interval(values: Sequence[object], level: float = LEVEL) -> Interval | None:
     """Mean and Student-t interval of the finite values among ``values``; None when
     there is none (a metric no seed produced). NaN and None entries are left out,
-    so an attack that failed on one seed does not poison the others; an infinite
-    value (an epsilon without noise) makes the mean infinite, with no interval."""
-    vals = tuple(float(v) for v in values if v is not None and not math.isnan(float(v)))
+    so an attack that failed on one seed does not poison the others, and so is
+    anything that is not a number (a string or a mapping where a metric belongs
+    measures nothing); an infinite value (an epsilon without noise) makes the mean
+    infinite, with no interval."""
+    numbers_ = (float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool))
+    vals = tuple(v for v in numbers_ if not math.isnan(v))
     if not vals:
         return None
     if any(math.isinf(v) for v in vals):

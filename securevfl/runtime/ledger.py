@@ -9,7 +9,9 @@ audit tests and the attacks' views read the same records.
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ class Record:
 
 
 SPILL_BYTES = 256 << 20  # received tensors held in memory before they go to disk
+SPILL_RECORDS = 1 << 16  # message records held in memory before they go to disk (~13 MiB)
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,20 @@ class Ledger:
     With a ``spill_dir``, received tensors stay in memory only up to
     ``spill_bytes``; beyond that their raw bytes are appended, in arrival order,
     to ``spill_dir/rank<R>.received.bin`` (the index stays here) and
-    :meth:`received_view` maps them back read-only (memory stays
-    bounded however long the run). Nothing is pickled or unpickled."""
+    :meth:`received_view` maps them back read-only. Message records likewise:
+    past ``spill_records`` of them they are appended as JSON lines to
+    ``spill_dir/rank<R>.ledger.part`` (:meth:`write_jsonl` moves them into the
+    ledger file), and :meth:`summary` is kept as they come, so a rank's memory
+    stays bounded however many epochs it runs. Nothing is pickled or unpickled."""
 
     rank: int
     record_views: bool = True
     spill_dir: Path | None = None
     spill_bytes: int = SPILL_BYTES
-    records: list[Record] = field(default_factory=list)
+    spill_records: int = SPILL_RECORDS
+    records: list[Record] = field(default_factory=list)  # those not spilled yet, in order
+    spilled_records: int = 0
+    _sent: dict[str, dict[str, int]] = field(default_factory=dict)  # summary(): sent records by key
     received: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
     spilled: list[Spilled] = field(default_factory=list)
     held_bytes: int = 0
@@ -78,8 +87,15 @@ class Ledger:
     def spill_path(self) -> Path | None:
         return None if self.spill_dir is None else self.spill_dir / f"rank{self.rank}.received.bin"
 
+    @property
+    def records_path(self) -> Path | None:
+        return None if self.spill_dir is None else self.spill_dir / f"rank{self.rank}.ledger.part"
+
     def log(self, rec: Record, payload: torch.Tensor | None = None) -> None:
         self.records.append(rec)
+        self._count(rec)
+        if self.spill_dir is not None and len(self.records) >= self.spill_records:
+            self._spill_records()
         if payload is not None and rec.direction == "recv" and self.record_views:
             kept = payload.detach().clone()
             self.received[rec.tag].append((rec.round, kept))
@@ -122,25 +138,70 @@ class Ledger:
         if self.spill_path is not None:
             self.spill_path.unlink(missing_ok=True)
 
+    def _count(self, rec: Record) -> None:
+        if rec.direction != "sent":
+            return
+        key = f"{rec.phase}|{rec.sender}|{rec.receiver}|{rec.tag}"
+        acc = self._sent.setdefault(key, {"messages": 0, "bytes": 0, "sealed_bytes": 0})
+        acc["messages"] += 1
+        acc["bytes"] += rec.bytes
+        acc["sealed_bytes"] += rec.sealed or 0
+
+    def _spill_records(self) -> None:
+        """Append the records held in memory to :attr:`records_path`, in order."""
+        path = self.records_path
+        assert path is not None
+        with open(path, "a" if self.spilled_records else "w") as fh:  # never after a stale file
+            for r in self.records:
+                fh.write(json.dumps(asdict(r)) + "\n")
+        self.spilled_records += len(self.records)
+        self.records.clear()
+
+    def all_records(self) -> Iterator[Record]:
+        """Every record of this rank, in order: the spilled ones read back, then
+        those in memory."""
+        path = self.records_path
+        if self.spilled_records and path is not None:
+            with open(path) as fh:
+                for line in fh:
+                    doc = json.loads(line)
+                    yield Record(**{**doc, "shape": tuple(doc["shape"])})
+        yield from self.records
+
+    def prepend(self, old: list[Record]) -> None:
+        """Put records of an earlier part of the run (a checkpoint's) before this
+        rank's own, in the ledger file and the summary."""
+        if self.spilled_records:
+            mine = list(self.all_records())
+            assert self.records_path is not None
+            self.records_path.unlink()
+            self.spilled_records = 0
+            self.records = [*old, *mine]
+        else:
+            self.records[:0] = old
+        for r in old:
+            self._count(r)
+        if self.spill_dir is not None and len(self.records) >= self.spill_records:
+            self._spill_records()
+
     def write_jsonl(self, path: Path) -> None:
-        with open(path, "w") as fh:
+        """Write every record, in order, as JSON lines to ``path`` (the spilled ones
+        move there; the spill file is gone after)."""
+        part = self.records_path
+        if self.spilled_records and part is not None:
+            os.replace(part, path)
+            mode = "a"
+        else:
+            mode = "w"
+        with open(path, mode) as fh:
             for r in self.records:
                 fh.write(json.dumps(asdict(r)) + "\n")
 
     def summary(self) -> dict[str, Any]:
         """Aggregate of this rank's *sent* messages by phase and by
         (sender, receiver, tag); merged across ranks by :func:`merge_summaries`."""
-        by_key: dict[str, dict[str, int]] = defaultdict(
-            lambda: {"messages": 0, "bytes": 0, "sealed_bytes": 0}
-        )
-        for r in self.records:
-            if r.direction != "sent":
-                continue
-            key = f"{r.phase}|{r.sender}|{r.receiver}|{r.tag}"
-            by_key[key]["messages"] += 1
-            by_key[key]["bytes"] += r.bytes
-            by_key[key]["sealed_bytes"] += r.sealed or 0
-        return {"sent": dict(by_key), "channel": {k: dict(v) for k, v in self.channel.items()}}
+        sent = {k: dict(v) for k, v in self._sent.items()}
+        return {"sent": sent, "channel": {k: dict(v) for k, v in self.channel.items()}}
 
 
 def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str, Any]:

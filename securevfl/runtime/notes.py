@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from securevfl.errors import DataError, PartyFailure, SecureVFLError
+from securevfl.errors import DataError, Diverged, PartyFailure, SecureVFLError, UserCodeError
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure import keys
 from securevfl.runtime.secure.keys import Identity
@@ -81,7 +81,9 @@ class ErrorNote(BaseModel):
 
 def error_note(rank: int, exc: BaseException) -> ErrorNote:
     """What a failing rank reports. A :class:`SecureVFLError`'s message is written
-    to be shared (a :class:`DataError` keeps IDs and values in its ``detail``);
+    to be shared (a :class:`DataError` keeps IDs and values in its ``detail``, a
+    :class:`UserCodeError` the text of the user code's exception;
+    :class:`Diverged` the norm that passed a bound);
     any other exception is a bug whose text may quote data, so only its type
     crosses to the peers."""
     if isinstance(exc, SecureVFLError):
@@ -90,7 +92,7 @@ def error_note(rank: int, exc: BaseException) -> ErrorNote:
             kind=type(exc).__name__,
             message=str(exc),
             lost_rank=exc.rank if isinstance(exc, PartyFailure) else None,
-            detail=exc.detail if isinstance(exc, DataError) else None,
+            detail=exc.detail if isinstance(exc, (DataError, Diverged, UserCodeError)) else None,
         )
     return ErrorNote(
         rank=rank,

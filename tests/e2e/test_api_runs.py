@@ -16,6 +16,8 @@ import pytest
 
 from securevfl import api
 from securevfl.errors import ConfigError
+from securevfl.report.result import read_own_reports
+from tests.support import user_components as uc
 from tests.support.protocols import ROOT, small_digits
 
 
@@ -54,10 +56,23 @@ def test_predict_returns_the_predictions(api_run: api.RunResult, tmp_path: Path)
 
 
 def test_compare_runs_a_grid_of_protocols_given_as_data(tmp_path: Path):
+    """A protocol given as a mapping, holding a defense class; the table as a frame
+    and as typed rows with each party's privacy."""
     doc = small_digits(epochs=1, max_steps=2)
+    doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]
+    doc["parties"]["passive"][0]["defenses"] = [uc.Rounding]
     lr = "training.lr"
     table = api.compare(doc, grid={lr: [0.01, 0.05]}, seeds=[3], out=tmp_path, progress=False)
     frame = table.frame
+    assert [row.protocol for row in table.rows] == list(frame["protocol"])
+    for row, (_, line) in zip(table.rows, frame.iterrows(), strict=True):
+        assert row.test_accuracy == line["test_accuracy"] and row.seeds == (3,)
+        spent = row.privacy_of("active")
+        assert spent is not None and spent.epsilon == line["epsilon"] == pytest.approx(1.0, abs=1e-3)
+        assert row.privacy_of("left") is None
+        own = read_own_reports(row.results[0].folder)["left"].defenses
+        assert own["test_rounding"]["released"] > 0  # ran in its rank
+    assert "name: test_rounding" in (tmp_path / "protocols" / f"{doc['name']}.yaml").read_text()
     assert list(frame["protocol"]) == [f"{doc['name']}[lr=0.01]", f"{doc['name']}[lr=0.05]"]
     assert list(frame[lr]) == [0.01, 0.05]
     assert {"n_seeds", "test_accuracy", "test_accuracy_lo", "test_accuracy_hi", "bytes_per_step"} <= set(

@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.test_hashvfl_runs import _hashed
 from tests.support.protocols import small_digits
-from tests.support.runs import run_doc
+from tests.support.runs import own_reports, run_doc
 
 BITS = 4
 
@@ -44,7 +44,7 @@ def test_hashed_run_pgd_and_detection(tmp_path: Path):
     assert pgd["ap"] == max(g["asr"] for g in pgd["grid"]) / 100
 
     # detection: the rebuilt class codes are the ones the defense reported
-    rep = result["defense_report"]["active"]["hashvfl_consistency"]
+    rep = own_reports(tmp_path)["active"]["hashvfl_consistency"]
     assert det["class_codes"] == rep["class_codes"]
     t6 = det["table_vi"]
     assert len(t6["per_class"]) == 10

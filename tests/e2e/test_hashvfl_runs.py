@@ -17,7 +17,7 @@ import torch
 from securevfl.app.loader import load_protocol, load_protocol_dict
 from securevfl.errors import UnsupportedCombination
 from tests.support.protocols import PROTOCOLS, load_yaml, small_digits, write_yaml
-from tests.support.runs import cli, run_doc
+from tests.support.runs import cli, own_reports, run_doc
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -77,7 +77,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
 
 
 def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
-    result, out = plain_run
+    _, out = plain_run
     for rank in (1, 2):
         sent = _view(out, rank)["own"]["embeddings"]
         assert len(sent) == 4
@@ -91,7 +91,7 @@ def test_only_pm1_codes_leave_a_passive_party_under_plain(plain_run):
         assert rec["dtype"] == "uint8" and rec["shape"] == [t.shape[0], (BITS + 7) // 8]
         assert rec["bytes"] == t.shape[0] * ((BITS + 7) // 8)
     for party in ("left", "right"):
-        rep = result["defense_report"][party]["hashvfl"]
+        rep = own_reports(out)[party]["hashvfl"]
         assert rep["non_binary_values_sent"] == 0 and rep["values_sent"] > 0
 
 
@@ -121,8 +121,8 @@ def test_backward_message_is_b_by_d_floats(plain_run):
 
 
 def test_consistency_and_detector_report(plain_run):
-    result, _ = plain_run
-    rep = result["defense_report"]["active"]["hashvfl_consistency"]
+    _, out = plain_run
+    rep = own_reports(out)["active"]["hashvfl_consistency"]
     codes = torch.tensor(rep["class_codes"])
     assert codes.shape == (10, BITS) and len({tuple(r) for r in codes.tolist()}) == 10
     det = rep["detector_last_steps"]
@@ -135,7 +135,7 @@ def test_detector_runs_on_test_traffic(plain_run):
     inference): its pairwise flag rate equals the one recomputed from the test
     codes A received."""
     result, out = plain_run
-    rep = result["defense_report"]["active"]["hashvfl_consistency"]
+    rep = own_reports(out)["active"]["hashvfl_consistency"]
     ev = rep["detector_eval"]
     assert ev["passes"] == 1 and ev["samples"] == result["rows"]["test"]
     got = [t for r, t in _received(out, 0, "embedding") if r["phase"] == "eval"]
@@ -166,8 +166,11 @@ def test_ablation_runs_send_what_they_declare(tmp_path: Path, hash_params: dict[
     assert all(((t.abs() != 1).all() if continuous else _pm1(t)) for _, t in got)
     assert result["train_steps"] == 4 and all(math.isfinite(h["train_loss"]) for h in result["history"])
     assert "active" not in result["defense_report"]  # no active-side defense, nothing reported
+    assert own_reports(tmp_path)["active"] == {}
     for party in ("left", "right"):
-        rep = result["defense_report"][party]["hashvfl"]
+        declared = result["defense_report"][party]["hashvfl"]["params"]
+        assert declared["send"] == hash_params.get("send", "codes")
+        rep = own_reports(tmp_path)[party]["hashvfl"]
         assert rep["send"] == hash_params.get("send", "codes") and rep["values_sent"] > 0
         assert rep["non_binary_values_sent"] == (rep["values_sent"] if continuous else 0)
         assert rep["quantization_weight"] == 1.0 and 0 < rep["quantization_norm_last"] < math.inf
@@ -176,7 +179,7 @@ def test_ablation_runs_send_what_they_declare(tmp_path: Path, hash_params: dict[
 @pytest.mark.parametrize("backend", ["mpc", pytest.param("ckks", marks=pytest.mark.slow)])
 def test_hash_alone_runs_under_crypto_backends(tmp_path: Path, backend: str):
     doc = _fast(backend, consistency=False)
-    doc["exchange"]["params"] = {"weight_init": "seeded"}
+    doc["exchange"]["params"] = {"weight_init": "seeded", "insecure": True}
     result = run_doc(doc, tmp_path)
     assert result["backend"] == backend and result["test_accuracy"] is not None
     for rank in (1, 2):
@@ -229,6 +232,8 @@ def _digits(seed: int, hashed: bool, bits: int) -> dict[str, Any]:
         for p in doc["parties"]["passive"]:
             p["model"]["out"] = bits
     doc["training"]["seed"] = seed
+    for p in doc["parties"]["passive"]:
+        p["model"]["init"] = "seeded"  # the seed fixes the initial weights too
     doc["runtime"] = {"dump_views": True}
     return doc
 
@@ -255,7 +260,7 @@ def test_digits_accuracy_close_to_unhashed_and_bits_balanced(tmp_path: Path):
         codes = torch.cat([t for r, t in got if r["round"] == last_round and r["sender"] == sender])
         assert codes.shape == (hashed["rows"]["test"], bits) and _pm1(codes)
         frac = (codes > 0).float().mean(0)
-        reported = hashed["defense_report"][party]["hashvfl"]
+        reported = own_reports(tmp_path / "hashed")[party]["hashvfl"]
         assert reported["non_binary_values_sent"] == 0
         assert torch.allclose(frac, torch.tensor(reported["test_bits"]["plus_fraction"]), atol=1e-4)
         assert ((frac >= 0.4) & (frac <= 0.6)).all(), (party, frac)

@@ -21,7 +21,7 @@ from securevfl.app.loader import load_protocol_dict
 from securevfl.config import Protocol
 from tests.support.protocols import small_digits
 from tests.support.reference import ReferenceSplit, split_state, training_rows
-from tests.support.runs import run_doc
+from tests.support.runs import own_reports, run_doc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -178,9 +178,9 @@ def test_crdp_noise_only_on_the_sent_copies_in_local_steps(tmp_path: Path):
     assert _gap(split, ref) <= 1e-5, _gap(split, ref)
     # the wire carried clip(h) + Laplace noise of the reported scale; the own h had none
     for k, party in enumerate(("left", "right")):
-        scale = result["defense_report"][party]["crdp"]["laplace_scale"]
+        scale = own_reports(tmp_path)[party]["crdp"]["laplace_scale"]
         noise = torch.cat([s - c.clamp(-clip, clip) for s, c in zip(sent[k], clean[k], strict=True)])
         assert float(noise.abs().mean()) == pytest.approx(scale, rel=0.05)  # E|Lap(b)| = b
         comm = result["privacy"]["parties"][party]["mechanisms"]["crdp.communication"]
         assert comm["claim"]["t"] == math.ceil(STEPS / R)  # the paper's t counts rounds
-        assert result["defense_report"][party]["crdp"]["noised_releases"] == STEPS
+        assert own_reports(tmp_path)[party]["crdp"]["noised_releases"] == STEPS

@@ -31,7 +31,10 @@ def plain_trace(tmp_path_factory: pytest.TempPathFactory) -> list:
 def test_limb_kernel_tracks_plain(tmp_path: Path, plain_trace: list, layout: str, monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "limbs")
     doc = short_sgd_digits(8)
-    doc["exchange"] = {"backend": "mpc", "params": {"weight_init": "seeded", "layout": layout}}
+    doc["exchange"] = {
+        "backend": "mpc",
+        "params": {"weight_init": "seeded", "insecure": True, "layout": layout},
+    }
     result = run_doc(doc, tmp_path)
     trace = torch.load(tmp_path / "ranks" / "rank0.trace.pt", weights_only=True)
     assert result["backend"] == "mpc" and len(trace) == len(plain_trace) == 8

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.support.protocols import small_digits
-from tests.support.runs import CliRun, run_doc
+from tests.support.runs import CliRun, own_reports, run_doc
 
 
 def test_label_dp_run_carries_its_privacy_record(tmp_path) -> None:
@@ -20,7 +20,7 @@ def test_label_dp_run_carries_its_privacy_record(tmp_path) -> None:
     rec = priv["parties"]["active"]["mechanisms"]["label_dp.randomized_response"]
     assert rec["epsilon"] == pytest.approx(1.0, abs=1e-3)
     # at eps = 1 with K = 10, 1 - e/(9 + e) = 76.8% of training labels change
-    changed = res["defense_report"]["active"]["label_dp"]["labels_changed"]
+    changed = own_reports(tmp_path)["active"]["label_dp"]["labels_changed"]
     assert 0.72 < changed < 0.81
     assert res["test_accuracy"] is not None
 
@@ -75,4 +75,4 @@ def test_label_dp_runs_under_crypto_backends(tmp_path, backend: str) -> None:
     rec = res["privacy"]["parties"]["active"]["mechanisms"]["label_dp.randomized_response"]
     assert rec["epsilon"] == pytest.approx(0.5, abs=1e-3)
     # at eps = 0.5, K = 10: 1 - e^0.5 / (9 + e^0.5) = 84.5% of labels change
-    assert 0.80 < res["defense_report"]["active"]["label_dp"]["labels_changed"] < 0.89
+    assert 0.80 < own_reports(tmp_path)["active"]["label_dp"]["labels_changed"] < 0.89

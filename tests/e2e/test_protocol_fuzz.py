@@ -3,7 +3,8 @@ protocol exits 2 within 10 s with a message naming the file (and, for a bad
 field, its YAML path), no traceback, and nothing trained or written.
 
 The mutations are deterministic: types, signs, zeros, non-finite and huge numbers,
-missing and unknown keys, component parameters, binary and empty files. They run
+missing and unknown keys, component parameters, binary and empty files, models
+and party counts beyond the stated limits. They run
 in-process through :func:`securevfl.cli.main` (the same code path as the
 console script, minus the interpreter start-up); a few also run as real
 subprocesses to check the exit code the shell sees.
@@ -141,6 +142,27 @@ def _loader_cases() -> list[tuple[str, str, Any]]:
         doc = copy.deepcopy(base)
         doc["name"] = name
         out.append((f"name_{label}", "plain.yaml", doc))
+    # what a protocol may not ask of the machine: models beyond the stated parameter limit,
+    # more passive parties than the stated limit (securevfl.sizing, config.MAX_PASSIVE)
+    for label, model, interactive in (
+        ("hidden_65536x2", {"kind": "mlp", "hidden": [65536, 65536], "out": 64}, 64),
+        ("out_65536", {"kind": "mlp", "hidden": [65536], "out": 65536}, 64),
+        ("interactive_65536", {"kind": "mlp", "hidden": [16], "out": 65536}, 65536),
+    ):
+        doc = copy.deepcopy(base)
+        doc["parties"]["passive"][0]["model"] = model
+        doc["interactive"] = {"out": interactive}
+        out.append((f"model_{label}", "plain.yaml", doc))
+    many = {
+        "name": "many",
+        "dataset": {"name": "synthetic", "synthetic": {"rows": 400, "features": 200}},
+        "parties": {
+            "passive": [
+                {"name": f"p{i}", "columns": {"index": [i, i + 1]}, "model": {"out": 4}} for i in range(200)
+            ]
+        },
+    }
+    out.append(("passive_200", "-", many))
     synthetic = {
         "name": "syn",
         "dataset": {"name": "synthetic"},

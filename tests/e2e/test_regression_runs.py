@@ -30,8 +30,14 @@ pytestmark = pytest.mark.timeout(900)
 
 def diabetes(backend: str = "plain", epochs: int | None = None) -> dict[str, Any]:
     doc = load_yaml("diabetes_regression.yaml")
-    # crypto backends draw W_i privately by default; seeded, they start where plain does
-    doc["exchange"] = {"backend": backend, "params": {} if backend == "plain" else {"weight_init": "seeded"}}
+    # crypto backends draw W_i privately by default, and every party its bottom model;
+    # seeded (insecure), they start where plain and the central reference do
+    doc["exchange"] = {
+        "backend": backend,
+        "params": {} if backend == "plain" else {"weight_init": "seeded", "insecure": True},
+    }
+    for p in doc["parties"]["passive"]:
+        p["model"]["init"] = "seeded"
     if epochs is not None:
         doc["training"]["epochs"] = epochs
     return doc

@@ -206,7 +206,7 @@ def test_crypto_resume_reaches_the_same_test_accuracy(tmp_path, monkeypatch, bac
     held to that precision: the same losses to 1e-3 and the same test accuracy
     within 2 test rows (it was equal when measured)."""
     doc = resumable(small_digits(), epochs=2)
-    doc["exchange"] = {"backend": backend, "params": {"weight_init": "seeded"}}
+    doc["exchange"] = {"backend": backend, "params": {"weight_init": "seeded", "insecure": True}}
     full = run_doc(doc, tmp_path / "full")
     interrupted(doc, tmp_path / "resumed", monkeypatch)
     resumed = run_doc(doc, tmp_path / "resumed", resume=True)

@@ -24,6 +24,15 @@ def run_doc(doc: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     return launch(proto, out, progress=False, **kw)
 
 
+def own_reports(out: Path) -> dict[str, dict[str, Any]]:
+    """Each party's own defense statistics in a local run's folder, by party and
+    defense name (``ranks/rank<R>.defense_report.json``: what ``result.json``
+    no longer carries, since no party sends them)."""
+    from securevfl.report.result import read_own_reports
+
+    return {party: rep.defenses for party, rep in read_own_reports(out).items()}
+
+
 def cli(
     *args: str, timeout: float = 300, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -50,7 +50,9 @@ def _breast_cancer(
     doc = load_yaml("breast_cancer.yaml")
     if exchange:
         doc["exchange"] = exchange
-    doc["privacy"] = {"noise_seed": 0}  # fixed seeds, defenses' noise included
+    doc["privacy"] = {"noise_seed": 0}  # fixed seeds, defenses' noise and initial weights included
+    for p in doc["parties"]["passive"]:
+        p["model"]["init"] = "seeded"
     doc["training"]["epochs"] = 5
     doc["parties"]["active"]["defenses"] = defenses or []
     doc["attacks"] = LABEL_ATTACKS

@@ -1,61 +1,148 @@
 """A curious MPC party rebuilds its peer's generator from the openings it receives.
 
-In the ``mpc`` backend's pairwise layout every Beaver opening a party sends is its
-share of x - a (and y - b), a and b drawn from the stream it shares with the
-dealer. Were that stream Mersenne Twister (``torch.Generator``, as CrypTen draws
-it) and a share of x zero (A's share of h'_i, P_i's share of dL/dz, as they were),
-an opening would be raw generator output: 312 such ring elements give the
-generator's state (:mod:`tests.threat_model.mt19937`), and every later draw
-follows. Playing P_1 with exactly what P_1 receives (its view of a real run: A's
-openings), the attack predicts the rest of A's opening and A's next mask b, and
-from the opening W_A - b recovers A's share of W_1, hence W_1. Playing A with A's
-view (P_1's openings), it predicts P_1's stream and with it the masks of P_1's
-forward openings, behind which are P_1's embeddings. The positive control shows
-the attack recovering a ``torch.Generator`` stream drawn as CrypTen's
-``generate_random_ring_element`` drew; on a real run every secret draw comes from
-AES-256-CTR secret streams (and every opening holds a re-shared input), and the
-attack predicts nothing.
+In the ``mpc`` backend's pairwise layout a party opens its own values behind
+masks it alone draws from the stream it shares with the dealer: P_1 sends A
+h'_1 - u, A sends P_1 dL/dz - g. Those values are small fixed-point numbers, so
+the high 32 bits of every opened element are the high half of the mask's
+element, up to a carry. Were the stream Mersenne Twister (``torch.Generator``, as
+CrypTen draws it, or any MT keystream), the high halves of 937 consecutive mask
+elements would give the generator's state (:func:`tests.threat_model.mt19937.clone_from_high_halves`)
+and every later draw would follow: P_1 would unmask dL/dz at every later step
+(label information), A would unmask h'_1.
+
+The attack plays P_1 with exactly what P_1 receives (its view of a real run: A's
+openings) and A with A's (P_1's openings), over every part of every opening, both
+signs, every element layout of :data:`~tests.threat_model.mt19937.LAYOUTS`. It
+runs twice: on the real code, where every mask is AES-256-CTR keystream, it must
+find nothing; on the same run with the weakness put back (every secret stream an
+MT19937 keystream, :mod:`tests.threat_model.weak_stream`), it must rebuild the
+peer's generator and unmask a later opening exactly, or it guards nothing. Positive
+controls without a run check the attack on a ``torch.Generator`` stream drawn as
+CrypTen drew it and on the planted keystream.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from securevfl.app.checkpoints import model_dir, read_state
-from tests.support.protocols import small_digits
+from securevfl.app.launcher import free_port
+from securevfl.csprng import SecretStream
+from tests.support.protocols import ROOT, small_digits, write_yaml
 from tests.support.runs import run_doc
-from tests.threat_model.mt19937 import ELEMENTS, clone_from_ring
+from tests.threat_model.mt19937 import (
+    ELEMENTS,
+    HIGH_ELEMENTS,
+    LAYOUTS,
+    TORCH,
+    Clone,
+    Layout,
+    clone_from_high_halves,
+    clone_from_ring,
+)
+from tests.threat_model.weak_stream import plant_mt_keystream
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(600)
 
-B, D, OUT = 64, 8, 8  # batch, P_1's embedding width, the interactive layer's output
-CHECK = 88  # predicted elements that must match for the clone to count as the generator
+B, D, OUT = 64, 16, 16  # batch, P_1's embedding width, the interactive layer's output
+CHECK = 40  # elements after the window whose high halves the clone must predict
 STEPS = 6
+# a low half this close to 2^32 or 0 leaves the high half in doubt by a carry of the
+# opened value x (|x| < 2^22: fixed-point values below 64 in magnitude)
+DOUBT = 1 << 22
+LOW32 = np.uint64(0xFFFFFFFF)
 
 
-def predicts(raw: torch.Tensor) -> Any:
-    """The clone of the generator that drew ``raw`` (at least 312 + CHECK consecutive
-    ring elements) if it predicts the next CHECK of them exactly, else None."""
-    if raw.numel() < ELEMENTS + CHECK:
+def _u64(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().reshape(-1).numpy().view(np.uint64)
+
+
+def clone_mask(v: np.ndarray, layout: Layout) -> Clone | None:
+    """The generator behind a mask whose approximation ``v`` (uint64, the opening
+    negated, off by the small opened value) starts a draw in ``layout``, placed
+    after its first :data:`HIGH_ELEMENTS` elements, if a clone predicts the next
+    :data:`CHECK` elements of the mask (each within the opened value's bound of
+    ``v``); else None. Elements whose high half is in doubt (a carry) are tried
+    both ways."""
+    if len(v) < HIGH_ELEMENTS + CHECK:
         return None
-    clone = clone_from_ring(raw)
-    return clone if torch.equal(clone.ring(CHECK), raw[ELEMENTS : ELEMENTS + CHECK]) else None
+    high = layout.high_halves(v)
+    low = v & LOW32
+    doubt = (low < DOUBT) | (low >= np.uint64(2**32 - DOUBT))
+    other = np.where(low < DOUBT, high - np.uint32(1), high + np.uint32(1)).astype(np.uint32)
+    unsure = np.flatnonzero(doubt[:HIGH_ELEMENTS])
+    if len(unsure) > 8:
+        return None
+    want = v[HIGH_ELEMENTS : HIGH_ELEMENTS + CHECK]
+    for choice in itertools.product((False, True), repeat=len(unsure)):
+        h = high.copy()
+        picked = unsure[list(choice)]
+        h[picked] = other[picked]
+        clone = clone_from_high_halves(h, layout)
+        x = (_u64(clone.ring(CHECK)) - want).view(np.int64)  # the opened values, if the clone is right
+        if np.all(np.abs(x) < DOUBT):
+            return clone_from_high_halves(h, layout)
+    return None
 
 
-def hypotheses(opening: torch.Tensor, parts: list[int]) -> list[tuple[str, torch.Tensor]]:
-    """Where raw generator output may sit in an opening made of ``parts`` (element
-    counts): at the start of every part, as it is or negated (x - a with x = 0)."""
+def hypotheses(opening: torch.Tensor, parts: list[int]) -> list[tuple[str, np.ndarray]]:
+    """The masks an opening made of ``parts`` (element counts) may expose: each part
+    negated (x - a) or as it is (a - x)."""
     out, at = [], 0
     for n in parts:
-        seg = opening[at : at + n]
-        out += [(f"-part@{at}", -seg), (f"+part@{at}", seg)]
+        seg = _u64(opening[at : at + n])
+        out += [(f"-part@{at}", (-seg.view(np.int64)).view(np.uint64)), (f"+part@{at}", seg)]
         at += n
     return out
+
+
+@dataclass
+class Hit:
+    opening: int
+    where: str
+    layout: Layout
+    clone: Clone
+
+
+def attack(opened: list[torch.Tensor], parts_of: Any) -> list[Hit]:
+    """Every (opening, part, layout) whose mask a clone predicts."""
+    hits = []
+    for k, o in enumerate(opened):
+        for where, v in hypotheses(o, parts_of(o)):
+            for layout in LAYOUTS:
+                clone = clone_mask(v, layout)
+                if clone is not None:
+                    hits.append(Hit(k, where, layout, clone))
+    return hits
+
+
+def unmask(hit: Hit, part: torch.Tensor, horizon: int = 300_000) -> torch.Tensor | None:
+    """The value behind a later opening ``part`` (x - a): the clone's stream searched
+    for the mask a, whose first element must sit where the part's high half says.
+    Returns x when every element of it is small, else None."""
+    stream = _u64(hit.clone.ring(horizon))
+    layout = hit.layout
+    v = (-_u64(part).view(np.int64)).view(np.uint64)
+    high, first = layout.high_halves(stream), layout.high_halves(v[:1])[0]
+    for i in np.flatnonzero(np.abs(high.astype(np.int64) - int(first)) <= 1):
+        if i + len(v) > len(stream):
+            break
+        x = (_u64(part) + stream[i : i + len(v)]).view(np.int64)
+        if np.all(np.abs(x) < DOUBT):
+            return torch.from_numpy(x.copy())
+    return None
+
+
+# -- positive controls, no run ---------------------------------------------------------------------
 
 
 def test_positive_control_recovers_a_torch_generator_stream():
@@ -67,11 +154,45 @@ def test_positive_control_recovers_a_torch_generator_stream():
     b = torch.randint(-(2**63), 2**63 - 1, (D, OUT), generator=g, dtype=torch.long)
     w_a = (torch.randn(D, OUT) * 2**16).long()
     opening = torch.cat([(0 - a).reshape(-1), (w_a - b).reshape(-1)])
-    clone = predicts(-opening[: B * D])
-    assert clone is not None
-    rest = clone.ring(B * D - ELEMENTS - CHECK + D * OUT)
+    clone = clone_from_ring(-opening[:ELEMENTS])
+    rest = clone.ring(B * D - ELEMENTS + D * OUT)
     b_pred = rest[-D * OUT :].reshape(D, OUT)
     assert torch.equal(opening[B * D :].reshape(D, OUT) + b_pred, w_a)
+
+
+def _small(shape: tuple[int, ...], scale: float, seed: int) -> torch.Tensor:
+    """Fixed-point values (16 fractional bits) of about ``scale`` in magnitude."""
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale * 2**16).long()
+
+
+def test_positive_control_high_halves_of_a_torch_generator_stream():
+    """Masks drawn as CrypTen drew them behind non-zero fixed-point values (the
+    one-sided openings): the attack rebuilds the generator from the first opening
+    and unmasks the next."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "big") - 2**63)
+    draw = lambda: torch.randint(-(2**63), 2**63 - 1, (B, OUT), generator=g, dtype=torch.long)  # noqa: E731
+    g1, g2 = draw(), draw()
+    x1, x2 = _small((B, OUT), 8.0, 1), _small((B, OUT), 6.0, 2)
+    hits = attack([(x1 - g1).reshape(-1)], lambda o: [o.numel()])
+    assert [h.layout for h in hits] == [TORCH] and hits[0].where == "-part@0"
+    assert torch.equal(unmask(hits[0], (x2 - g2).reshape(-1)), x2.reshape(-1))
+
+
+def test_positive_control_high_halves_of_the_planted_keystream(monkeypatch: pytest.MonkeyPatch):
+    """The planted weakness itself (an MT19937 keystream under SecretStream):
+    ``ring`` draws from it as the dealer's streams do, and the attack rebuilds it."""
+    monkeypatch.setattr(SecretStream, "_seek", SecretStream._seek)  # undone after the test
+    plant_mt_keystream()
+    s = SecretStream.fresh()
+    s.ring((5,))  # somewhere in the stream
+    g1, g2 = s.ring((B, OUT)), s.ring((D, OUT))
+    x1, x2 = _small((B, OUT), 4.0, 3), _small((D, OUT), 4.0, 4)
+    hits = attack([(x1 - g1).reshape(-1)], lambda o: [o.numel()])
+    assert hits and hits[0].layout.high_first is False
+    assert torch.equal(unmask(hits[0], (x2 - g2).reshape(-1)), x2.reshape(-1))
+
+
+# -- a real run, and the same run with the weakness planted ----------------------------------------
 
 
 def _doc() -> dict[str, Any]:
@@ -81,42 +202,50 @@ def _doc() -> dict[str, Any]:
     ]
     doc["interactive"] = {"out": OUT}
     doc["exchange"] = {"backend": "mpc"}
-    doc["runtime"] = {"dump_views": True}
+    doc["runtime"] = {"dump_views": True, "startup_timeout_s": 180}
     return doc
 
 
-@pytest.fixture(scope="module")
-def mpc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("mpc-prng")
-    result = run_doc(_doc(), out)
+@dataclass
+class Run:
+    planted: bool
+    folders: dict[int, Path]  # each rank's output folder
+
+    def view(self, rank: int) -> dict[str, Any]:
+        return torch.load(self.folders[rank] / "ranks" / f"rank{rank}.view.pt", weights_only=False)
+
+    def openings(self, rank: int) -> list[torch.Tensor]:
+        return [t.reshape(-1) for _, t in self.view(rank)["received"]["mpc.open"]]
+
+
+def _planted_run(root: Path) -> Run:
+    """The three ranks as ``securevfl party`` processes, each with every secret
+    stream an MT19937 keystream (:func:`tests.threat_model.weak_stream.plant_mt_keystream`)."""
+    proto, port = write_yaml(root / "mpc.yaml", _doc()), free_port()
+    folders = {r: root / f"host{r}" for r in range(3)}
+    procs = {}
+    for r, out in folders.items():
+        args = [sys.executable, "-m", "tests.threat_model.weak_stream", "party", str(proto), "--rank", str(r)]
+        args += ["--rendezvous", f"tcp://127.0.0.1:{port}", "--out", str(out), "--quiet"]
+        procs[r] = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for r, p in procs.items():
+        try:
+            so, se = p.communicate(timeout=500)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+        assert p.returncode == 0, f"rank {r}: {(so + se)[-3000:]}"
+    return Run(True, folders)
+
+
+@pytest.fixture(scope="module", params=["real", pytest.param("planted", marks=pytest.mark.slow)])
+def mpc_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp(f"mpc-prng-{request.param}")
+    if request.param == "planted":
+        return _planted_run(root)
+    result = run_doc(_doc(), root)
     assert result["backend"] == "mpc" and result["world_size"] == 3
-    return out
-
-
-def _view(out: Path, rank: int) -> dict[str, Any]:
-    return torch.load(out / "ranks" / f"rank{rank}.view.pt", weights_only=False)
-
-
-def _openings(out: Path, rank: int) -> list[torch.Tensor]:
-    return [t.reshape(-1) for _, t in _view(out, rank)["received"]["mpc.open"]]
-
-
-def _a_share_of_w1(out: Path) -> torch.Tensor:
-    """A's share of W_1 at the end of the run (its saved model: the ground truth)."""
-    saved = read_state(model_dir(out, 0), rank=0, kind="model", protocol_digest=None)
-    (w,) = saved.tensors["exchange"]["w"]
-    return w
-
-
-def _attack(opened: list[torch.Tensor], parts_of: Any) -> list[tuple[int, str, Any]]:
-    """Every (opening index, hypothesis, clone) where a clone predicts the opening."""
-    hits = []
-    for k, o in enumerate(opened):
-        for name, raw in hypotheses(o, parts_of(o)):
-            clone = predicts(raw)
-            if clone is not None:
-                hits.append((k, name, clone))
-    return hits
+    return Run(False, dict.fromkeys(range(3), root))
 
 
 def _parts(o: torch.Tensor) -> list[int]:
@@ -126,43 +255,40 @@ def _parts(o: torch.Tensor) -> list[int]:
     return [o.numel()] if o.numel() == B * OUT or rem or rows < 1 else [rows * D, D * OUT]
 
 
-def test_p1_cannot_rebuild_a_generator_from_the_openings_it_receives(mpc_run: Path):
-    """P_1's view: A's openings: in training W_A - v_A (D x OUT) forward and
-    dL/dz - g (B x OUT, g A's alone) backward; in the evaluation x_A - a and W_A - b
-    (B' x D, then D x OUT). If a part continues as an MT clone predicts, P_1
-    predicts A's next draw b and reads A's share of W_1 off W_A - b: from the last
-    evaluation opening (after training) it is A's final share, which the test
-    checks against A's saved model. No part of any opening continues as predicted."""
-    opened = _openings(mpc_run, 1)
-    assert len(opened) >= 2 * STEPS
-    hits = _attack(opened, _parts)
-    truth = _a_share_of_w1(mpc_run)
-    recovered = False
-    if hits:  # the attack goes on: predict A's whole stream, find each forward opening's u, then v
-        k, _, clone = hits[0]
-        stream = torch.cat([opened[k][: ELEMENTS + CHECK].neg(), clone.ring(200_000)])
-        at = {int(v): i for i, v in enumerate(stream.tolist())}
-        last = [o for o in opened if len(_parts(o)) == 2][-1]
-        i = at.get(int(-last[0]))
-        if i is not None:
-            n = last.numel() - D * OUT
-            b = stream[i + n : i + n + D * OUT]
-            recovered = torch.equal(last[n:] + b, truth.reshape(-1))
-    assert not hits, (
-        f"P_1 rebuilt A's generator from {len(hits)} opening parts ({hits[0][1]} of opening {hits[0][0]}); "
-        f"A's final share of W_1 recovered exactly: {recovered}"
-    )
+def test_p1_cannot_rebuild_a_generator_from_the_openings_it_receives(mpc_run: Run):
+    """P_1's view: A's openings, in training W_A - v_A (D x OUT) forward and
+    dL/dz - g (B x OUT, g A's alone) backward, and the evaluation's. If a mask
+    continues as a clone predicts, P_1 unmasks dL/dz of the last training step."""
+    opened = mpc_run.openings(1)
+    backward = [o for o in opened if o.numel() == B * OUT]
+    assert len(opened) >= 2 * STEPS and len(backward) == STEPS
+    hits = attack(opened, _parts)
+    if not mpc_run.planted:
+        assert not hits, f"P_1 rebuilt A's generator from {len(hits)} opening parts ({hits[0]})"
+        return
+    # the weakness put back: the attack must work, or it guards nothing
+    assert hits, "with an MT19937 keystream planted, the attack rebuilt no generator"
+    first = next(h for h in hits if opened[h.opening].numel() == B * OUT)
+    dz = unmask(first, backward[-1])
+    assert dz is not None, "the clone did not unmask A's last dL/dz"
+    assert dz.abs().max() > 0 and dz.abs().max() < 2**16  # |dL/dz| < 1 at 16 fractional bits
 
 
-def test_a_cannot_rebuild_p1s_generator_from_the_openings_it_receives(mpc_run: Path):
+def test_a_cannot_rebuild_p1s_generator_from_the_openings_it_receives(mpc_run: Run):
     """A's view: P_1's openings, h'_1 - u (u P_1's alone) and W_1 - v_1 forward, one
-    per training step (P_1 sends nothing in the backward opening), and the
-    evaluation's. Were u raw output of an MT stream with h'_1 zero, A would clone
-    the stream and read u and v of every step, unmasking h'_1; the opening always
-    carries h'_1 itself, and no part of any opening continues as predicted."""
-    opened = _openings(mpc_run, 0)
-    assert sum(o.numel() == B * D + D * OUT for o in opened) >= STEPS
-    hits = _attack(opened, _parts)
-    assert not hits, (
-        f"A rebuilt P_1's generator from {len(hits)} opening parts ({hits[0][1]} of opening {hits[0][0]})"
-    )
+    per training step, and the evaluation's. If a mask continues as a clone
+    predicts, A unmasks P_1's embeddings: checked against what P_1 sent."""
+    opened = mpc_run.openings(0)
+    forward = [o for o in opened if o.numel() == B * D + D * OUT]
+    assert len(forward) >= STEPS
+    hits = attack(opened, _parts)
+    if not mpc_run.planted:
+        assert not hits, f"A rebuilt P_1's generator from {len(hits)} opening parts ({hits[0]})"
+        return
+    assert hits, "with an MT19937 keystream planted, the attack rebuilt no generator"
+    first = min(hits, key=lambda h: h.opening)
+    h_last = unmask(first, forward[STEPS - 1][: B * D])
+    assert h_last is not None, "the clone did not unmask P_1's last training embedding"
+    sent = dict(mpc_run.view(1)["own"]["embeddings"])
+    truth = sent[STEPS - 1].double().reshape(-1)
+    assert torch.allclose(h_last.double() / 2**16, truth, atol=2**-15)

@@ -8,24 +8,29 @@ CPU generator keeps only the low 32 bits of a seed, so every seed, however it wa
 derived, lies in a 2^32 space: a day of one core, minutes on a GPU.
 
 The test plays A with exactly what A receives (the released rows of one batch)
-and searches a window of 2^16 Mersenne Twister seeds. To keep it fast an oracle
-centres the window on the party's effective MT seed where one exists (an attacker
-pays 2^16 times more without it). With securevfl's noise drawn from an AES-256-CTR
-stream under a fresh 256-bit key there is no MT seed to find: the search fails.
-Run against code that seeds torch (commit 6d717c1), the same test finds the seed
-and recovers every clean embedding exactly, so the assertion that it fails fails.
-The positive control below shows the search itself works on noise drawn as that
-code drew it.
+and searches 2^16 Mersenne Twister seeds. To keep it fast an oracle stands in for
+the rest of the 2^32 search: it centres windows on the low 32 bits of the seeds a
+seeded sampler would take from the party's noise key (its first or last eight
+bytes, either byte order); an attacker without it pays 2^16 times more. The
+search runs twice on a real stack as the party builds it: with securevfl's
+noise, AES-256-CTR keystream under a fresh 256-bit key, it must find nothing;
+with the weakness put back (Gaussians from ``torch.randn`` under a generator
+seeded from that key, :func:`tests.threat_model.weak_stream.plant_seeded_normal`)
+it must find the seed and every clean row, or it guards nothing. The positive
+control shows the search itself working on noise drawn as a seeded defense drew it.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.csprng import SecretStream
 from securevfl.defenses.base import build_stack
 from securevfl.seeding import derive_seed
 from tests.support.protocols import small_digits
+from tests.threat_model.weak_stream import plant_seeded_normal, seeded_seed
 
 WINDOW = 1 << 16
 B, D = 8, 16  # one batch of released rows (small_digits bottoms output 16 values)
@@ -87,7 +92,26 @@ def test_positive_control_the_search_recovers_mt_noise():
     assert torch.allclose(released - scale * again, h.double(), atol=1e-12)
 
 
-def test_the_receiver_cannot_find_the_noise_seed_of_a_real_stack():
+def oracle_windows(stream: SecretStream) -> list[range]:
+    """Seed windows centred on the low 32 bits of the seeds a seeded sampler would
+    take from ``stream``'s key (first or last eight bytes, big- or little-endian),
+    2^16 seeds in all."""
+    key = bytes.fromhex(stream.state()["key"])
+    width = WINDOW // 4
+    out = []
+    for raw in (key[:8], key[-8:]):
+        for order in ("big", "little"):
+            centre = (int.from_bytes(raw, order) & (2**63 - 1)) & 0xFFFFFFFF
+            lo = max(0, centre - width // 2)
+            out.append(range(lo, lo + width))
+    return out
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["real", "planted"])
+def test_the_receiver_finds_no_noise_seed_of_a_real_stack(planted: bool, monkeypatch: pytest.MonkeyPatch):
+    if planted:  # the weakness put back: the search must then find the seed
+        monkeypatch.setattr(SecretStream, "normal", SecretStream.normal)  # undone after the test
+        plant_seeded_normal()
     proto = _protocol()
     stack = build_stack(proto, "left", "passive")  # as the party builds it: fresh private noise
     d = stack.defenses[0]
@@ -96,9 +120,14 @@ def test_the_receiver_cannot_find_the_noise_seed_of_a_real_stack():
     scale = 2.0 * d.sigma * d.t
     # the released rows do carry noise: none lies inside the clip ball as it is
     assert bool((released.norm(dim=1) > d.t).all())
-    if hasattr(stack, "noise_seeds"):  # code that seeds torch: the oracle knows the effective seed
-        centre = derive_seed(stack.noise_seeds()[0], "embedding_dp", "noise") & 0xFFFFFFFF
-    else:  # no MT seed exists; any window is as good as another
-        centre = int.from_bytes(bytes.fromhex(stack.noise_keys()[0]["key"])[:4], "big")
-    lo = max(0, centre - WINDOW // 2)
-    assert search_mt_seed(released, scale, d.t, range(lo, lo + WINDOW)) is None
+    found = None
+    for seeds in oracle_windows(d.gen):  # the defense's own noise stream
+        found = search_mt_seed(released, scale, d.t, seeds)
+        if found is not None:
+            break
+    if not planted:
+        assert found is None, f"A found the noise seed {found} of a real stack"
+        return
+    assert found == seeded_seed(d.gen) & 0xFFFFFFFF
+    again = torch.randn(h.shape, generator=torch.Generator().manual_seed(found), dtype=torch.float64)
+    assert torch.allclose(released - scale * again, h.double(), atol=1e-4)  # every clean row, back

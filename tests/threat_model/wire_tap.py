@@ -5,12 +5,15 @@ process with torch.distributed's point-to-point sends and the rendezvous store's
 writes wrapped: every frame the rank puts on the wire is appended to
 ``$TAP_DIR/rank<R>.frames`` (int32 peer, int64 length, raw bytes) and every store
 value it writes to ``$TAP_DIR/rank<R>.store``, exactly as they leave the process.
+Rank 0 also writes the run summaries it gathers from every rank, as it opened
+them, to ``$TAP_DIR/rank0.summaries.json``.
 With ``TAP_FLIP=N`` the rank's N-th sent frame (0-based) leaves with one byte
 flipped, as an attacker on the link would alter it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import sys
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import securevfl.runtime.session as session_module
 from securevfl import cli
 
 
@@ -94,6 +98,14 @@ def install(tap: Path, rank: int, flip: int) -> None:
         return orig_cas(self, key, expected, value)
 
     dist.TCPStore.set, dist.TCPStore.compare_set = store_set, store_cas
+    orig_gather = session_module.gather_summaries
+
+    def gather(*args: Any, **kw: Any) -> Any:
+        parts = orig_gather(*args, **kw)
+        (tap / f"rank{rank}.summaries.json").write_text(json.dumps(parts))
+        return parts
+
+    session_module.gather_summaries = gather
 
 
 def main() -> int:

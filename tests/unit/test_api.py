@@ -14,6 +14,7 @@ from securevfl import api
 from securevfl.app.loader import override_expr, parse_override
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
+from securevfl.privacy.accountant import GaussianRelease, Mechanism, account
 from tests.support.protocols import PROTOCOLS, ROOT, load_yaml, small_digits
 
 
@@ -108,3 +109,31 @@ def test_a_protocol_given_as_data_is_kept_in_the_comparison_folder(tmp_path: Pat
     assert written.parties.active.source is not None
     assert written.parties.active.source.path == str(Path("data/registry.csv").resolve())
     assert not list(tmp_path.rglob("seed*"))
+
+
+def test_a_comparison_row_gives_each_party_s_privacy_at_its_worst_seed() -> None:
+    ranks = {"0": {"party": "active", "role": "active"}, "1": {"party": "left", "role": "passive"}}
+
+    def spent(noise: float) -> api.RunResult:
+        mech = Mechanism("embedding_dp", (GaussianRelease(count=4, noise_multiplier=noise),))
+        privacy = {
+            "accountant": "pld",
+            "delta": 1e-5,
+            "noise_seed_pinned": False,
+            "parties": account({"left": [mech]}, 1e-5),
+            "budget": None,
+            "planned_steps": 4,
+            "steps_run": 4,
+            "stopped_by_budget": False,
+        }
+        return api.RunResult.model_construct(ranks=ranks, privacy=privacy, folder=Path("."))
+
+    runs = (spent(1.0), spent(0.5), spent(2.0))
+    row = api.ComparisonRow("p", {}, "mpc", "embedding_dp", "digits", (0, 1, 2), {}, runs)
+    worst = row.privacy_of("left")
+    assert worst is not None and worst == runs[1].privacy_of("left")
+    assert worst.epsilon > max(r.privacy_of("left").epsilon for r in (runs[0], runs[2]))  # type: ignore[union-attr]
+    assert row.privacy_of("active") is None and set(row.privacy) == {"left"}
+    with pytest.raises(ConfigError, match="no party 'shop'"):
+        row.privacy_of("shop")
+    assert row.test_accuracy is None and row.mean("test_accuracy") is None

@@ -5,6 +5,8 @@ default component state (securevfl.snapshot) and --resume's output folder."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,23 @@ def test_state_folder_round_trip_with_a_digest_per_file(tmp_path: Path) -> None:
     assert saved.docs["loop"]["history"] == [{"epoch": 1, "loss": 0.5}]
     # no temporary folder is left beside it
     assert [p.name for p in dest.parent.iterdir()] == ["epoch-2"]
+
+
+def test_a_state_folder_is_its_owners_alone_whatever_the_umask(tmp_path: Path) -> None:
+    """A checkpoint holds the party's noise keys (party.json, defenses.json) and its
+    weight shares: the folder is 0700 and every file 0600, as the channel's secret
+    key files are, even under a umask that lets everyone read."""
+    old = os.umask(0)
+    try:
+        for kind, dest in (("checkpoint", checkpoint_dir(tmp_path, 1, 2)), ("model", model_dir(tmp_path, 1))):
+            _write(dest, kind=kind)
+            _write(dest, kind=kind, epoch=3)  # a rewrite too
+            assert stat.S_IMODE(dest.stat().st_mode) == 0o700, kind
+            modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in dest.iterdir()}
+            assert set(modes) == {"loop.json", "manifest.json", "models.pt", "rng.pt"}
+            assert set(modes.values()) == {0o600}, (kind, modes)
+    finally:
+        os.umask(old)
 
 
 def test_rewriting_a_state_folder_replaces_it_whole(tmp_path: Path) -> None:

@@ -84,3 +84,62 @@ def test_execute_runs_only_what_is_missing(tmp_path, monkeypatch) -> None:
 def test_repeated_seeds_are_refused(tmp_path) -> None:
     with pytest.raises(comparison.ConfigError, match="seeds repeat"):
         _plan(tmp_path, seeds=(0, 0))
+
+
+def _recording_launch(monkeypatch) -> list[int]:
+    launched: list[int] = []
+
+    def fake_launch(proto, folder, **kw):
+        launched.append(proto.training.seed)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "result.json").write_text(
+            json.dumps({"digest": proto.digest(), "protocol": proto.name, "test_accuracy": 0.54})
+        )
+
+    monkeypatch.setattr(comparison, "launch", fake_launch)
+    return launched
+
+
+@pytest.mark.parametrize("edit", [0.999, 2.5, "abc", None])
+def test_a_result_edited_after_its_run_is_run_again_saying_why(tmp_path, monkeypatch, edit) -> None:
+    """The marker keeps the SHA-256 of the result.json the run wrote: an edited
+    metric (a better accuracy, an impossible one, a string) never reaches the table;
+    the run is named and runs again."""
+    launched = _recording_launch(monkeypatch)
+    p = _plan(tmp_path, seeds=(0,))
+    execute(p, tmp_path, progress=False, say=lambda _: None)
+    assert launched == [0]
+    result = p.runs[0].folder / "result.json"
+    doc = json.loads(result.read_text())
+    assert cached(p.runs[0]) == doc  # untouched: reused
+    result.write_text(json.dumps({**doc, "test_accuracy": edit}))
+    again = _plan(tmp_path, seeds=(0,))
+    assert cached(again.runs[0]) is None
+    said: list[str] = []
+    done = execute(again, tmp_path, progress=False, say=said.append)
+    assert launched == [0, 0]
+    assert done[0][1]["test_accuracy"] == 0.54  # what the run measured, not the edit
+    assert said[0] == f"plain seed 0: not reused: {result} was changed after the run wrote it; it runs again"
+
+
+def test_a_marker_without_the_results_digest_is_not_trusted(tmp_path, monkeypatch) -> None:
+    launched = _recording_launch(monkeypatch)
+    p = _plan(tmp_path, seeds=(0,))
+    _finish(p.runs[0])
+    marker = p.runs[0].folder / MARKER
+    mark = json.loads(marker.read_text())
+    del mark["result_sha256"]
+    marker.write_text(json.dumps(mark))
+    said: list[str] = []
+    execute(_plan(tmp_path, seeds=(0,)), tmp_path, progress=False, say=said.append)
+    assert launched == [0]
+    assert said[0] == (
+        f"plain seed 0: not reused: {marker} holds no digest of result.json (an older securevfl "
+        "wrote it); it runs again"
+    )
+
+
+def test_empty_seeds_are_refused(tmp_path) -> None:
+    with pytest.raises(comparison.ConfigError, match="at least one seed") as info:
+        _plan(tmp_path, seeds=())
+    assert info.value.path == "--seeds"

@@ -83,3 +83,23 @@ def test_below_chance_is_not_called_above_and_defenses_cost_against_their_backen
     assert "Above chance under `mpc`; below chance under `ldp`." in text
     assert "Closest to chance: `ldp` (-0.10)." in text
     assert "`ldp` (label_dp on mpc): 0.5x the time and 0.0x the bytes per step of `mpc`." in text
+
+
+def test_a_budget_calibrated_to_eps_8_is_within_8() -> None:
+    """The accountant's figure for a release calibrated to eps 8 carries floating-point
+    rounding (8.000000000000007); the report does not call that above 8."""
+    recs = [
+        RunRecord("mpc", "mpc", 0, _res("mpc", "mpc", 0.99, 0.9)),
+        RunRecord(
+            "dp8",
+            "dp8",
+            0,
+            _res("dp8", "mpc", 0.9, 0.5, defenses={"p1": ["embedding_dp"]}, eps=8.000000000000007),
+        ),
+        RunRecord(
+            "dp9", "dp9", 0, _res("dp9", "mpc", 0.9, 0.5, defenses={"p1": ["embedding_dp"]}, eps=8.001)
+        ),
+    ]
+    text = _text(recs)
+    assert "`dp8`: composed eps 8.000 at delta 1e-05, within 8." in text
+    assert "`dp9`: composed eps 8.001 at delta 1e-05 is above 8" in text

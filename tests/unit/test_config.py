@@ -173,6 +173,13 @@ def test_overrides_apply(doc):
     assert proto.training.optimizer == "sgd"
 
 
+def test_a_star_override_sets_every_list_element(doc):
+    proto = load_protocol_dict(doc, overrides=["parties.passive[*].model.out=16", "interactive.out=16"])
+    assert [p.model.out for p in proto.parties.passive] == [16, 16]  # type: ignore[union-attr]
+    one = load_protocol_dict(doc, overrides=["parties.passive[0].model.out=16", "interactive.out=16"])
+    assert [p.model.out for p in one.parties.passive] == [16, 64]  # type: ignore[union-attr]
+
+
 def test_overrides_do_not_modify_the_callers_mapping(doc):
     before = copy.deepcopy(doc)
     load_protocol_dict(doc, overrides=["training.epochs=3"])
@@ -195,6 +202,8 @@ def test_overrides_apply_through_load_protocol(doc, tmp_path):
         ("parties.passive[5].model.out=3", "parties.passive[5]", "no such list element"),
         ("training.epochs.x=1", "training.epochs.x", "non-mapping"),
         ("training.epochs=[1", "training.epochs", "YAML"),
+        ("training[*].epochs=1", "training[*]", "non-empty list"),
+        ("parties.passive[*].model.outs=1", "parties.passive[0].model.outs", "unknown key"),
     ],
 )
 def test_bad_overrides_error_with_path(doc, expr, path, text):
@@ -495,3 +504,65 @@ def test_a_synthetic_table_too_large_to_build_is_refused(synthetic, path):
         "parties": {"passive": [{"name": "p", "columns": {"index": [0, 2]}, "model": {"out": 4}}]},
     }
     assert config_error(doc).path == path
+
+
+# -- models by import path, plugins ----------------------------------------------------------
+
+
+def test_a_factory_model_entry_loads_and_round_trips(doc):
+    model = {"factory": "my_models:bottom", "params": {"hidden": 8}, "out": 16}
+    doc["parties"]["passive"][0]["model"] = model
+    doc["top"] = {"factory": "my_models.tops:Top.build", "params": {"depth": 2}}
+    proto = load_protocol_dict(doc)
+    m = proto.parties.passive[0].model
+    assert m.factory == "my_models:bottom" and m.params == {"hidden": 8} and m.builtin_params() is None
+    assert proto.parties.passive[1].model.builtin_params() == {"input_shape": [1, 8, 4], "channels": 8}
+    again = Protocol.model_validate_json(proto.model_dump_json())  # as a rank receives it
+    assert again.parties.passive[0].model == m and again.top == proto.top
+
+
+@pytest.mark.parametrize(
+    ("model", "path", "text"),
+    [
+        ({"kind": "cnn", "factory": "m:f", "out": 4}, "model", "either 'kind'"),
+        ({"factory": "m:f", "hidden": [8], "out": 4}, "model", "'hidden' is an option of the built-in"),
+        ({"factory": "m:f", "channels": 3, "out": 4}, "model", "'channels' is an option of the built-in"),
+        ({"kind": "mlp", "params": {"hidden": [8]}, "out": 4}, "model", "at the top level"),
+        ({"factory": "m.f", "out": 4}, "model.factory", "should match pattern"),
+        ({"factory": "m:f", "init": "random", "out": 4}, "model.init", "'private' or 'seeded'"),
+    ],
+)
+def test_a_model_entry_names_one_source_and_its_options_in_their_place(doc, model, path, text):
+    doc["parties"]["passive"][0]["model"] = model
+    err = config_error(doc)
+    assert err.path == f"parties.passive[0].{path}" and text in str(err)
+
+
+def test_a_top_factory_takes_params_and_the_builtin_hidden(doc):
+    doc["top"] = {"factory": "m:f", "hidden": [8]}
+    assert "'hidden' is an option of the built-in top" in str(config_error(doc))
+    doc["top"] = {"hidden": [8], "params": {"x": 1}}
+    assert "the built-in top model takes 'hidden'" in str(config_error(doc))
+
+
+def test_plugins_are_module_names(doc):
+    doc["plugins"] = ["my plugin"]
+    assert config_error(doc).path == "plugins[0]"
+
+
+def test_digest_covers_factories_plugins_and_init_but_not_their_defaults(doc):
+    base = load_protocol_dict(doc).digest()
+    explicit = copy.deepcopy(doc)
+    explicit["plugins"] = []
+    explicit["parties"]["passive"][0]["model"].update({"init": "private", "params": {}, "factory": None})
+    assert load_protocol_dict(explicit).digest() == base
+    seen = {base}
+    for expr in [
+        "parties.passive[0].model.init=seeded",
+        "parties.passive[0].model={factory: 'm:f', out: 64}",
+        "parties.passive[0].model={factory: 'm:f', out: 64, params: {a: 1}}",
+        "top={factory: 'm:top'}",
+    ]:
+        d = load_protocol_dict(doc, overrides=[expr]).digest()
+        assert d not in seen, expr
+        seen.add(d)

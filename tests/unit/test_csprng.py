@@ -9,7 +9,7 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from securevfl.csprng import KEY_BYTES, SecretStream, fresh_key
+from securevfl.csprng import KEY_BYTES, SecretStream, fresh_key, laplace_from_words, open_uniform
 
 KEY = bytes(range(32))
 
@@ -141,6 +141,42 @@ def test_normal_and_laplace_moments():
     assert abs(lap.mean()) < 0.03 and abs(np.abs(lap).mean() - 2.0) < 0.03
     t = s.normal((3, 2), dtype=torch.float32)
     assert t.dtype == torch.float32 and t.shape == (3, 2)
+
+
+# the extreme raw words: all zeros, all ones, and those beside the middle and the ends
+EXTREMES = np.array([0, 1, 2**12 - 1, 2**12, 2**63 - 1, 2**63, 2**64 - 2**12, 2**64 - 1], dtype=np.uint64)
+
+
+def test_open_uniform_stays_inside_the_open_unit_interval_at_the_extreme_words():
+    u = open_uniform(EXTREMES)
+    assert u.min() == 2.0**-53 and u.max() == 1.0 - 2.0**-53  # exactly, never 0 or 1
+    assert np.all(u != 0.5)  # the midpoints of 2^52 cells: 1/2 is a cell edge
+    k = EXTREMES >> np.uint64(12)
+    assert np.all(u * 2.0**53 == (2 * k + 1).astype(np.float64))  # exact: no rounding to the end
+    assert np.array_equal(open_uniform(~EXTREMES), 1.0 - u)  # symmetric about 1/2
+
+
+def test_laplace_is_finite_and_symmetric_at_the_extreme_words():
+    """The old sampler, (w + 1/2) 2^-53 - 1/2 on the top 53 bits, rounded the all-ones
+    word to u = 1/2 exactly and returned +inf (probability 2^-53 per draw)."""
+    x = laplace_from_words(EXTREMES, scale=2.0)
+    assert np.isfinite(x).all()
+    bound = 2.0 * 52 * math.log(2.0)
+    assert abs(x[0]) == pytest.approx(bound, rel=1e-12) and abs(x[-1]) == pytest.approx(bound, rel=1e-12)
+    assert np.abs(x).max() <= bound * (1 + 1e-12)
+    assert np.array_equal(laplace_from_words(~EXTREMES, scale=2.0), -x)  # exactly antisymmetric
+    w = np.uint64(2**64 - 1) >> np.uint64(11)  # the old formula on the all-ones word
+    with np.errstate(divide="ignore"):
+        old = -np.sign((w.astype(np.float64) + 0.5) * 2.0**-53 - 0.5) * np.log1p(
+            -2.0 * abs((w.astype(np.float64) + 0.5) * 2.0**-53 - 0.5)
+        )
+    assert np.isinf(old)  # what the bound above rules out
+
+
+def test_the_stream_draws_laplace_through_the_pure_function():
+    a, b = SecretStream(KEY), SecretStream(KEY)
+    words = np.frombuffer(b.bytes(8 * 20), dtype="<u8")  # the same keystream, as 64-bit words
+    assert np.array_equal(a.laplace_np((4, 5), scale=3.0), laplace_from_words(words, 3.0).reshape(4, 5))
 
 
 def test_bits_are_balanced():

@@ -102,3 +102,59 @@ def test_unknown_keys_and_refused_values_name_their_path(tmp_path, expr, path, n
         plan("t", [src], [0], tmp_path)
     msg = str(info.value)
     assert path in msg and needle.lower() in msg.lower(), msg
+
+
+EVERY_EPS = "parties.passive[*].defenses[0].params.epsilon"
+
+
+def _embedding_dp_doc() -> dict:
+    doc = small_digits()
+    for p in doc["parties"]["passive"]:
+        p["defenses"] = [
+            {
+                "name": "embedding_dp",
+                "params": {"variant": "vanilla", "epsilon": 3.0, "calibration": "analytic"},
+            }
+        ]
+    return doc
+
+
+def test_a_star_index_sets_every_element_of_a_list() -> None:
+    """``[*]`` varies one field of every passive party at once: one grid axis, not
+    the product of one axis per party."""
+    axis = parse_axis(f"{EVERY_EPS}=1,10")
+    assert axis.short == "epsilon" and axis.path[2] == "[*]"
+    pts = points([axis])
+    assert [point_label(p) for p in pts] == ["epsilon=1", "epsilon=10"]
+    doc = apply_point(_embedding_dp_doc(), pts[1])
+    assert [p["defenses"][0]["params"]["epsilon"] for p in doc["parties"]["passive"]] == [10, 10]
+    # each element gets its own copy of a mutable value
+    doc = apply_point(_embedding_dp_doc(), points([parse_axis("parties.passive[*].defenses=[],[[]]")])[0])
+    first, second = (p["defenses"] for p in doc["parties"]["passive"])
+    assert first == second == [] and first is not second
+
+
+def test_a_star_index_is_checked_at_every_element(tmp_path) -> None:
+    doc = _embedding_dp_doc()
+    doc["parties"]["passive"][1]["defenses"][0]["params"]["epsilon"] = "three"
+    with pytest.raises(ConfigError, match="the protocol holds a string"):
+        check_axis(doc, parse_axis(f"{EVERY_EPS}=1,10"))
+    src = Source(write_yaml(tmp_path / "p.yaml", small_digits()), (), (parse_axis(f"{EVERY_EPS}=1,10"),))
+    with pytest.raises(ConfigError, match="no such list element") as info:
+        plan("t", [src], [0], tmp_path / "out")
+    assert "parties.passive[0].defenses[0]" in str(info.value)
+    src = Source(src.path, (), (parse_axis("parties.active.defenses[*].params.epsilon=1,2"),))
+    with pytest.raises(ConfigError, match=r"\[\*\] needs a non-empty list") as info:
+        plan("t", [src], [0], tmp_path / "out")
+
+
+def test_a_star_grid_plans_one_run_per_value(tmp_path) -> None:
+    src = Source(
+        write_yaml(tmp_path / "dp.yaml", _embedding_dp_doc()), (), (parse_axis(f"{EVERY_EPS}=1,10"),)
+    )
+    p = plan("t", [src], [0], tmp_path / "out")
+    assert [r.label for r in p.runs] == ["plain[epsilon=1]", "plain[epsilon=10]"]
+    assert [[d.defenses[0].params["epsilon"] for d in r.proto.parties.passive] for r in p.runs] == [
+        [1, 1],
+        [10, 10],
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -156,7 +157,7 @@ def test_a_run_that_says_its_steps_uses_every_tuple_the_dealer_makes(layout):
     evaluation = [256] * 3 + [104]
     steps = [(b, True) for b in train[:6]] + [(b, False) for b in evaluation]
     steps += [(b, True) for b in train[6:]] + [(b, False) for b in evaluation]
-    fetched, used, bundles = _drive(layout, steps, 11, RunPlan(tuple(train), tuple(evaluation)))
+    fetched, used, bundles = _drive(layout, steps, 11, RunPlan(Counter(train), tuple(evaluation)))
     assert fetched == used
     before = _drive(layout, steps, 11, None)
     assert before[0] > before[1]  # tuples the dealer made for nothing
@@ -167,7 +168,7 @@ def test_a_run_that_says_its_steps_uses_every_tuple_the_dealer_makes(layout):
 def test_lookahead_unknown_without_a_plan_and_past_it():
     ahead = Lookahead()
     assert ahead.ahead(256, True) is None and ahead.ahead(256, False) is None
-    ahead.expect(RunPlan((256, 256), (256,)))
+    ahead.expect(RunPlan({256: 2}, (256,)))
     assert ahead.ahead(256, True) == 2 and ahead.ahead(64, True) is None
     ahead.took(256, True)
     ahead.took(256, True)
@@ -294,7 +295,7 @@ def test_prediction_takes_its_batches_in_bundles_of_offline_steps(layout):
     dealer makes 16, 4 and 1 steps' tuples in three bundles, every one of them used,
     where one bundle a batch took 21 round trips."""
     steps = [(256, False)] * 20 + [(10, False)]
-    run = RunPlan((), tuple(b for b, _ in steps))
+    run = RunPlan({}, tuple(b for b, _ in steps))
     fetched, used, bundles = _drive(layout, steps, 0, run)
     assert fetched == used and bundles == 3
     assert _drive(layout, steps, 0, None)[2] == 21

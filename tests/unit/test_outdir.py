@@ -54,6 +54,7 @@ def test_own_files(rel, own):
 def test_empty_or_missing_folder_is_written_directly(tmp_path):
     f = OutputFolder.open(tmp_path / "new", overwrite=False)
     assert f.path == tmp_path / "new" and not f.staged and f.path.is_dir()
+    f.release()  # one run at a time: the lock goes with the run
     g = OutputFolder.open(tmp_path / "new", overwrite=False)
     assert g.path == tmp_path / "new"
 

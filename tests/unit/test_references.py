@@ -14,6 +14,10 @@ Scanned: ``securevfl/`` (every ``.py``), ``docs/`` (every ``.md``), README.md an
 * A quoted heading after a document (``README, "Prediction"``) names a heading of it.
 * A relative link in README.md or docs/ names a file that exists, and its ``#anchor`` (if
   any) a heading of that file (GitHub's slugs).
+* A Sphinx role naming something of securevfl by its dotted path (``:mod:`securevfl.csprng```,
+  ``:class:`~securevfl.csprng.SecretStream```) names a module of the package: the whole
+  path for ``:mod:``, else the path less its last part (a name in the module) or, after
+  a capitalized part (a class), its last two (a member of the class).
 * Nothing names a document outside the repository (``../shared``, ``shared/DESIGN``,
   ``specs/0..``, ``specs/anchors-``) or an issue (``issue #N``).
 
@@ -59,6 +63,7 @@ ISSUE = re.compile(r"\b[Ii]ssue\s+#?\d+\b")
 BLANK = re.compile(r"\n[ \t#]*\n")
 NO_NUMBER = re.compile(r"§(?!\s?\d)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
+ROLE = re.compile(r":(?P<role>mod|class|func|meth|attr|data|exc):`~?(?P<name>securevfl(?:\.\w+)+)`")
 
 
 @dataclass
@@ -240,6 +245,26 @@ def check_outside(path: Path, text: str) -> list[str]:
     return problems
 
 
+def is_module(parts: list[str]) -> bool:
+    p = ROOT.joinpath(*parts)
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def check_modules(path: Path, text: str) -> list[str]:
+    problems: list[str] = []
+    for m in ROLE.finditer(text):
+        parts = m.group("name").split(".")
+        if m.group("role") == "mod":
+            ok = is_module(parts)
+        else:  # a name in a module, or a class's member (the class capitalized)
+            ok = is_module(parts[:-1]) or (parts[-2][:1].isupper() and is_module(parts[:-2]))
+        if ok:
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        problems.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r} -> no such module in securevfl")
+    return problems
+
+
 def scanned_files() -> list[Path]:
     files: list[Path] = []
     for name in SCANNED:
@@ -270,6 +295,13 @@ def test_every_relative_link_resolves() -> None:
         for path in [p] if p.is_file() else sorted(p.rglob("*.md")):
             problems += check_links(path, path.read_text(encoding="utf-8"))
     assert not problems, report(problems, "broken links")
+
+
+def test_every_module_reference_resolves() -> None:
+    problems: list[str] = []
+    for path in scanned_files():
+        problems += check_modules(path, path.read_text(encoding="utf-8"))
+    assert not problems, report(problems, "references to modules that do not exist")
 
 
 def test_nothing_refers_outside_the_repository() -> None:
@@ -305,3 +337,13 @@ def test_the_checker_finds_what_does_not_resolve(tmp_path: Path) -> None:
     assert check_links(page, "[design](design.md#4-exchange-backends-what-each-party-learns)") == []
     assert check_links(page, "[design](design.md#no-such-anchor) [x](missing.md)") != []
     assert slug("The comparison (`make demo`)") == "the-comparison-make-demo"
+    known = (
+        ":mod:`securevfl.csprng`, :class:`~securevfl.csprng.SecretStream`, "
+        ":meth:`securevfl.csprng.SecretStream.child`"
+    )
+    assert check_modules(source, known) == []
+    missing = (
+        ":mod:`securevfl.privacy.sampling`; :func:`securevfl.privacy.sampling.snap`; "
+        ":mod:`securevfl.csprng.SecretStream`"
+    )
+    assert len(check_modules(source, missing)) == 3

@@ -346,19 +346,32 @@ def test_mechanism_paper_rescaling_uses_effective_multiplier(proto):
     rec = account({"left": [mech]}, 1e-2)["left"]["mechanisms"]["embedding_dp"]
     assert rec["epsilon"] == pytest.approx(1.287, abs=0.01)  # appendix A, s = 2
 
+
+def test_uncapped_paper_rescaling_is_unbounded_whatever_the_data(proto):
+    """Without s_max nothing in the options bounds s, so the accounting (which is
+    sent to the active party) is unbounded before and after data, never a figure
+    at an observed s (a statistic of the party's data); the observed multiplier is
+    in the party's own report."""
+    plan = Plan(steps=10, n_train=640, batch_size=64, record_releases=1, evaluations=1)
     d = _defense(proto, variant="R", epsilon=1.0)
+    before = d.mechanisms(plan)
     h = torch.randn(128, 32, generator=_gen(38), dtype=torch.float64) * 0.5
     h[:, 0] += 10.0  # offset cap -> s > 3
     d.embed(h, train=True)
     s = d.s_train[0]
     assert s > 3.0
     (mech,) = d.mechanisms(plan)
-    assert mech.releases[0].noise_multiplier == pytest.approx(gm.classic_sigma(1.0, 1e-2) / s)
-    assert any("not a worst-case bound" in n for n in mech.notes)
+    assert d.mechanisms(plan) == before
+    assert mech.releases[0].describe()["kind"] == "unbounded"
+    assert math.isinf(account({"left": [mech]}, 1e-2)["left"]["total"]["epsilon"])
+    assert any("uncapped" in n for n in mech.notes)
     rep = d.report()
     assert rep["s_train"]["max"] == pytest.approx(s)
+    assert rep["noise_multiplier_at_s_max"] == pytest.approx(gm.classic_sigma(1.0, 1e-2) / s)
     assert rep["effective_epsilon_at_s_max"] == pytest.approx(gm.effective_epsilon(d.sigma, s, 1e-2))
     assert rep["effective_epsilon_at_s_max"] > 2.5
+    # what the stack declares public holds none of it: the options and what they give
+    assert set(d.public_report()) == {"params", "sigma", "noise_std", "single_release_epsilon"}
 
 
 def test_mechanism_dp_mode_accounts_estimates(proto):
@@ -408,17 +421,14 @@ def test_budget_with_uncapped_paper_rescaling_refused():
 
 
 def test_tiny_effective_multiplier_is_accounted_exactly_and_fast(proto):
-    """Per-release eps 40 with s ~ 4.7 gives z ~ 0.03, whose PLD would take minutes: the
+    """Per-release eps 40 with s capped at 4.7 gives z ~ 0.03, whose PLD would take minutes: the
     accountant composes Gaussian-only releases in closed form, exactly (docs/methods/vfl-afe.md §7)."""
     import time
 
     from securevfl.privacy.accountant import account
 
-    d = _defense(proto, variant="R", epsilon=40.0, calibration="analytic")
-    h = torch.randn(128, 32, generator=_gen(39), dtype=torch.float64) * 0.5
-    h[:, 0] += 10.0
-    d.embed(h, train=True)
-    z = d.sigma / d.s_train[0]
+    d = _defense(proto, variant="R", epsilon=40.0, calibration="analytic", s_max=4.7)
+    z = d.sigma / 4.7
     assert z < 0.1
     (mech,) = d.mechanisms(Plan(steps=10, n_train=640, batch_size=64, record_releases=3, evaluations=1))
     assert mech.releases[0].noise_multiplier == pytest.approx(z)

@@ -242,7 +242,23 @@ class Crdp(Defense[CrdpOptions]):
         n_orgs = len(collective.crdp_parties(self.ctx.proto))
         return crdp_mechanisms(self.p, plan, width=self.width, s=self.s, n_orgs=n_orgs)
 
+    def public_report(self) -> dict[str, Any]:
+        """The options, the modes they resolve to and the record sensitivity ``s``
+        they give (all from the protocol). Everything the selection and the noise
+        scale computed from the data is in :meth:`report`, the party's own."""
+        return {
+            **super().public_report(),
+            "pearson": self.p.resolved("pearson"),
+            "delta_u_mode": self.p.resolved("delta_u"),
+            "sensitivity": self.p.resolved("sensitivity"),
+            "record_sensitivity_s": self.s,
+        }
+
     def report(self) -> dict[str, Any]:
+        """The party's own account of its selection and noise (docs/crdp-fl.md, "What
+        is reported"): scores, candidates and their sensitivities, the exponential
+        mechanism's probabilities, the MCD, the chosen columns and the noise scale.
+        All computed from its data: kept by the party, sent nowhere."""
         sel = self.selection
         if sel is None:
             return {}

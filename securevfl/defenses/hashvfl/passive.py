@@ -245,7 +245,13 @@ class HashVFL(Defense[HashOptions]):
             )
         ]
 
+    def public_report(self) -> dict[str, Any]:
+        """The options and the code length the protocol gives (the bottom model's output)."""
+        return {**super().public_report(), "code_bits": self.bits}
+
     def report(self) -> dict[str, Any]:
+        """The party's own statistics of its codes (bit balance, the running median,
+        the last quantization norm): computed from its data, sent nowhere."""
         out: dict[str, Any] = {
             "code_bits": self.bits,
             "batchnorm": self.bn is not None,

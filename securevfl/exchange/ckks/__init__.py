@@ -67,13 +67,17 @@ weight share is re-drawn uniform in +-2^share_bits (2^16) every step
 |W_i - W'_i| / 2^17 per weight and step, linearly over steps (a uniform share's
 order statistics leak at that rate: T steps pin W_i to about 2^17 / T).
 
-Guards (:mod:`~securevfl.exchange.ckks.key`, :mod:`~securevfl.exchange.ckks.peer`):
+Bounds by construction, and guards (:mod:`~securevfl.exchange.bounds`,
+:mod:`~securevfl.exchange.ckks.key`, :mod:`~securevfl.exchange.ckks.peer`):
 encrypted operands have rows (and, for dL/dz, columns) of l2 norm <=
-2^value_norm_bits = 2^8, the evaluator's operands columns <= 2^operand_norm_bits
-= 2^19 (re-drawn shares: about 2^18.2), so every product stays below 2^27 and,
-with its mask, below the exact-decryption limit 2^27.5 (Q_out = 2^118 at Delta =
-2^89); the key owner also refuses a decryption with any slot past the limit (a
-wrap). A violation raises :class:`~securevfl.errors.Diverged` naming the value.
+2^value_norm_bits = 2^8: P_i clips every row of h'_i to it and A scales dL/dz
+into it before encrypting, whatever the bottom model; the evaluator's operands
+have columns <= 2^operand_norm_bits = 2^19 (re-drawn shares: about 2^18.2;
+h'_i's columns at most sqrt(batch) 2^8, checked at load), so every product stays
+below 2^27 and, with its mask, below the exact-decryption limit 2^27.5 (Q_out =
+2^118 at Delta = 2^89); the key owner also refuses a decryption with any slot past
+the limit (a wrap). A violation raises :class:`~securevfl.errors.Diverged` naming
+the value and the bound; the norm that passed it stays in the owner's ``detail``.
 
 Precision: every decrypted value carries sigma_f (7.4e-8) and the smudging
 (7.5e-9), plus float64 decoding (~|value| 2^-50).
@@ -151,6 +155,12 @@ class CkksScheme(HEScheme):
         step (:mod:`securevfl.exchange.he`), so the shares the evaluator multiplies stay
         within the operand bound the guards and the flooding assume."""
         return self.opts.share_bits
+
+    def value_bound(self) -> float:
+        """2^value_norm_bits: the l2 bound of an encrypted operand's rows (and dL/dz's
+        columns) that the exact decryption and the flooding are sized for; P_i clips
+        h'_i's rows and A scales dL/dz to it before encrypting (:mod:`securevfl.exchange.bounds`)."""
+        return 2.0**self.opts.value_norm_bits
 
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:

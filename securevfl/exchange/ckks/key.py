@@ -25,7 +25,10 @@ encrypting, every row of an operand of ``matmul`` and every column of one of
 ``tmatmul`` must have l2 norm <= 2^value_norm_bits; after decrypting, every slot
 must lie below the exact-decryption limit (past it, the result may have wrapped
 around the output modulus). Either failure raises :class:`Diverged` naming the
-value, before anything derived from it leaves this party.
+value and the bound, before anything derived from it leaves this party; the norm
+or value that passed it goes to the owner's ``detail`` only. The protocol
+(:mod:`securevfl.exchange.he`) bounds its operands before encrypting them
+(:mod:`securevfl.exchange.bounds`), so a healthy run never meets the first guard.
 """
 
 from __future__ import annotations
@@ -153,10 +156,11 @@ class CkksKey(HEKey):
         top = float(max(np.abs(arr.real).max(initial=0.0), np.abs(arr.imag).max(initial=0.0)))
         if top >= self.limit:
             raise Diverged(
-                f"a decrypted CKKS result ({shape[0]}x{shape[1]}) holds values up to {top:.3g}, above "
-                f"{self.limit:.3g}, the limit under which decryption on the output primes is exact: "
-                "the result may have wrapped and is discarded (the operands outgrew the bounds the "
-                "parameters are sized for; lower training.lr or interactive.lr)"
+                f"a decrypted CKKS result ({shape[0]}x{shape[1]}) holds a value above {self.limit:.3g}, "
+                "the limit under which decryption on the output primes is exact: the result may have "
+                "wrapped and is discarded (the operands outgrew the bounds the parameters are sized "
+                "for; lower training.lr or interactive.lr)",
+                detail=f"the largest decrypted value was {top:.4g}",
             )
 
     def _guard(self, x: np.ndarray, ops: frozenset[str]) -> None:
@@ -172,11 +176,11 @@ class CkksKey(HEKey):
             i = int(np.argmax(norms))
             if norms[i] > self.value_bound:
                 raise Diverged(
-                    f"{what} ({x.shape[0]}x{x.shape[1]}) has a {part} ({part} {i}) of l2 norm "
-                    f"{norms[i]:.4g}, above 2^{self.opts.value_norm_bits} = {self.value_bound:g} "
+                    f"{what} ({x.shape[0]}x{x.shape[1]}) has a {part} of l2 norm above "
+                    f"2^{self.opts.value_norm_bits} = {self.value_bound:g} "
                     "(exchange.params.value_norm_bits): the CKKS products are sized for operands "
-                    "within it (exact decryption, flooding); lower training.lr, standardize the "
-                    "features, or raise value_norm_bits"
+                    "within it (exact decryption, flooding)",
+                    detail=f"{part} {i} has l2 norm {norms[i]:.4g}",
                 )
 
     def decrypt_slots(self, ct: object) -> np.ndarray:

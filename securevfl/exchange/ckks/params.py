@@ -40,13 +40,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.ckks._tenseal import sa, ts
+from securevfl.exchange.he import HEWeightInit
 
 # SEAL's HomomorphicEncryption.org table (native/src/seal/util/hestdparms.h):
 # the largest total coefficient-modulus size that still gives 128-bit security.
@@ -93,7 +94,10 @@ class CkksOptions(BaseModel):
     flood_security_bits: int = Field(default=30, ge=1, le=128)
     #: Q: decryptions one key pair may answer (the flooding is sized for them)
     max_decryptions: int = Field(default=2**20, ge=1)
-    weight_init: Literal["private", "seeded"] = "private"
+    #: the start of the weight shares (:mod:`securevfl.exchange.he`, "Start")
+    weight_init: HEWeightInit = "private"
+    #: allows ``weight_init: seeded`` (A then knows W_i^0; comparisons with plain only)
+    insecure: bool = False
 
 
 @functools.lru_cache(maxsize=16)
@@ -195,6 +199,14 @@ def flood_sigma(opts: CkksOptions, qs: tuple[int, ...] | None = None) -> float:
 def share_norm(share_bits: int, n: int) -> float:
     """Expected-maximum l2 norm of n entries uniform in [-2^k, 2^k), with room for W_i."""
     return SHARE_NORM_SLACK * 2.0**share_bits * math.sqrt(n / 3.0)
+
+
+def embedding_column_norm(opts: CkksOptions, batch: int) -> float:
+    """The largest l2 norm a column of P_i's encrypted embedding can have: its rows are
+    clipped to 2^value_norm_bits (:mod:`securevfl.exchange.bounds`), so a column of
+    ``batch`` rows is at most sqrt(batch) 2^value_norm_bits. P_i multiplies Enc(dL/dz)
+    by it (``tmatmul``), whose guard asks columns within 2^operand_norm_bits."""
+    return math.sqrt(batch) * 2.0**opts.value_norm_bits
 
 
 def context(opts: CkksOptions) -> Any:
@@ -306,6 +318,15 @@ def check(proto: Protocol, options: CkksOptions) -> None:
             "operand_norm_bits",
             "share_bits",
         )
+    if embedding_column_norm(options, proto.training.batch_size) > 2.0**options.operand_norm_bits:
+        raise _refuse(
+            f"value_norm_bits {options.value_norm_bits}: P_i's embedding rows are clipped to l2 norm "
+            f"2^{options.value_norm_bits}, so a column of a batch of {proto.training.batch_size} rows "
+            f"can reach {embedding_column_norm(options, proto.training.batch_size):.4g}, above the "
+            f"operand bound 2^{options.operand_norm_bits} of the weight-gradient product "
+            "(operand_norm_bits); lower value_norm_bits or training.batch_size, or raise operand_norm_bits",
+            "value_norm_bits",
+        )
     slots = n // 2
     if proto.training.batch_size > slots:
         raise CryptoParameterError(
@@ -334,6 +355,8 @@ def describe(options: CkksOptions) -> dict[str, Any]:
         "smudge_sigma": smudge_sigma(options),
         "max_decryptions": options.max_decryptions,
         "flood_security_bits": options.flood_security_bits,
+        # P_i clips every row of h'_i, and A scales dL/dz, to this l2 norm before encrypting
+        "encrypted_row_norm_bound": 2.0**options.value_norm_bits,
     }
     if qs is not None:
         info["flood_sigma"] = flood_sigma(options, qs)

@@ -30,9 +30,13 @@ uniform masks would add their distances linearly).
 Guard: every column of the plaintext operand (the weight share in ``matmul``,
 h'_i in ``tmatmul``) must have l2 norm <= 2^operand_norm_bits, the bound the key
 owner's flooding and the exact-decryption limit are sized for; otherwise
-:class:`Diverged` names the operand, its column, norm and the bound, before
-anything is computed. A public part that carries a secret key, or other
-parameters than the protocol's, is refused.
+:class:`Diverged` names the operand and the bound (the column and its norm in
+its owner-only ``detail``), before anything is computed. h'_i's columns are
+within it by construction (its rows are clipped to 2^value_norm_bits and the
+load-time check asks sqrt(batch_size) 2^value_norm_bits <= 2^operand_norm_bits);
+a weight share only passes it if W_i itself has grown to about 2^18 per column.
+A public part that carries a secret key, or other parameters than the protocol's,
+is refused.
 """
 
 from __future__ import annotations
@@ -158,11 +162,12 @@ class CkksPeer(HEPeer):
             else f"the embedding h'_i multiplied into {self.sender}'s dL/dz"
         )
         raise Diverged(
-            f"{what} ({operand.shape[0]}x{operand.shape[1]}) has a column (column {j}) of l2 norm "
-            f"{norms[j]:.4g}, above 2^{self.opts.operand_norm_bits} = {self.operand_bound:g} "
+            f"{what} ({operand.shape[0]}x{operand.shape[1]}) has a column of l2 norm above "
+            f"2^{self.opts.operand_norm_bits} = {self.operand_bound:g} "
             "(exchange.params.operand_norm_bits): beyond it a product could pass the limit under "
             "which decryption is exact and the CKKS error the key owner's flooding covers; lower "
-            "interactive.lr or training.lr, or raise operand_norm_bits"
+            "interactive.lr or training.lr, or raise operand_norm_bits",
+            detail=f"column {j} has l2 norm {norms[j]:.4g}",
         )
 
     def encrypt_plaintext(self, pt: Any) -> Any:

@@ -43,8 +43,8 @@ every share alone is uniform in the ring and independent of W_i^0, which the
 dealer alone knows (a value independent of the data, within the trusted-dealer
 model); ``seeded`` lets A share the same W_i^0 that ``plain`` builds from the
 protocol seed, so runs can be compared step by step with ``plain`` (every party
-could recompute W_i^0: verification only). Under the insecure TFP provider rank 0
-plays the dealer's part, in the clear.
+could recompute W_i^0: verification only, refused without ``insecure: true``).
+Under the insecure TFP provider rank 0 plays the dealer's part, in the clear.
 """
 
 from __future__ import annotations
@@ -61,12 +61,14 @@ from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.base import (
+    SEEDED_WARNING,
     ActiveExchange,
     ExchangeBackend,
     ExchangeContext,
     HelperExchange,
     PassiveExchange,
     RunPlan,
+    check_weight_init,
 )
 from securevfl.exchange.crypten_api import ArithmeticSharedTensor, comm
 from securevfl.exchange.crypten_pool import Init, Trunc, TruncShares
@@ -380,6 +382,7 @@ class Mpc(ExchangeBackend):
             )
         if options.insecure and options.provider == "TFP":
             warnings.warn(INSECURE_WARNING, stacklevel=2)
+        check_weight_init(options)
         if options.layout == "pairwise" and (options.provider != "TTP" or proto.training.device != "cpu"):
             raise ConfigError(
                 "the pairwise share layout needs the TTP dealer (its triples are generated per pair) "
@@ -403,7 +406,9 @@ class Mpc(ExchangeBackend):
     def result_info(cls, options: BaseModel) -> dict[str, Any]:
         info = super().result_info(options)
         assert isinstance(options, MpcOptions)
-        info["insecure"] = options.provider == "TFP"
-        if info["insecure"]:
-            info["warning"] = INSECURE_WARNING
+        flags = {INSECURE_WARNING: options.provider == "TFP", SEEDED_WARNING: options.weight_init == "seeded"}
+        warned = [w for w, on in flags.items() if on]
+        info["insecure"] = bool(warned)
+        if warned:
+            info["warning"] = "; ".join(warned)
         return info

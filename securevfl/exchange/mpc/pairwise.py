@@ -40,7 +40,10 @@ share of such a mask is zero, which drops a third of each party's Beaver product
 (:func:`securevfl.exchange.mpc.ring.product_share`). A forward pass alone
 re-shares h'_i from a stream A and P_i alone share (a key A draws and sends P_i
 over the sealed channel: P_i holds enc(h'_i) - s, A holds s) and opens a Beaver
-triple both ways, so that no opening is raw output of one generator either.
+triple both ways. A's opening of x - a is s - a_A, and P_i holds s: it reads A's
+share a_A of the triple's mask, raw output of A's dealer stream, which tells it the
+mask of its own h'_i and nothing else (AES-CTR: no other draw of that stream
+follows from it; SECURITY.md, ``mpc``).
 The initial W_i is the dealer's W_i^0 ~ N(0, 1/(3 d_i)) shared between A and
 P_i (:class:`securevfl.exchange.crypten_pool.Init`): each share alone is
 uniform in the ring and independent of W_i^0 (SECURITY.md, ``mpc``: who learns

@@ -66,8 +66,9 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
       2^-Fs with k = wb + sigma - 1: distance |W_i| / 2^(k+1) < 2^-sigma per weight.
 
     A training step masks sum_i (B o + B d_i + 2 d_i o) values (an evaluation or
-    prediction batch only B o per party), so a run of ``run_steps`` passes masks at
-    most N = run_steps x that. Each mask is used once, and each bound holds whatever
+    prediction batch only B o per party), and the joint start of W_i sum_i 2 d_i o
+    (he.py, "Start"), so a run of ``run_steps`` passes masks at most N = run_steps x
+    the first plus the second. Each mask is used once, and each bound holds whatever
     the other values are, so by a hybrid argument over the values the key owner's
     whole view is within N 2^-sigma of one computed from its own inputs and outputs;
     sigma = distance_bits + 1 + ceil log2 N makes that <= 2^-(distance_bits + 1). The
@@ -81,8 +82,10 @@ Masks: uniform over every bit of the slot, bounded for a whole run (docs/design.
     (he.py counts passes, checkpoints keep the count); ``training.max_steps`` above it
     is refused at load, as are ``distance_bits`` below 40 and the former fixed-width
     options ``mask_bits`` and ``share_bits``. Assumptions the bound states: inputs
-    below 2^value_bits (enforced by the encoding) and |W_i| < 2^weight_bits (default
-    4; nobody can check W_i: a weight of 2^(wb+t) weakens its own terms by 2^t).
+    below 2^value_bits (P_i clips h'_i's rows and A scales dL/dz to l2 norm just under
+    it before encrypting, :mod:`securevfl.exchange.bounds`; the encoding refuses
+    anything past it) and |W_i| < 2^weight_bits (default 4; nobody can check W_i: a
+    weight of 2^(wb+t) weakens its own terms by 2^t).
 
 Packing (FATE-style; only additions and one scalar per ciphertext are possible)
     A plaintext holds L = (|n| - 1) // S signed slots of S bits. S is sized so that
@@ -160,10 +163,10 @@ Costs and floors (reference workload, docs/design.md §10: B = 256, h = o = 64, 
     integer arithmetic around them takes milliseconds a step.
 
 Weight shares (re-drawn every step; he.py, SECURITY.md ``paillier``)
-    Each side starts from a Gaussian half N(0, 1/(6d)) (``private``: each half has
-    correlation 1/sqrt(2) with W_i^0, so each side knows the initial weights up to
-    an independent N(0, 1/(6d)) error; he.py's ``_init_shares``) or A from plain's
-    W_i and P_i from 0 (``seeded``: A knows W_i^0). After every update P_i draws U
+    W_i^0 is the product of a random orthogonal factor from each side, formed by one
+    masked product and a re-draw (``private``, the default: no party knows it; he.py,
+    "Start"), or A starts from plain's W_i and P_i from 0 (``seeded``, only with
+    ``insecure: true``: A knows W_i^0). After every update P_i draws U
     uniform on [-2^k, 2^k) at full resolution (``Masks`` above), sends delta = W^P - U
     and keeps U; A adds delta. A's share is then W_i - U, and the plaintext operands
     stay below 2^(k+1) (without the re-draw P_i's share would be a random walk of

@@ -58,6 +58,13 @@ class PaillierScheme(HEScheme):
         n = load_public(public, sender, self.opts.key_bits)  # type: ignore[attr-defined]
         return PaillierPeer(self.prm, n, sender)
 
+    def value_bound(self) -> float:
+        """2^value_bits: every encrypted value must lie below it (the fixed-point slots
+        are sized for that); P_i clips h'_i's rows and A scales dL/dz to l2 norm just
+        under it before encrypting (:mod:`securevfl.exchange.bounds`), which bounds
+        every entry too."""
+        return 2.0**self.prm.v
+
     def share_bits(self) -> int:
         """P_i's weight share is re-drawn uniform in [-2^k, 2^k) every step, k =
         weight_bits + sigma - 1 (:attr:`Params.share`), so that A's share hides W_i
@@ -138,6 +145,8 @@ class PaillierScheme(HEScheme):
             "security_bits": 128 if options.key_bits >= 3072 else 112,
             "statistical_distance_bits": options.distance_bits,
             "statistical_run_steps": options.run_steps,
+            # P_i clips every row of h'_i, and A scales dL/dz, to this l2 norm before encrypting
+            "encrypted_row_norm_bound": 2.0**options.value_bits,
         }
 
 

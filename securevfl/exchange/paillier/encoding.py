@@ -24,14 +24,15 @@ LAYOUTS = {"cols": COLS, "rows": ROWS}
 
 def encode(x: np.ndarray, frac: int, bound_bits: int, what: str, field: str) -> np.ndarray:
     """round(x 2^frac) as int64; refuses non-finite values and |x| >= 2^bound_bits
-    (a ConfigError naming the option ``field`` that widens the range)."""
+    (a ConfigError naming the option ``field`` that widens the range; the message
+    names the bound, not the value, since it reaches every peer)."""
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError(f"paillier: {what} is not finite")
     big = float(np.max(np.abs(x))) if x.size else 0.0
     if big >= 2.0**bound_bits:
         raise ConfigError(
-            f"{what} of magnitude {big:.4g} does not fit the fixed-point range 2^{bound_bits}; "
+            f"{what} does not fit the fixed-point range |x| < 2^{bound_bits}; "
             f"raise {field} (it widens the packing slots)",
             path=f"exchange.params.{field}",
         )

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.errors import ConfigError
+from securevfl.exchange.he import HEWeightInit
 
 MIN_KEY_BITS = 2048
 MAX_KEY_BITS = 16384
@@ -81,7 +81,14 @@ class PaillierOptions(BaseModel):
     precompute: bool = Field(
         default=False, description="make obfuscators while waiting on the network (parties on own hosts)"
     )
-    weight_init: Literal["private", "seeded"] = "private"
+    weight_init: HEWeightInit = Field(
+        default="private",
+        description="the start of the weight shares (he.py): private (a random W_i^0 known to "
+        "nobody), or seeded (insecure)",
+    )
+    insecure: bool = Field(
+        default=False, description="allows weight_init: seeded (A then knows W_i^0; comparisons only)"
+    )
 
 
 def ceil_log2(k: int) -> int:
@@ -94,6 +101,13 @@ def masked_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> 
     eps (B x o), mu (B x d), R (d x o) and the re-drawn share U (d x o). An
     evaluation or prediction pass masks fewer (eps only)."""
     return sum(batch * out + batch * d + 2 * d * out for d in dims)
+
+
+def at_start(dims: list[int] | tuple[int, ...], out: int) -> int:
+    """Values the joint start of W_i masks (he.py, "Start"), all passive parties
+    together: per party the d x o mask of the product and P_i's first re-drawn share;
+    also a bound on its obfuscators (the d x o factor encrypted, the d x o result)."""
+    return sum(2 * d * out for d in dims)
 
 
 def ciphertexts_per_pass(batch: int, dims: list[int] | tuple[int, ...], out: int) -> int:
@@ -151,8 +165,8 @@ class Params:
             slot_bits=o.slot_bits,
             threads=threads,
             precompute=o.precompute,
-            sigma=half + ceil_log2(o.run_steps * masked),
-            obf_sigma=max(MIN_OBFUSCATION_SIGMA, half + ceil_log2(o.run_steps * cts)),
+            sigma=half + ceil_log2(o.run_steps * masked + at_start(ds, oo)),
+            obf_sigma=max(MIN_OBFUSCATION_SIGMA, half + ceil_log2(o.run_steps * cts + at_start(ds, oo))),
             wb=o.weight_bits,
             run_steps=o.run_steps,
             masked_per_pass=masked,

@@ -104,10 +104,10 @@ class PaillierPeer(HEPeer):
         prm = self.prm
         op_bits = max(0, exact.bit_length(e) - prm.fw)  # |operand| < 2^op_bits
         need = prm.slot_need(terms, op_bits, sec.scale, mask_bits)
-        if sec.slot_bits < need:
+        if sec.slot_bits < need:  # the message names no bound of this party's own operand
             raise ProtocolError(
                 f"ciphertexts from {self.sender}: {sec.slot_bits}-bit slots could overflow in sums of "
-                f"{terms} products with operands up to 2^{op_bits} plus a {mask_bits}-bit mask (need {need})"
+                f"{terms} products with this party's operands plus a {mask_bits}-bit mask"
             )
 
     def _mask_ints(self, mask: np.ndarray, shape: tuple[int, int], scale: int) -> tuple[np.ndarray, int]:

@@ -9,10 +9,17 @@ either form; :func:`matches` checks a presented public key against a pin.
 
 Local runs use throw-away identities (:func:`Identity.generate`) that never
 touch the disk.
+
+Key files are read by :func:`read_key_file`: opened without blocking, checked
+to be a regular file (a symbolic link is followed, as secret stores mount keys
+so, but what it leads to must be a regular file: not ``/dev/zero``, a named pipe,
+a socket or a folder) of at most :data:`MAX_KEY_FILE_BYTES`, and only then read,
+so a wrong ``--key`` is refused at once instead of read without end or waited on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -28,6 +35,9 @@ from securevfl.config import PIN_PATTERN
 from securevfl.errors import ConfigError
 
 KEY_PREFIX = "ed25519:"
+MAX_KEY_FILE_BYTES = 64 << 10
+"""The largest key file read: a securevfl secret key file is 119 bytes, a public one
+about 80."""
 FINGERPRINT_PREFIX = "sha256:"
 _PIN = re.compile(PIN_PATTERN)
 
@@ -120,16 +130,11 @@ class Identity:
 
     @classmethod
     def load(cls, path: Path) -> Identity:
-        """Read a secret key file written by ``securevfl keygen``; refuse a file
-        that group or others may read, or anything but an Ed25519 key."""
+        """Read a secret key file written by ``securevfl keygen``; refuse anything
+        but a regular file of key size (:func:`read_key_file`), a file that group
+        or others may read, or anything but an Ed25519 key."""
         path = Path(path)
-        try:
-            mode = path.stat().st_mode
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read the key file {path}: {exc.strerror or exc}", path="--key"
-            ) from None
+        raw, mode = read_key_file(path)
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(
                 f"the key file {path} may be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 {path}",
@@ -146,9 +151,68 @@ class Identity:
         return cls(key)
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_key_file(path: Path, *, flag: str = "--key", limit: int = MAX_KEY_FILE_BYTES) -> tuple[bytes, int]:
+    """(content, mode) of a key file, read as a regular file of at most ``limit``
+    bytes. The file is opened without blocking (opening a named pipe would wait
+    for a writer), then checked on its open descriptor: anything but a regular
+    file (a device such as ``/dev/zero`` behind a symbolic link, a pipe, a socket,
+    a folder) or a file larger than ``limit`` is a :class:`ConfigError` naming
+    ``flag`` and what the path is; nothing of it is read before."""
+    path = Path(path)
+
+    def not_a_file(mode: int) -> ConfigError:
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        return ConfigError(
+            f"the key file {path} is {kind}, not a file: give the path of the key file itself", path=flag
+        )
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a socket cannot be opened at all: say what it is
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                raise not_a_file(mode) from None
+        raise ConfigError(f"cannot read the key file {path}: {exc.strerror or exc}", path=flag) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_a_file(st.st_mode)
+        if st.st_size > limit:
+            raise ConfigError(
+                f"the key file {path} holds {st.st_size:,} bytes; a securevfl key file holds a few "
+                f"hundred (at most {limit:,} are read): is it the right file?",
+                path=flag,
+            )
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:  # the file grew after the check
+            raise ConfigError(f"the key file {path} holds more than {limit:,} bytes", path=flag)
+        return data, st.st_mode
+    except OSError as exc:
+        raise ConfigError(f"cannot read the key file {path}: {exc.strerror or exc}", path=flag) from None
+    finally:
+        os.close(fd)
+
+
 def read_public(path: Path) -> bytes:
     """The raw public key in a ``PARTY.pub`` file."""
-    first = Path(path).read_text().split()
+    first = read_key_file(path)[0].decode("utf-8", errors="replace").split()
     if not first or not re.fullmatch(r"ed25519:[0-9a-f]{64}", first[0]):
         raise ConfigError(f"{path} is not a securevfl public key file")
     return bytes.fromhex(first[0][len(KEY_PREFIX) :])

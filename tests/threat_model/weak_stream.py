@@ -1,0 +1,90 @@
+"""Planted weaknesses for the attack tests (test doubles, never imported by securevfl).
+
+The attack tests must fail when the weakness they guard against is put back, so
+each has a variant that puts it back and must then succeed:
+
+* :func:`plant_mt_keystream`: every :class:`~securevfl.csprng.SecretStream`'s
+  keystream becomes Mersenne Twister output (MT19937 seeded from the stream's
+  key, its 32-bit outputs as little-endian bytes) instead of AES-256-CTR: the
+  same key still gives the same stream at every holder, so a run works as
+  before, but 624 outputs give the generator away (:mod:`tests.threat_model.mt19937`).
+* :func:`plant_seeded_normal`: Gaussian noise drawn the way a seeded sampler
+  draws it, ``torch.randn`` under a ``torch.Generator`` seeded from the first
+  eight key bytes (of which torch keeps the low 32 bits).
+
+``python -m tests.threat_model.weak_stream ARGS`` runs ``securevfl ARGS`` in this
+process with the keystream planted (a ``securevfl party`` rank of a planted run).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from securevfl import cli
+from securevfl.csprng import SecretStream
+
+
+class MTKeystream:
+    """Stands in for the AES-CTR encryptor a stream holds: ``update_into`` writes the
+    next bytes of MT19937 output instead of keystream."""
+
+    def __init__(self, key: bytes, position: int):
+        self._bits = np.random.MT19937(int.from_bytes(key[:8], "big"))
+        self._buffer = b""
+        self._take(position)
+
+    def _take(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            words = self._bits.random_raw(max(1024, (n - len(self._buffer) + 3) // 4))
+            self._buffer += words.astype("<u4").tobytes()
+        out, self._buffer = self._buffer[:n], self._buffer[n:]
+        return out
+
+    def update(self, data: bytes) -> bytes:
+        return self._take(len(data))
+
+    def update_into(self, data: Any, buf: Any) -> int:
+        n = len(data)
+        buf[:n] = self._take(n)
+        return n
+
+
+def _mt_seek(self: SecretStream, pos: int) -> None:
+    self._enc = MTKeystream(self._key, pos)
+    self._pos = pos
+
+
+def plant_mt_keystream() -> None:
+    """Every secret stream of this process draws MT19937 output from now on."""
+    SecretStream._seek = _mt_seek  # type: ignore[method-assign]
+
+
+def seeded_seed(stream: SecretStream) -> int:
+    """The seed :func:`plant_seeded_normal` takes from a stream's key: its first eight
+    bytes, as a non-negative 63-bit integer (torch keeps the low 32 bits)."""
+    return int.from_bytes(bytes.fromhex(stream.state()["key"])[:8], "big") & (2**63 - 1)
+
+
+def _seeded_normal(
+    self: SecretStream, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seeded_seed(self))
+    return torch.randn(tuple(shape), generator=g, dtype=torch.float64).to(dtype)
+
+
+def plant_seeded_normal() -> None:
+    """Every secret stream of this process draws its Gaussians from a seeded torch generator."""
+    SecretStream.normal = _seeded_normal  # type: ignore[method-assign]
+
+
+def main() -> int:
+    plant_mt_keystream()
+    return cli.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Wrong arguments to the Python API raise :mod:`securevfl.errors`' ConfigError
+naming the argument, as docs/api.md promises, not a raw TypeError, and before
+anything runs or is written; an empty list of seeds is refused; a prediction
+folder inside the training run's folder is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from securevfl import api
+from securevfl.app.predict import check_out
+from securevfl.errors import ConfigError
+from tests.support.protocols import PROTOCOLS
+
+PLAIN = PROTOCOLS / "plain.yaml"
+
+
+def _refused(call: Any, path: str, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert info.value.path == path, str(info.value)
+    assert text in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "path", "text"),
+    [
+        (lambda tmp: api.run(PLAIN, out=123), "out", "out is a path (a string or a pathlib.Path), not int"),
+        (lambda tmp: api.run(PLAIN, out=tmp / "r", overrides=3), "overrides", "not int"),
+        (lambda tmp: api.run(PLAIN, out=tmp / "r", overrides=[("training.epochs", 1)]), "overrides", "tuple"),
+        (lambda tmp: api.run(PLAIN, out=tmp / "r", data_dir=7), "data_dir", "not int"),
+        (lambda tmp: api.run(PLAIN, out=tmp / "r", overwrite="yes"), "overwrite", "True or False"),
+        (lambda tmp: api.load_protocol(PLAIN, overrides=3.5), "overrides", "not float"),
+        (lambda tmp: api.compare([PLAIN], seeds=0, out=tmp / "c"), "seeds", "a list of integers, not int"),
+        (lambda tmp: api.compare([PLAIN], seeds=["0"], out=tmp / "c"), "seeds", "got '0' (str)"),
+        (lambda tmp: api.compare([PLAIN], seeds=[], out=tmp / "c"), "--seeds", "at least one seed"),
+        (lambda tmp: api.compare([PLAIN], grid=5, out=tmp / "c"), "--grid", "not int"),
+        (lambda tmp: api.compare([PLAIN], out=None), "out", "not NoneType"),
+        (lambda tmp: api.predict(123, out=tmp / "p"), "run", "not int"),
+        (lambda tmp: api.predict(tmp, out=None), "out", "not NoneType"),
+        (lambda tmp: api.predict(tmp, out=tmp / "p", data={"shop": 5}), "data['shop']", "not int"),
+        (lambda tmp: api.predict(tmp, out=tmp / "p", data=5), "--data", "not int"),
+        (lambda tmp: api.party(PLAIN, rank="0", rendezvous="tcp://127.0.0.1:1"), "rank", "not str"),
+    ],
+    ids=[
+        "run-out",
+        "run-overrides",
+        "run-override-item",
+        "run-data_dir",
+        "run-overwrite",
+        "load-overrides",
+        "compare-seeds",
+        "compare-seed-item",
+        "compare-no-seeds",
+        "compare-grid",
+        "compare-out",
+        "predict-run",
+        "predict-out",
+        "predict-data-item",
+        "predict-data",
+        "party-rank",
+    ],
+)
+def test_wrong_argument_types_are_config_errors(tmp_path: Path, call, path, text):
+    _refused(lambda: call(tmp_path), path, text)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists() and not (tmp_path / "p").exists()
+
+
+def test_a_prediction_folder_inside_the_training_run_is_refused(tmp_path):
+    run = tmp_path / "run"
+    (run / "ranks" / "rank1" / "model").mkdir(parents=True)
+    (run / "result.json").write_text("{}")
+    for inside in (run / "ranks" / "rank1", run / "data", run / "preds", run / "ranks" / ".." / "x"):
+        with pytest.raises(ConfigError) as info:
+            check_out(inside, run)
+        assert info.value.path == "--out"
+        assert "lies inside the training run's folder" in str(info.value)
+    check_out(tmp_path / "elsewhere", run)  # beside it: fine

@@ -1,0 +1,112 @@
+"""One run at a time in an output folder: a second run into a folder another run
+holds (another process, or another thread of this one) is refused naming the
+first, and the lock goes with its holder however that ends."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from securevfl.app.outdir import LOCK_FILE, OutputFolder, resume_folder
+from securevfl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_second_open_is_refused_naming_the_first_until_the_first_is_done(tmp_path):
+    out = tmp_path / "out"
+    first = OutputFolder.open(out, overwrite=False)
+    assert not first.staged and (out / LOCK_FILE).is_file()
+    with pytest.raises(ConfigError) as info:
+        OutputFolder.open(out, overwrite=True)
+    assert info.value.path == "--out"
+    assert "is in use by another securevfl run (this process (thread 'MainThread')" in str(info.value)
+    (out / "result.json").write_text("first")
+    first.commit()
+    assert not (out / LOCK_FILE).exists()
+    second = OutputFolder.open(out, overwrite=True)  # the first is done: replaced as asked
+    assert second.staged
+    second.abandon()
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_the_lock_file_is_no_earlier_result(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).write_text('{"pid": 1}')  # left by a holder killed outright
+    f = OutputFolder.open(out, overwrite=False)
+    assert not f.staged and f.path == out
+    f.release()
+    f.release()  # idempotent
+
+
+def test_threads_opening_one_folder_at_once_get_it_once(tmp_path):
+    out = tmp_path / "out"
+    n = 6
+    start = threading.Barrier(n)
+    opened: list[OutputFolder] = []
+    refused: list[str] = []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            opened.append(OutputFolder.open(out, overwrite=True))
+        except ConfigError as exc:
+            refused.append(str(exc))
+
+    threads = [threading.Thread(target=open_it, name=f"run{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(opened) == 1 and len(refused) == n - 1, (opened, refused)
+    # every refusal names the holder: this process, and its thread
+    assert all("in use by another securevfl run (this process (thread 'run" in r for r in refused), refused
+    opened[0].commit()
+
+
+def test_another_process_holding_the_folder_is_named_and_its_death_frees_it(tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from securevfl.app.outdir import OutputFolder; "
+            "f = OutputFolder.open(Path(sys.argv[1]), overwrite=False); print('held', flush=True); "
+            "time.sleep(600)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as info:
+            OutputFolder.open(out, overwrite=True)
+        assert f"in use by another securevfl run (pid {holder.pid} (thread 'MainThread')" in str(info.value)
+        with pytest.raises(ConfigError, match="in use by another securevfl run"):
+            resume_folder_with_checkpoint(out)
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no clean-up of its own: the kernel drops the lock
+        holder.wait(30)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            f = OutputFolder.open(out, overwrite=True)
+            break
+        except ConfigError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    f.release()
+
+
+def resume_folder_with_checkpoint(out: Path) -> OutputFolder:
+    (out / "ranks" / "rank0" / "checkpoints").mkdir(parents=True, exist_ok=True)
+    return resume_folder(out, overwrite=False, ranks=range(1))
