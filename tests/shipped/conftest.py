@@ -1,0 +1,53 @@
+"""The shipped-protocol tier's record: each test reports its file's metric, floor
+and wall time, and the terminal summary lists them (the CI log keeps the table)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Outcome:
+    file: str
+    metric: str
+    floor: str
+    value: float | None
+    seconds: float
+    cpu_seconds: float
+    how: str
+
+
+OUTCOMES = pytest.StashKey[list[Outcome]]()
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """``record(file=, metric=, floor=, value=, seconds=, cpu_seconds=, how=)``: one line
+    of the summary (``cpu_seconds``: user + system time of the processes it ran, which
+    a loaded machine does not inflate the way it does wall time)."""
+    outcomes = request.config.stash.setdefault(OUTCOMES, [])
+    return lambda **kw: outcomes.append(Outcome(**kw))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    outcomes = config.stash.get(OUTCOMES, [])
+    if not outcomes:
+        return
+    tr = terminalreporter
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    tr.write_sep("=", f"shipped protocols (load average now {load})")
+    tr.write_line(f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8} {'CPU s':>8}  how")
+    for o in outcomes:
+        value = "-" if o.value is None else f"{o.value:.4f}"
+        tr.write_line(
+            f"{o.file:38} {o.metric:14} {value:>8} {o.floor:>9} "
+            f"{o.seconds:8.1f} {o.cpu_seconds:8.1f}  {o.how}"
+        )
+    tr.write_line(
+        f"total: {sum(o.seconds for o in outcomes):.1f} s wall, "
+        f"{sum(o.cpu_seconds for o in outcomes):.1f} s CPU of the processes run"
+    )

@@ -1,0 +1,287 @@
+"""Every shipped protocol file trains to completion with its own settings and
+reaches the floor written for it in protocols/floors.toml (``make test-shipped``;
+.ci/run runs it after the default suite).
+
+The files are found by glob (protocols/*.yaml and protocols/demo/*.yaml), so a new
+file is covered as soon as it exists, and fails the tier until it has a floor. Each
+runs the way its documentation tells a user to run it, through the real command line:
+
+- a protocol file: ``securevfl run FILE``;
+- a file of the demo (``protocols/demo/``): ``securevfl compare FILE``, as ``make
+  demo`` runs it, into one comparison folder shared by the session;
+- the comparison file (protocols/demo/comparison.yaml): ``securevfl compare`` into
+  that folder. Its runs that are a member file at the file's own settings (the same
+  protocol digest) are found there, done and checked by that file's test, and not
+  run twice; the others (its grid points) run and must each meet the comparison's
+  floor. Run alone, the comparison runs everything;
+- a file whose header gives ``securevfl party`` commands (multihost-loopback.yaml):
+  those commands, one process per rank, on a free loopback port.
+
+The terminal summary lists every file's metric, floor and wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from securevfl.app.comparison import Run, plan, read_comparison_file, sources_from_paths
+from securevfl.app.launcher import free_port
+from securevfl.app.loader import load_protocol
+from tests.support.protocols import PROTOCOLS, ROOT
+
+FLOORS_FILE = PROTOCOLS / "floors.toml"
+FILES = sorted(PROTOCOLS.glob("*.yaml")) + sorted((PROTOCOLS / "demo").glob("*.yaml"))
+#: what a floor may name: a number result.json holds
+METRICS = ("test_accuracy", "test_auc", "test_r2", "test_rmse", "test_mae")
+#: one command's limit, a guard against a hang (the longest file takes minutes)
+RUN_TIMEOUT_S = 3600
+
+
+def children_cpu() -> float:
+    """User + system seconds of every finished child process of this one."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def key(path: Path) -> str:
+    """A file's name in floors.toml: its path under protocols/."""
+    return path.relative_to(PROTOCOLS).as_posix()
+
+
+@dataclass(frozen=True)
+class Floor:
+    """``metric`` at least ``bound`` (accuracy, R^2: ``at_least``) or at most
+    ``bound`` (RMSE, MAE: ``at_most``)."""
+
+    metric: str
+    direction: str
+    bound: float
+
+    def holds(self, value: float) -> bool:
+        return value >= self.bound if self.direction == "at_least" else value <= self.bound
+
+    def __str__(self) -> str:
+        return f"{'>=' if self.direction == 'at_least' else '<='} {self.bound:g}"
+
+
+#: a file's floor; a comparison file's may be one per run, by run label
+Floors = Floor | dict[str, Floor]
+
+
+def read_floors() -> dict[str, Floors]:
+    """floors.toml: per file, ``metric`` and one of ``at_least`` / ``at_most``, a
+    number or (a comparison file) a table of run label -> number."""
+    doc = tomllib.loads(FLOORS_FILE.read_text())
+    floors: dict[str, Floors] = {}
+    for name, entry in doc.items():
+        where = f"protocols/{FLOORS_FILE.name}: '{name}'"
+        assert isinstance(entry, dict), f"{where} must be a table"
+        assert entry.get("metric") in METRICS, f"{where}: metric must be one of {METRICS}"
+        (direction, *more) = [d for d in ("at_least", "at_most") if d in entry] or [None]
+        assert direction and not more, f"{where} needs exactly one of at_least, at_most"
+        assert set(entry) == {"metric", direction}, f"{where}: unknown keys {sorted(entry)}"
+        bound = entry[direction]
+        bounds = bound if isinstance(bound, dict) else {"": bound}
+        assert bounds and all(isinstance(v, int | float) for v in bounds.values()), (
+            f"{where}: {direction} is a number or a table of numbers"
+        )
+        each = {label: Floor(entry["metric"], direction, float(v)) for label, v in bounds.items()}
+        floors[name] = each[""] if not isinstance(bound, dict) else each
+    return floors
+
+
+def floor_of(path: Path) -> Floors:
+    floors = read_floors()
+    assert key(path) in floors, (
+        f"{key(path)} is a shipped protocol file with no floor in protocols/{FLOORS_FILE.name}: "
+        "run it and add its metric and floor there (that file's header says how floors are set)"
+    )
+    return floors[key(path)]
+
+
+def metric(result: dict[str, Any], floor: Floor, what: str) -> float:
+    value = result.get(floor.metric)
+    assert isinstance(value, int | float) and math.isfinite(value), (
+        f"{what}: result.json holds no number for {floor.metric} ({value!r}; task {result.get('task')})"
+    )
+    return float(value)
+
+
+def header_party_commands(path: Path) -> list[list[str]]:
+    """The ``securevfl party ...`` command lines of a file's header comment, the way
+    it says to run it (those without identity keys), without the leading ``securevfl``."""
+    lines = [ln.lstrip("#").strip() for ln in path.read_text().splitlines() if ln.startswith("#")]
+    commands = [shlex.split(ln)[1:] for ln in lines if ln.startswith("securevfl party ")]
+    return [c for c in commands if "--key" not in c]
+
+
+def securevfl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "securevfl", *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=ROOT,
+    )
+
+
+def failure(command: list[str], rc: int | None, stderr: str) -> str:
+    return f"`securevfl {' '.join(command)}` exited {rc}:\n{stderr[-3000:]}"
+
+
+def run_parties(path: Path, commands: list[list[str]], tmp: Path) -> Path:
+    """The header's party commands, each its own process in ``tmp`` (the file
+    copied to where they name it) on a free port instead of the header's;
+    rank 0's result.json."""
+    port = free_port()
+    copy = tmp / path.relative_to(ROOT)
+    copy.parent.mkdir(parents=True)
+    copy.write_text(path.read_text())
+    commands = [
+        [re.sub(r":\d+$", f":{port}", a) if a.startswith("tcp://") else a for a in c] for c in commands
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "securevfl", *cmd, "--quiet"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp,
+        )
+        for cmd in commands
+    ]
+    errors = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=RUN_TIMEOUT_S)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        errors.append(err)
+    for cmd, p, err in zip(commands, procs, errors, strict=True):
+        assert p.returncode == 0, failure(cmd, p.returncode, err)
+    rank0 = commands[0]
+    return tmp / rank0[rank0.index("--out") + 1] / "result.json"
+
+
+def compare_runs(path: Path, out: Path) -> list[Run]:
+    """Every run ``securevfl compare PATH --out OUT`` holds, with its folder."""
+    return plan(*sources_from_paths([path], [], []), out).runs
+
+
+def compare(path: Path, out: Path) -> list[Run]:
+    cmd = ["compare", str(path), "--out", str(out), "--quiet"]
+    proc = securevfl(*cmd)
+    assert proc.returncode == 0, failure(cmd, proc.returncode, proc.stderr)
+    return compare_runs(path, out)
+
+
+def result_of(run: Run) -> dict[str, Any]:
+    return json.loads((run.folder / "result.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def demo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The comparison folder of the demo files and the comparison file."""
+    return tmp_path_factory.mktemp("demo")
+
+
+def test_floors_name_exactly_the_shipped_files():
+    """Default suite: a protocol file without a floor, or a floor of a file that is
+    gone, fails here in seconds."""
+    floors = read_floors()
+    missing = [key(f) for f in FILES if key(f) not in floors]
+    stale = sorted(set(floors) - {key(f) for f in FILES})
+    assert not missing, f"shipped protocol files with no floor in protocols/{FLOORS_FILE.name}: {missing}"
+    assert not stale, f"floors in protocols/{FLOORS_FILE.name} for files that do not exist: {stale}"
+
+
+def test_a_file_without_a_floor_fails_by_name():
+    with pytest.raises(AssertionError, match=r"new_protocol\.yaml is a shipped protocol file with no floor"):
+        floor_of(PROTOCOLS / "new_protocol.yaml")
+
+
+def test_the_party_commands_are_found_in_a_header():
+    commands = header_party_commands(PROTOCOLS / "multihost-loopback.yaml")
+    assert [c[c.index("--rank") + 1] for c in commands] == ["0", "1", "2"]
+    assert header_party_commands(PROTOCOLS / "plain.yaml") == []
+
+
+def check_comparison(path: Path, floors: Floors, out: Path) -> tuple[dict[str, tuple[float, Floor]], str]:
+    """Run the comparison file into ``out``; (value, floor) of each run that is not
+    a member file at that file's own settings, and a line for the summary."""
+    runs = compare(path, out)
+    own = {load_protocol(s.path).digest() for s in sources_from_paths([path], [], [])[1]}
+    extra = [r for r in runs if r.digest not in own]
+    assert extra, f"{key(path)}: every run is a member file at its own settings; its floor checks nothing"
+    if isinstance(floors, dict):
+        labels = [r.label for r in extra]
+        assert sorted(floors) == sorted(labels), (
+            f"protocols/{FLOORS_FILE.name}: '{key(path)}' has floors for {sorted(floors)}; "
+            f"its runs beyond its member files' own are {labels}"
+        )
+    checked = {}
+    for r in extra:
+        floor = floors[r.label] if isinstance(floors, dict) else floors
+        checked[f"{key(path)} {r.label}"] = (metric(result_of(r), floor, f"{key(path)} {r.label}"), floor)
+    return checked, f"compare: {len(runs) - len(extra)} member runs reused, {len(extra)} more"
+
+
+def check_protocol(path: Path, floor: Floor, tmp: Path, demo_folder: Path) -> tuple[float, str]:
+    """Run one protocol file the way it says; its metric and how it ran."""
+    if commands := header_party_commands(path):
+        result = json.loads(run_parties(path, commands, tmp).read_text())
+        how = f"{len(commands)} party commands"
+    elif path.parent.name == "demo":
+        (run,) = compare(path, demo_folder)
+        result, how = result_of(run), "compare"
+    else:
+        cmd = ["run", str(path), "--out", str(tmp / "run"), "--quiet"]
+        proc = securevfl(*cmd)
+        assert proc.returncode == 0, failure(cmd, proc.returncode, proc.stderr)
+        result, how = json.loads((tmp / "run" / "result.json").read_text()), "run"
+    return metric(result, floor, key(path)), how
+
+
+@pytest.mark.shipped
+@pytest.mark.timeout(RUN_TIMEOUT_S + 120)
+@pytest.mark.parametrize("path", FILES, ids=key)
+def test_shipped_protocol_reaches_its_floor(
+    path: Path, tmp_path: Path, demo_folder: Path, record: Callable[..., None]
+):
+    floors = floor_of(path)
+    t0, cpu0 = time.monotonic(), children_cpu()
+    if read_comparison_file(path) is not None:
+        checked, how = check_comparison(path, floors, demo_folder)
+    else:
+        assert isinstance(floors, Floor), f"protocols/{FLOORS_FILE.name}: {key(path)} takes one floor"
+        value, how = check_protocol(path, floors, tmp_path, demo_folder)
+        checked = {key(path): (value, floors)}
+    seconds, cpu = time.monotonic() - t0, children_cpu() - cpu0
+    for label, (value, floor) in checked.items():
+        record(
+            file=label,
+            metric=floor.metric,
+            floor=str(floor),
+            value=value,
+            seconds=seconds,
+            cpu_seconds=cpu,
+            how=how,
+        )
+    below = {label: f"{v:.4f} ({floor})" for label, (v, floor) in checked.items() if not floor.holds(v)}
+    assert not below, f"below the floor of protocols/{FLOORS_FILE.name}: {below}"
