@@ -300,8 +300,14 @@ def test_protocol_file_is_the_plain_task():
     proto = load_protocol_dict(paillier_doc())
     assert proto.exchange.backend == "paillier"
     plain, pai = load_yaml("plain.yaml"), load_yaml("paillier.yaml")
-    for section in ("dataset", "training", "top"):
+    for section in ("dataset", "top"):
         assert pai[section] == plain[section]
+    # the file's header states the size reduction: 5 epochs at twice the learning rate
+    schedule = {"epochs", "lr"}
+    assert {k: v for k, v in pai["training"].items() if k not in schedule} == {
+        k: v for k, v in plain["training"].items() if k not in schedule
+    }
+    assert (pai["training"]["epochs"], pai["training"]["lr"]) == (5, 0.006)
     for a, b in zip(plain["parties"]["passive"], pai["parties"]["passive"], strict=True):
         assert a["columns"] == b["columns"] and a["model"]["kind"] == b["model"]["kind"]
 
