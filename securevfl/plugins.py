@@ -87,6 +87,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from securevfl.attacks.base import ATTACKS, Attack, AttackOptions, View, World
+from securevfl.attacks.views import RowTable, per_row
 from securevfl.config import DatasetSpec
 from securevfl.data.catalog import DATASETS
 from securevfl.data.datasets import DatasetBuilder, Table
@@ -102,10 +103,12 @@ __all__ = [
     "Defense",
     "DefenseContext",
     "DefenseOptions",
+    "RowTable",
     "Table",
     "Task",
     "View",
     "World",
+    "per_row",
     "register_attack",
     "register_dataset",
     "register_defense",

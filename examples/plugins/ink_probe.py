@@ -25,8 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from securevfl.attacks.views import per_row
-from securevfl.plugins import Attack, AttackOptions, View, World, register_attack
+from securevfl.plugins import Attack, AttackOptions, View, World, per_row, register_attack
 
 
 def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
