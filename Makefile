@@ -31,8 +31,9 @@ demo: $(STAMP)
 demo-quick: $(STAMP)
 	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo-quick --overwrite
 
+# the default suite; --durations prints where its time goes (the CI log keeps the profile)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # the default suite and the tests marked slow (the shipped-protocol tier is `make test-shipped`)
 test-all: $(STAMP)
