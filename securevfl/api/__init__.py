@@ -32,35 +32,37 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import yaml
 
+from securevfl.api.arguments import (
+    Overrides,
+    check_flags,
+    kind_of,
+    optional_path,
+    path_arg,
+    seed_list,
+    set_list,
+)
+from securevfl.api.results import Comparison, ComparisonRow, Prediction, RunResult, run_result
 from securevfl.app.compare_runs import execute
 from securevfl.app.comparison import folder_name, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
-from securevfl.app.loader import OWN, Allow, allowed_modules, load_protocol_dict, needed_code, override_expr
+from securevfl.app.loader import OWN, Allow, allowed_modules, load_protocol_dict, needed_code
 from securevfl.app.loader import load_protocol as load_protocol_file
 from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
-from securevfl.app.predict import (
-    PredictionRecord,
-    predict_local,
-    read_predictions,
-)
+from securevfl.app.predict import predict_local
 from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
-from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport, ResultRecord
-from securevfl.report.aggregate import RunRecord, Summary, summarize
+from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport
+from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import write_comparison
-from securevfl.report.stats import Interval
 from securevfl.usercode import CodePolicy
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "ComparisonRow",
     "EpochRecord",
     "MechanismPrivacy",
+    "Overrides",
     "PartyPrivacy",
     "Prediction",
     "PrivacyReport",
@@ -86,210 +89,8 @@ __all__ = [
 #: loaded protocol.
 ProtocolLike = str | os.PathLike[str] | Mapping[str, Any] | Protocol
 
-#: Overrides, as ``--set`` takes them: ``{"training.epochs": 3}`` (values as Python
-#: objects) or ``["training.epochs=3"]`` (values as YAML text).
-Overrides = Mapping[str, Any] | Sequence[str]
-
-
-class RunResult(ResultRecord):
-    """The result record of a finished run (``result.json``: metrics, privacy
-    spent, attacks, bytes and time per step, every rank's ledger), every field
-    typed, and the output folder it lies in (``folder``). The privacy each party
-    spent: ``result.privacy_of("left").epsilon`` (and ``.delta``, ``.mechanisms``),
-    ``result.privacy_report`` for the whole record typed; ``result.privacy`` is
-    the mapping as written in result.json."""
-
-    folder: Path
-
-    def to_json(self) -> dict[str, Any]:
-        """``result.json`` as written (without ``folder``)."""
-        return self.model_dump(mode="json", exclude={"folder"})
-
-
-class Prediction(PredictionRecord):
-    """What a finished prediction did (``prediction.json``: rows per party and
-    aligned, bytes, time) and where its files are: ``folder``, ``path`` (the
-    predictions file) and ``frame`` (that file as a pandas DataFrame: the ID
-    column, then the task's columns)."""
-
-    folder: Path
-
-    @property
-    def path(self) -> Path:
-        """``predictions.csv``: one row per aligned record."""
-        return self.folder / self.predictions
-
-    @property
-    def frame(self) -> pd.DataFrame:
-        """The predictions, read from :attr:`path` (IDs kept as text, each cell as
-        the run wrote it: :func:`~securevfl.app.predict.read_predictions`)."""
-        return read_predictions(self.path)
-
-
-@dataclass(frozen=True)
-class ComparisonRow:
-    """One compared protocol (a protocol at one grid point) over its seeds, typed:
-    its label (``protocol``), grid point, backend, defenses, dataset, seeds, every
-    metric of the table as an :class:`~securevfl.report.stats.Interval` (mean,
-    95% bounds, per-seed values; None where no run has it) and its runs' results.
-    The privacy each party spent: ``row.privacy_of("left").epsilon``."""
-
-    protocol: str
-    point: dict[str, Any]
-    backend: str
-    defenses: str
-    dataset: str
-    seeds: tuple[int, ...]
-    metrics: dict[str, Interval | None]
-    results: tuple[RunResult, ...]
-
-    def mean(self, metric: str) -> float | None:
-        """A metric's mean over the seeds (``"test_accuracy"``, ``"attack:membership_inference"``)."""
-        iv = self.metrics.get(metric)
-        return None if iv is None else iv.mean
-
-    @property
-    def test_accuracy(self) -> float | None:
-        return self.mean("test_accuracy")
-
-    @property
-    def privacy(self) -> dict[str, PartyPrivacy]:
-        """Every party that spent privacy, at its largest epsilon over the seeds
-        (the same for every seed unless a mechanism's accounting depends on the data)."""
-        out: dict[str, PartyPrivacy] = {}
-        for r in self.results:
-            report = r.privacy_report
-            for party, spent in (report.parties if report is not None else {}).items():
-                if party not in out or spent.epsilon > out[party].epsilon:
-                    out[party] = spent
-        return out
-
-    def privacy_of(self, party: str) -> PartyPrivacy | None:
-        """``party``'s privacy (as :attr:`privacy`); None when it ran no DP
-        mechanism; a name that is no party of these runs is refused."""
-        for r in self.results:
-            r.privacy_of(party)  # refuses a name that is no party
-        return self.privacy.get(party)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A finished comparison: every run (``records``, one per protocol, grid point
-    and seed), their summary over seeds (``summary``) and the files written to
-    ``folder`` (``files``: compare.json, compare.csv, runs.csv, report.md and the
-    figures, by kind)."""
-
-    title: str
-    folder: Path
-    records: list[RunRecord]
-    summary: Summary
-    files: dict[str, Path]
-
-    @cached_property
-    def frame(self) -> pd.DataFrame:
-        """One row per compared protocol (a protocol at one grid point): protocol,
-        the grid's keys (their values at that point; absent without a grid),
-        backend, defenses, dataset, n_seeds, then per metric its mean and the
-        bounds of its 95% interval over seeds (``<metric>_lo``, ``<metric>_hi``),
-        as in compare.csv."""
-        rows = []
-        for g in self.summary.groups:
-            flat = g.flat()
-            rows.append({"protocol": flat.pop("protocol"), **g.point, **flat})
-        return pd.DataFrame(rows)
-
-    @cached_property
-    def runs_frame(self) -> pd.DataFrame:
-        """One row per run (each seed of each compared protocol), as in runs.csv."""
-        return pd.DataFrame([{k: v for k, v in r.items() if k != "grids"} for r in self.summary.runs])
-
-    def results(self) -> list[RunResult]:
-        """Every run's result record, in run order."""
-        return [_run_result(r.result, Path(r.folder or self.folder)) for r in self.records]
-
-    @cached_property
-    def rows(self) -> list[ComparisonRow]:
-        """The rows of :attr:`frame`, typed (:class:`ComparisonRow`), in the same order."""
-        results = self.results()
-        out = []
-        for g in self.summary.groups:
-            mine = tuple(res for rec, res in zip(self.records, results, strict=True) if rec.label == g.label)
-            out.append(
-                ComparisonRow(
-                    protocol=g.label,
-                    point=dict(g.point),
-                    backend=g.text.get("backend") or "",
-                    defenses=g.text.get("defenses") or "",
-                    dataset=g.text.get("dataset") or "",
-                    seeds=tuple(g.seeds),
-                    metrics=dict(g.metrics),
-                    results=mine,
-                )
-            )
-        return out
-
 
 # -- protocols --------------------------------------------------------------------------------
-
-
-# -- arguments: a wrong type is the caller's ConfigError naming the argument, not a TypeError
-
-
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
-def _path_arg(value: object, name: str) -> Path:
-    """A path argument: a string or an ``os.PathLike``."""
-    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
-        return Path(value)
-    raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {_kind(value)}", path=name)
-
-
-def _optional_path(value: object, name: str) -> Path | None:
-    return None if value is None else _path_arg(value, name)
-
-
-def _flags(**flags: object) -> None:
-    """Boolean keyword options (``overwrite``, ``resume``, ``progress``)."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name} is True or False, not {_kind(value)}", path=name)
-
-
-def _seeds(seeds: object) -> list[int] | None:
-    if seeds is None:
-        return None
-    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Sequence):
-        raise ConfigError(f"seeds is a list of integers, not {_kind(seeds)}", path="seeds")
-    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool)]
-    if bad:
-        raise ConfigError(f"seeds are integers; got {bad[0]!r} ({_kind(bad[0])})", path="seeds")
-    return list(seeds)
-
-
-def _set_list(overrides: Overrides | None) -> list[str]:
-    """Overrides as ``--set`` expressions."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, str):
-        raise ConfigError(
-            "overrides are a mapping or a list of KEY=VALUE strings, not one string", path="overrides"
-        )
-    if isinstance(overrides, Mapping):
-        keys = [k for k in overrides if not isinstance(k, str)]
-        if keys:
-            raise ConfigError(f"an override's key is a string, not {_kind(keys[0])}", path="overrides")
-        return [override_expr(key, value) for key, value in overrides.items()]
-    if not isinstance(overrides, Sequence) or isinstance(overrides, bytes):
-        raise ConfigError(
-            f"overrides are a mapping or a list of KEY=VALUE strings, not {_kind(overrides)}",
-            path="overrides",
-        )
-    items = [o for o in overrides if not isinstance(o, str)]
-    if items:
-        raise ConfigError(f"an override is a KEY=VALUE string, not {_kind(items[0])}", path="overrides")
-    return list(overrides)
 
 
 def load_protocol(
@@ -317,7 +118,7 @@ def load_protocol(
     any other module the protocol would make this process import is refused
     before anything is imported. ``rank``: the rank this process will run, whose
     model factories are checked with the plugins."""
-    sets = _set_list(overrides)
+    sets = set_list(overrides)
     allow: Allow = OWN if allow_plugins is None else allowed_modules(allow_plugins)
     if isinstance(source, Mapping):
         converted = convert(source)
@@ -349,10 +150,6 @@ def load_protocol(
     )
 
 
-def _run_result(result: Mapping[str, Any], folder: Path) -> RunResult:
-    return RunResult.model_validate({**result, "folder": Path(folder)})
-
-
 def _converted(protocol: ProtocolLike) -> tuple[ProtocolLike, Converted]:
     """A protocol mapping with its classes and callables replaced by names and
     references (:func:`securevfl.app.objects.convert`); anything else as it is."""
@@ -364,7 +161,7 @@ def _converted(protocol: ProtocolLike) -> tuple[ProtocolLike, Converted]:
 
 def _load(protocol: ProtocolLike, overrides: Overrides | None) -> Protocol:
     """:func:`load_protocol` of what :func:`_converted` gave (its classes registered)."""
-    sets = _set_list(overrides)
+    sets = set_list(overrides)
     if isinstance(protocol, Mapping):  # the caller's own: its modules are allowed (OWN)
         return load_protocol_dict(dict(protocol), overrides=sets, allow=OWN)
     return load_protocol(protocol, sets)
@@ -414,8 +211,8 @@ def run(
 
     Raises :class:`~securevfl.errors.ConfigError` for a bad protocol or folder, and
     for a failed run the error of its root cause, naming the rank."""
-    out_path, data_path = _optional_path(out, "out"), _optional_path(data_dir, "data_dir")
-    _flags(overwrite=overwrite, resume=resume, progress=progress)
+    out_path, data_path = optional_path(out, "out"), optional_path(data_dir, "data_dir")
+    check_flags(overwrite=overwrite, resume=resume, progress=progress)
     given, conv = _converted(protocol)
     with registered(conv.registrations):
         proto = _load(given, overrides)
@@ -430,7 +227,7 @@ def run(
             on_epoch=on_epoch,
             registrations=conv.registrations,
         )
-    return _run_result(result, folder)
+    return run_result(result, folder)
 
 
 def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis]:
@@ -442,7 +239,7 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
         )
     if not isinstance(grid, (Mapping, Sequence)) or isinstance(grid, bytes):
         raise ConfigError(
-            f"a grid is a mapping or a list of KEY=V1,V2,... strings, not {_kind(grid)}", path="--grid"
+            f"a grid is a mapping or a list of KEY=V1,V2,... strings, not {kind_of(grid)}", path="--grid"
         )
     if isinstance(grid, Mapping):
         axes = []
@@ -453,7 +250,7 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
         return axes
     items = [g for g in grid if not isinstance(g, str)]
     if items:
-        raise ConfigError(f"a grid axis is a KEY=V1,V2,... string, not {_kind(items[0])}", path="--grid")
+        raise ConfigError(f"a grid axis is a KEY=V1,V2,... string, not {kind_of(items[0])}", path="--grid")
     return [parse_axis(g) for g in grid]
 
 
@@ -550,12 +347,12 @@ def compare(
     written to ``OUT/protocols`` name them by their ``name``). The table typed:
     :attr:`Comparison.rows`, with each party's privacy as for a run
     (``table.rows[0].privacy_of("left").epsilon``)."""
-    folder = _path_arg(out, "out")
-    _flags(overwrite=overwrite, progress=progress)
+    folder = path_arg(out, "out")
+    check_flags(overwrite=overwrite, progress=progress)
     if title is not None and not isinstance(title, str):
-        raise ConfigError(f"title is a string, not {_kind(title)}", path="title")
-    wanted = _seeds(seeds)
-    sets = _set_list(overrides)
+        raise ConfigError(f"title is a string, not {kind_of(title)}", path="title")
+    wanted = seed_list(seeds)
+    sets = set_list(overrides)
     pairs = [_converted(item) for item in _items(sources)]
     regs = _registrations([conv for _, conv in pairs])
     with registered(regs):
@@ -582,15 +379,15 @@ def _data_files(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | Non
     if isinstance(data, str):
         raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
     if isinstance(data, Mapping):
-        return [f"{party}={_path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
+        return [f"{party}={path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
     if not isinstance(data, Sequence) or isinstance(data, bytes):
         raise ConfigError(
-            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {_kind(data)}",
+            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {kind_of(data)}",
             path="--data",
         )
     items = [d for d in data if not isinstance(d, str)]
     if items:
-        raise ConfigError(f"a data item is a PARTY=PATH string, not {_kind(items[0])}", path="--data")
+        raise ConfigError(f"a data item is a PARTY=PATH string, not {kind_of(items[0])}", path="--data")
     return list(data)
 
 
@@ -620,10 +417,10 @@ def predict(
         run_dir = Path(run)
     else:
         raise ConfigError(
-            f"run is a training run's folder (a path) or its RunResult, not {_kind(run)}", path="run"
+            f"run is a training run's folder (a path) or its RunResult, not {kind_of(run)}", path="run"
         )
-    out_path, data_path = _path_arg(out, "out"), _optional_path(data_dir, "data_dir")
-    _flags(overwrite=overwrite)
+    out_path, data_path = path_arg(out, "out"), optional_path(data_dir, "data_dir")
+    check_flags(overwrite=overwrite)
     record, path = predict_local(
         run_dir,
         out_path,
@@ -677,12 +474,12 @@ def party(
     reports its error itself (stderr, its error file, its peers) and this raises
     :class:`~securevfl.errors.RankFailed` with the rank's exit code."""
     if not isinstance(rank, int) or isinstance(rank, bool):
-        raise ConfigError(f"rank is an integer, not {_kind(rank)}", path="rank")
+        raise ConfigError(f"rank is an integer, not {kind_of(rank)}", path="rank")
     if not isinstance(rendezvous, str):
         raise ConfigError(
-            f"rendezvous is a string tcp://HOST:PORT, not {_kind(rendezvous)}", path="rendezvous"
+            f"rendezvous is a string tcp://HOST:PORT, not {kind_of(rendezvous)}", path="rendezvous"
         )
-    _flags(overwrite=overwrite, resume=resume, progress=progress)
+    check_flags(overwrite=overwrite, resume=resume, progress=progress)
     allowed = allowed_modules(allow_plugins)
     proto = load_protocol(protocol, overrides, allow_plugins=allowed, rank=rank)
     beside = components_of(proto).code.beside
@@ -693,10 +490,10 @@ def party(
         proto,
         rank,
         rendezvous,
-        out=_optional_path(out, "out"),
-        data_dir=_optional_path(data_dir, "data_dir"),
-        key=_optional_path(key, "key"),
-        predict=_optional_path(predict, "predict"),
+        out=optional_path(out, "out"),
+        data_dir=optional_path(data_dir, "data_dir"),
+        key=optional_path(key, "key"),
+        predict=optional_path(predict, "predict"),
         data=_data_files(data),
         overwrite=overwrite,
         resume=resume,

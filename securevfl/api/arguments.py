@@ -1,0 +1,74 @@
+"""The Python API's arguments: each checked once, a wrong type the caller's
+:class:`~securevfl.errors.ConfigError` naming the argument (not a TypeError from
+deep inside a run)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from securevfl.app.loader import override_expr
+from securevfl.errors import ConfigError
+
+#: Overrides, as ``--set`` takes them: ``{"training.epochs": 3}`` (values as Python
+#: objects) or ``["training.epochs=3"]`` (values as YAML text).
+Overrides = Mapping[str, Any] | Sequence[str]
+
+
+def kind_of(value: object) -> str:
+    return type(value).__name__
+
+
+def path_arg(value: object, name: str) -> Path:
+    """A path argument: a string or an ``os.PathLike``."""
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        return Path(value)
+    raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {kind_of(value)}", path=name)
+
+
+def optional_path(value: object, name: str) -> Path | None:
+    return None if value is None else path_arg(value, name)
+
+
+def check_flags(**flags: object) -> None:
+    """Boolean keyword options (``overwrite``, ``resume``, ``progress``)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} is True or False, not {kind_of(value)}", path=name)
+
+
+def seed_list(seeds: object) -> list[int] | None:
+    if seeds is None:
+        return None
+    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Sequence):
+        raise ConfigError(f"seeds is a list of integers, not {kind_of(seeds)}", path="seeds")
+    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool)]
+    if bad:
+        raise ConfigError(f"seeds are integers; got {bad[0]!r} ({kind_of(bad[0])})", path="seeds")
+    return list(seeds)
+
+
+def set_list(overrides: Overrides | None) -> list[str]:
+    """Overrides as ``--set`` expressions."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError(
+            "overrides are a mapping or a list of KEY=VALUE strings, not one string", path="overrides"
+        )
+    if isinstance(overrides, Mapping):
+        keys = [k for k in overrides if not isinstance(k, str)]
+        if keys:
+            raise ConfigError(f"an override's key is a string, not {kind_of(keys[0])}", path="overrides")
+        return [override_expr(key, value) for key, value in overrides.items()]
+    if not isinstance(overrides, Sequence) or isinstance(overrides, bytes):
+        raise ConfigError(
+            f"overrides are a mapping or a list of KEY=VALUE strings, not {kind_of(overrides)}",
+            path="overrides",
+        )
+    items = [o for o in overrides if not isinstance(o, str)]
+    if items:
+        raise ConfigError(f"an override is a KEY=VALUE string, not {kind_of(items[0])}", path="overrides")
+    return list(overrides)
