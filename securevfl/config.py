@@ -9,7 +9,8 @@ by that component's own options model, again with the full path, once, by the
 checked loader, which attaches them to the protocol (:mod:`securevfl.components`).
 
 This module is the schema alone; reading a file, applying overrides and the
-cross-checks against the registries live in :mod:`securevfl.app.loader`.
+cross-checks against the registries live in :mod:`securevfl.app.loader`, the
+error messages with YAML paths in :mod:`securevfl.config_errors`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from securevfl.errors import ConfigError
 from securevfl.usercode import MODULE_PATTERN, REF_PATTERN
 
 
@@ -566,49 +565,3 @@ def _drop_defaults(entry: dict[str, Any] | None, defaults: Mapping[str, Any]) ->
     for key, value in defaults.items():
         if entry is not None and key in entry and entry[key] == value:
             del entry[key]
-
-
-# -- errors with YAML paths -----------------------------------------------------
-
-
-def format_loc(loc: tuple[Any, ...]) -> str:
-    """('parties', 'passive', 0, 'model') -> 'parties.passive[0].model'."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-", "tagged-union")):
-            continue
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "<root>"
-
-
-def _explain(err: Mapping[str, Any]) -> str:
-    kind = err.get("type", "")
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required field is missing"
-    got = err.get("input")
-    msg = err.get("msg", "invalid value")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    if isinstance(got, (str, int, float, bool)) or got is None:
-        return f"{msg} (got {got!r})"
-    return msg
-
-
-def validation_error(exc: ValidationError, *, prefix: str = "", source: str | None = None) -> ConfigError:
-    """Turn a pydantic error into a ConfigError naming the first bad YAML path and
-    listing the rest."""
-    errs = exc.errors()
-    lines = []
-    for e in errs:
-        path = format_loc(tuple(e["loc"]))
-        if prefix:
-            path = prefix if path == "<root>" else f"{prefix}.{path}"
-        lines.append((path, _explain(e)))
-    first_path, first_msg = lines[0]
-    more = "".join(f"; also at '{p}': {m}" for p, m in lines[1:5])
-    return ConfigError(first_msg + more, path=first_path, source=source)

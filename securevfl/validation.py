@@ -15,7 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from securevfl.attacks import ATTACKS
 from securevfl.components import Components, PartyComponents, Resolved, attach
-from securevfl.config import ComponentSpec, Protocol, validation_error
+from securevfl.config import ComponentSpec, Protocol
+from securevfl.config_errors import validation_error
 from securevfl.data.catalog import DATASETS, feature_columns
 from securevfl.data.columns import party_layouts, resolve_partition
 from securevfl.defenses import DEFENSES

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from securevfl.config import format_loc
+from securevfl.config_errors import format_loc
 from securevfl.errors import CheckpointError
 
 FORMAT = 2  # 2: defenses keep secret-stream keys (csprng), not integer noise seeds

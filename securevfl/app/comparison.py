@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
 from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
 from securevfl.app.yamldoc import load_yaml
-from securevfl.config import Protocol, validation_error
+from securevfl.config import Protocol
+from securevfl.config_errors import validation_error
 from securevfl.errors import ConfigError
 
 MARKER = "compare-run.json"

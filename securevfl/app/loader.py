@@ -33,7 +33,8 @@ from pydantic import ValidationError
 
 from securevfl.app.yamldoc import load_yaml, parse_value
 from securevfl.components import attach, components_of, is_resolved
-from securevfl.config import Protocol, format_loc, validation_error
+from securevfl.config import Protocol
+from securevfl.config_errors import format_loc, validation_error
 from securevfl.errors import ConfigError, UserCodeError
 from securevfl.usercode import MODULE_PATTERN, CodePolicy, Needed, split_ref
 from securevfl.validation import check_protocol, resolve_components

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from securevfl.config import format_loc
+from securevfl.config_errors import format_loc
 from securevfl.errors import CheckpointError
 from securevfl.snapshot import ComponentState
 

@@ -79,6 +79,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.metrics",
     "securevfl.components",
     "securevfl.config",
+    "securevfl.config_errors",
     "securevfl.records",
     "securevfl.snapshot",
     "securevfl.registry",
