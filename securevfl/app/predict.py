@@ -199,34 +199,34 @@ class Predict(Phase):
     data: Path | None = None
     model: PartyModel | None = field(default=None, repr=False)  # this rank's, once loaded
 
-    def before_start(self, rank: RankSetup) -> None:
-        if rank.role.kind != "helper":  # checked before start-up: a bad model fails here at once
-            with rank.clock.phase("load"):
-                proto = rank.proto
+    def before_start(self, setup: RankSetup) -> None:
+        if setup.role.kind != "helper":  # checked before start-up: a bad model fails here at once
+            with setup.clock.phase("load"):
+                proto = setup.proto
                 self.model = load_party_model(
-                    proto, rank.role, self.run_dir, torch.device(proto.training.device)
+                    proto, setup.role, self.run_dir, torch.device(proto.training.device)
                 )
 
     def keep_views(self, proto: Protocol) -> bool:
         return proto.runtime.record_views and proto.runtime.dump_views
 
-    def helper(self, rank: RankSetup, summary: dict[str, Any]) -> None:
-        rank.backend.helper(rank.wired[2]).serve()
-        self._save_view(rank, OwnView({}), summary)
+    def helper(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        setup.backend.helper(setup.wired[2]).serve()
+        self._save_view(setup, OwnView({}), summary)
 
-    def party(self, rank: RankSetup, summary: dict[str, Any]) -> None:
-        model, role, clock = self.model, rank.role, rank.clock
+    def party(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        model, role, clock = self.model, setup.role, setup.clock
         assert model is not None
-        _, channel, ctx = rank.wired
+        _, channel, ctx = setup.wired
         with clock.phase("data"):  # all of the party's own file, checked before any message
-            source = records_source(rank.proto, role.party, self.data_dir, self.data)
+            source = records_source(setup.proto, role.party, self.data_dir, self.data)
             records = load_new_records(source, role.party, model.inputs, preprocess=model.spec.preprocess)
             x_all = model.features(records)
         with clock.phase("alignment"):
-            aligned, order = _align(channel, rank.layout, role, records)
+            aligned, order = _align(channel, setup.layout, role, records)
         with clock.phase("setup"):
             x = torch.as_tensor(x_all[order])
-            predictor = model.predictor(rank.backend, ctx, keep_sent=self.keep_views(rank.proto))
+            predictor = model.predictor(setup.backend, ctx, keep_sent=self.keep_views(setup.proto))
         channel.phase = "eval"  # an evaluation pass (the ledger and CrypTen know these phases)
         with clock.phase("prediction"):
             if isinstance(predictor, ActivePredictor):
@@ -244,16 +244,16 @@ class Predict(Phase):
         summary["has_labels"] = False
         summary["n_records"] = len(records.ids)
         kept = {"embeddings": getattr(predictor, "sent", []), "z": getattr(predictor, "revealed_z", [])}
-        self._save_view(rank, OwnView(kept), summary)
+        self._save_view(setup, OwnView(kept), summary)
 
-    def _save_view(self, rank: RankSetup, own: OwnView, summary: dict[str, Any]) -> None:
+    def _save_view(self, setup: RankSetup, own: OwnView, summary: dict[str, Any]) -> None:
         """Under ``runtime.dump_views``, this rank's view of the prediction."""
-        if self.keep_views(rank.proto):
-            view = rank.save_view(own, "predict_view")
+        if self.keep_views(setup.proto):
+            view = setup.save_view(own, "predict_view")
             summary["view_tags"] = sorted(view.received)
 
-    def conclude(self, rank: RankSetup, parts: list[RankSummary], started: float) -> None:
-        proto = rank.proto
+    def conclude(self, setup: RankSetup, parts: list[RankSummary], started: float) -> None:
+        proto = setup.proto
         rows = {p.party: int(p.n_records or 0) for p in parts if p.role != "helper"}
         rows["aligned"] = int(parts[0].n_aligned or 0)
         record = PredictionRecord(

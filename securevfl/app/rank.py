@@ -149,7 +149,7 @@ class Phase(ABC):
         """This rank's checkpoints for the start-up agreement; None: not a resume."""
         return None
 
-    def before_start(self, rank: RankSetup) -> None:  # noqa: B027 - optional hook
+    def before_start(self, setup: RankSetup) -> None:  # noqa: B027 - optional hook
         """Work done before the session starts (a bad saved model fails at once)."""
 
     @abstractmethod
@@ -160,15 +160,15 @@ class Phase(ABC):
         bounded memory."""
 
     @abstractmethod
-    def helper(self, rank: RankSetup, summary: dict[str, Any]) -> None:
+    def helper(self, setup: RankSetup, summary: dict[str, Any]) -> None:
         """A helper rank's work (it serves the exchange backend's parties)."""
 
     @abstractmethod
-    def party(self, rank: RankSetup, summary: dict[str, Any]) -> None:
+    def party(self, setup: RankSetup, summary: dict[str, Any]) -> None:
         """A party rank's work; what it reports goes into ``summary``."""
 
     @abstractmethod
-    def conclude(self, rank: RankSetup, parts: list[RankSummary], started: float) -> None:
+    def conclude(self, setup: RankSetup, parts: list[RankSummary], started: float) -> None:
         """Rank 0, with every rank's summary: the run's record (``started``: the wall
         time the rank started at)."""
 
@@ -194,41 +194,41 @@ def exchange_context(proto: Protocol, layout: Layout, rank: int, channel: Channe
     )
 
 
-def set_up(rank: RankSetup, phase: Phase) -> None:
+def set_up(setup: RankSetup, phase: Phase) -> None:
     """Wire a rank whose session has started: its ledger (keeping received tensors
     as the phase asks, spilled to disk past ``runtime.view_memory_mib``), its
     channel, the exchange backend and context."""
-    proto, session = rank.proto, rank.session
-    rank.ledger = Ledger(
-        rank.rank,
+    proto, session = setup.proto, setup.session
+    setup.ledger = Ledger(
+        setup.rank,
         record_views=proto.runtime.record_views and phase.keep_views(proto),
-        spill_dir=rank.ranks_dir,
+        spill_dir=setup.ranks_dir,
         spill_bytes=int(proto.runtime.view_memory_mib * (1 << 20)),
     )
-    rank.channel = Channel(
-        rank.rank, rank.layout.names(), rank.ledger, on_comm_error=session.diagnose, links=session.links
+    setup.channel = Channel(
+        setup.rank, setup.layout.names(), setup.ledger, on_comm_error=session.diagnose, links=session.links
     )
-    rank.backend = components_of(proto).exchange.cls
-    rank.ctx = exchange_context(proto, rank.layout, rank.rank, rank.channel)
+    setup.backend = components_of(proto).exchange.cls
+    setup.ctx = exchange_context(proto, setup.layout, setup.rank, setup.channel)
 
 
 def write_summary(
-    rank: RankSetup, phase: Phase, summary: dict[str, Any], opened: list[str] | None
+    setup: RankSetup, phase: Phase, summary: dict[str, Any], opened: list[str] | None
 ) -> dict[str, Any]:
     """Complete this rank's summary (its ledger, phase times, peak memory, the files
     it opened under the audit), write it and its ledger under ``ranks/``, and return
     it as published to rank 0."""
-    ledger = rank.wired[0]
+    ledger = setup.wired[0]
     ledger.drop_spill()
     summary["ledger"] = ledger.summary()
-    ledger.write_jsonl(rank.ranks_dir / f"rank{rank.rank}.{phase.files}ledger.jsonl")
+    ledger.write_jsonl(setup.ranks_dir / f"rank{setup.rank}.{phase.files}ledger.jsonl")
     if opened is not None:
         summary["opened_files"] = sorted(set(opened))
-    summary["phase_s"] = rank.clock.rounded()
-    summary["phase_cpu_s"] = rank.clock.rounded_cpu()
+    summary["phase_s"] = setup.clock.rounded()
+    summary["phase_cpu_s"] = setup.clock.rounded_cpu()
     summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
     mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
-    (rank.ranks_dir / f"rank{rank.rank}.{phase.files}summary.json").write_text(json.dumps(mine, indent=1))
+    (setup.ranks_dir / f"rank{setup.rank}.{phase.files}summary.json").write_text(json.dumps(mine, indent=1))
     return mine
 
 

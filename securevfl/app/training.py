@@ -81,132 +81,132 @@ class Train(Phase):
             return ResumeOffer(checkpoints={}, error=str(exc))
         return ResumeOffer(checkpoints={e: m.run_id for e, m in found.items()})
 
-    def before_start(self, rank: RankSetup) -> None:
+    def before_start(self, setup: RankSetup) -> None:
         if self.resume:  # the interrupted run's
-            (rank.ranks_dir / f"rank{rank.rank}.error.json").unlink(missing_ok=True)
+            (setup.ranks_dir / f"rank{setup.rank}.error.json").unlink(missing_ok=True)
 
     def keep_views(self, proto: Protocol) -> bool:
         # received tensors are kept only for what reads them after the run: the
         # attacks and a view dump; a run with neither keeps none (bounded memory)
         return proto.runtime.dump_views or bool(proto.attacks)
 
-    def helper(self, rank: RankSetup, summary: dict[str, Any]) -> None:
-        helper = rank.backend.helper(rank.wired[2])
+    def helper(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        helper = setup.backend.helper(setup.wired[2])
         c0 = time.process_time()  # its serving only, not its set-up (a dealer's imports)
         helper.serve()
         summary["train_cpu_s"] = round(time.process_time() - c0, 4)
 
-    def party(self, rank: RankSetup, summary: dict[str, Any]) -> None:
-        prep = self._data(rank)
-        with rank.clock.phase("setup"):
-            party = self._build(rank, prep)
-        summary.update(party.run(self._saver(rank)))
+    def party(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        prep = self._data(setup)
+        with setup.clock.phase("setup"):
+            party = self._build(setup, prep)
+        summary.update(party.run(self._saver(setup)))
         for phase, seconds in party.phase_s.items():
-            rank.clock.add(phase, seconds)
+            setup.clock.add(phase, seconds)
         summary["train_cpu_s"] = round(party.train_cpu_s, 4)
         party.exchange.close()
         t_write = time.perf_counter()
-        self._write_out(rank, prep, party, summary)
-        rank.clock.add("write_out", time.perf_counter() - t_write)  # wall only: CPU is kept for set-up
+        self._write_out(setup, prep, party, summary)
+        setup.clock.add("write_out", time.perf_counter() - t_write)  # wall only: CPU is kept for set-up
 
-    def conclude(self, rank: RankSetup, parts: list[RankSummary], started: float) -> None:
+    def conclude(self, setup: RankSetup, parts: list[RankSummary], started: float) -> None:
         result = build_result(
-            rank.proto,
-            rank.backend,
-            rank.wired[2].options,
-            rank.layout,
+            setup.proto,
+            setup.backend,
+            setup.wired[2].options,
+            setup.layout,
             parts,
-            rank.session.pids,
+            setup.session.pids,
             started=started,
             finished=time.time(),
         )
-        write_result(rank.out_dir, result)
+        write_result(setup.out_dir, result)
 
     # -- the party rank's steps ---------------------------------------------------------------
-    def _note(self, rank: RankSetup) -> Callable[[str], None] | None:
+    def _note(self, setup: RankSetup) -> Callable[[str], None] | None:
         """The active rank's progress lines before training starts (its bar exists
         only once the models are built); None for the other ranks, or without progress."""
-        if not (self.progress and rank.rank == 0):
+        if not (self.progress and setup.rank == 0):
             return None
-        label = f"{rank.proto.name} [{rank.proto.exchange.backend}]"
+        label = f"{setup.proto.name} [{setup.proto.exchange.backend}]"
 
         def note(text: str) -> None:
             print(f"[{label}] {text}", file=sys.stderr, flush=True)
 
         return note
 
-    def _data(self, rank: RankSetup) -> Prepared:
+    def _data(self, setup: RankSetup) -> Prepared:
         """The party's aligned, preprocessed data; the task it inferred is checked as
         a declared one is at load, and its fitted preprocessing kept with its model."""
-        proto, role = rank.proto, rank.role
-        channel = rank.wired[1]
-        prep = prepare(proto, rank.layout, role, channel, self.data_dir, rank.clock, self._note(rank))
+        proto, role = setup.proto, setup.role
+        channel = setup.wired[1]
+        prep = prepare(proto, setup.layout, role, channel, self.data_dir, setup.clock, self._note(setup))
         if role.kind == "active" and proto.task is None:
             assert prep.data.task is not None
             check_task(proto, prep.data.task)
         if prep.preprocessor is not None:
             fitted = json.dumps(prep.preprocessor.fitted(), indent=1)
-            (rank.ranks_dir / f"rank{rank.rank}.preprocess.json").write_text(fitted)
+            (setup.ranks_dir / f"rank{setup.rank}.preprocess.json").write_text(fitted)
         return prep
 
-    def _build(self, rank: RankSetup, prep: Prepared) -> ActiveParty | PassiveParty:
+    def _build(self, setup: RankSetup, prep: Prepared) -> ActiveParty | PassiveParty:
         """The party, restored from the agreed checkpoint when the session resumes."""
-        saved = self._checkpoint(rank)
-        seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank.rank).noise_keys
-        active = rank.role.kind == "active"
+        saved = self._checkpoint(setup)
+        seeds = None if saved is None else saved.doc("party", PartyInfo, rank=setup.rank).noise_keys
+        active = setup.role.kind == "active"
         cls = ActiveParty if active else PassiveParty
         on_epoch = EpochSender(self.epochs) if self.epochs is not None and active else None
         party = cls(
-            rank.session,
-            rank.backend,
-            rank.wired[2],
+            setup.session,
+            setup.backend,
+            setup.wired[2],
             prep,
-            progress=self.progress and rank.rank == 0,
+            progress=self.progress and setup.rank == 0,
             noise_keys=seeds,
             on_epoch=on_epoch,
         )
         if saved is not None:
             party.restore(saved)
-            note = self._note(rank)
+            note = self._note(setup)
             if note is not None:
                 note(f"resuming after epoch {saved.epoch} (step {saved.step}), as agreed")
         return party
 
-    def _checkpoint(self, rank: RankSetup) -> PartyState | None:
+    def _checkpoint(self, setup: RankSetup) -> PartyState | None:
         """The party state of the checkpoint every rank agreed on; None for a new run."""
-        epoch = rank.session.resume_epoch
+        epoch = setup.session.resume_epoch
         if epoch is None:
             return None
         found = read_state(
-            checkpoint_dir(rank.out_dir, rank.rank, epoch),
-            rank=rank.rank,
+            checkpoint_dir(setup.out_dir, setup.rank, epoch),
+            rank=setup.rank,
             kind="checkpoint",
-            protocol_digest=rank.proto.digest(),
+            protocol_digest=setup.proto.digest(),
         )
         m = found.manifest
         return PartyState(m.epoch, m.step, found.tensors, found.docs)
 
-    def _saver(self, rank: RankSetup) -> Callable[[PartyState], None]:
+    def _saver(self, setup: RankSetup) -> Callable[[PartyState], None]:
         """Write this rank's checkpoint of a party state (and, under the test-only
         ``SECUREVFL_KILL_AFTER_CHECKPOINT``, die right after the named one)."""
         kill = os.environ.get(KILL_ENV, "")
 
         def save(state: PartyState) -> None:
             _write_party_state(
-                rank, state, "checkpoint", checkpoint_dir(rank.out_dir, rank.rank, state.epoch)
+                setup, state, "checkpoint", checkpoint_dir(setup.out_dir, setup.rank, state.epoch)
             )
-            if kill == f"{rank.rank}:{state.epoch}":
+            if kill == f"{setup.rank}:{state.epoch}":
                 os.kill(os.getpid(), signal.SIGKILL)
 
         return save
 
     def _write_out(
-        self, rank: RankSetup, prep: Prepared, party: ActiveParty | PassiveParty, summary: dict[str, Any]
+        self, setup: RankSetup, prep: Prepared, party: ActiveParty | PassiveParty, summary: dict[str, Any]
     ) -> None:
         """What the party rank owns after training: its defenses' statistics, its
         state, its final model, its first steps (tests), its view; and what the
         summary says of its data."""
-        ranks_dir, r = rank.ranks_dir, rank.rank
+        ranks_dir, r = setup.ranks_dir, setup.rank
         # the columns of its file it loaded, by name: after preprocessing, its inputs
         # (the fitted one-hot names would name categories found in its rows)
         pre = prep.preprocessor
@@ -214,22 +214,22 @@ class Train(Phase):
         summary["has_labels"] = prep.data.y is not None
         summary["n_aligned"] = len(prep.data.ids)
         summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
-        write_own_report(rank.out_dir, party.own_report())  # its defenses' statistics: its alone
+        write_own_report(setup.out_dir, party.own_report())  # its defenses' statistics: its alone
         save_tensors(party.state(), ranks_dir / f"rank{r}.state.pt")
-        _write_party_state(rank, party.model_state(), "model", model_dir(rank.out_dir, r))
+        _write_party_state(setup, party.model_state(), "model", model_dir(setup.out_dir, r))
         trace = getattr(party, "trace", None)  # the active party's first steps (tests)
         if trace:
             save_tensors(trace, ranks_dir / f"rank{r}.trace.pt")
-        ledger = rank.wired[0]
-        if self.keep_views(rank.proto):  # the attacks read it after the run
-            view = rank.save_view(party.own_view(), "view")
+        ledger = setup.wired[0]
+        if self.keep_views(setup.proto):  # the attacks read it after the run
+            view = setup.save_view(party.own_view(), "view")
             summary["view_tags"] = sorted(view.received)
         else:
             summary["view_tags"] = sorted(ledger.received_view())
 
 
 def _write_party_state(
-    rank: RankSetup, state: PartyState, kind: Literal["checkpoint", "model"], folder: Path
+    setup: RankSetup, state: PartyState, kind: Literal["checkpoint", "model"], folder: Path
 ) -> None:
     """A party state as a checkpoint or the final model (securevfl.app.checkpoints)."""
     write_state(
@@ -237,11 +237,11 @@ def _write_party_state(
         tensors=state.tensors,
         docs=state.docs,
         kind=kind,
-        protocol_digest=rank.proto.digest(),
-        run_id=rank.session.run_id,
-        rank=rank.rank,
-        role=rank.role.kind,
-        party=rank.role.party,
+        protocol_digest=setup.proto.digest(),
+        run_id=setup.session.run_id,
+        rank=setup.rank,
+        role=setup.role.kind,
+        party=setup.role.party,
         epoch=state.epoch,
         step=state.step,
     )
