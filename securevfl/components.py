@@ -56,6 +56,21 @@ class PartyComponents:
     def names(self) -> list[str]:
         return [d.name for d in self.defenses]
 
+    @property
+    def sends_codes(self) -> bool:
+        """Whether everything this (passive) party sends forward is +-1 by
+        construction: its last defense that changes the embedding emits codes
+        (e.g. ``hashvfl``). Each defense class says so for its options
+        (``emits_codes``: True, False, or None for one that leaves the embedding's
+        form as it is). Every rank derives it from the protocol alone, so sender and
+        receiver agree on a compact wire form without a message; the exchange reads
+        it here (:attr:`~securevfl.exchange.base.ExchangeContext.sends_codes`)."""
+        codes = False  # a bottom model's output
+        for d in self.defenses:
+            says = d.cls.emits_codes(d.options)
+            codes = codes if says is None else says
+        return codes
+
 
 @dataclass(frozen=True)
 class Components:

@@ -3,11 +3,14 @@ and state-dict layout in a shell without torch.optim's start-up cost.
 
 Why not ``torch.optim.SGD`` / ``Adam`` themselves: every ``torch.optim.Optimizer``
 runs its constructor, ``zero_grad`` and ``state_dict`` through
-``torch._disable_dynamo``, whose first call imports ``torch._dynamo`` (about 800
-modules; 1.7 CPU s per process on the 2026-11-26 test box, as much as importing
-torch itself). A local run starts one process per party, and every training rank,
-every attack and DRAVL's inner loop paid it once per process, for a compiler
-securevfl never uses.
+``torch._disable_dynamo``, whose first call imports ``torch._dynamo`` (with torch
+2.13: 1.1-1.2 CPU s per process on the 2-core test box, about as much as importing
+torch itself; ``import torch.optim`` alone is free, ``import torch`` already holds
+it, and the cost lands on the first ``Adam(...)``). A local run starts one process
+per party, and every training rank, every ``securevfl party`` rank, every attack
+and DRAVL's inner loop would pay it once per process, for a compiler securevfl
+never uses; a fork server that imported ``torch._dynamo`` would spare only the
+ranks it forks.
 
 So this module keeps only the shell (parameter groups, per-parameter state,
 ``zero_grad``, ``state_dict``, ``load_state_dict``) and hands each step to torch's

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View, World
 from securevfl.components import components_of
@@ -35,6 +34,7 @@ from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.records import OwnView
 from securevfl.report.result import read_result, write_result
+from securevfl.runtime.layout import Layout
 
 #: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
 #: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
@@ -46,9 +46,8 @@ _VIEW_GLOBALS = [
 ]
 
 
-def load_world(proto: Protocol, out_dir: Path) -> World:
-    """Every non-helper rank's saved view."""
-    layout = layout_of(proto)
+def load_world(proto: Protocol, layout: Layout, out_dir: Path) -> World:
+    """Every non-helper rank's saved view (``layout``: the run's rank layout)."""
     views: dict[str, View] = {}
     for role in layout.roles:
         if role.kind == "helper":
@@ -88,11 +87,12 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def run_attacks(proto: Protocol, out_dir: Path) -> dict[str, Any]:
-    """Run every attack of ``proto`` on the views saved under ``out_dir`` and
-    merge the results into ``out_dir/result.json``; returns the attacks' entries."""
+def run_attacks(proto: Protocol, layout: Layout, out_dir: Path) -> dict[str, Any]:
+    """Run every attack of ``proto`` on the views saved under ``out_dir`` (its ranks
+    laid out as ``layout``) and merge the results into ``out_dir/result.json``;
+    returns the attacks' entries."""
     t0 = time.perf_counter()
-    world = load_world(proto, out_dir)
+    world = load_world(proto, layout, out_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(rank_threads())  # as the ranks do
     try:

@@ -26,22 +26,22 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
 from securevfl.app.checkpoints import check_one_run
-from securevfl.app.epochs import EpochSender, EpochStream
+from securevfl.app.epochs import EpochStream
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.objects import Registration, register_in_rank
 from securevfl.app.outdir import OutputFolder, resume_folder
-from securevfl.app.rank import run_rank
+from securevfl.app.rank import Phase, run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.rank_server import START_METHOD_ENV as START_METHOD_ENV
 from securevfl.app.rank_server import rank_context
 from securevfl.app.threads import rank_threads
+from securevfl.app.training import Train
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
@@ -137,35 +137,21 @@ def _child(
     proto_json: str,
     rank: int,
     rendezvous: str,
-    out_dir: str,
-    data_dir: str,
-    progress: bool,
-    resume: bool,
     policy: CodePolicy,
     registrations: list[tuple[str, str, str]],
-    epochs: Connection | None,
+    layout: Layout,
+    phase: Phase,
     seed: bytes,
     pins: dict[int, str],
 ) -> None:
-    """A rank of a local launch. ``policy``: the launcher's user code policy;
-    ``registrations``: the caller's own component classes, by reference, loaded
-    under that policy (:func:`~securevfl.app.objects.register_in_rank`);
-    ``epochs``: rank 0's end of the epoch-record pipe (:mod:`securevfl.app.epochs`)."""
-    proto = rank_protocol(proto_json, rank, policy, Path(out_dir), registrations)
+    """A rank of a local launch, whatever its phase (training, resuming, predicting).
+    ``policy``: the launcher's user code policy; ``registrations``: the caller's own
+    component classes, by reference, loaded under that policy
+    (:func:`~securevfl.app.objects.register_in_rank`); ``layout``: the launch's rank
+    layout, derived once by the launcher."""
+    proto = rank_protocol(proto_json, rank, policy, Path(phase.out_dir), registrations)
     identity = Identity.from_seed(seed)
-    code = run_rank(
-        proto,
-        rank,
-        rendezvous,
-        Path(out_dir),
-        Path(data_dir),
-        progress=progress,
-        resume=resume,
-        identity=identity,
-        pins=pins,
-        on_epoch=None if epochs is None else EpochSender(epochs),
-    )
-    sys.exit(code)
+    sys.exit(run_rank(proto, layout, rank, rendezvous, phase, identity=identity, pins=pins))
 
 
 def rank_protocol(
@@ -232,8 +218,8 @@ def launch(
         )
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
+    layout = layout_of(proto)
     if resume:
-        layout = layout_of(proto)
         folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
         parties = [r.rank for r in layout.roles if r.kind != "helper"]
         try:
@@ -244,7 +230,7 @@ def launch(
     else:
         folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
-        result = _launch(proto, folder.path, data_dir, progress, resume, on_epoch, registrations)
+        result = _launch(proto, layout, folder.path, data_dir, progress, resume, on_epoch, registrations)
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):
@@ -258,6 +244,7 @@ def launch(
 
 def _launch(
     proto: Protocol,
+    layout: Layout,
     out_dir: Path,
     data_dir: Path,
     progress: bool,
@@ -265,24 +252,19 @@ def _launch(
     on_epoch: Callable[[EpochRecord], None] | None,
     registrations: tuple[Registration, ...],
 ) -> dict[str, Any]:
-    blob = proto.model_dump_json()
     # the launcher's user code policy, for every rank: the file's own modules, and
     # the modules of the caller's own classes (the caller runs every party)
     code = components_of(proto).code.allowing(r.module for r in registrations)
     regs = [r.for_rank() for r in registrations]
     reader, writer = mp.Pipe(duplex=False) if on_epoch is not None else (None, None)
     stream = None if reader is None or on_epoch is None else EpochStream(reader, on_epoch)
+
+    def phase(rank: int) -> Train:
+        return Train(out_dir, data_dir, progress, resume, epochs=writer if rank == 0 else None)
+
     try:
         with materializing(proto, data_dir) as pending:
-            procs = start_ranks(
-                proto,
-                out_dir,
-                _child,
-                lambda rank, rendezvous: (
-                    *(blob, rank, rendezvous, str(out_dir), str(data_dir), progress, resume, code, regs),
-                    writer if rank == 0 else None,
-                ),
-            )
+            procs = start_ranks(proto, layout, out_dir, phase, policy=code, registrations=regs)
             if writer is not None:
                 writer.close()  # rank 0 holds the only writing end: the stream ends with it
             if pending:  # while the ranks start up (interpreter, imports, rendezvous)
@@ -291,7 +273,7 @@ def _launch(
                 except BaseException:
                     stop_ranks(procs)
                     raise
-        return _watch(proto, out_dir, procs, stream)
+        return _watch(proto, layout, out_dir, procs, stream)
     finally:
         if writer is not None:
             writer.close()
@@ -324,20 +306,24 @@ def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, 
 
 def start_ranks(
     proto: Protocol,
+    layout: Layout,
     out_dir: Path,
-    target: Callable[..., None],
-    args: Callable[[int, str], tuple[Any, ...]],
+    phase: Callable[[int], Phase],
+    *,
+    policy: CodePolicy,
+    registrations: Sequence[tuple[str, str, str]] = (),
 ) -> list[Any]:
-    """Start one process per rank (:func:`rank_context`), ``target(*args(rank,
-    rendezvous), seed, pins)`` on a reserved loopback port (:func:`reserve_port`;
-    ``seed``: the rank's throw-away identity key, ``pins``: every rank's public
-    key), and record their pids. Each rank ends with the launcher
-    (:func:`_rank_main`)."""
-    layout = layout_of(proto)
+    """Start one process per rank of ``layout`` (:func:`rank_context`), each running
+    :func:`_child` with the protocol, the launcher's user code ``policy`` and
+    ``registrations``, and ``phase(rank)``, on a reserved loopback port
+    (:func:`reserve_port`), with its throw-away identity key and every rank's public
+    key; and record their pids. Each rank ends with the launcher (:func:`_rank_main`)."""
     ctx = rank_context()
     reservation = reserve_port()
     rendezvous = f"tcp://127.0.0.1:{reservation.getsockname()[1]}"
     env = dict(os.environ)
+    blob = proto.model_dump_json()
+    regs = list(registrations)
     # Throw-away identities for this run (SECURITY.md §4a): every rank gets its own secret
     # key through its start arguments (a local pipe, never a file) and every rank pins
     # all public keys; keys a protocol pins are for multi-host runs and are not used here.
@@ -348,7 +334,20 @@ def start_ranks(
             ctx.Process(
                 target=_rank_main,
                 name=f"{RANK_PROCESS}{r.rank}",
-                args=(target, env, os.getpid(), *args(r.rank, rendezvous), identities[r.rank].seed(), pins),
+                args=(
+                    _child,
+                    env,
+                    os.getpid(),
+                    blob,
+                    r.rank,
+                    rendezvous,
+                    policy,
+                    regs,
+                    layout,
+                    phase(r.rank),
+                    identities[r.rank].seed(),
+                    pins,
+                ),
             )
             for r in layout.roles
         ],
@@ -430,15 +429,15 @@ def stop_ranks(procs: list[Any], grace_s: float = STOP_GRACE_S) -> None:
 
 
 def _watch(
-    proto: Protocol, out_dir: Path, procs: list[Any], stream: EpochStream | None = None
+    proto: Protocol, layout: Layout, out_dir: Path, procs: list[Any], stream: EpochStream | None = None
 ) -> dict[str, Any]:
     """The run's result once every rank has ended, or the root cause of its failure."""
     codes = watch_ranks(proto, procs, stream)
     if all(c == 0 for c in codes.values()):
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
-            run_attacks(proto, out_dir)
+            run_attacks(proto, layout, out_dir)
         return json.loads((out_dir / "result.json").read_text())
-    raise explain_failure(layout_of(proto), out_dir, codes)
+    raise explain_failure(layout, out_dir, codes)
 
 
 def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:

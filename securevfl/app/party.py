@@ -5,7 +5,8 @@ the parties are on different hosts.
 It opens the rank's output folder (never losing an earlier result:
 :mod:`securevfl.app.outdir`), materializes a built-in dataset's slice of this
 party in a short-lived forked child process, and runs the rank (:func:`~securevfl.app.rank.run_rank`,
-or :func:`~securevfl.app.predict.predict_rank` for one rank of a prediction).
+with the phase :class:`~securevfl.app.training.Train`, or
+:class:`~securevfl.app.predict.Predict` for one rank of a prediction).
 A rank reports its own failure (stderr, its error file, its peers); this raises
 :class:`~securevfl.errors.RankFailed` with its exit code.
 """
@@ -16,12 +17,14 @@ from pathlib import Path
 
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.party_args import check_key_file, check_rendezvous
-from securevfl.app.predict import check_out, parse_data_overrides, predict_rank
+from securevfl.app.predict import Predict, check_out, parse_data_overrides
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
+from securevfl.app.training import Train
 from securevfl.config import Protocol
 from securevfl.data.partition import is_builtin, materialize_apart
 from securevfl.errors import ConfigError, RankFailed
+from securevfl.runtime.layout import Layout
 from securevfl.runtime.secure.keys import Identity
 
 
@@ -46,7 +49,8 @@ def run_party(
     items naming this party's file of new records (a prediction only)."""
     data = data or []
     check_rendezvous(rendezvous)
-    role = layout_of(proto).role(rank)
+    layout = layout_of(proto)
+    role = layout.role(rank)
     identity = None
     if key is not None:
         check_key_file(Path(key))
@@ -57,7 +61,7 @@ def run_party(
                 "--resume continues a training run; a prediction has nothing to resume", path="--resume"
             )
         return _predict_rank(
-            proto, rank, rendezvous, predict, out, data_dir, data, identity, overwrite, progress
+            proto, layout, rank, rendezvous, predict, out, data_dir, data, identity, overwrite
         )
     if data:
         raise ConfigError(
@@ -74,16 +78,8 @@ def run_party(
             # this party's slice, written by a short-lived forked child: the rank's own
             # process never holds the other parties' columns
             materialize_apart(proto, data_path, role.party)
-        code = run_rank(
-            proto,
-            rank,
-            rendezvous,
-            folder.path,
-            data_path,
-            progress=progress,
-            resume=resume,
-            identity=identity,
-        )
+        phase = Train(folder.path, data_path, progress=progress, resume=resume)
+        code = run_rank(proto, layout, rank, rendezvous, phase, identity=identity)
         if code != 0:
             raise RankFailed(
                 f"rank {rank} ({role.party}) stopped with exit code {code}",
@@ -98,6 +94,7 @@ def run_party(
 
 def _predict_rank(
     proto: Protocol,
+    layout: Layout,
     rank: int,
     rendezvous: str,
     run_dir: Path,
@@ -106,10 +103,9 @@ def _predict_rank(
     data: list[str],
     identity: Identity | None,
     overwrite: bool,
-    progress: bool,
 ) -> Path:
     """One rank of a prediction (:func:`run_party` with ``predict``)."""
-    me = layout_of(proto).role(rank).party
+    me = layout.role(rank).party
     files = parse_data_overrides(data, proto)
     others = sorted(set(files) - {me})
     if others:
@@ -121,17 +117,8 @@ def _predict_rank(
     data_path = data_dir if data_dir is not None else run_dir / "data"
     folder = OutputFolder.open(folder_path, overwrite=overwrite)
     try:
-        code = predict_rank(
-            proto,
-            rank,
-            rendezvous,
-            run_dir,
-            folder.path,
-            data_path,
-            data=files.get(me),
-            progress=progress,
-            identity=identity,
-        )
+        phase = Predict(run_dir, folder.path, data_path, data=files.get(me))
+        code = run_rank(proto, layout, rank, rendezvous, phase, identity=identity)
         if code != 0:
             folder.abandon()
             raise RankFailed(f"rank {rank} ({me}) stopped with exit code {code}", exit_code=code)

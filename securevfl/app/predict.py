@@ -2,9 +2,10 @@
 locally) and ``securevfl party FILE --rank R --predict RUN_DIR`` (one rank, one
 organization), docs/design.md §12.
 
-Every rank starts as in training (rendezvous, start-up checks, watchdog), with
-the purpose ``predict`` in its hello, so a rank started to train cannot join a
-prediction. Then each party rank
+Every rank runs the same pipeline as in training (:func:`securevfl.app.rank.run_rank`:
+rendezvous, start-up checks, watchdog), with the phase :class:`Predict`, whose
+purpose ``predict`` goes in its hello, so a rank started to train cannot join a
+prediction. Each party rank
 
 1. loads its own saved final model from RUN_DIR (its rank's folder only; see
    :mod:`securevfl.app.model_io`) and checks that it was trained under this
@@ -29,44 +30,34 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 import time
-import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from securevfl.app.checkpoints import load_model, save_tensors
-from securevfl.app.launcher import explain_failure, rank_protocol, start_ranks, watch_ranks
+from securevfl.app.checkpoints import load_model
+from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder, holds_training_run
-from securevfl.app.rank import AUDIT_ENV, failure_exit, install_open_audit
+from securevfl.app.rank import Phase, RankSetup
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
-from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import CsvSource, Protocol
 from securevfl.csvfile import read_rows, typed, write_rows
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import is_builtin, materialize, party_source
 from securevfl.data.party_data import PartyData, load_new_records
-from securevfl.defenses.base import sends_codes
-from securevfl.errors import ConfigError, SecureVFLError, show_warning
-from securevfl.exchange.base import ExchangeContext
+from securevfl.errors import ConfigError, SecureVFLError
 from securevfl.parties.predict import ActivePredictor
 from securevfl.records import OwnView, RankSummary
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
-from securevfl.runtime.ledger import Ledger
-from securevfl.runtime.secure.keys import Identity
-from securevfl.runtime.session import Session
-from securevfl.timing import PhaseClock, peak_rss_mib
-from securevfl.usercode import CodePolicy
 
 PREDICTIONS_FILE = "predictions.csv"
 RECORD_FILE = "prediction.json"
@@ -180,22 +171,6 @@ def read_predictions(path: Path) -> pd.DataFrame:
 
 
 # -- one rank -----------------------------------------------------------------------------------
-def _contexts(proto: Protocol, layout: Layout, rank: int, channel: Channel) -> ExchangeContext:
-    device = torch.device(proto.training.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but no CUDA device is available", path="training.device")
-    return ExchangeContext(
-        channel,
-        layout,
-        rank,
-        proto,
-        components_of(proto).exchange.options,
-        [p.model.out for p in proto.parties.passive if p.model],
-        device,
-        [sends_codes(proto, p.name) for p in proto.parties.passive],
-    )
-
-
 def _align(channel: Channel, layout: Layout, role: Role, data: PartyData) -> tuple[PartyData, np.ndarray]:
     """The party's records in the agreed order of the IDs every party holds (the
     same DH-PSI as training), and their row positions in its file."""
@@ -208,160 +183,94 @@ def _align(channel: Channel, layout: Layout, role: Role, data: PartyData) -> tup
     return data.take(order), order
 
 
-def predict_rank(
-    proto: Protocol,
-    rank: int,
-    rendezvous: str,
-    run_dir: Path,
-    out_dir: Path,
-    data_dir: Path,
-    *,
-    data: Path | None = None,
-    progress: bool = False,
-    identity: Identity | None = None,
-    pins: dict[int, str] | None = None,
-) -> int:
-    """Run one rank of a prediction to completion; returns the process exit code.
-    ``run_dir``: the training run's output folder holding this rank's saved model;
-    ``data``: this party's file of new records (default: its protocol entry's);
-    ``identity``, ``pins``: as for :func:`~securevfl.app.rank.run_rank`."""
-    opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
-    warnings.showwarning = show_warning
-    torch.set_num_threads(rank_threads())
-    out_dir = Path(out_dir)
-    ranks_dir = out_dir / "ranks"
-    ranks_dir.mkdir(parents=True, exist_ok=True)
-    layout = layout_of(proto)
-    session = Session(proto, layout, rank, rendezvous, out_dir, identity=identity, pins=pins, purpose=PURPOSE)
-    clock = PhaseClock()
-    t_start = time.time()
-    try:
-        role = session.role
-        model = None
-        if role.kind != "helper":  # checked before start-up: a bad model fails here at once
-            with clock.phase("load"):
-                model = load_party_model(proto, role, run_dir, torch.device(proto.training.device))
-        with session:
-            backend = components_of(proto).exchange.cls
-            keep = proto.runtime.record_views and proto.runtime.dump_views
-            ledger = Ledger(rank, record_views=keep, spill_dir=ranks_dir)
-            channel = Channel(
-                rank, layout.names(), ledger, on_comm_error=session.diagnose, links=session.links
-            )
-            ctx = _contexts(proto, layout, rank, channel)
-            summary: dict[str, Any] = {
-                "rank": rank,
-                "party": role.party,
-                "role": role.kind,
-                "pid": os.getpid(),
-            }
-            own: OwnView | None = None
-            if model is None:
-                backend.helper(ctx).serve()
-            else:
-                with clock.phase("data"):  # all of the party's own file, checked before any message
-                    source = records_source(proto, role.party, data_dir, data)
-                    records = load_new_records(
-                        source, role.party, model.inputs, preprocess=model.spec.preprocess
-                    )
-                    x_all = model.features(records)
-                with clock.phase("alignment"):
-                    aligned, order = _align(channel, layout, role, records)
-                with clock.phase("setup"):
-                    x = torch.as_tensor(x_all[order])
-                    predictor = model.predictor(backend, ctx, keep_sent=keep)
-                channel.phase = "eval"  # an evaluation pass (the ledger and CrypTen know these phases)
-                with clock.phase("prediction"):
-                    if isinstance(predictor, ActivePredictor):
-                        scores = predictor.predict(x, len(aligned.ids))
-                    else:
-                        predictor.contribute(x)
-                predictor.exchange.close()
-                if isinstance(predictor, ActivePredictor):
-                    columns = predictor.task.prediction_columns(scores)
-                    write_predictions(
-                        out_dir / PREDICTIONS_FILE, predictions_frame(source.id_column, aligned.ids, columns)
-                    )
-                summary["n_aligned"] = len(aligned.ids)
-                summary["aligned_digest"] = hashlib.sha256("\n".join(aligned.ids).encode()).hexdigest()[:16]
-                summary["loaded_columns"] = list(model.inputs)
-                summary["has_labels"] = False
-                summary["n_records"] = len(records.ids)
-                kept = {
-                    "embeddings": getattr(predictor, "sent", []),
-                    "z": getattr(predictor, "revealed_z", []),
-                }
-                own = OwnView(kept)
-            if keep:
-                view = View(rank, role.party, ledger.received_view(), own or OwnView({}))
-                save_tensors(
-                    {"received": view.received, "own": view.own.to_dict()},
-                    ranks_dir / f"rank{rank}.predict_view.pt",
+@dataclass
+class Predict(Phase):
+    """Predict with the model trained in ``run_dir``, writing into ``out_dir``;
+    ``data_dir``: where built-in datasets' party files lie; ``data``: this party's
+    file of new records (default: its protocol entry's). The rank's saved model is
+    loaded and checked before its session starts (:meth:`before_start`)."""
+
+    purpose: ClassVar[str] = PURPOSE
+    files: ClassVar[str] = "predict_"
+
+    run_dir: Path
+    out_dir: Path
+    data_dir: Path
+    data: Path | None = None
+    model: PartyModel | None = field(default=None, repr=False)  # this rank's, once loaded
+
+    def before_start(self, setup: RankSetup) -> None:
+        if setup.role.kind != "helper":  # checked before start-up: a bad model fails here at once
+            with setup.clock.phase("load"):
+                proto = setup.proto
+                self.model = load_party_model(
+                    proto, setup.role, self.run_dir, torch.device(proto.training.device)
                 )
-                summary["view_tags"] = sorted(view.received)
-            ledger.drop_spill()
-            summary["ledger"] = ledger.summary()
-            ledger.write_jsonl(ranks_dir / f"rank{rank}.predict_ledger.jsonl")
-            if opened is not None:
-                summary["opened_files"] = sorted(set(opened))
-            summary["phase_s"] = clock.rounded()
-            summary["phase_cpu_s"] = clock.rounded_cpu()
-            summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
-            mine = RankSummary(**summary).to_json()
-            (ranks_dir / f"rank{rank}.predict_summary.json").write_text(json.dumps(mine, indent=1))
-            parts = session.finish(mine)
-            if parts is not None:
-                record = _record(proto, [RankSummary.model_validate(p) for p in parts], t_start)
-                (out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
-        return 0
-    except BaseException as exc:
-        return failure_exit(session, exc)
 
+    def keep_views(self, proto: Protocol) -> bool:
+        return proto.runtime.record_views and proto.runtime.dump_views
 
-def _record(proto: Protocol, parts: list[RankSummary], t_start: float) -> PredictionRecord:
-    rows = {p.party: int(p.n_records or 0) for p in parts if p.role != "helper"}
-    rows["aligned"] = int(parts[0].n_aligned or 0)
-    return PredictionRecord(
-        protocol=proto.name,
-        digest=proto.digest(),
-        backend=proto.exchange.backend,
-        task=str(proto.task or "inferred at training"),
-        rows=rows,
-        predictions=PREDICTIONS_FILE,
-        ledger={str(p.rank): p.ledger or {} for p in parts},
-        phase_s={str(p.rank): dict(p.phase_s or {}) for p in parts},
-        wall_time_s=time.time() - t_start,
-    )
+    def helper(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        setup.backend.helper(setup.wired[2]).serve()
+        self._save_view(setup, OwnView({}), summary)
+
+    def party(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        model, role, clock = self.model, setup.role, setup.clock
+        assert model is not None
+        _, channel, ctx = setup.wired
+        with clock.phase("data"):  # all of the party's own file, checked before any message
+            source = records_source(setup.proto, role.party, self.data_dir, self.data)
+            records = load_new_records(source, role.party, model.inputs, preprocess=model.spec.preprocess)
+            x_all = model.features(records)
+        with clock.phase("alignment"):
+            aligned, order = _align(channel, setup.layout, role, records)
+        with clock.phase("setup"):
+            x = torch.as_tensor(x_all[order])
+            predictor = model.predictor(setup.backend, ctx, keep_sent=self.keep_views(setup.proto))
+        channel.phase = "eval"  # an evaluation pass (the ledger and CrypTen know these phases)
+        with clock.phase("prediction"):
+            if isinstance(predictor, ActivePredictor):
+                scores = predictor.predict(x, len(aligned.ids))
+            else:
+                predictor.contribute(x)
+        predictor.exchange.close()
+        if isinstance(predictor, ActivePredictor):
+            columns = predictor.task.prediction_columns(scores)
+            frame = predictions_frame(source.id_column, aligned.ids, columns)
+            write_predictions(self.out_dir / PREDICTIONS_FILE, frame)
+        summary["n_aligned"] = len(aligned.ids)
+        summary["aligned_digest"] = hashlib.sha256("\n".join(aligned.ids).encode()).hexdigest()[:16]
+        summary["loaded_columns"] = list(model.inputs)
+        summary["has_labels"] = False
+        summary["n_records"] = len(records.ids)
+        kept = {"embeddings": getattr(predictor, "sent", []), "z": getattr(predictor, "revealed_z", [])}
+        self._save_view(setup, OwnView(kept), summary)
+
+    def _save_view(self, setup: RankSetup, own: OwnView, summary: dict[str, Any]) -> None:
+        """Under ``runtime.dump_views``, this rank's view of the prediction."""
+        if self.keep_views(setup.proto):
+            view = setup.save_view(own, "predict_view")
+            summary["view_tags"] = sorted(view.received)
+
+    def conclude(self, setup: RankSetup, parts: list[RankSummary], started: float) -> None:
+        proto = setup.proto
+        rows = {p.party: int(p.n_records or 0) for p in parts if p.role != "helper"}
+        rows["aligned"] = int(parts[0].n_aligned or 0)
+        record = PredictionRecord(
+            protocol=proto.name,
+            digest=proto.digest(),
+            backend=proto.exchange.backend,
+            task=str(proto.task or "inferred at training"),
+            rows=rows,
+            predictions=PREDICTIONS_FILE,
+            ledger={str(p.rank): p.ledger or {} for p in parts},
+            phase_s={str(p.rank): dict(p.phase_s or {}) for p in parts},
+            wall_time_s=time.time() - started,
+        )
+        (self.out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
 
 
 # -- every rank locally -----------------------------------------------------------------------
-def _child(
-    proto_json: str,
-    rank: int,
-    rendezvous: str,
-    run_dir: str,
-    out_dir: str,
-    data_dir: str,
-    data: str | None,
-    policy: CodePolicy,
-    seed: bytes,
-    pins: dict[int, str],
-) -> None:
-    proto = rank_protocol(proto_json, rank, policy, Path(out_dir))
-    code = predict_rank(
-        proto,
-        rank,
-        rendezvous,
-        Path(run_dir),
-        Path(out_dir),
-        Path(data_dir),
-        data=Path(data) if data else None,
-        identity=Identity.from_seed(seed),
-        pins=pins,
-    )
-    sys.exit(code)
-
-
 def predict_local(
     run_dir: Path,
     out_dir: Path,
@@ -387,16 +296,15 @@ def predict_local(
             load_model(run_dir, role.rank, protocol_digest=proto.digest())
     check_out(Path(out_dir), run_dir)
     folder = OutputFolder.open(Path(out_dir), overwrite=overwrite)
-    blob = proto.model_dump_json()
-    code = components_of(proto).code
+    out = folder.path
 
-    def args(rank: int, rendezvous: str) -> tuple[Any, ...]:
+    def phase(rank: int) -> Predict:
         party = layout.role(rank).party
-        own = str(files[party]) if party in files else None
-        return (blob, rank, rendezvous, str(run_dir), str(folder.path), str(data_dir), own, code)
+        return Predict(run_dir, out, data_dir, data=files.get(party))
 
     try:
-        codes = watch_ranks(proto, start_ranks(proto, folder.path, _child, args))
+        procs = start_ranks(proto, layout, out, phase, policy=components_of(proto).code)
+        codes = watch_ranks(proto, procs)
         if any(c != 0 for c in codes.values()):
             raise explain_failure(layout, folder.path, codes)
     except BaseException as exc:
@@ -416,11 +324,11 @@ def predict_local(
 __all__ = [
     "PREDICTIONS_FILE",
     "PartyModel",
+    "Predict",
     "PredictionRecord",
     "check_out",
     "parse_data_overrides",
     "predict_local",
-    "predict_rank",
     "predictions_frame",
     "read_predictions",
 ]

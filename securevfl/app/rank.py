@@ -1,22 +1,41 @@
-"""One rank's life: rendezvous, data, alignment, training, summary, exit code.
+"""One rank's life, for every purpose: set-up, then one phase, then the summary
+and the exit code.
 
-The same function runs under the local launcher (one spawned process per rank)
-and under ``securevfl party`` (one rank per command, across hosts).
+The same pipeline runs a rank that trains, one that resumes a training run and
+one that predicts with a trained model, under the local launcher (one spawned
+process per rank) and under ``securevfl party`` (one rank per command, across
+hosts):
+
+1. the process (:func:`prepare_process`): the open-file audit of the tests,
+   warnings, torch's threads;
+2. the session (:class:`~securevfl.runtime.session.Session`): rendezvous, start-up
+   checks and watchdog, with the phase's purpose and resume offer in its hello;
+3. the rank's wiring (:func:`set_up`): its ledger, its channel, the exchange
+   backend and the :class:`~securevfl.exchange.base.ExchangeContext` its role
+   objects use (:func:`exchange_context`);
+4. the phase (:class:`Phase`): a party rank's work (:meth:`Phase.party`), or a
+   helper rank's serving (:meth:`Phase.helper`); training and resuming are
+   :class:`securevfl.app.training.Train`, prediction is
+   :class:`securevfl.app.predict.Predict`;
+5. the summary (:func:`write_summary`): the ledger, phase times and peak memory
+   of the rank, published to rank 0, which hands every rank's to the phase
+   (:meth:`Phase.conclude`: the run's result, or the prediction's record).
+
+A failure at any step is reported as :func:`failure_exit` says.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -27,48 +46,23 @@ import torch
 import torch.fx.experimental.symbolic_shapes
 from pydantic import ValidationError
 
-from securevfl.app.checkpoints import (
-    checkpoint_dir,
-    list_checkpoints,
-    model_dir,
-    read_state,
-    save_tensors,
-    write_state,
-)
+from securevfl.app.checkpoints import save_tensors
 from securevfl.app.outdir import output_error
-from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.defenses.base import sends_codes
-from securevfl.errors import (
-    CheckpointError,
-    ConfigError,
-    OutputError,
-    ProtocolError,
-    SecureVFLError,
-    show_warning,
-)
+from securevfl.errors import ConfigError, OutputError, ProtocolError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
-from securevfl.parties.active import ActiveParty
-from securevfl.parties.common import Party, prepare
-from securevfl.parties.passive import PassiveParty
-from securevfl.parties.state import PartyInfo, PartyState
-from securevfl.records import EpochRecord, RankSummary
-from securevfl.report.result import build_result, write_own_report, write_result
+from securevfl.records import OwnView, RankSummary
 from securevfl.runtime.channel import Channel
-from securevfl.runtime.layout import Role
+from securevfl.runtime.layout import Layout, Role
 from securevfl.runtime.ledger import Ledger
 from securevfl.runtime.secure.keys import Identity
 from securevfl.runtime.session import EXIT_INTERRUPTED, ResumeOffer, Session, exit_code_for
 from securevfl.timing import PhaseClock, peak_rss_mib
-from securevfl.validation import check_task
 
 AUDIT_ENV = "SECUREVFL_AUDIT_OPENS"
-# tests only: "R:K" makes rank R kill itself with SIGKILL right after writing its
-# epoch-K checkpoint (an interruption at a known point, for the resume tests)
-KILL_ENV = "SECUREVFL_KILL_AFTER_CHECKPOINT"
 
 
 def install_open_audit() -> list[str]:
@@ -87,18 +81,158 @@ def install_open_audit() -> list[str]:
     return opened
 
 
-def _note(proto: Protocol) -> Callable[[str], None]:
-    """The active rank's progress lines before training starts (its bar exists
-    only once the models are built)."""
-    label = f"{proto.name} [{proto.exchange.backend}]"
+def prepare_process() -> list[str] | None:
+    """The rank process's own settings: securevfl's warning lines, torch's thread
+    count, and (tests only, ``SECUREVFL_AUDIT_OPENS``) the open-file audit, whose
+    list of opened files it returns."""
+    opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
+    warnings.showwarning = show_warning
+    torch.set_num_threads(rank_threads())
+    return opened
 
-    def note(text: str) -> None:
-        print(f"[{label}] {text}", file=sys.stderr, flush=True)
 
-    return note
+@dataclass
+class RankSetup:
+    """What set-up gives a rank's phase: the protocol and layout, this rank and its
+    role, its session, output folders and phase clock; and, once the session has
+    started (:func:`set_up`), its ledger, channel, exchange backend and context."""
+
+    proto: Protocol
+    layout: Layout
+    rank: int
+    session: Session
+    out_dir: Path
+    clock: PhaseClock
+    ledger: Ledger | None = None
+    channel: Channel | None = None
+    backend: Any = None  # the registered exchange backend class
+    ctx: ExchangeContext | None = None
+
+    @property
+    def role(self) -> Role:
+        return self.session.role
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.out_dir / "ranks"
+
+    @property
+    def wired(self) -> tuple[Ledger, Channel, ExchangeContext]:
+        """The ledger, channel and exchange context (after :func:`set_up`)."""
+        assert self.ledger is not None and self.channel is not None and self.ctx is not None
+        return self.ledger, self.channel, self.ctx
+
+    def save_view(self, own: OwnView, name: str) -> View:
+        """This rank's view (what it received and what it kept of its own), written
+        to ``ranks/rank<R>.<name>.pt`` for the attacks or a view dump."""
+        ledger = self.wired[0]
+        view = View(self.rank, self.role.party, ledger.received_view(), own)
+        save_tensors(
+            {"received": view.received, "own": view.own.to_dict()},
+            self.ranks_dir / f"rank{self.rank}.{name}.pt",
+        )
+        return view
 
 
-def _peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSummary:
+class Phase(ABC):
+    """What a rank does once it is set up: train (or resume) a model, or predict
+    with one. One object per rank, picklable (the local launcher sends it to the
+    rank's process). ``purpose`` goes in the rank's hello, so that ranks started
+    for different purposes refuse each other; ``files`` prefixes the rank's
+    ledger and summary files (``ranks/rank<R>.<files>summary.json``)."""
+
+    purpose: ClassVar[str]
+    files: ClassVar[str]
+    out_dir: Path
+
+    def offer(self, proto: Protocol, role: Role) -> ResumeOffer | None:
+        """This rank's checkpoints for the start-up agreement; None: not a resume."""
+        return None
+
+    def before_start(self, setup: RankSetup) -> None:  # noqa: B027 - optional hook
+        """Work done before the session starts (a bad saved model fails at once)."""
+
+    @abstractmethod
+    def keep_views(self, proto: Protocol) -> bool:
+        """Whether this rank writes its view (for what reads it after the run: the
+        attacks, a view dump). The ledger keeps the tensors the rank receives only
+        then, and under ``runtime.record_views``; a rank that keeps none runs in
+        bounded memory."""
+
+    @abstractmethod
+    def helper(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        """A helper rank's work (it serves the exchange backend's parties)."""
+
+    @abstractmethod
+    def party(self, setup: RankSetup, summary: dict[str, Any]) -> None:
+        """A party rank's work; what it reports goes into ``summary``."""
+
+    @abstractmethod
+    def conclude(self, setup: RankSetup, parts: list[RankSummary], started: float) -> None:
+        """Rank 0, with every rank's summary: the run's record (``started``: the wall
+        time the rank started at)."""
+
+
+def exchange_context(proto: Protocol, layout: Layout, rank: int, channel: Channel) -> ExchangeContext:
+    """What the exchange backend's role objects of this rank use: the channel, the
+    layout, the backend's validated options, every passive party's embedding
+    size and wire form (codes or floats, :attr:`~securevfl.components.PartyComponents.sends_codes`)
+    and the torch device, checked here."""
+    device = torch.device(proto.training.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but no CUDA device is available", path="training.device")
+    comps = components_of(proto)  # validated once, at load
+    return ExchangeContext(
+        channel,
+        layout,
+        rank,
+        proto,
+        comps.exchange.options,
+        [p.model.out for p in proto.parties.passive if p.model],
+        device,
+        [p.sends_codes for p in comps.passive],
+    )
+
+
+def set_up(setup: RankSetup, phase: Phase) -> None:
+    """Wire a rank whose session has started: its ledger (keeping received tensors
+    as the phase asks, spilled to disk past ``runtime.view_memory_mib``), its
+    channel, the exchange backend and context."""
+    proto, session = setup.proto, setup.session
+    setup.ledger = Ledger(
+        setup.rank,
+        record_views=proto.runtime.record_views and phase.keep_views(proto),
+        spill_dir=setup.ranks_dir,
+        spill_bytes=int(proto.runtime.view_memory_mib * (1 << 20)),
+    )
+    setup.channel = Channel(
+        setup.rank, setup.layout.names(), setup.ledger, on_comm_error=session.diagnose, links=session.links
+    )
+    setup.backend = components_of(proto).exchange.cls
+    setup.ctx = exchange_context(proto, setup.layout, setup.rank, setup.channel)
+
+
+def write_summary(
+    setup: RankSetup, phase: Phase, summary: dict[str, Any], opened: list[str] | None
+) -> dict[str, Any]:
+    """Complete this rank's summary (its ledger, phase times, peak memory, the files
+    it opened under the audit), write it and its ledger under ``ranks/``, and return
+    it as published to rank 0."""
+    ledger = setup.wired[0]
+    ledger.drop_spill()
+    summary["ledger"] = ledger.summary()
+    ledger.write_jsonl(setup.ranks_dir / f"rank{setup.rank}.{phase.files}ledger.jsonl")
+    if opened is not None:
+        summary["opened_files"] = sorted(set(opened))
+    summary["phase_s"] = setup.clock.rounded()
+    summary["phase_cpu_s"] = setup.clock.rounded_cpu()
+    summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
+    (setup.ranks_dir / f"rank{setup.rank}.{phase.files}summary.json").write_text(json.dumps(mine, indent=1))
+    return mine
+
+
+def peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSummary:
     """A rank's published summary as its record; a malformed one is that rank's fault."""
     try:
         return RankSummary.model_validate(raw)
@@ -106,237 +240,66 @@ def _peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSumma
         raise ProtocolError(f"{session.who(rank)} sent a malformed run summary: {exc}") from None
 
 
-def _resume_offer(proto: Protocol, out_dir: Path, role: Role) -> ResumeOffer:
-    """This rank's verified checkpoints for the start-up agreement, or why they
-    cannot be used (every rank then reports it). Helper ranks keep none."""
-    if role.kind == "helper":
-        return ResumeOffer(checkpoints={})
-    try:
-        found = list_checkpoints(out_dir, role.rank, protocol_digest=proto.digest())
-    except CheckpointError as exc:
-        return ResumeOffer(checkpoints={}, error=str(exc))
-    return ResumeOffer(checkpoints={e: m.run_id for e, m in found.items()})
-
-
-def _saver(session: Session, out_dir: Path) -> Callable[[PartyState], None]:
-    """Write this rank's checkpoint of a party state (and, under the test-only
-    ``SECUREVFL_KILL_AFTER_CHECKPOINT``, die right after the named one)."""
-    role = session.role
-    kill = os.environ.get(KILL_ENV, "")
-
-    def save(state: PartyState) -> None:
-        write_state(
-            checkpoint_dir(out_dir, session.rank, state.epoch),
-            tensors=state.tensors,
-            docs=state.docs,
-            kind="checkpoint",
-            protocol_digest=session.proto.digest(),
-            run_id=session.run_id,
-            rank=session.rank,
-            role=role.kind,
-            party=role.party,
-            epoch=state.epoch,
-            step=state.step,
-        )
-        if kill == f"{session.rank}:{state.epoch}":
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return save
-
-
-def save_model(session: Session, out_dir: Path, party: Party) -> None:
-    """The rank's final model, ``OUT/ranks/rank<R>/model/`` (securevfl.app.checkpoints)."""
-    state = party.model_state()
-    write_state(
-        model_dir(out_dir, session.rank),
-        tensors=state.tensors,
-        docs=state.docs,
-        kind="model",
-        protocol_digest=session.proto.digest(),
-        run_id=session.run_id,
-        rank=session.rank,
-        role=session.role.kind,
-        party=session.role.party,
-        epoch=state.epoch,
-        step=state.step,
-    )
-
-
 def run_rank(
     proto: Protocol,
+    layout: Layout,
     rank: int,
     rendezvous: str,
-    out_dir: Path,
-    data_dir: Path,
+    phase: Phase,
     *,
-    progress: bool,
-    resume: bool = False,
     identity: Identity | None = None,
     pins: dict[int, str] | None = None,
-    on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> int:
-    """Run one rank to completion; returns the process exit code. ``resume``: go
-    on from the newest checkpoint every rank holds (agreed at start-up).
-    ``identity`` and ``pins`` go to the :class:`Session` (its identity key; the
-    keys every rank must present, if not the protocol's). ``on_epoch``: the active
-    party's epoch records, as each epoch ends (ignored by the other ranks)."""
-    opened = install_open_audit() if os.environ.get(AUDIT_ENV) else None
-    warnings.showwarning = show_warning
-    torch.set_num_threads(rank_threads())
-
-    out_dir = Path(out_dir)
-    ranks_dir = out_dir / "ranks"
-    ranks_dir.mkdir(parents=True, exist_ok=True)
-    layout = layout_of(proto)
-    offer = None
-    if resume:
-        (ranks_dir / f"rank{rank}.error.json").unlink(missing_ok=True)  # the interrupted run's
-        offer = _resume_offer(proto, out_dir, layout.role(rank))
-    session = Session(proto, layout, rank, rendezvous, out_dir, resume=offer, identity=identity, pins=pins)
-    t_start = time.time()
-    clock = PhaseClock()
-    note = _note(proto) if progress and rank == 0 else None
+    """Run one rank of ``proto`` (its ranks laid out as ``layout``) through ``phase``
+    to completion; returns the process exit code. ``identity`` and ``pins`` go to
+    the :class:`Session` (its identity key; the keys every rank must present, if
+    not the protocol's)."""
+    opened = prepare_process()
+    out_dir = Path(phase.out_dir)
+    (out_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    offer = phase.offer(proto, layout.role(rank))
+    session = Session(
+        proto,
+        layout,
+        rank,
+        rendezvous,
+        out_dir,
+        resume=offer,
+        identity=identity,
+        pins=pins,
+        purpose=phase.purpose,
+    )
+    setup = RankSetup(proto, layout, rank, session, out_dir, PhaseClock())
+    started = time.time()
     try:
+        phase.before_start(setup)
         t0 = time.perf_counter()
         with session:
-            clock.add("startup", time.perf_counter() - t0)
-            exchange = components_of(proto).exchange  # validated once, at load
-            backend, options = exchange.cls, exchange.options
-            # received tensors are kept only for what reads them after the run: the
-            # attacks and a view dump; a run with neither keeps none (bounded memory)
-            keep_views = proto.runtime.record_views and (proto.runtime.dump_views or bool(proto.attacks))
-            ledger = Ledger(
-                rank,
-                record_views=keep_views,
-                spill_dir=ranks_dir,
-                spill_bytes=int(proto.runtime.view_memory_mib * (1 << 20)),
-            )
-            channel = Channel(
-                rank, layout.names(), ledger, on_comm_error=session.diagnose, links=session.links
-            )
-            device = torch.device(proto.training.device)
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise ConfigError(
-                    "device 'cuda' requested but no CUDA device is available",
-                    path="training.device",
-                )
-            ctx = ExchangeContext(
-                channel,
-                layout,
-                rank,
-                proto,
-                options,
-                [p.model.out for p in proto.parties.passive if p.model],
-                device,
-                [sends_codes(proto, p.name) for p in proto.parties.passive],
-            )
-            role = session.role
+            setup.clock.add("startup", time.perf_counter() - t0)
+            set_up(setup, phase)
             summary: dict[str, Any] = {
                 "rank": rank,
-                "party": role.party,
-                "role": role.kind,
+                "party": setup.role.party,
+                "role": setup.role.kind,
                 "pid": os.getpid(),
             }
-            if role.kind == "helper":
-                helper = backend.helper(ctx)
-                c0 = time.process_time()  # its serving only, not its set-up (a dealer's imports)
-                helper.serve()
-                summary["train_cpu_s"] = round(time.process_time() - c0, 4)
-                party = None
+            if setup.role.kind == "helper":
+                phase.helper(setup, summary)
             else:
-                prep = prepare(proto, layout, role, channel, data_dir, clock, note)
-                if role.kind == "active" and proto.task is None:
-                    assert prep.data.task is not None
-                    check_task(proto, prep.data.task)  # the inferred task, as a declared one at load
-                if prep.preprocessor is not None:  # what this party fitted, kept with its model
-                    fitted = json.dumps(prep.preprocessor.fitted(), indent=1)
-                    (ranks_dir / f"rank{rank}.preprocess.json").write_text(fitted)
-                cls = ActiveParty if role.kind == "active" else PassiveParty
-                with clock.phase("setup"):
-                    saved = None
-                    if session.resume_epoch is not None:
-                        found = read_state(
-                            checkpoint_dir(out_dir, rank, session.resume_epoch),
-                            rank=rank,
-                            kind="checkpoint",
-                            protocol_digest=proto.digest(),
-                        )
-                        m = found.manifest
-                        saved = PartyState(m.epoch, m.step, found.tensors, found.docs)
-                    seeds = None if saved is None else saved.doc("party", PartyInfo, rank=rank).noise_keys
-                    party = cls(
-                        session,
-                        backend,
-                        ctx,
-                        prep,
-                        progress=progress and rank == 0,
-                        noise_keys=seeds,
-                        on_epoch=on_epoch if role.kind == "active" else None,
-                    )
-                    if saved is not None:
-                        party.restore(saved)
-                        if note is not None:
-                            note(f"resuming after epoch {saved.epoch} (step {saved.step}), as agreed")
-                summary.update(party.run(_saver(session, out_dir)))
-                for phase, seconds in party.phase_s.items():
-                    clock.add(phase, seconds)
-                summary["train_cpu_s"] = round(party.train_cpu_s, 4)
-                party.exchange.close()
-                t_write = time.perf_counter()
-                # the columns of its file it loaded, by name: after preprocessing, its inputs
-                # (the fitted one-hot names would name categories found in its rows)
-                pre = prep.preprocessor
-                summary["loaded_columns"] = list(pre.inputs) if pre is not None else prep.data.columns
-                summary["has_labels"] = prep.data.y is not None
-                summary["n_aligned"] = len(prep.data.ids)
-                summary["aligned_digest"] = hashlib.sha256("\n".join(prep.data.ids).encode()).hexdigest()[:16]
-                write_own_report(out_dir, party.own_report())  # its defenses' statistics: its alone
-                save_tensors(party.state(), ranks_dir / f"rank{rank}.state.pt")
-                save_model(session, out_dir, party)
-                trace = getattr(party, "trace", None)  # the active party's first steps (tests)
-                if trace:
-                    save_tensors(trace, ranks_dir / f"rank{rank}.trace.pt")
-                view = View(rank, role.party, ledger.received_view(), party.own_view())
-                if proto.runtime.dump_views or proto.attacks:  # attacks read it after the run
-                    save_tensors(
-                        {"received": view.received, "own": view.own.to_dict()},
-                        ranks_dir / f"rank{rank}.view.pt",
-                    )
-                ledger.drop_spill()
-                summary["view_tags"] = sorted(view.received)
-                clock.add("write_out", time.perf_counter() - t_write)
-            summary["ledger"] = ledger.summary()
-            ledger.write_jsonl(ranks_dir / f"rank{rank}.ledger.jsonl")
-            if opened is not None:
-                summary["opened_files"] = sorted(set(opened))
-            summary["phase_s"] = clock.rounded()
-            summary["phase_cpu_s"] = clock.rounded_cpu()
-            summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
-            mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
-            (ranks_dir / f"rank{rank}.summary.json").write_text(json.dumps(mine, indent=1))
-            parts = session.finish(mine)
+                phase.party(setup, summary)
+            parts = session.finish(write_summary(setup, phase, summary, opened))
             if parts is not None:
-                result = build_result(
-                    proto,
-                    backend,
-                    options,
-                    layout,
-                    [_peer_summary(session, r, p) for r, p in enumerate(parts)],
-                    session.pids,
-                    started=t_start,
-                    finished=time.time(),
-                )
-                write_result(out_dir, result)
+                phase.conclude(setup, [peer_summary(session, r, p) for r, p in enumerate(parts)], started)
         return 0
     except BaseException as exc:
         return failure_exit(session, exc)
 
 
 def failure_exit(session: Session, exc: BaseException) -> int:
-    """The exit code of a rank (training or prediction) whose run raised ``exc``,
-    after reporting it: Ctrl-C is a stop (130), securevfl's own errors and the
-    user's full disk or read-only folder are reported as they are, and anything
-    else is a bug, whose traceback is kept and which the peers still hear of."""
+    """The exit code of a rank whose run raised ``exc``, after reporting it: Ctrl-C
+    is a stop (130), securevfl's own errors and the user's full disk or read-only
+    folder are reported as they are, and anything else is a bug, whose traceback
+    is kept and which the peers still hear of."""
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     if isinstance(exc, SecureVFLError):
@@ -366,3 +329,13 @@ def report_failure(session: Session, exc: BaseException) -> int:
             flush=True,
         )
     return exit_code_for(exc)
+
+
+__all__ = [
+    "AUDIT_ENV",
+    "Phase",
+    "RankSetup",
+    "exchange_context",
+    "failure_exit",
+    "run_rank",
+]

@@ -393,18 +393,6 @@ def run_collectives(stack: DefenseStack, comm: CollectiveContext) -> None:
         cls.collective(comm, [d for d in stack.defenses if type(d) is cls])
 
 
-def sends_codes(proto: Protocol, party: str) -> bool:
-    """Whether everything passive ``party`` sends forward is +-1 by construction:
-    its last defense that changes the embedding emits codes (e.g. ``hashvfl``).
-    Every rank derives it from the protocol alone, so sender and receiver agree
-    on a compact wire form without a message."""
-    codes = False  # a bottom model's output
-    for d in components_of(proto).party(party).defenses:
-        says = d.cls.emits_codes(d.options)
-        codes = codes if says is None else says
-    return codes
-
-
 def build_stack(
     proto: Protocol,
     party: str,

@@ -56,7 +56,7 @@ class ExchangeContext:
     options: BaseModel
     embed_dims: list[int]
     device: torch.device
-    # per passive party: whether everything it sends forward is +-1 (defenses.base.sends_codes)
+    # per passive party: whether everything it sends forward is +-1 (components.PartyComponents.sends_codes)
     sends_codes: list[bool] = field(default_factory=list)
 
 

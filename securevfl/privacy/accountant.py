@@ -19,6 +19,28 @@ move the released value has ``noise_multiplier = sigma``.
 A mechanism may also carry the source method's own figure (``claim``), reported
 verbatim next to the sound one so that a user sees which is which (docs/methods/vfl-afe.md §7,
 docs/methods/crdp-fl.md §2.8).
+
+What is dp_accounting's and what is written here:
+
+* dp_accounting's: every release's privacy-loss distribution (its PLD constructors
+  for the Gaussian, Laplace and randomized-response mechanisms and for an
+  ``(eps, delta)`` guarantee), their composition (``PrivacyLossDistribution.compose``,
+  ``self_compose``), the eps at a delta of the composition, and the exact eps of one
+  Gaussian (``get_epsilon_gaussian``, via :func:`~securevfl.privacy.gaussian.gaussian_epsilon`).
+* Written here, because the library lacks it: the :class:`Release` descriptions
+  themselves and the loop that composes them. dp_accounting's own descriptions, its
+  ``DpEvent`` classes composed by its ``PLDAccountant``, fix one neighbouring relation
+  per accountant and do not fit securevfl's: under ``REPLACE_ONE`` the accountant
+  refuses a Laplace event (its multiplier is relative to add/remove-one sensitivity),
+  under ``REPLACE_SPECIAL`` it prices randomized response for a different neighbour
+  (ln 2 instead of ln 3 for binary RR at noise parameter 0.5), and it has no event for
+  a release known only by its ``(eps, delta)`` or for a release with its own PLD
+  (:mod:`securevfl.privacy.correlated`). A release here is relative to its own
+  replace-one sensitivity, so each kind builds its PLD with the library's constructor
+  for that kind. Also written here: :func:`merge_gaussians`, the exact GDP composition
+  of Gaussian releases of different multipliers (the library composes Gaussians only
+  through their discretized PLDs, which lose accuracy as the composed multiplier
+  shrinks).
 """
 
 from __future__ import annotations
@@ -37,7 +59,8 @@ VALUE_DISCRETIZATION = 1e-4
 
 @dataclass(frozen=True)
 class Release:
-    """One kind of release about a record, made ``count`` times."""
+    """One kind of release about a record, made ``count`` times; :meth:`pld` is its
+    privacy-loss distribution over the ``count`` releases, built with dp_accounting."""
 
     count: int
 
@@ -50,7 +73,9 @@ class Release:
 
 @dataclass(frozen=True)
 class GaussianRelease(Release):
-    """Gaussian noise of std ``noise_multiplier x sensitivity``."""
+    """Gaussian noise of std ``noise_multiplier x sensitivity`` (PLD:
+    ``from_gaussian_mechanism``; alone, its eps is the library's exact
+    ``get_epsilon_gaussian``, see :func:`epsilon`)."""
 
     noise_multiplier: float = 1.0
 
@@ -71,7 +96,7 @@ class GaussianRelease(Release):
 @dataclass(frozen=True)
 class LaplaceRelease(Release):
     """Laplace noise of scale ``scale x sensitivity`` (one release is pure
-    ``1/scale``-DP)."""
+    ``1/scale``-DP; PLD: ``from_laplace_mechanism``)."""
 
     scale: float = 1.0
 
@@ -89,7 +114,8 @@ class LaplaceRelease(Release):
 
 @dataclass(frozen=True)
 class RandomizedResponseRelease(Release):
-    """K-ary randomized response at ``epsilon`` (keep with e^eps/(K-1+e^eps))."""
+    """K-ary randomized response at ``epsilon`` (keep with e^eps/(K-1+e^eps); PLD:
+    ``from_randomized_response``, replace-one neighbours)."""
 
     epsilon: float = 1.0
     classes: int = 2
@@ -118,7 +144,8 @@ class RandomizedResponseRelease(Release):
 @dataclass(frozen=True)
 class EpsDeltaRelease(Release):
     """A release known only by its ``(eps, delta)`` guarantee (e.g. the
-    exponential mechanism, pure ``eps``-DP)."""
+    exponential mechanism, pure ``eps``-DP; PLD: ``from_privacy_parameters``, for
+    which dp_accounting has no event)."""
 
     epsilon: float = 1.0
     delta: float = 0.0
@@ -201,6 +228,8 @@ def merge_gaussians(releases: list[Release]) -> list[Release]:
 
 
 def compose(releases: list[Release]) -> pld_lib.PrivacyLossDistribution | None:
+    """The releases' PLDs composed (dp_accounting's ``compose``); None when none
+    has one."""
     out = None
     for r in releases:
         p = r.pld()
@@ -212,7 +241,10 @@ def compose(releases: list[Release]) -> pld_lib.PrivacyLossDistribution | None:
 
 def epsilon(releases: list[Release], delta: float) -> float:
     """Sound eps at ``delta`` of all ``releases`` composed (0 when none, inf when
-    any is non-private)."""
+    any is non-private). Gaussian releases alone are merged into one
+    (:func:`merge_gaussians`) whose eps is dp_accounting's exact
+    ``get_epsilon_gaussian``; any other mix is read off the composed PLD
+    (``get_epsilon_for_delta``)."""
     if any(isinstance(r, NonPrivateRelease) and r.count for r in releases):
         return math.inf
     releases = merge_gaussians(releases)

@@ -1,11 +1,12 @@
 """Gaussian embedding-release math for VFL-AFE (docs/methods/vfl-afe.md §2.3-2.5, §7), as pure functions.
 
 Everything here is stateless: clipping rows to an L2 ball, calibrating a noise
-multiplier from ``(eps, delta)`` (the paper's classic Lemma 3.3 formula and the
-analytic Gaussian mechanism of Balle & Wang 2018), the paper's batch sensitivity
-estimate and rescaling factor, Gaussian noise, and the exact privacy figures the
-spec's critique asks for (the true delta of a calibration, the eps of one release,
-exact GDP composition, the effective eps after paper-mode rescaling).
+multiplier from ``(eps, delta)`` (the paper's classic Lemma 3.3 formula, and the
+analytic Gaussian mechanism of Balle & Wang 2018 as ``dp_accounting`` computes it),
+the paper's batch sensitivity estimate and rescaling factor, Gaussian noise, and
+the exact privacy figures the spec's critique asks for (the true delta of a
+calibration and the eps of one release, both dp_accounting's; exact GDP
+composition; the effective eps after paper-mode rescaling).
 
 Conventions: a *noise multiplier* ``z`` is the noise standard deviation divided by
 the L2 sensitivity of the release. The VFL-AFE release of one clipped row has
@@ -21,13 +22,17 @@ from typing import Literal
 
 import numpy as np
 import torch
-from scipy.optimize import brentq
-from scipy.special import erfinv, log_ndtr
+from dp_accounting import get_epsilon_gaussian, get_sigma_gaussian
+from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+from scipy.special import erfinv
 
 from securevfl.csprng import SecretStream
 
 Calibration = Literal["classic", "analytic"]
 Estimator = Literal["quantile", "max"]
+
+#: Root-finding tolerance of the exact calibrations (dp_accounting's searches).
+TOLERANCE = 1e-12
 
 #: Numerical floor inside the row norm, so that clipping has a finite gradient at h = 0.
 NORM_EPS = 1e-12
@@ -49,47 +54,38 @@ def clip_rows(h: torch.Tensor, t: float) -> torch.Tensor:
 
 
 # -- calibration (Lemma 3.3, Balle & Wang 2018) ---------------------------------------------
+#
+# The exact figures of one Gaussian release (its delta at eps, its eps at delta, the
+# smallest multiplier for an (eps, delta)) are dp_accounting's: its Gaussian mechanism
+# (``dp_accounting.get_sigma_gaussian``, ``get_epsilon_gaussian``) and its Gaussian privacy
+# loss (``GaussianPrivacyLoss.get_delta_for_epsilon``) compute them from Balle & Wang's
+# Theorem 8. Written here: only what the library lacks, the paper's classic formula with
+# its soundness check, GDP composition of repeated releases, and the rescaled release's
+# multiplier.
 
 
 def classic_sigma(eps: float, delta: float) -> float:
-    """Lemma 3.3's noise multiplier ``sqrt(2 ln(1.25/delta)) / eps`` (valid only for eps < 1)."""
+    """Lemma 3.3's noise multiplier ``sqrt(2 ln(1.25/delta)) / eps`` (valid only for eps < 1).
+    The paper's formula; dp_accounting has none (it calibrates exactly)."""
     _check_eps_delta(eps, delta)
     return math.sqrt(2.0 * math.log(1.25 / delta)) / eps
 
 
-def gaussian_log_delta(z: float, eps: float) -> float:
-    """log of the exact (tight) delta at ``eps`` of one Gaussian release with noise multiplier ``z``:
-    ``delta = Phi(1/(2z) - eps z) - e^eps Phi(-1/(2z) - eps z)`` (Balle & Wang 2018, Thm 8),
-    evaluated in log space so large ``eps`` does not overflow."""
-    if z <= 0:
-        return 0.0
-    a = log_ndtr(1.0 / (2.0 * z) - eps * z)
-    b = eps + log_ndtr(-1.0 / (2.0 * z) - eps * z)
-    if b >= a:
-        return -math.inf
-    return float(a + math.log1p(-math.exp(b - a)))
-
-
 def gaussian_delta(z: float, eps: float) -> float:
-    """The exact delta at ``eps`` of one Gaussian release with noise multiplier ``z``."""
-    return math.exp(gaussian_log_delta(z, eps))
+    """The exact delta at ``eps`` of one Gaussian release with noise multiplier ``z``:
+    ``Phi(1/(2z) - eps z) - e^eps Phi(-1/(2z) - eps z)`` (Balle & Wang 2018, Thm 8), as
+    dp_accounting's Gaussian privacy loss computes it; 1 for ``z = 0`` (no noise)."""
+    if z <= 0:
+        return 1.0
+    return float(GaussianPrivacyLoss(z, sensitivity=1.0).get_delta_for_epsilon(eps))
 
 
 def analytic_sigma(eps: float, delta: float) -> float:
-    """The smallest noise multiplier whose exact delta at ``eps`` is ``<= delta`` (analytic
-    Gaussian mechanism). Valid for every ``eps > 0``; the exact delta falls as ``z`` grows."""
+    """The smallest noise multiplier whose exact delta at ``eps`` is ``<= delta`` (the analytic
+    Gaussian mechanism of Balle & Wang 2018): dp_accounting's ``get_sigma_gaussian``, for
+    every ``eps > 0``, after this module's check of the arguments."""
     _check_eps_delta(eps, delta)
-    target = math.log(delta)
-
-    def f(z: float) -> float:
-        return gaussian_log_delta(z, eps) - target
-
-    lo, hi = 1e-3, 1.0
-    while f(hi) > 0:
-        hi *= 2.0
-    while f(lo) < 0:
-        lo /= 2.0
-    return float(brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
+    return float(get_sigma_gaussian(eps, delta, tol=TOLERANCE))
 
 
 def noise_multiplier(eps: float, delta: float, calibration: Calibration = "classic") -> float:
@@ -97,7 +93,7 @@ def noise_multiplier(eps: float, delta: float, calibration: Calibration = "class
 
     ``classic`` is the paper's formula: it warns outside the lemma's range (eps >= 1) and
     raises when its exact delta exceeds the target (e.g. eps > 6.77 at delta = 1e-2).
-    ``analytic`` is exact for any eps.
+    ``analytic`` is exact for any eps (dp_accounting's calibration).
     """
     if math.isinf(eps) and eps > 0:
         return 0.0
@@ -132,27 +128,17 @@ def _check_eps_delta(eps: float, delta: float) -> None:
 
 
 def gaussian_epsilon(z: float, delta: float) -> float:
-    """The exact eps at ``delta`` of one Gaussian release with noise multiplier ``z``
-    (inverts :func:`gaussian_delta` in eps); ``inf`` for ``z = 0``."""
+    """The exact eps at ``delta`` of one Gaussian release with noise multiplier ``z``:
+    dp_accounting's ``get_epsilon_gaussian``; ``inf`` for ``z = 0`` (no noise)."""
     if z <= 0:
         return math.inf
-    target = math.log(delta)
-    if gaussian_log_delta(z, 0.0) <= target:
-        return 0.0
-
-    def f(e: float) -> float:
-        return gaussian_log_delta(z, e) - target
-
-    hi = 1.0
-    while f(hi) > 0:
-        hi *= 2.0
-    return float(brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-12))
+    return float(get_epsilon_gaussian(z, delta, tol=TOLERANCE))
 
 
 def gdp_composed_epsilon(z: float, count: int, delta: float) -> float:
     """Exact eps at ``delta`` of ``count`` Gaussian releases of multiplier ``z`` about the same
     record: they compose to one Gaussian of multiplier ``z / sqrt(count)`` (GDP, mu adds in
-    quadrature)."""
+    quadrature; Dong et al. 2019), whose eps is :func:`gaussian_epsilon`."""
     if count <= 0:
         return 0.0
     return gaussian_epsilon(z / math.sqrt(count), delta)

@@ -167,8 +167,9 @@ def test_crdp_noise_only_on_the_sent_copies_in_local_steps(tmp_path: Path):
     result = run_doc(doc, tmp_path)
     proto = load_protocol_dict(copy.deepcopy(doc))
     from securevfl.app.harness import load_world
+    from securevfl.app.rank_layout import layout_of
 
-    world = load_world(proto, tmp_path)  # the saved views, loaded weights-only
+    world = load_world(proto, layout_of(proto), tmp_path)  # the saved views, loaded weights-only
     sent = [[t for _, t in world.views[p].own["embeddings"]] for p in ("left", "right")]
     assert [len(s) for s in sent] == [STEPS, STEPS]
     ref, clean = fedbcd_reference(

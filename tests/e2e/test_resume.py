@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from securevfl.app.checkpoints import load_model
-from securevfl.app.rank import KILL_ENV
+from securevfl.app.training import KILL_ENV
 from securevfl.errors import CheckpointError, PartyFailure
 from tests.support.protocols import small_digits, write_yaml
 from tests.support.runs import cli, run_doc

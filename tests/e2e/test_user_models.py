@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from securevfl.app.launcher import free_port
-from securevfl.app.rank import KILL_ENV
+from securevfl.app.training import KILL_ENV
 from securevfl.report.result import read_own_reports
 from tests.support.protocols import write_yaml
 from tests.support.runs import cli, party_process

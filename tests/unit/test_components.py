@@ -19,7 +19,7 @@ from securevfl.attacks.targeted_pgd import hash_options
 from securevfl.components import components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.defenses import DEFENSES
-from securevfl.defenses.base import build_stack, collective_defenses, sends_codes
+from securevfl.defenses.base import build_stack, collective_defenses
 from securevfl.defenses.crdp import CrdpOptions
 from securevfl.defenses.hashvfl import ConsistencyOptions, HashOptions
 from securevfl.defenses.spending import allowed_steps, spent
@@ -82,7 +82,7 @@ def _rank_work(proto: Protocol) -> None:
     accounting, and the attack harness's keys and hashvfl look-ups."""
     layout_of(proto)
     for p in proto.parties.passive:
-        sends_codes(proto, p.name)
+        _ = components_of(proto).party(p.name).sends_codes
         build_stack(proto, p.name, "passive", p.defenses)
     build_stack(proto, proto.parties.active.name, "active", proto.parties.active.defenses)
     assert allowed_steps(proto, N_TRAIN) == 12  # of 24 planned: the binary search ran

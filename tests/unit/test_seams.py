@@ -194,10 +194,10 @@ def test_crdp_local_step_form_clips_and_never_adds_noise():
 def test_a_party_sends_codes_only_when_its_last_embedding_change_emits_them(defenses, codes):
     """The plain exchange packs a party's embeddings into bits exactly when every
     value it sends is +-1 by construction (both ends derive this from the protocol)."""
-    from securevfl.defenses.base import sends_codes
+    from securevfl.components import components_of
 
     doc = small_digits()
     doc["parties"]["passive"][0]["defenses"] = defenses
-    proto = load_protocol_dict(doc)
-    assert sends_codes(proto, "left") is codes
-    assert sends_codes(proto, "right") is False
+    comps = components_of(load_protocol_dict(doc))
+    assert comps.party("left").sends_codes is codes
+    assert comps.party("right").sends_codes is False
