@@ -16,11 +16,9 @@ successful run it runs the protocol's attacks on the ranks' saved views
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing as mp
 import os
-import signal
 import socket
 import sys
 import time
@@ -32,6 +30,7 @@ from typing import Any
 
 from securevfl.app.checkpoints import check_one_run
 from securevfl.app.epochs import EpochStream
+from securevfl.app.failures import RANK_CRASHED, explain_failure
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.objects import Registration, register_in_rank
@@ -46,13 +45,7 @@ from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
-    CheckpointError,
     ConfigError,
-    DataError,
-    Diverged,
-    OutputError,
-    PartyFailure,
-    ProtocolError,
     SecureVFLError,
 )
 from securevfl.records import EpochRecord
@@ -60,21 +53,8 @@ from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
 from securevfl.runtime.notes import error_note, exit_code_for, write_error_file
 from securevfl.runtime.secure.keys import Identity, key_string
-from securevfl.runtime.session import EXIT_INTERRUPTED, ErrorNote
+from securevfl.runtime.session import EXIT_INTERRUPTED
 from securevfl.usercode import CodePolicy
-
-ERROR_KINDS: dict[str, type[SecureVFLError]] = {
-    "ConfigError": ConfigError,
-    "UnsupportedCombination": ConfigError,
-    "UserCodeError": ConfigError,
-    "CryptoParameterError": ConfigError,
-    "DataError": DataError,
-    "CheckpointError": CheckpointError,
-    "Diverged": Diverged,
-    "ProtocolError": ProtocolError,
-    "PartyFailure": PartyFailure,
-    "OutputError": OutputError,
-}
 
 
 def free_port() -> int:
@@ -127,10 +107,6 @@ def _release(procs: list[Any]) -> None:
 RANK_PROCESS = "securevfl-rank"
 KILL_REAP_S = 0.1  # after killing the ranks left, how long one wait for them lasts at most
 STOP_GRACE_S = 2.0  # a stopped launch's ranks get this long to end on SIGTERM before SIGKILL
-# a rank's exit code when its entry point raised before the rank could report it;
-# exit code 1 without a report then means it failed before its entry point ran
-RANK_CRASHED = 70
-PROBE_BYTES = 1 << 16  # written to the output folder to tell a full disk from other silent failures
 
 
 def _child(
@@ -438,89 +414,3 @@ def _watch(
             run_attacks(proto, layout, out_dir)
         return json.loads((out_dir / "result.json").read_text())
     raise explain_failure(layout, out_dir, codes)
-
-
-def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
-    """Pick the root cause among the ranks' error files and exit codes."""
-    notes: dict[int, ErrorNote] = {}
-    for r in codes:
-        f = out_dir / "ranks" / f"rank{r}.error.json"
-        if f.is_file():
-            with contextlib.suppress(Exception):
-                notes[r] = ErrorNote.model_validate_json(f.read_text())
-    names = layout.names()
-    # a signal this launcher did not send (codes of ranks it killed are None)
-    killed = [r for r, c in codes.items() if c is not None and c < 0 and r not in notes]
-    origin = [n for n in notes.values() if n.kind != "PartyFailure"]
-    if origin:
-        n = origin[0]
-        cls = ERROR_KINDS.get(n.kind, SecureVFLError)
-        # the local launcher's user runs every party, so the owner's detail is theirs
-        detail = f" [{n.detail}]" if n.detail else ""
-        return cls(f"rank {n.rank} ({names[n.rank]}): {n.message}{detail}")
-    if killed:
-        r = killed[0]
-        sig = signal.Signals(-codes[r]).name  # type: ignore[operator]
-        others = sorted(notes)
-        return PartyFailure(
-            f"rank {r} ({names[r]}) was killed by {sig}; ranks {others} stopped with errors naming it",
-            rank=r,
-        )
-    stalled = [r for r, c in codes.items() if c is None]
-    stopped = (
-        f" ({', '.join(f'rank {r} ({names[r]})' for r in stalled)} did not end by itself and was stopped "
-        "by the launcher)"
-        if stalled
-        else ""
-    )
-    failures = [n for n in notes.values() if n.lost_rank is not None]
-    if failures:
-        n = failures[0]
-        return PartyFailure(f"rank {n.rank} ({names[n.rank]}): {n.message}{stopped}", rank=n.lost_rank)
-    return _without_reports(out_dir, codes, names, stopped)
-
-
-def _without_reports(
-    out_dir: Path, codes: dict[int, int | None], names: dict[int, str], stopped: str
-) -> SecureVFLError:
-    """Why ranks failed without writing an error report, as far as the launcher can
-    tell: a folder it cannot write either (a full disk), ranks that failed before
-    their entry point ran (exit code 1: a rank first re-imports the main module of
-    the program that launched it), a rank that crashed (:data:`RANK_CRASHED`)."""
-    bad = {r: c for r, c in codes.items() if c not in (0, None)}
-    try:
-        probe = out_dir / "ranks" / f".securevfl-probe-{os.getpid()}"
-        probe.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(probe, "wb") as fh:
-                fh.write(bytes(PROBE_BYTES))
-                fh.flush()
-                os.fsync(fh.fileno())
-        finally:
-            probe.unlink(missing_ok=True)
-    except OSError as exc:
-        return OutputError(
-            f"ranks {sorted(bad)} stopped without writing an error report: the output folder {out_dir} "
-            f"cannot be written ({exc.strerror or exc}); free some space or choose another --out{stopped}"
-        )
-    if any(c == 1 for c in bad.values()):
-        return PartyFailure(
-            f"ranks exited with codes {bad} before writing an error report: they failed before their own "
-            "code ran, while importing the main module of the program that launched them (a script "
-            "that calls launch() needs an `if __name__ == '__main__':` guard); their tracebacks are on "
-            f"stderr{stopped}",
-            rank=None,
-        )
-    crashed = [r for r, c in bad.items() if c == RANK_CRASHED]
-    if crashed:
-        r = crashed[0]
-        return PartyFailure(
-            f"rank {r} ({names[r]}) failed with an internal error before it could report it; its "
-            f"traceback is on stderr{stopped}",
-            rank=r,
-        )
-    return PartyFailure(
-        f"ranks exited with codes {bad} before writing an error report; their messages are on "
-        f"stderr{stopped}",
-        rank=None,
-    )

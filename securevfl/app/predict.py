@@ -41,7 +41,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from securevfl.app.checkpoints import load_model
-from securevfl.app.launcher import explain_failure, start_ranks, watch_ranks
+from securevfl.app.failures import explain_failure
+from securevfl.app.launcher import start_ranks, watch_ranks
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder, holds_training_run
 from securevfl.app.rank import Phase, RankSetup

@@ -1,4 +1,4 @@
-"""What the local launcher says when ranks fail (securevfl.app.launcher.explain_failure):
+"""What the local launcher says when ranks fail (securevfl.app.failures.explain_failure):
 the root cause from the ranks' error reports, a signal the launcher did not send,
 a rank the launcher itself had to stop (not "killed by SIGKILL"), and, without any
 report, a cause it can tell: a folder it cannot write, ranks that failed before
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from securevfl.app.launcher import RANK_CRASHED, explain_failure
+from securevfl.app.failures import RANK_CRASHED, explain_failure
 from securevfl.app.loader import load_protocol_dict
 from securevfl.app.rank_layout import layout_of
 from securevfl.errors import OutputError, PartyFailure
