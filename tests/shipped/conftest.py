@@ -17,7 +17,6 @@ class Outcome:
     floor: str
     value: float | None
     seconds: float
-    cpu_seconds: float
     how: str
 
 
@@ -26,9 +25,7 @@ OUTCOMES = pytest.StashKey[list[Outcome]]()
 
 @pytest.fixture
 def record(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """``record(file=, metric=, floor=, value=, seconds=, cpu_seconds=, how=)``: one line
-    of the summary (``cpu_seconds``: user + system time of the processes it ran, which
-    a loaded machine does not inflate the way it does wall time)."""
+    """``record(file=, metric=, floor=, value=, seconds=, how=)``: one line of the summary."""
     outcomes = request.config.stash.setdefault(OUTCOMES, [])
     return lambda **kw: outcomes.append(Outcome(**kw))
 
@@ -40,14 +37,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     tr = terminalreporter
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     tr.write_sep("=", f"shipped protocols (load average now {load})")
-    tr.write_line(f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8} {'CPU s':>8}  how")
+    tr.write_line(f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8}  how")
     for o in outcomes:
         value = "-" if o.value is None else f"{o.value:.4f}"
-        tr.write_line(
-            f"{o.file:38} {o.metric:14} {value:>8} {o.floor:>9} "
-            f"{o.seconds:8.1f} {o.cpu_seconds:8.1f}  {o.how}"
-        )
-    tr.write_line(
-        f"total: {sum(o.seconds for o in outcomes):.1f} s wall, "
-        f"{sum(o.cpu_seconds for o in outcomes):.1f} s CPU of the processes run"
-    )
+        tr.write_line(f"{o.file:38} {o.metric:14} {value:>8} {o.floor:>9} {o.seconds:8.1f}  {o.how}")
+    runs = {(o.how, o.seconds) for o in outcomes}  # a comparison's rows share one run
+    tr.write_line(f"files' own wall times together: {sum(s for _, s in runs):.1f} s")
