@@ -20,7 +20,7 @@ runs the way its documentation tells a user to run it, through the real command 
 The files run two at a time (:data:`AT_ONCE`, one per core of the 2-core CI box;
 a run's ranks wait on each other for much of a step, so two runs side by side
 finish the tier in about two thirds of the time one after another), the costliest
-first: the tier's first test starts every selected file in a pool, and each test
+first (the demo's job second): the tier's first test starts every selected file in a pool, and each test
 waits for its own file. The demo's files and the comparison share one folder, so
 they run one after another, as one job of the pool.
 
@@ -280,16 +280,14 @@ def check_file(path: Path, tmp: Path, demo_folder: Path) -> FileOutcome:
 
 
 def cost_rank(path: Path) -> int:
-    """Where a file's backend stands in :data:`COST_ORDER` (the demo's files last)."""
-    if path.parent.name == "demo":
-        return len(COST_ORDER)
+    """Where a file's backend stands in :data:`COST_ORDER`."""
     backend = load_protocol(path).exchange.backend
     return COST_ORDER.index(backend) if backend in COST_ORDER else len(COST_ORDER)
 
 
 class Pool:
     """Every selected file's run, :data:`AT_ONCE` at a time: the costly ones first,
-    the demo's files (one folder) as one job in file order."""
+    the demo's files (one folder) as one job in file order, second."""
 
     def __init__(self, files: list[Path], base: Path):
         self.base = base
@@ -297,13 +295,17 @@ class Pool:
         self.executor = ThreadPoolExecutor(max_workers=AT_ONCE)
         self.futures: dict[Path, Future[FileOutcome]] = {}
         demo = [f for f in files if f.parent.name == "demo"]
-        for f in sorted((f for f in files if f not in demo), key=cost_rank):
+        rest = sorted((f for f in files if f not in demo), key=cost_rank)
+        # the demo's chain is as long as a costly run: it starts after the costliest one
+        for f in rest[:1]:
             self.futures[f] = self.executor.submit(check_file, f, self.tmp(f), self.demo_folder)
         if demo:
             for f in demo:
                 self.futures[f] = Future()
             chain: Future[None] = self.executor.submit(self.run_demo, demo)
             chain.add_done_callback(lambda done: self.fail_rest(demo, done))
+        for f in rest[1:]:
+            self.futures[f] = self.executor.submit(check_file, f, self.tmp(f), self.demo_folder)
 
     def tmp(self, path: Path) -> Path:
         folder = self.base / key(path).replace("/", "_")
