@@ -49,6 +49,7 @@ from securevfl.app.comparison import Run, plan, read_comparison_file, sources_fr
 from securevfl.app.launcher import free_port
 from securevfl.app.loader import load_protocol
 from tests.support.protocols import PROTOCOLS, ROOT
+from tests.support.runs import cli
 
 FLOORS_FILE = PROTOCOLS / "floors.toml"
 FILES = sorted(PROTOCOLS.glob("*.yaml")) + sorted((PROTOCOLS / "demo").glob("*.yaml"))
@@ -135,13 +136,7 @@ def header_party_commands(path: Path) -> list[list[str]]:
 
 
 def securevfl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "securevfl", *args],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        cwd=ROOT,
-    )
+    return cli(*args, timeout=RUN_TIMEOUT_S)
 
 
 def failure(command: list[str], rc: int | None, stderr: str) -> str:
