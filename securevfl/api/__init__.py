@@ -40,6 +40,7 @@ import yaml
 from securevfl.api.arguments import (
     Overrides,
     check_flags,
+    data_list,
     kind_of,
     optional_path,
     path_arg,
@@ -372,25 +373,6 @@ def compare(
     return Comparison(title, folder, records, summarize(records), files)
 
 
-def _data_files(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None) -> list[str]:
-    """``--data`` items from a mapping party -> file (or the items themselves)."""
-    if data is None:
-        return []
-    if isinstance(data, str):
-        raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
-    if isinstance(data, Mapping):
-        return [f"{party}={path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
-    if not isinstance(data, Sequence) or isinstance(data, bytes):
-        raise ConfigError(
-            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {kind_of(data)}",
-            path="--data",
-        )
-    items = [d for d in data if not isinstance(d, str)]
-    if items:
-        raise ConfigError(f"a data item is a PARTY=PATH string, not {kind_of(items[0])}", path="--data")
-    return list(data)
-
-
 def predict(
     run: str | os.PathLike[str] | RunResult,
     *,
@@ -424,7 +406,7 @@ def predict(
     record, path = predict_local(
         run_dir,
         out_path,
-        data=_data_files(data),
+        data=data_list(data),
         data_dir=data_path,
         overwrite=overwrite,
     )
@@ -494,7 +476,7 @@ def party(
         data_dir=optional_path(data_dir, "data_dir"),
         key=optional_path(key, "key"),
         predict=optional_path(predict, "predict"),
-        data=_data_files(data),
+        data=data_list(data),
         overwrite=overwrite,
         resume=resume,
         progress=progress,

@@ -72,3 +72,22 @@ def set_list(overrides: Overrides | None) -> list[str]:
     if items:
         raise ConfigError(f"an override is a KEY=VALUE string, not {kind_of(items[0])}", path="overrides")
     return list(overrides)
+
+
+def data_list(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None) -> list[str]:
+    """``--data`` items from a mapping party -> file (or the items themselves)."""
+    if data is None:
+        return []
+    if isinstance(data, str):
+        raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
+    if isinstance(data, Mapping):
+        return [f"{party}={path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
+    if not isinstance(data, Sequence) or isinstance(data, bytes):
+        raise ConfigError(
+            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {kind_of(data)}",
+            path="--data",
+        )
+    items = [d for d in data if not isinstance(d, str)]
+    if items:
+        raise ConfigError(f"a data item is a PARTY=PATH string, not {kind_of(items[0])}", path="--data")
+    return list(data)
