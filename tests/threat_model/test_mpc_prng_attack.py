@@ -54,7 +54,7 @@ from tests.threat_model.weak_stream import plant_mt_keystream
 pytestmark = pytest.mark.timeout(600)
 
 B, D, OUT = 64, 16, 16  # batch, P_1's embedding width, the interactive layer's output
-CHECK = 40  # elements after the window whose high halves the clone must predict
+CHECK = 40  # the fewest elements after the window a clone must predict (it predicts all there are)
 STEPS = 6
 # a low half this close to 2^32 or 0 leaves the high half in doubt by a carry of the
 # opened value x (|x| < 2^22: fixed-point values below 64 in magnitude)
@@ -66,32 +66,35 @@ def _u64(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().reshape(-1).numpy().view(np.uint64)
 
 
-def clone_mask(v: np.ndarray, layout: WordOrder) -> Clone | None:
-    """The generator behind a mask whose approximation ``v`` (uint64, the opening
-    negated, off by the small opened value) starts a draw in ``layout``, placed
-    after its first :data:`HIGH_ELEMENTS` elements, if a clone predicts the next
-    :data:`CHECK` elements of the mask (each within the opened value's bound of
-    ``v``); else None. Elements whose high half is in doubt (a carry) are tried
-    both ways."""
+def clone_mask(v: np.ndarray, layout: WordOrder) -> tuple[Clone, ...]:
+    """The generators that may stand behind a mask whose approximation ``v``
+    (uint64, the opening negated, off by the small opened value) starts a draw in
+    ``layout``, each placed after the first :data:`HIGH_ELEMENTS` elements: every
+    clone that predicts all the elements after that window (at least
+    :data:`CHECK` of them), each within the opened value's bound of ``v``. An
+    element whose high half is in doubt (a carry) is tried both ways; more than
+    one clone comes back when the elements after the window cannot tell the ways
+    apart (an early doubtful output first shows some 50 elements after the window,
+    a late one over 100), and :func:`unmask` tries each."""
     if len(v) < HIGH_ELEMENTS + CHECK:
-        return None
+        return ()
     high = layout.high_halves(v)
     low = v & LOW32
     doubt = (low < DOUBT) | (low >= np.uint64(2**32 - DOUBT))
     other = np.where(low < DOUBT, high - np.uint32(1), high + np.uint32(1)).astype(np.uint32)
     unsure = np.flatnonzero(doubt[:HIGH_ELEMENTS])
     if len(unsure) > 8:
-        return None
-    want = v[HIGH_ELEMENTS : HIGH_ELEMENTS + CHECK]
+        return ()
+    want = v[HIGH_ELEMENTS:]
+    clones = []
     for choice in itertools.product((False, True), repeat=len(unsure)):
         h = high.copy()
         picked = unsure[list(choice)]
         h[picked] = other[picked]
-        clone = clone_from_high_halves(h, layout)
-        x = (_u64(clone.ring(CHECK)) - want).view(np.int64)  # the opened values, if the clone is right
-        if np.all(np.abs(x) < DOUBT):
-            return clone_from_high_halves(h, layout)
-    return None
+        x = (_u64(clone_from_high_halves(h, layout).ring(len(want))) - want).view(np.int64)
+        if np.all(np.abs(x) < DOUBT):  # the opened values, were this clone right
+            clones.append(clone_from_high_halves(h, layout))
+    return tuple(clones)
 
 
 def hypotheses(opening: torch.Tensor, parts: list[int]) -> list[tuple[str, np.ndarray]]:
@@ -110,7 +113,7 @@ class Hit:
     opening: int
     where: str
     layout: WordOrder
-    clone: Clone
+    clones: tuple[Clone, ...]  # every generator the opening leaves possible (:func:`clone_mask`)
 
 
 def attack(opened: list[torch.Tensor], parts_of: Any) -> list[Hit]:
@@ -119,26 +122,28 @@ def attack(opened: list[torch.Tensor], parts_of: Any) -> list[Hit]:
     for k, o in enumerate(opened):
         for where, v in hypotheses(o, parts_of(o)):
             for layout in LAYOUTS:
-                clone = clone_mask(v, layout)
-                if clone is not None:
-                    hits.append(Hit(k, where, layout, clone))
+                clones = clone_mask(v, layout)
+                if clones:
+                    hits.append(Hit(k, where, layout, clones))
     return hits
 
 
 def unmask(hit: Hit, part: torch.Tensor, horizon: int = 300_000) -> torch.Tensor | None:
-    """The value behind a later opening ``part`` (x - a): the clone's stream searched
-    for the mask a, whose first element must sit where the part's high half says.
-    Returns x when every element of it is small, else None."""
-    stream = _u64(hit.clone.ring(horizon))
+    """The value behind a later opening ``part`` (x - a): each of the hit's clones'
+    streams searched for the mask a, whose first element must sit where the part's
+    high half says. Returns x when every element of it is small, else None."""
     layout = hit.layout
     v = (-_u64(part).view(np.int64)).view(np.uint64)
-    high, first = layout.high_halves(stream), layout.high_halves(v[:1])[0]
-    for i in np.flatnonzero(np.abs(high.astype(np.int64) - int(first)) <= 1):
-        if i + len(v) > len(stream):
-            break
-        x = (_u64(part) + stream[i : i + len(v)]).view(np.int64)
-        if np.all(np.abs(x) < DOUBT):
-            return torch.from_numpy(x.copy())
+    first = layout.high_halves(v[:1])[0]
+    for clone in hit.clones:
+        stream = _u64(clone.ring(horizon))
+        high = layout.high_halves(stream)
+        for i in np.flatnonzero(np.abs(high.astype(np.int64) - int(first)) <= 1):
+            if i + len(v) > len(stream):
+                break
+            x = (_u64(part) + stream[i : i + len(v)]).view(np.int64)
+            if np.all(np.abs(x) < DOUBT):
+                return torch.from_numpy(x.copy())
     return None
 
 
