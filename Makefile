@@ -31,13 +31,15 @@ demo: $(STAMP)
 demo-quick: $(STAMP)
 	$(BIN)/securevfl run protocols/plain.yaml --out runs/demo-quick --overwrite
 
-# the default suite; --durations prints where its time goes (the CI log keeps the profile)
+# the default suite, two test files at a time (WORKERS=0: one process; a file's tests share
+# its fixtures in one worker); --durations prints where its time goes (the CI log keeps it)
+WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --durations=25
 
 # the default suite and the tests marked slow (the shipped-protocol tier is `make test-shipped`)
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not shipped"
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile -m "not shipped"
 
 # Every protocol file under protocols/ and protocols/demo/ trained with its own settings to
 # the floor protocols/floors.toml gives it (tests/shipped/); CI runs it after `make test`.
