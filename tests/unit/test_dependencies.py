@@ -158,6 +158,7 @@ def dev_tools() -> dict[str, bool]:
         "ruff": "$(BIN)/ruff check" in make,
         "mypy": "$(BIN)/mypy" in make and "mypy" in PYPROJECT["tool"],
         "pytest-timeout": "timeout" in PYPROJECT["tool"]["pytest"]["ini_options"],
+        "pytest-xdist": "pytest -q -n $(WORKERS)" in make,
         "types-pyyaml": "mypy" in PYPROJECT["tool"] and "yaml" in securevfl_imports(),
     }
 
