@@ -63,15 +63,12 @@ def set_list(overrides: Overrides | None) -> list[str]:
         if keys:
             raise ConfigError(f"an override's key is a string, not {kind_of(keys[0])}", path="overrides")
         return [override_expr(key, value) for key, value in overrides.items()]
-    if not isinstance(overrides, Sequence) or isinstance(overrides, bytes):
-        raise ConfigError(
-            f"overrides are a mapping or a list of KEY=VALUE strings, not {kind_of(overrides)}",
-            path="overrides",
-        )
-    items = [o for o in overrides if not isinstance(o, str)]
-    if items:
-        raise ConfigError(f"an override is a KEY=VALUE string, not {kind_of(items[0])}", path="overrides")
-    return list(overrides)
+    return _strings(
+        overrides,
+        shape="overrides are a mapping or a list of KEY=VALUE strings",
+        item="an override is a KEY=VALUE string",
+        path="overrides",
+    )
 
 
 def data_list(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None) -> list[str]:
@@ -82,12 +79,20 @@ def data_list(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None)
         raise ConfigError("data is a mapping party -> file or a list of PARTY=PATH strings", path="--data")
     if isinstance(data, Mapping):
         return [f"{party}={path_arg(path, f'data[{party!r}]')}" for party, path in data.items()]
-    if not isinstance(data, Sequence) or isinstance(data, bytes):
-        raise ConfigError(
-            f"data is a mapping party -> file or a list of PARTY=PATH strings, not {kind_of(data)}",
-            path="--data",
-        )
-    items = [d for d in data if not isinstance(d, str)]
-    if items:
-        raise ConfigError(f"a data item is a PARTY=PATH string, not {kind_of(items[0])}", path="--data")
-    return list(data)
+    return _strings(
+        data,
+        shape="data is a mapping party -> file or a list of PARTY=PATH strings",
+        item="a data item is a PARTY=PATH string",
+        path="--data",
+    )
+
+
+def _strings(value: object, *, shape: str, item: str, path: str) -> list[str]:
+    """``value`` as a list of strings; else a ConfigError at ``path`` that says the
+    ``shape`` expected of it, or what ``item`` each element must be."""
+    if not isinstance(value, Sequence) or isinstance(value, bytes):
+        raise ConfigError(f"{shape}, not {kind_of(value)}", path=path)
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad:
+        raise ConfigError(f"{item}, not {kind_of(bad[0])}", path=path)
+    return list(value)

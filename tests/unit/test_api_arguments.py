@@ -43,6 +43,11 @@ def _refused(call: Any, path: str, text: str) -> None:
         (lambda tmp: api.predict(tmp, out=None), "out", "not NoneType"),
         (lambda tmp: api.predict(tmp, out=tmp / "p", data={"shop": 5}), "data['shop']", "not int"),
         (lambda tmp: api.predict(tmp, out=tmp / "p", data=5), "--data", "not int"),
+        (
+            lambda tmp: api.predict(tmp, out=tmp / "p", data=["shop=a.csv", 5]),
+            "--data",
+            "a data item is a PARTY=PATH string, not int",
+        ),
         (lambda tmp: api.party(PLAIN, rank="0", rendezvous="tcp://127.0.0.1:1"), "rank", "not str"),
     ],
     ids=[
@@ -61,6 +66,7 @@ def _refused(call: Any, path: str, text: str) -> None:
         "predict-out",
         "predict-data-item",
         "predict-data",
+        "predict-data-list-item",
         "party-rank",
     ],
 )
