@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from securevfl.errors import ConfigError
+from securevfl.runtime.safepath import safe_children
 
 START_METHOD_ENV = "SECUREVFL_START_METHOD"
 START_METHODS = ("forkserver", "spawn")
@@ -43,7 +44,10 @@ def rank_context() -> Any:
     interpreter start-up (a ``sitecustomize`` probe, a re-imported benchmark
     script), and the only method on Windows. Each rank gets the launcher's
     environment as it is at launch either way
-    (:func:`securevfl.app.launcher._rank_main`)."""
+    (:func:`securevfl.app.launcher._rank_main`). Either way the child interpreter
+    (a spawned rank, the fork server) starts without the working directory on
+    its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
+    safe_children()
     available = mp.get_all_start_methods()
     method = os.environ.get(START_METHOD_ENV) or ("forkserver" if "forkserver" in available else "spawn")
     if method not in START_METHODS or method not in available:

@@ -56,6 +56,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from securevfl.runtime.lifeline import die_with
+from securevfl.runtime.safepath import safe_children
 
 ELEMENT_BYTES = 32  # an X25519 u-coordinate, little-endian
 #: RFC 9380 domain-separation tag: the suite id prefixed with this application.
@@ -279,7 +280,9 @@ class Blinder:
         if self._pool is None:
             # each worker ends with this process, however it ends (a rank stopped by
             # SIGTERM or SIGKILL, or one ending itself with os._exit when a peer is lost,
-            # never runs close()): the workers hold the key and ~0.4 GB each
+            # never runs close()): the workers hold the key and ~0.4 GB each; they start
+            # without the working directory on their import path (SECURITY.md §4b)
+            safe_children()
             self._pool = ProcessPoolExecutor(
                 self._workers,
                 mp_context=multiprocessing.get_context("spawn"),

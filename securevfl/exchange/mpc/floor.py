@@ -31,6 +31,7 @@ from securevfl.exchange.mpc.crypten.items import Init, PairStep, Triple, Trunc, 
 from securevfl.exchange.mpc.plan import pair_ops, pair_plan, step_ops, step_plan
 from securevfl.exchange.mpc.ring import product_share
 from securevfl.exchange.mpc.ringmatmul import kernel, ring_matmul
+from securevfl.runtime.safepath import safe_children
 
 PING_ROUNDS = 200
 
@@ -62,6 +63,7 @@ def _ping(rank: int, port: int, rounds: int, out: Any) -> None:
 
 def round_trip_s(rounds: int = PING_ROUNDS) -> float:
     """Median round trip of a small tensor between two processes (gloo, loopback)."""
+    safe_children()  # the ping processes start without the working directory on their path
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
