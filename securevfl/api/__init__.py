@@ -64,7 +64,7 @@ from securevfl.errors import ConfigError
 from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import write_comparison
-from securevfl.usercode import CodePolicy
+from securevfl.usercode import policy_of
 
 __all__ = [
     "Comparison",
@@ -465,7 +465,7 @@ def party(
     allowed = allowed_modules(allow_plugins)
     proto = load_protocol(protocol, overrides, allow_plugins=allowed, rank=rank)
     beside = components_of(proto).code.beside
-    code = CodePolicy(frozenset(allowed), beside)
+    code = policy_of(allowed, beside)
     code.check(needed_code(proto, rank))
     proto = attach(proto, dataclasses.replace(components_of(proto), code=code))
     return run_party(

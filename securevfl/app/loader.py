@@ -5,10 +5,11 @@ schema (:mod:`securevfl.config`) and then cross-checked against the registries
 and attaches them to the protocol (:mod:`securevfl.components`).
 
 Between the two, the protocol's ``plugins`` are imported, under the user code
-policy of the process (:mod:`securevfl.usercode`): ``allow`` names the modules
-its invocation allows (``securevfl party`` and ``validate``: ``--allow-plugin``),
-or is :data:`OWN`, every module the file names itself (the local launcher, run by
-the file's author). Every module the process would import for the protocol (its
+policy of the process (:mod:`securevfl.usercode`): ``allow`` names what its
+invocation allows (``securevfl party`` and ``validate``: ``--allow-plugin``, an
+installed module by name, a file by path or by pinned digest), or is
+:data:`OWN`, every module the file names itself (the local launcher, run by the
+file's author: those beside the file by path). Every module the process would import for the protocol (its
 plugins and, given ``rank``, the model factories that rank runs) is checked
 before any is imported. The policy is attached with the components
 (:attr:`~securevfl.components.Components.code`), so the ranks import each
@@ -36,7 +37,7 @@ from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.config_errors import format_loc, validation_error
 from securevfl.errors import ConfigError, UserCodeError
-from securevfl.usercode import MODULE_PATTERN, CodePolicy, Needed, split_ref
+from securevfl.usercode import CodePolicy, Needed, is_allowance, own_policy, policy_of, split_ref
 from securevfl.validation import check_protocol, resolve_components
 
 #: a path element ``[*]``: every element of the list at that point (``--set`` and
@@ -51,14 +52,19 @@ Allow = Literal["own"] | Iterable[str]
 
 
 def allowed_modules(names: Sequence[str]) -> list[str]:
-    """Module names a process allows (``--allow-plugin``, ``allow_plugins``), each
-    checked to be one."""
+    """What a process allows (``--allow-plugin``, ``allow_plugins``): installed
+    module names, files by path, files beside the protocol by pinned digest
+    (:func:`securevfl.usercode.policy_of`), each checked to read as one."""
     if isinstance(names, str):
         raise ConfigError("allow_plugins is a list of module names, not one string", path="allow_plugins")
     out = []
     for n in names:
-        if not isinstance(n, str) or not re.fullmatch(MODULE_PATTERN, n):
-            raise ConfigError(f"{n!r} is not a module name (package.module)", path="--allow-plugin")
+        if not isinstance(n, str) or not is_allowance(n):
+            raise ConfigError(
+                f"{n!r} is not a module name (package.module), a file path (./mylab.py) or a pinned "
+                "file (mylab=sha256:DIGEST)",
+                path="--allow-plugin",
+            )
         out.append(n)
     return out
 
@@ -191,15 +197,16 @@ def load_protocol_dict(
 
 
 def code_policy(proto: Protocol, allow: Allow, beside: Path | None) -> CodePolicy:
-    """The user code policy of a process loading ``proto``: the modules ``allow``
-    names, or with :data:`OWN` every module the protocol names."""
+    """The user code policy of a process loading ``proto``: what ``allow`` names
+    (:func:`~securevfl.usercode.policy_of`), or with :data:`OWN` every module the
+    protocol names, those beside its file by path
+    (:func:`~securevfl.usercode.own_policy`)."""
     where = str(Path(beside).resolve()) if beside is not None else None
     if isinstance(allow, str):
         if allow != OWN:
             raise ValueError(f"allow is {OWN!r} or a list of module names, not {allow!r}")
-        named = {n.module for n in needed_code(proto, None, factories=True)}
-        return CodePolicy(frozenset(named), where)
-    return CodePolicy(frozenset(allow), where)
+        return own_policy({n.module for n in needed_code(proto, None, factories=True)}, where)
+    return policy_of(allow, where)
 
 
 def needed_code(proto: Protocol, rank: int | None, *, factories: bool = False) -> list[Needed]:

@@ -16,7 +16,7 @@ from securevfl.config import ModelSpec, TopSpec
 from securevfl.errors import ConfigError, UserCodeError
 from securevfl.models import MODELS, CNNBottom, Top, build_bottom, build_top, check_output, mlp
 from securevfl.seeding import seeded
-from securevfl.usercode import CodePolicy
+from securevfl.usercode import CodePolicy, policy_of
 
 FACTORIES = """
 import torch
@@ -78,7 +78,7 @@ def factories(tmp_path: Path):
     name = f"svfl_factories_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{name}.py").write_text(FACTORIES)
     finders = list(sys.meta_path)
-    yield name, CodePolicy(frozenset({name}), str(tmp_path))
+    yield name, policy_of([str(tmp_path / f"{name}.py")], str(tmp_path))
     sys.modules.pop(name, None)
     sys.meta_path[:] = finders
 
@@ -229,7 +229,7 @@ def test_an_attack_rebuilding_a_partys_factory_model_imports_it_under_the_harnes
         32,
         seed=0,
         party="left",
-        code=CodePolicy(frozenset({name}), str(tmp_path)),
+        code=policy_of([str(tmp_path / f"{name}.py")], str(tmp_path)),
     )
     own = {"x_train": torch.zeros(4, 32), "bottom": trained.state_dict(), "defense_modules": []}
     view = View(1, "left", {}, own)

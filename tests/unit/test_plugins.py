@@ -67,7 +67,16 @@ def plugin(tmp_path: Path):
     left["defenses"] = [{"name": defense, "params": {"factor": 0.25}}]
     left["model"] = {"kind": model, "params": {"width": 6}, "out": 16}
     finders = list(sys.meta_path)
-    yield {"name": name, "defense": defense, "model": model, "doc": doc, "marks": marks, "dir": tmp_path}
+    file = str(tmp_path / f"{name}.py")  # how a party allows it: by the file's path
+    yield {
+        "name": name,
+        "file": file,
+        "defense": defense,
+        "model": model,
+        "doc": doc,
+        "marks": marks,
+        "dir": tmp_path,
+    }
     sys.modules.pop(name, None)
     sys.meta_path[:] = finders
     DEFENSES.remove(defense)
@@ -88,13 +97,13 @@ def test_a_plugin_not_allowed_is_refused_before_it_is_imported(plugin):
 
 
 def test_an_allowed_plugin_registers_what_the_protocol_uses(plugin):
-    proto = load_protocol_dict(copy.deepcopy(plugin["doc"]), allow=[plugin["name"]], beside=plugin["dir"])
+    proto = load_protocol_dict(copy.deepcopy(plugin["doc"]), allow=[plugin["file"]], beside=plugin["dir"])
     assert _imported(plugin) == 1
     assert components_of(proto).party("left").names() == [plugin["defense"]]
     assert components_of(proto).code.allows(plugin["name"])
     assert plugin["model"] in MODELS
     # a second load imports nothing again (one registration per process)
-    load_protocol_dict(copy.deepcopy(plugin["doc"]), allow=[plugin["name"]], beside=plugin["dir"])
+    load_protocol_dict(copy.deepcopy(plugin["doc"]), allow=[plugin["file"]], beside=plugin["dir"])
     assert _imported(plugin) == 1
 
 
@@ -119,10 +128,10 @@ def test_a_party_checks_its_own_factories_with_the_plugins_before_importing(plug
     assert needed_code(load_protocol_dict(_no_plugins(doc)), 1) == []
     assert needed_code(load_protocol_dict(_no_plugins(doc)), 3) == []  # a helper rank
     with pytest.raises(UserCodeError, match="model factory 'right_models:bottom' of party 'right'"):
-        load_protocol_dict(copy.deepcopy(doc), allow=[plugin["name"]], rank=2, beside=plugin["dir"])
+        load_protocol_dict(copy.deepcopy(doc), allow=[plugin["file"]], rank=2, beside=plugin["dir"])
     assert _imported(plugin) == 0  # the allowed plugin was not imported either
     # rank 1 does not import the right party's factory: its plugin is all it needs
-    load_protocol_dict(copy.deepcopy(doc), allow=[plugin["name"]], rank=1, beside=plugin["dir"])
+    load_protocol_dict(copy.deepcopy(doc), allow=[plugin["file"]], rank=1, beside=plugin["dir"])
     assert _imported(plugin) == 1
 
 
@@ -148,7 +157,7 @@ def test_a_plugin_that_fails_on_import_is_named_without_a_traceback(plugin, tmp_
         with pytest.raises(
             UserCodeError, match=rf"plugin '{name}': module '{name}' failed while it was"
         ) as err:
-            load_protocol_dict(doc, allow=[name], beside=tmp_path)
+            load_protocol_dict(doc, allow=[str(tmp_path / f"{name}.py")], beside=tmp_path)
         assert err.value.detail is not None and "dataset 'digits' is already registered" in err.value.detail
     finally:
         sys.modules.pop(name, None)

@@ -3,6 +3,7 @@ policy that decides what a process may import, and where modules are found."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import uuid
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from securevfl.app.objects import reference_of
 from securevfl.errors import UserCodeError
-from securevfl.usercode import CodePolicy, Needed, split_ref
+from securevfl.usercode import CodePolicy, FileModule, Needed, policy_of, split_ref
 
 
 @pytest.fixture
@@ -91,25 +92,73 @@ def test_check_names_every_refused_module_before_anything_is_imported(tmp_path, 
     assert not marker.exists() and name not in sys.modules
 
 
-def test_an_allowed_module_is_found_beside_the_file_and_nothing_else_is(tmp_path, isolated):
+def test_a_module_beside_the_file_is_found_only_as_the_file_its_policy_names(tmp_path, isolated):
+    """By path (or pinned digest) the file is the module; by name the folder is
+    not searched (SECURITY.md §4b; tests/threat_model/test_plugin_trust.py)."""
     allowed = _module(tmp_path, "VALUE = 7\n")
     other = _module(tmp_path, "VALUE = 8\n")
-    policy = CodePolicy(frozenset({allowed}), str(tmp_path))
+    policy = policy_of([str(tmp_path / f"{allowed}.py")], str(tmp_path))
+    assert policy.allows(allowed) and not policy.allows(other) and not policy.allows(f"{allowed}.sub")
     assert policy.load(f"{allowed}:VALUE", what="factory", path="x") == 7
-    # the folder is not on sys.path: a name not allowed there is not found through it
+    by_name = CodePolicy(frozenset({other}), str(tmp_path))
+    with pytest.raises(UserCodeError, match=f"no module named '{other}' .*--allow-plugin {other}=sha256:"):
+        by_name.import_module(other, what="factory", path="x")
     with pytest.raises(ModuleNotFoundError):
         __import__(other)
     assert str(tmp_path) not in sys.path
+
+
+def test_an_allowance_reads_as_a_name_a_path_or_a_pin(tmp_path):
+    f = tmp_path / "svfl_pinned_mod.py"
+    f.write_text("A = 1\n")
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+    policy = policy_of(["a.b", f"svfl_pinned_mod=sha256:{digest.upper()}"], str(tmp_path))
+    assert policy.allowed == frozenset({"a.b"})
+    assert policy.files == frozenset({FileModule("svfl_pinned_mod", str(f.resolve()), digest)})
+    by_path = policy_of([str(f), str(tmp_path / "." / f.name)])
+    assert by_path.files == frozenset({FileModule("svfl_pinned_mod", str(f.resolve()))})
+    for bad, says in (
+        ("a-b", "is not a module name"),
+        (str(tmp_path / "missing.py"), "neither a .py file nor a package folder"),
+        ("nothere=sha256:" + "0" * 64, "no file 'nothere.py' beside the protocol file"),
+    ):
+        with pytest.raises(UserCodeError, match=says) as err:
+            policy_of([bad], str(tmp_path))
+        assert err.value.path == "--allow-plugin"
+    with pytest.raises(UserCodeError, match="given without one"):
+        policy_of([f"svfl_pinned_mod=sha256:{digest}"], None)
+    with pytest.raises(UserCodeError, match="allowed as two different files"):
+        policy_of([str(f), f"svfl_pinned_mod=sha256:{digest}"], str(tmp_path))
+
+
+def test_a_file_never_takes_an_installed_modules_name(tmp_path, isolated):
+    """A file allowed as ``json`` (or any module installed elsewhere) is refused
+    rather than replacing it for securevfl and every library."""
+    (tmp_path / "json.py").write_text("raise SystemExit('planted')\n")
+    policy = policy_of([str(tmp_path / "json.py")], str(tmp_path))
+    with pytest.raises(UserCodeError, match="already imported from elsewhere"):
+        policy.import_module("json", what="plugin 'json'", path="plugins[0]")
+    (tmp_path / "svfl_shadowed.py").write_text("raise SystemExit('planted')\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "svfl_shadowed.py").write_text("SOURCE = 'installed'\n")
+    sys.path.insert(0, str(site))
+    try:
+        policy = policy_of([str(tmp_path / "svfl_shadowed.py")], str(tmp_path))
+        with pytest.raises(UserCodeError, match="has the name of an installed module"):
+            policy.import_module("svfl_shadowed", what="plugin", path="plugins[0]")
+    finally:
+        sys.path.remove(str(site))
 
 
 def test_import_failures_are_user_code_errors_with_the_text_for_the_owner(tmp_path, isolated):
     policy = CodePolicy(frozenset({"svfl_missing_mod"}), str(tmp_path))
     with pytest.raises(UserCodeError, match="no module named 'svfl_missing_mod'") as err:
         policy.import_module("svfl_missing_mod", what="plugin 'svfl_missing_mod'", path="plugins[0]")
-    assert str(tmp_path) in str(err.value)
+    assert "on the Python path" in str(err.value)
 
     broken = _module(tmp_path, "x = 1\nraise RuntimeError('row 17 holds 4.2')\n")
-    policy = CodePolicy(frozenset({broken}), str(tmp_path))
+    policy = policy_of([str(tmp_path / f"{broken}.py")], str(tmp_path))
     with pytest.raises(UserCodeError) as err:
         policy.import_module(broken, what=f"plugin '{broken}'", path="plugins[0]")
     assert "failed while it was imported (RuntimeError)" in str(err.value)
@@ -119,13 +168,13 @@ def test_import_failures_are_user_code_errors_with_the_text_for_the_owner(tmp_pa
 
     # a dependency the user's module lacks is its failure, not a missing module of the file's
     needs = _module(tmp_path, "import svfl_not_installed_anywhere\n")
-    policy = CodePolicy(frozenset({needs}), str(tmp_path))
+    policy = policy_of([str(tmp_path / f"{needs}.py")], str(tmp_path))
     with pytest.raises(UserCodeError, match="failed while it was imported"):
         policy.import_module(needs, what="plugin", path="plugins[0]")
 
     ok = _module(tmp_path, "A = 1\n")
     with pytest.raises(UserCodeError, match=f"module '{ok}' has no 'nothing'"):
-        CodePolicy(frozenset({ok}), str(tmp_path)).load(f"{ok}:nothing", what="factory", path="x")
+        policy_of([str(tmp_path / f"{ok}.py")]).load(f"{ok}:nothing", what="factory", path="x")
 
 
 def test_a_policy_is_immutable_and_picklable():
