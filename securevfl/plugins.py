@@ -27,11 +27,15 @@ built-in ones::
         - name: p1
           defenses: [{name: topk_gradients, params: {k: 4}}]
 
-A plugin runs only where its owner allows it: ``securevfl party`` and
-``securevfl validate`` import it only with ``--allow-plugin my_plugin``; the
-local launcher (``securevfl run``, ``compare``, ``predict``, :mod:`securevfl.api`)
-allows the modules its own file names (SECURITY.md §4b,
-:mod:`securevfl.usercode`). A module beside the protocol file is found by name.
+A plugin runs only where its owner allows it (SECURITY.md §4b,
+:mod:`securevfl.usercode`): ``securevfl party`` and ``securevfl validate``
+import an installed plugin with ``--allow-plugin my_plugin``, looked up on the
+Python path alone (never beside the protocol file), and a module beside the
+protocol file only when the party names that file: by its path
+(``--allow-plugin ./my_plugin.py``, or a package's folder) or by the SHA-256
+of its source (``--allow-plugin my_plugin=sha256:<hex>``). The local launcher
+(``securevfl run``, ``compare``, ``predict``, :mod:`securevfl.api`) allows the
+modules its own file names, those beside it by their path.
 Registering a name twice is refused unless ``force=True``; a plugin that raises
 while it is imported stops the command with exit code 2, naming it.
 
@@ -74,7 +78,8 @@ What a plugin implements, and its contract:
   :func:`register_model` and named as ``model: {kind: NAME, params: {...},
   out: N}``. A factory need not be registered at all: ``model: {factory:
   "package.module:callable"}`` names it by import path, imported in its owner's
-  rank alone. It builds its module on the CPU, under the rank's initialisation
+  rank alone; the callable is a function or class defined in that module itself
+  (``mylab:os.system`` is refused). It builds its module on the CPU, under the rank's initialisation
   randomness (its own secret randomness by default); the module's output is
   checked on a probe batch at set-up (shape, float32, finite). A factory may
   raise :class:`~securevfl.errors.ConfigError` for a bad option: its message

@@ -76,10 +76,13 @@ def _add_allow(p: argparse.ArgumentParser, what: str) -> None:
         dest="allow_plugins",
         action="append",
         default=[],
-        metavar="MODULE",
-        help=f"allow {what} to import MODULE (and its submodules) for the protocol file: a plugin it "
-        "names, or this party's model factory (repeatable). A module the file names but no "
-        "--allow-plugin allows is refused before anything is imported (SECURITY.md §4b)",
+        metavar="MODULE|PATH|NAME=sha256:DIGEST",
+        help=f"allow {what} to import code for the protocol file: a plugin it names, or this party's "
+        "model factory (repeatable). MODULE: your installed module (and its submodules), never "
+        "looked up beside the protocol file; PATH: the module is that .py file or package folder; "
+        "NAME=sha256:DIGEST: NAME.py beside the protocol file, if its SHA-256 is DIGEST. A module "
+        "the file names but no --allow-plugin allows is refused before anything is imported "
+        "(SECURITY.md §4b)",
     )
 
 

@@ -16,6 +16,7 @@ equals an uninterrupted one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -123,15 +124,16 @@ def test_a_factory_trains_through_party_processes_that_allow_it(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ):
     """Each organization starts its own rank; the passive parties allow the module
-    that builds their own bottom model, the active party and the dealer allow
-    nothing (they import none of it)."""
+    that builds their own bottom model (one by the file's path, one by its pinned
+    digest), the active party and the dealer allow nothing (they import none of it)."""
     proto = bundle(tmp_path / "bundle", user_doc(backend))
     seen = tmp_path / "marks"
     seen.mkdir()
     monkeypatch.setenv(MARKS_ENV, str(seen))
     world = 4 if backend == "mpc" else 3
     port = free_port()
-    allow = {1: _allow("my_models"), 2: _allow("my_models")}
+    digest = hashlib.sha256((proto.parent / "my_models.py").read_bytes()).hexdigest()
+    allow = {1: _allow(str(proto.parent / "my_models.py")), 2: _allow(f"my_models=sha256:{digest}")}
     procs = [
         party_process(proto, r, port, tmp_path / f"rank{r}", "--quiet", *allow.get(r, []))
         for r in range(world)
@@ -161,9 +163,17 @@ def test_a_party_refuses_code_its_invocation_does_not_allow(tmp_path: Path, monk
     port = free_port()
     cases = [
         # (rank, extra arguments, what the refusal names)
-        (1, _allow("svfl_test_plugin", "my_model"), ["model factory 'my_models:bottom' of party 'left'"]),
+        (
+            1,
+            _allow(str(proto.parent / "svfl_test_plugin.py"), "my_model"),
+            ["model factory 'my_models:bottom' of party 'left'"],
+        ),
         (0, [], ["plugin 'svfl_test_plugin'"]),
-        (2, [*_allow("my_models"), "--predict", str(tmp_path)], ["plugin 'svfl_test_plugin'"]),
+        (
+            2,
+            [*_allow(str(proto.parent / "my_models.py")), "--predict", str(tmp_path)],
+            ["plugin 'svfl_test_plugin'"],
+        ),
     ]
     procs = [party_process(proto, r, port, tmp_path / f"rank{r}", *extra) for r, extra, _ in cases]
     for (_, _, named), (code, _, stderr) in zip(cases, _finish(procs), strict=True):
@@ -211,6 +221,8 @@ def test_a_plugin_defense_and_attack_in_validate_and_compare(tmp_path: Path):
     p = cli("validate", str(a), str(b))
     assert p.returncode == 2 and "plugin 'svfl_test_plugin'" in p.stderr and "Traceback" not in p.stderr
     p = cli("validate", str(a), str(b), "--allow-plugin", "svfl_test_plugin")
+    assert p.returncode == 2 and "svfl_test_plugin=sha256:" in p.stderr  # beside the file: by path or digest
+    p = cli("validate", str(a), str(b), "--allow-plugin", str(a.parent / "svfl_test_plugin.py"))
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("ok:") == 2
 
