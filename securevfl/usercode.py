@@ -404,7 +404,7 @@ class CodePolicy:
         if f.sha256 is not None and sha256_of(source) != f.sha256:
             raise UserCodeError(
                 f"{what}: '{Path(f.source).name}' (module '{f.name}') does not match the pinned sha256 "
-                f"({f.sha256}); it was changed since it was allowed",
+                f"({f.sha256}): it is not the file that was allowed",
                 path=path,
             )
         _finder().sources[f.name] = (f, source)
