@@ -41,6 +41,7 @@ Imports nothing of the defenses: a stack is anything with ``defenses`` whose ite
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -92,7 +93,9 @@ def fresh_copy(defense: Any) -> Any:
     streams, under a fresh noise key (its streams are children of that key)."""
     ctx = dataclasses.replace(defense.ctx, noise=SecretStream.fresh())
     clone = type(defense)(defense.params, ctx)
-    clone.restore(defense.checkpoint_state().without_secret_streams())
+    # a deep copy: a captured list or dict is the defense's own object, which the copy's hooks
+    # would otherwise append to (the run's statistics must stay the run's)
+    clone.restore(copy.deepcopy(defense.checkpoint_state().without_secret_streams()))
     return clone
 
 
