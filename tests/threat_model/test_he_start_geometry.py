@@ -46,9 +46,12 @@ SIGMAS = 5.0
 
 
 def gram_error(x: np.ndarray, truth: np.ndarray) -> float:
-    """min over a of |a X X^T - T T^T|_F / |T T^T|_F: how far the Gram matrix of what
-    the attacker holds is from the secret's, at the attacker's best scale."""
-    e, t = x @ x.T, truth @ truth.T
+    """min over a of |a X X^T - T T^T|_F / |T T^T|_F for the rows of X and T centred
+    (their pairwise distances: what a start could reveal; A can centre z_i as well):
+    how far the geometry of what the attacker holds is from the secret's, at the
+    attacker's best scale."""
+    xc, tc = x - x.mean(axis=0), truth - truth.mean(axis=0)
+    e, t = xc @ xc.T, tc @ tc.T
     a = float((e * t).sum() / (e * e).sum())
     return float(np.linalg.norm(a * e - t) / np.linalg.norm(t))
 
