@@ -21,10 +21,10 @@ HE_ENC_GW = register_tag("he_enc_gw", BYTES, "P_i -> A: Enc_A(h^T g - R)")
 HE_GH_MASKED = register_tag("he_gh_masked", PLAIN, "A -> P_i: g W_i^T + mu (masked)")
 HE_RESHARE = register_tag("he_reshare", PLAIN, "P_i -> A: W^P - U, U P_i's fresh share (re-drawn share)")
 HE_START_ENC = register_tag(
-    "he_start_enc", BYTES, "start of W_i: Enc(orthonormal factor) from the party of the smaller side"
+    "he_start_enc", BYTES, "P_i -> A: start of W_i: Enc_P(G_P^T), P_i's Gaussian factor"
 )
 HE_START_MASKED = register_tag(
-    "he_start_masked", BYTES, "start of W_i: Enc(that factor times the other's orthogonal factor + mask)"
+    "he_start_masked", BYTES, "A -> P_i: start of W_i: Enc_P(G_P^T R_A^T + eps), R_A A's Haar factor"
 )
 
 

@@ -20,20 +20,18 @@ Backward, g = dL/dz at A (B x o)::
     P_i:       dL/dh = that - mu;  dW^P = R
     both:      v <- momentum v + dW;  W <- W - lr v      (SGD with momentum, on shares)
 
-Start (``weight_init: private``): W_i^0 = c R_A F_P (d >= o) or c F_A R_P (d < o),
-a product of a Haar-random orthogonal factor of one party and a uniformly random
-orthonormal factor of the other (:mod:`securevfl.exchange.he.orthogonal`: W_i^0 is
-then independent of each factor, so of each party's view). For d >= o::
+Start (``weight_init: private``): W_i^0 = R_A G_P, A's Haar-random d x d orthogonal
+matrix times P_i's d x o matrix of independent N(0, 1 / (3 d)) entries
+(:mod:`securevfl.exchange.he.orthogonal`: W_i^0 is then exactly a Gaussian start,
+independent of A's view; P_i knows it only up to A's rotation)::
 
-    P_i -> A   Enc_P(F_P^T)                          F_P: P_i's d x o, orthonormal columns
-    A   -> P_i Enc_P(F_P^T c R_A^T + eps)            R_A: A's d x d Haar; eps: A's mask (o x d)
+    P_i -> A   Enc_P(G_P^T)                          G_P: P_i's d x o Gaussian factor
+    A   -> P_i Enc_P(G_P^T R_A^T + eps)              R_A: A's d x d Haar; eps: A's mask (o x d)
     P_i:       W^P = (that)^T = W_i^0 + eps^T;   A: W^A = -eps^T
 
-and for d < o the same with the roles swapped (A sends Enc_A(F_A), P_i returns
-Enc_A(F_A c R_P + mu), A decrypts W^A = W_i^0 + mu, P_i keeps W^P = -mu). Then P_i
-re-draws its share at once (below), so A holds W_i^0 - U and P_i holds U before the
-first step. Each decrypted value is masked as every product is, and the re-draw
-hides W_i^0 from A as it hides every later W_i.
+Then P_i re-draws its share at once (below), so A holds W_i^0 - U and P_i holds U
+before the first step. Each decrypted value is masked as every product is, and the
+re-draw hides W_i^0 from A as it hides every later W_i.
 
 Operand bounds, when the scheme declares one (:meth:`HEScheme.value_bound` = C;
 ``ckks`` and ``paillier``): P_i clips every row of h to l2 norm C before it
@@ -100,7 +98,7 @@ from securevfl.exchange.he.messages import (
     HE_ZSHARE,
     MAX_PUBLIC_BYTES,
 )
-from securevfl.exchange.he.orthogonal import gain, haar, orthonormal_columns, orthonormal_rows
+from securevfl.exchange.he.orthogonal import gaussian_factor, haar
 from securevfl.exchange.he.scheme import MATMUL, HEPeer, HEScheme, ShareArith
 from securevfl.models import build_interactive
 from securevfl.runtime.channel import Channel
@@ -193,27 +191,13 @@ class HEActive(ActiveExchange):
         messages, then P_i's re-drawn shares."""
         ch, ar, o = self.ctx.channel, self.ar, self.o
         shares: list[Any] = []
-        for i, r in enumerate(self.peers_rank):
+        for i, r in enumerate(self.peers_rank):  # P_i's Gaussian factor arrives encrypted
             d = self.ctx.embed_dims[i]
-            if d >= o:  # P_i's orthonormal columns arrive encrypted; A multiplies by c R_A^T
-                blob = ch.recv_bytes(r, HE_START_ENC)
-                eps = ar.mask(self.stream, (o, d), terms=d, share=True)
-                rot = ar.operand(ar.from_float(gain(d, o) * haar(self.stream, d).T))
-                ch.send_bytes(r, HE_START_MASKED, self.peer[i].matmul(blob, (o, d), rot, eps))
-                shares.append(-eps.T)
-            else:  # A's orthonormal rows go out encrypted; P_i multiplies by c R_P
-                f = orthonormal_rows(self.stream, d, o)
-                ch.send_bytes(
-                    r,
-                    HE_START_ENC,
-                    self.key.encrypt_shared(f, ops=frozenset({MATMUL}), share_bits=self.share_bits),
-                )
-                shares.append(None)
-        for i, r in enumerate(self.peers_rank):
-            if shares[i] is None:
-                shares[i] = ar.decrypt(
-                    self.key, ch.recv_bytes(r, HE_START_MASKED), (self.ctx.embed_dims[i], o)
-                )
+            blob = ch.recv_bytes(r, HE_START_ENC)
+            eps = ar.mask(self.stream, (o, d), terms=d, share=True)
+            rot = ar.operand(ar.from_float(haar(self.stream, d).T))
+            ch.send_bytes(r, HE_START_MASKED, self.peer[i].matmul(blob, (o, d), rot, eps))
+            shares.append(-eps.T)
         if self.share_bits is not None:  # P_i's first re-draw: A's share becomes W_i^0 - U
             for i, r in enumerate(self.peers_rank):
                 shares[i] = shares[i] + ar.recv(ch, r, HE_RESHARE, (self.ctx.embed_dims[i], o))
@@ -312,20 +296,13 @@ class HEPassive(PassiveExchange):
         """P_i's share of W_i^0 (module docstring, "Start"), re-drawn at once."""
         ch, ar, o = self.ctx.channel, self.ar, self.o
         d = self.ctx.embed_dims[self.i]
-        if d >= o:  # this party's orthonormal columns go out encrypted; A multiplies by c R_A^T
-            f = orthonormal_columns(self.stream, d, o)
-            ch.send_bytes(
-                self.a,
-                HE_START_ENC,
-                self.key.encrypt_shared(f.T, ops=frozenset({MATMUL}), share_bits=self._h_bits()),
-            )
-            share = ar.decrypt(self.key, ch.recv_bytes(self.a, HE_START_MASKED), (o, d)).T
-        else:  # A's orthonormal rows arrive encrypted; this party multiplies by c R_P
-            blob = ch.recv_bytes(self.a, HE_START_ENC)
-            mu = ar.mask(self.stream, (d, o), terms=o, share=True)
-            rot = ar.operand(ar.from_float(gain(d, o) * haar(self.stream, o)))
-            ch.send_bytes(self.a, HE_START_MASKED, self.peer.matmul(blob, (d, o), rot, mu))
-            share = -mu
+        g = gaussian_factor(self.stream, d, o)  # goes out encrypted; A multiplies by R_A^T
+        ch.send_bytes(
+            self.a,
+            HE_START_ENC,
+            self.key.encrypt_shared(g.T, ops=frozenset({MATMUL}), share_bits=self._h_bits()),
+        )
+        share = ar.decrypt(self.key, ch.recv_bytes(self.a, HE_START_MASKED), (o, d)).T
         drawn = ar.redraw(self.stream, share)
         if drawn is not None:
             delta, share = drawn

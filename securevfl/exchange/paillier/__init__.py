@@ -163,7 +163,7 @@ Costs and floors (reference workload, docs/design.md §10: B = 256, h = o = 64, 
     integer arithmetic around them takes milliseconds a step.
 
 Weight shares (re-drawn every step; he/protocol.py, SECURITY.md ``paillier``)
-    W_i^0 is the product of a random orthogonal factor from each side, formed by one
+    W_i^0 is A's random rotation of P_i's Gaussian factor (a Gaussian start), formed by one
     masked product and a re-draw (``private``, the default: no party knows it; he/protocol.py,
     "Start"), or A starts from plain's W_i and P_i from 0 (``seeded``, only with
     ``insecure: true``: A knows W_i^0). After every update P_i draws U
