@@ -9,8 +9,12 @@ each has a variant that puts it back and must then succeed:
   same key still gives the same stream at every holder, so a run works as
   before, but 624 outputs give the generator away (:mod:`tests.threat_model.mt19937`).
 * :func:`plant_seeded_normal`: Gaussian noise drawn the way a seeded sampler
-  draws it, ``torch.randn`` under a ``torch.Generator`` seeded from the first
-  eight key bytes (of which torch keeps the low 32 bits).
+  draws it, in one of :data:`SEEDINGS`: ``torch.randn`` under a ``torch.Generator``
+  seeded from the first eight key bytes (of which torch keeps the low 32 bits);
+  torch's global generator seeded so (``torch.manual_seed``) and drawn in torch's
+  default float32; numpy's global generator seeded so (``np.random.seed``, 32 bits)
+  feeding torch; or a ``torch.Generator`` seeded from the protocol's public
+  training seed and the party's and defense's names (:func:`securevfl.seeding.generator`).
 
 ``python -m tests.threat_model.weak_stream ARGS`` runs ``securevfl ARGS`` in this
 process with the keystream planted (a ``securevfl party`` rank of a planted run).
@@ -26,6 +30,7 @@ import torch
 
 from securevfl import cli
 from securevfl.csprng import SecretStream
+from securevfl.seeding import derive_seed
 
 
 class MTKeystream:
@@ -69,16 +74,46 @@ def seeded_seed(stream: SecretStream) -> int:
     return int.from_bytes(bytes.fromhex(stream.state()["key"])[:8], "big") & (2**63 - 1)
 
 
+#: the ways a seeded sampler may draw a defense's noise (:func:`plant_seeded_normal`)
+SEEDINGS = ("generator", "global", "numpy", "protocol")
+
+
 def _seeded_normal(
-    self: SecretStream, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float64
+    way: str, seed: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seeded_seed(self))
-    return torch.randn(tuple(shape), generator=g, dtype=torch.float64).to(dtype)
+    if way in ("generator", "protocol"):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    if way == "global":  # the process's generator, left as it was after
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return torch.randn(shape).to(dtype)  # torch's default dtype, float32
+    assert way == "numpy", way
+    saved = np.random.get_state()
+    try:
+        np.random.seed(seed & 0xFFFFFFFF)  # numpy takes a 32-bit seed
+        return torch.from_numpy(np.random.standard_normal(shape)).to(dtype)
+    finally:
+        np.random.set_state(saved)
 
 
-def plant_seeded_normal() -> None:
-    """Every secret stream of this process draws its Gaussians from a seeded torch generator."""
-    SecretStream.normal = _seeded_normal  # type: ignore[method-assign]
+def plant_seeded_normal(
+    way: str = "generator", *, protocol_seed: int = 0, labels: tuple[str, ...] = ()
+) -> None:
+    """Every secret stream of this process draws its Gaussians from a seeded
+    sampler, seeded as :data:`SEEDINGS` lists: from the stream's key
+    (:func:`seeded_seed`), or, for ``protocol``, from ``derive_seed(protocol_seed,
+    *labels)``, as :func:`securevfl.seeding.generator` seeds."""
+    if way not in SEEDINGS:
+        raise ValueError(f"no seeding {way!r}: {SEEDINGS}")
+
+    def normal(
+        self: SecretStream, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float64
+    ) -> torch.Tensor:
+        seed = derive_seed(protocol_seed, *labels) if way == "protocol" else seeded_seed(self)
+        return _seeded_normal(way, seed, tuple(shape), dtype)
+
+    SecretStream.normal = normal  # type: ignore[method-assign]
 
 
 def main() -> int:
