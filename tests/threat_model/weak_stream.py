@@ -16,12 +16,18 @@ each has a variant that puts it back and must then succeed:
   feeding torch; or a ``torch.Generator`` seeded from the protocol's public
   training seed and the party's and defense's names (:func:`securevfl.seeding.generator`).
 
+* :func:`plant_ring32`: ring elements holding only 32 random bits, in one of
+  :data:`RING32` ways (a 32-bit draw zero- or sign-extended, placed in the high
+  half, or repeated in both halves), each still AES keystream, so no generator can
+  be rebuilt from them.
+
 ``python -m tests.threat_model.weak_stream ARGS`` runs ``securevfl ARGS`` in this
 process with the keystream planted (a ``securevfl party`` rank of a planted run).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -114,6 +120,40 @@ def plant_seeded_normal(
         return _seeded_normal(way, seed, tuple(shape), dtype)
 
     SecretStream.normal = normal  # type: ignore[method-assign]
+
+
+#: ways a 64-bit ring element may hold only 32 random bits (:func:`plant_ring32`)
+RING32 = ("low32", "signed32", "high32", "repeated32")
+
+
+def _ring32(words: np.ndarray, way: str) -> np.ndarray:
+    """uint64 ring elements from the top 32 bits of each keystream word, as ``way`` places them."""
+    r = words >> np.uint64(32)
+    if way == "low32":
+        return r
+    if way == "signed32":
+        return r.astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
+    if way == "high32":
+        return r << np.uint64(32)
+    assert way == "repeated32", way
+    return r | (r << np.uint64(32))
+
+
+def plant_ring32(way: str) -> None:
+    """Every secret stream of this process fills its ring elements (masks, shares) from
+    32 random bits each (:data:`RING32`)."""
+    if way not in RING32:
+        raise ValueError(f"no ring32 way {way!r}: {RING32}")
+
+    def ring(
+        self: SecretStream, shape: tuple[int, ...] | torch.Size, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        n = math.prod(shape)
+        w = _ring32(self._words(n), way)
+        t = torch.from_numpy(w.view(np.int64).copy()).reshape(tuple(shape))
+        return t if device is None else t.to(device)
+
+    SecretStream.ring = ring  # type: ignore[method-assign]
 
 
 def main() -> int:
