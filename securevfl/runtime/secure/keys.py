@@ -112,8 +112,9 @@ class Identity:
 
     # -- files ------------------------------------------------------------------------
     def write(self, out_dir: Path, party: str) -> tuple[Path, Path]:
-        """Write ``PARTY.key`` (secret, mode 0600) and ``PARTY.pub``; an existing
-        file is never overwritten."""
+        """Write ``PARTY.key`` (secret, mode 0600; ``out_dir``, when this makes it, mode
+        0700: :mod:`securevfl.private_files`) and ``PARTY.pub``; an existing file is
+        never overwritten."""
         out_dir = private_dir(Path(out_dir), tighten=False)  # a folder it makes: 0700
         secret_path, public_path = out_dir / f"{party}.key", out_dir / f"{party}.pub"
         for p in (secret_path, public_path):
