@@ -4,13 +4,29 @@ helpers they and the tests use are in tests/support/."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from securevfl.app.cache_key import KEY_ENV
 from tests.support.protocols import SHORT_STEPS, short_sgd_digits, small_digits, write_yaml
 from tests.support.runs import CliRun, cli, run_doc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The comparison cache's key (securevfl.app.cache_key) in a folder of the
+    session's own, for the tests and the commands they start, never the user's."""
+    old = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = str(tmp_path_factory.mktemp("cache-key") / "compare-cache.key")
+    yield
+    if old is None:
+        os.environ.pop(KEY_ENV, None)
+    else:
+        os.environ[KEY_ENV] = old
 
 
 @pytest.fixture

@@ -32,13 +32,14 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.config_errors import format_loc
 from securevfl.errors import CheckpointError
+from securevfl.private_files import open_private, private_dir, write_private
 
 FORMAT = 2  # 2: defenses keep secret-stream keys (csprng), not integer noise seeds
 MANIFEST = "manifest.json"
@@ -47,8 +48,6 @@ MODEL = "model"
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(pt|json)$")
 _CHUNK = 1 << 20
-PRIVATE_FILE = 0o600  # a state folder's files: its owner's alone
-PRIVATE_DIR = 0o700
 
 Kind = Literal["checkpoint", "model"]
 
@@ -109,33 +108,17 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _open_private(path: Path) -> BinaryIO:
-    """``path`` opened for writing, readable and writable by its owner alone (mode
-    0600 whatever the umask, as the channel's secret key files are)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+def save_tensors(obj: Any, path: Path) -> None:
+    """``torch.save`` through a file this process opens, its owner's alone (mode
+    0600, :func:`securevfl.private_files.open_private`): every tensor file a rank
+    writes holds its shares, its model or what it received. A write that fails (a
+    full disk) raises the OSError naming ``path``, where ``torch.save(obj, path)``
+    raises a RuntimeError from its C++ writer ("unexpected pos ...")."""
     try:
-        os.fchmod(fd, PRIVATE_FILE)  # an existing file keeps its mode through O_CREAT
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def save_tensors(obj: Any, path: Path, *, private: bool = False) -> None:
-    """``torch.save`` through a file this process opens: a write that fails (a full
-    disk) raises the OSError naming ``path``, where ``torch.save(obj, path)``
-    raises a RuntimeError from its C++ writer ("unexpected pos ..."). ``private``:
-    mode 0600 (:func:`_open_private`)."""
-    try:
-        with _open_private(path) if private else open(path, "wb") as fh:
+        with open_private(path) as fh:
             torch.save(obj, fh)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-
-
-def _write_private_text(path: Path, text: str) -> None:
-    with _open_private(path) as fh:
-        fh.write(text.encode("utf-8"))
 
 
 def write_state(
@@ -158,20 +141,19 @@ def write_state(
     the owner's alone (mode 0700, every file 0600): a checkpoint holds the party's
     noise keys and weight shares (SECURITY.md, "Checkpoints and saved models")."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(dest.parent)  # OUT/ranks/rank<R>[/checkpoints]
     tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(mode=PRIVATE_DIR)
-    os.chmod(tmp, PRIVATE_DIR)  # whatever the umask
+    private_dir(tmp)
     files: dict[str, str] = {}
     for name, obj in tensors.items():
         f = tmp / f"{name}.pt"
-        save_tensors(obj, f, private=True)
+        save_tensors(obj, f)
         files[f.name] = file_digest(f)
     for name, doc in docs.items():
         f = tmp / f"{name}.json"
-        _write_private_text(f, json.dumps(doc, indent=1, sort_keys=True))
+        write_private(f, json.dumps(doc, indent=1, sort_keys=True))
         files[f.name] = file_digest(f)
     for name in files:
         _check_name(name)
@@ -188,7 +170,7 @@ def write_state(
         step=step,
         files=files,
     )
-    _write_private_text(tmp / MANIFEST, manifest.model_dump_json(indent=1))
+    write_private(tmp / MANIFEST, manifest.model_dump_json(indent=1))
     _fsync(tmp / MANIFEST)
     old = dest.parent / f".old-{dest.name}-{os.getpid()}"
     if dest.exists():

@@ -3,26 +3,40 @@ progress (``securevfl compare``; the plan is :mod:`securevfl.app.comparison`).
 
 The comparison folder is a cache: a run's folder holds a marker file
 (:data:`~securevfl.app.comparison.MARKER`) written only once the run and its
-attacks have finished, with the protocol digest and the SHA-256 of the
-``result.json`` the run wrote; a run whose marker and result match the plan is
-not run again.
+attacks have finished, with the protocol digest, the seed and a tag of the
+``result.json`` the run wrote: an HMAC-SHA256 under the user's cache key, kept
+outside every run folder (:mod:`securevfl.app.cache_key`), so that whoever can
+write the folder but not read the key cannot pass an edited result off as a
+finished run. A run whose marker and result match the plan is not run again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from securevfl.app.cache_key import cache_key
 from securevfl.app.comparison import MARKER, Plan, Run, say_stderr
 from securevfl.app.launcher import launch
 from securevfl.app.objects import Registration
 from securevfl.report.result import RESULT_FILE
 
 # -- the cache ----------------------------------------------------------------------------
+
+_TAG_LABEL = b"securevfl compare cache v1\n"
+
+
+def result_tag(key: bytes, run: Run, raw: bytes) -> str:
+    """The marker's tag of a run's ``result.json`` bytes ``raw``: HMAC-SHA256 under
+    ``key`` of the run's protocol digest and seed and the bytes, so that a result is
+    vouched for only in its own run's place."""
+    head = json.dumps({"digest": run.digest, "seed": run.seed}, sort_keys=True).encode()
+    return hmac.new(key, _TAG_LABEL + head + b"\n" + raw, hashlib.sha256).hexdigest()
 
 
 def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
@@ -31,7 +45,7 @@ def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
     used), the reason None for a run that is simply not there (never run,
     interrupted, another protocol or seed) and a sentence for a result that was
     there but cannot be trusted (changed since the run wrote it, or a marker
-    without the result's digest)."""
+    without the result's tag)."""
     marker, result = run.folder / MARKER, run.folder / RESULT_FILE
     try:
         mark = json.loads(marker.read_text())
@@ -40,9 +54,10 @@ def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
         return None, None
     if not isinstance(mark, dict) or mark.get("digest") != run.digest or mark.get("seed") != run.seed:
         return None, None
-    if mark.get("result_sha256") is None:
-        return None, f"{marker} holds no digest of {RESULT_FILE} (an older securevfl wrote it)"
-    if hashlib.sha256(raw).hexdigest() != mark["result_sha256"]:
+    tag = mark.get("result_tag")
+    if not isinstance(tag, str):
+        return None, f"{marker} holds no keyed digest of {RESULT_FILE} (an older securevfl wrote it)"
+    if not hmac.compare_digest(result_tag(cache_key(), run, raw), tag):
         return None, f"{result} was changed after the run wrote it"
     try:
         res = json.loads(raw)
@@ -60,10 +75,10 @@ def cached(run: Run) -> dict[str, Any] | None:
 
 
 def mark_done(run: Run, seconds: float) -> None:
-    """Mark ``run`` finished: its protocol digest, seed and the SHA-256 of the
-    ``result.json`` it wrote (a result changed later is not reused)."""
+    """Mark ``run`` finished: its protocol digest, seed and the keyed tag of the
+    ``result.json`` it wrote (:func:`result_tag`: a result changed later is not reused)."""
     tmp = run.folder / f".{MARKER}.tmp"
-    digest = hashlib.sha256((run.folder / RESULT_FILE).read_bytes()).hexdigest()
+    tag = result_tag(cache_key(), run, (run.folder / RESULT_FILE).read_bytes())
     tmp.write_text(
         json.dumps(
             {
@@ -72,7 +87,7 @@ def mark_done(run: Run, seconds: float) -> None:
                 "label": run.label,
                 "point": run.point,
                 "run_s": seconds,
-                "result_sha256": digest,
+                "result_tag": tag,
             }
         )
     )

@@ -19,6 +19,7 @@ from securevfl.errors import (
     ProtocolError,
     SecureVFLError,
 )
+from securevfl.private_files import open_private, private_dir
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.session import ErrorNote
 
@@ -92,9 +93,9 @@ def _without_reports(
     bad = {r: c for r, c in codes.items() if c not in (0, None)}
     try:
         probe = out_dir / "ranks" / f".securevfl-probe-{os.getpid()}"
-        probe.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(probe.parent)
         try:
-            with open(probe, "wb") as fh:
+            with open_private(probe) as fh:
                 fh.write(bytes(PROBE_BYTES))
                 fh.flush()
                 os.fsync(fh.fileno())

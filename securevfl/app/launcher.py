@@ -48,6 +48,7 @@ from securevfl.errors import (
     ConfigError,
     SecureVFLError,
 )
+from securevfl.private_files import private_dir, write_private
 from securevfl.records import EpochRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
@@ -333,9 +334,9 @@ def start_ranks(
         for p in procs:
             p.start()
         pids = out_dir / "ranks" / "launcher_pids.json"
-        pids.parent.mkdir(parents=True, exist_ok=True)
         try:
-            pids.write_text(json.dumps({r: p.pid for r, p in enumerate(procs)}))
+            private_dir(pids.parent)
+            write_private(pids, json.dumps({r: p.pid for r, p in enumerate(procs)}))
         except OSError as exc:  # the error of a failed write does not name its file
             raise OSError(exc.errno, exc.strerror, str(pids)) from None
     except BaseException:  # a full disk, Ctrl-C: no rank outlives a failed start

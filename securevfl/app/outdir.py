@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from securevfl.errors import ConfigError, OutputError
+from securevfl.private_files import PRIVATE_DIR, private_dir
 from securevfl.runtime.lifeline import alive
 
 # what the file system answers when a file cannot be written for reasons of the
@@ -219,7 +221,7 @@ class OutputFolder:
                 shutil.rmtree(old_dir)
             for new in sorted(p for p in self.path.rglob("*") if p.is_file()):
                 dest = self.out / new.relative_to(self.path)
-                dest.parent.mkdir(parents=True, exist_ok=True)
+                _folders_like(self.path, self.out, new.parent.relative_to(self.path))
                 os.replace(new, dest)
             shutil.rmtree(self.path)
         finally:
@@ -238,6 +240,21 @@ class OutputFolder:
             return failed
         finally:
             self.release()
+
+
+def _folders_like(src: Path, dst: Path, rel: Path) -> None:
+    """Make ``dst/rel`` and the folders between as ``src/rel``'s are: a private one
+    (``ranks/``, a rank's model folder, ``attacks/``: mode 0700,
+    :mod:`securevfl.private_files`) is created private, or made so where an earlier
+    run left it open, before the new run's files move into it."""
+    for part in reversed((rel, *rel.parents)):
+        if part == Path("."):
+            continue
+        private = stat.S_IMODE((src / part).stat().st_mode) == PRIVATE_DIR
+        if private:
+            private_dir(dst / part)
+        else:
+            (dst / part).mkdir(exist_ok=True)
 
 
 def output_error(exc: BaseException, *, shared: bool = True) -> OutputError | None:

@@ -54,6 +54,7 @@ from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, OutputError, ProtocolError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
+from securevfl.private_files import private_dir, write_private
 from securevfl.records import OwnView, RankSummary
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
@@ -228,7 +229,7 @@ def write_summary(
     summary["phase_cpu_s"] = setup.clock.rounded_cpu()
     summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
     mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
-    (setup.ranks_dir / f"rank{setup.rank}.{phase.files}summary.json").write_text(json.dumps(mine, indent=1))
+    write_private(setup.ranks_dir / f"rank{setup.rank}.{phase.files}summary.json", json.dumps(mine, indent=1))
     return mine
 
 
@@ -256,7 +257,7 @@ def run_rank(
     not the protocol's)."""
     opened = prepare_process()
     out_dir = Path(phase.out_dir)
-    (out_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    private_dir(out_dir / "ranks")  # every rank file is its owner's alone (securevfl.private_files)
     offer = phase.offer(proto, layout.role(rank))
     session = Session(
         proto,

@@ -39,6 +39,7 @@ from securevfl.parties.active import ActiveParty
 from securevfl.parties.common import Prepared, prepare
 from securevfl.parties.passive import PassiveParty
 from securevfl.parties.state import PartyInfo, PartyState
+from securevfl.private_files import write_private
 from securevfl.records import RankSummary
 from securevfl.report.result import build_result, write_own_report, write_result
 from securevfl.runtime.layout import Role
@@ -146,7 +147,7 @@ class Train(Phase):
             check_task(proto, prep.data.task)
         if prep.preprocessor is not None:
             fitted = json.dumps(prep.preprocessor.fitted(), indent=1)
-            (setup.ranks_dir / f"rank{setup.rank}.preprocess.json").write_text(fitted)
+            write_private(setup.ranks_dir / f"rank{setup.rank}.preprocess.json", fitted)
         return prep
 
     def _build(self, setup: RankSetup, prep: Prepared) -> ActiveParty | PassiveParty:

@@ -29,6 +29,7 @@ import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_regressor
 from securevfl.attacks.views import active_source, active_tensors, per_row
+from securevfl.private_files import open_private, private_dir
 
 
 class FeatureReconstructionOptions(AttackOptions):
@@ -124,9 +125,10 @@ class FeatureReconstruction(Attack[FeatureReconstructionOptions]):
             out["ssim"] = float(metrics.ssim(rec, imgs, rng).mean())
             n = min(self.params.grid_rows, len(imgs))
             if n:
-                d = Path(world.out_dir) / "attacks"
-                d.mkdir(exist_ok=True)
-                np.savez(d / f"{self.key}.npz", original=imgs[:n], reconstruction=rec[:n])
+                # the victim's own rows: the folder and file are the run owner's alone
+                d = private_dir(Path(world.out_dir) / "attacks")
+                with open_private(d / f"{self.key}.npz") as fh:
+                    np.savez(fh, original=imgs[:n], reconstruction=rec[:n])
                 out["grid"] = f"attacks/{self.key}.npz"
         return out
 

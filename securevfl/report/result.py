@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from securevfl.config import Protocol
 from securevfl.exchange.base import ExchangeBackend
+from securevfl.private_files import write_private
 from securevfl.records import OwnReport, RankSummary, ResultRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.ledger import merge_summaries
@@ -143,8 +144,7 @@ def own_report_path(out_dir: Path, rank: int) -> Path:
 
 def write_own_report(out_dir: Path, report: OwnReport) -> Path:
     path = own_report_path(out_dir, report.rank)
-    path.write_text(json.dumps(report.to_json(), indent=1))
-    return path
+    return write_private(path, json.dumps(report.to_json(), indent=1))  # its owner's alone
 
 
 def read_own_reports(out_dir: Path) -> dict[str, OwnReport]:

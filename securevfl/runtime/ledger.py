@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from securevfl.private_files import open_private
+
 HEADER_BYTES = 12 * 8  # fixed frame header preceding every payload (int64[12])
 SEAL_BYTES = 16  # the AEAD tag each sealed frame adds (a message: header frame + payload frame)
 
@@ -151,9 +153,8 @@ class Ledger:
         """Append the records held in memory to :attr:`records_path`, in order."""
         path = self.records_path
         assert path is not None
-        with open(path, "a" if self.spilled_records else "w") as fh:  # never after a stale file
-            for r in self.records:
-                fh.write(json.dumps(asdict(r)) + "\n")
+        with open_private(path, append=bool(self.spilled_records)) as fh:  # never after a stale file
+            fh.write(_lines(self.records))
         self.spilled_records += len(self.records)
         self.records.clear()
 
@@ -190,18 +191,19 @@ class Ledger:
         part = self.records_path
         if self.spilled_records and part is not None:
             os.replace(part, path)
-            mode = "a"
-        else:
-            mode = "w"
-        with open(path, mode) as fh:
-            for r in self.records:
-                fh.write(json.dumps(asdict(r)) + "\n")
+        with open_private(path, append=bool(self.spilled_records and part is not None)) as fh:
+            fh.write(_lines(self.records))
 
     def summary(self) -> dict[str, Any]:
         """Aggregate of this rank's *sent* messages by phase and by
         (sender, receiver, tag); merged across ranks by :func:`merge_summaries`."""
         sent = {k: dict(v) for k, v in self._sent.items()}
         return {"sent": sent, "channel": {k: dict(v) for k, v in self.channel.items()}}
+
+
+def _lines(records: list[Record]) -> bytes:
+    """Records as JSON lines (a rank's ledger file, its owner's alone)."""
+    return "".join(json.dumps(asdict(r)) + "\n" for r in records).encode()
 
 
 def merge_summaries(parts: list[dict[str, Any]], n_train_steps: int) -> dict[str, Any]:

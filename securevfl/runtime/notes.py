@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from securevfl.errors import DataError, Diverged, PartyFailure, SecureVFLError, UserCodeError
+from securevfl.private_files import private_dir, write_private
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure import keys
 from securevfl.runtime.secure.keys import Identity
@@ -103,9 +104,8 @@ def error_note(rank: int, exc: BaseException) -> ErrorNote:
 
 
 def write_error_file(out_dir: Path, note: ErrorNote) -> None:
-    d = Path(out_dir) / "ranks"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"rank{note.rank}.error.json").write_text(note.model_dump_json(indent=2))
+    d = private_dir(Path(out_dir) / "ranks")
+    write_private(d / f"rank{note.rank}.error.json", note.model_dump_json(indent=2))
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -19,6 +19,16 @@ MT19937 keystream, :mod:`tests.threat_model.weak_stream`), it must rebuild the
 peer's generator and unmask a later opening exactly, or it guards nothing. Positive
 controls without a run check the attack on a ``torch.Generator`` stream drawn as
 CrypTen drew it and on the planted keystream.
+
+A mask can be weak without any generator to rebuild: a ring element filled from a
+32-bit draw (zero- or sign-extended, shifted into the high half, or repeated in both
+halves) leaves the opened x - a with bits fixed or tied to each other, whatever
+generator drew it. :func:`weak_bits` tests every opened element's 64 bits: each bit
+one half of the time, and every pair of bits agreeing half of the time (a
+uniform element of Z_2^64 has 64 independent fair bits, whatever x is). The real
+run's openings must pass it; each way of filling a mask from 32 bits
+(:data:`tests.threat_model.weak_stream.RING32`, planted under AES keystream, so the
+generator attack finds nothing) must fail it.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ from tests.threat_model.mt19937 import (
     clone_from_high_halves,
     clone_from_ring,
 )
-from tests.threat_model.weak_stream import plant_mt_keystream
+from tests.threat_model.weak_stream import RING32, plant_mt_keystream, plant_ring32
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -147,6 +157,45 @@ def unmask(hit: Hit, part: torch.Tensor, horizon: int = 300_000) -> torch.Tensor
     return None
 
 
+# a bit statistic of uniform elements is N(0, 1) to within 1/sqrt(n): 2,080 of them per
+# view pass 8 together with probability about 1 - 2^-38. Measured: the largest read 5.5 in
+# 1,000 simulated views (6,144 elements each) and at most 4.3 in five real runs' views
+# (16,496 elements each); a mask of 32 random bits moves one by 78 to 128 (SECURITY.md §6a)
+Z_LIMIT = 8.0
+
+
+def weak_bits(opened: list[torch.Tensor]) -> list[str]:
+    """The bits of the opened elements that are not fair and independent: bit i set
+    in other than half the elements, or bits i and j agreeing in other than half, by
+    more than :data:`Z_LIMIT` standard deviations (z = (2 count - n) / sqrt(n))."""
+    v = np.concatenate([_u64(o) for o in opened])
+    n = len(v)
+    bits = ((v[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).astype(np.float64)
+    signs = 2.0 * bits - 1.0
+    freq = signs.sum(0) / np.sqrt(n)
+    pair = (signs.T @ signs) / np.sqrt(n)
+    found = [
+        f"bit {i} set in {(1 + z / np.sqrt(n)) / 2:.3f} of {n}"
+        for i, z in enumerate(freq)
+        if abs(z) > Z_LIMIT
+    ]
+    i, j = np.triu_indices(64, k=1)
+    found += [
+        f"bits {a} and {b} agree in {(1 + pair[a, b] / np.sqrt(n)) / 2:.3f} of {n}"
+        for a, b in zip(i, j, strict=True)
+        if abs(pair[a, b]) > Z_LIMIT
+    ]
+    return found
+
+
+def bit_z(opened: list[torch.Tensor]) -> float:
+    """The largest |z| of :func:`weak_bits`' statistics (the margin measured)."""
+    v = np.concatenate([_u64(o) for o in opened])
+    signs = 2.0 * ((v[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).astype(np.float64) - 1.0
+    pair = (signs.T @ signs)[np.triu_indices(64, k=1)]
+    return float(max(np.abs(signs.sum(0)).max(), np.abs(pair).max()) / np.sqrt(len(v)))
+
+
 # -- positive controls, no run ---------------------------------------------------------------------
 
 
@@ -195,6 +244,25 @@ def test_positive_control_high_halves_of_the_planted_keystream(monkeypatch: pyte
     hits = attack([(x1 - g1).reshape(-1)], lambda o: [o.numel()])
     assert hits and hits[0].layout.high_first is False
     assert torch.equal(unmask(hits[0], (x2 - g2).reshape(-1)), x2.reshape(-1))
+
+
+@pytest.mark.parametrize("way", [None, *RING32], ids=["aes", *RING32])
+def test_masks_holding_32_random_bits_are_caught(way: str | None, monkeypatch: pytest.MonkeyPatch):
+    """Backward openings dL/dz - g of :data:`STEPS` steps, each g a secret stream's
+    ring elements: with 64 random bits (AES keystream) every bit of the openings is
+    fair; with 32 (planted) :func:`weak_bits` names the bits, while the generator
+    attack, which only looks for Mersenne Twister, rebuilds nothing."""
+    monkeypatch.setattr(SecretStream, "ring", SecretStream.ring)  # undone after the test
+    if way is not None:
+        plant_ring32(way)
+    s = SecretStream.fresh()
+    opened = [(_small((B, OUT), 4.0, 10 + k) - s.ring((B, OUT))).reshape(-1) for k in range(STEPS)]
+    assert not attack(opened[:2], lambda o: [o.numel()])  # no generator to rebuild either way
+    found = weak_bits(opened)
+    if way is None:
+        assert not found, f"64-bit masks read as weak: {found[:5]}"
+    else:
+        assert found, f"masks holding 32 random bits ({way}) passed the bit test"
 
 
 # -- a real run, and the same run with the weakness planted ----------------------------------------
@@ -297,3 +365,13 @@ def test_a_cannot_rebuild_p1s_generator_from_the_openings_it_receives(mpc_run: R
     sent = dict(mpc_run.view(1)["own"]["embeddings"])
     truth = sent[STEPS - 1].double().reshape(-1)
     assert torch.allclose(h_last.double() / 2**16, truth, atol=2**-15)
+
+
+def test_every_opening_holds_64_random_bits(mpc_run: Run):
+    """Both parties' views: every element either receives is uniform on Z_2^64 when
+    its mask is (the generator under the planted run is Mersenne Twister, whose
+    outputs are fair bits too: that weakness is the tests' above)."""
+    for rank in (0, 1):
+        opened = mpc_run.openings(rank)
+        found = weak_bits(opened)
+        assert not found, f"rank {rank} receives openings with weak bits: {found[:5]}"

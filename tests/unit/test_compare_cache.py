@@ -7,11 +7,14 @@ test runs it for real)."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
 import securevfl.app.compare_runs as compare_runs
 import securevfl.app.comparison as comparison
+from securevfl.app.cache_key import KEY_ENV, cache_key, key_path
 from securevfl.app.compare_runs import cached, execute, mark_done
 from securevfl.app.comparison import MARKER, Source, plan
 from tests.support.protocols import PROTOCOLS
@@ -104,7 +107,7 @@ def _recording_launch(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("edit", [0.999, 2.5, "abc", None])
 def test_a_result_edited_after_its_run_is_run_again_saying_why(tmp_path, monkeypatch, edit) -> None:
-    """The marker keeps the SHA-256 of the result.json the run wrote: an edited
+    """The marker keeps a keyed tag of the result.json the run wrote: an edited
     metric (a better accuracy, an impossible one, a string) never reaches the table;
     the run is named and runs again."""
     launched = _recording_launch(monkeypatch)
@@ -130,13 +133,13 @@ def test_a_marker_without_the_results_digest_is_not_trusted(tmp_path, monkeypatc
     _finish(p.runs[0])
     marker = p.runs[0].folder / MARKER
     mark = json.loads(marker.read_text())
-    del mark["result_sha256"]
+    del mark["result_tag"]
     marker.write_text(json.dumps(mark))
     said: list[str] = []
     execute(_plan(tmp_path, seeds=(0,)), tmp_path, progress=False, say=said.append)
     assert launched == [0]
     assert said[0] == (
-        f"plain seed 0: not reused: {marker} holds no digest of result.json (an older securevfl "
+        f"plain seed 0: not reused: {marker} holds no keyed digest of result.json (an older securevfl "
         "wrote it); it runs again"
     )
 
@@ -145,3 +148,33 @@ def test_empty_seeds_are_refused(tmp_path) -> None:
     with pytest.raises(comparison.ConfigError, match="at least one seed") as info:
         _plan(tmp_path, seeds=())
     assert info.value.path == "--seeds"
+
+
+def test_the_cache_key_is_made_once_private_and_where_the_user_says(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(KEY_ENV)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert key_path() == tmp_path / "state" / "securevfl" / "compare-cache.key"
+    old = os.umask(0)
+    try:
+        key = cache_key()
+    finally:
+        os.umask(old)
+    assert cache_key() == key and len(key) == 32  # made once, then read
+    assert stat.S_IMODE(key_path().stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_path().parent.stat().st_mode) == 0o700
+    assert [p.name for p in key_path().parent.iterdir()] == ["compare-cache.key"]  # no temporary left
+    monkeypatch.setenv(KEY_ENV, str(tmp_path / "mine.key"))
+    assert key_path() == tmp_path / "mine.key" and cache_key() != key
+
+
+def test_a_cache_key_others_may_read_or_not_a_key_is_refused_naming_it(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "k.key"
+    monkeypatch.setenv(KEY_ENV, str(path))
+    path.write_bytes(bytes(32))
+    path.chmod(0o644)
+    with pytest.raises(comparison.ConfigError, match=f"{path} may be read by others .*chmod 600"):
+        cache_key()
+    path.chmod(0o600)
+    path.write_bytes(b"short")
+    with pytest.raises(comparison.ConfigError, match=f"{path} is not a comparison cache key"):
+        cache_key()

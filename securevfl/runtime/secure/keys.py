@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from securevfl.config import PIN_PATTERN
 from securevfl.errors import ConfigError
+from securevfl.private_files import private_dir, write_private
 
 KEY_PREFIX = "ed25519:"
 MAX_KEY_FILE_BYTES = 64 << 10
@@ -111,10 +112,10 @@ class Identity:
 
     # -- files ------------------------------------------------------------------------
     def write(self, out_dir: Path, party: str) -> tuple[Path, Path]:
-        """Write ``PARTY.key`` (secret, mode 0600) and ``PARTY.pub``; an existing
-        file is never overwritten."""
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        """Write ``PARTY.key`` (secret, mode 0600; ``out_dir``, when this makes it, mode
+        0700: :mod:`securevfl.private_files`) and ``PARTY.pub``; an existing file is
+        never overwritten."""
+        out_dir = private_dir(Path(out_dir), tighten=False)  # a folder it makes: 0700
         secret_path, public_path = out_dir / f"{party}.key", out_dir / f"{party}.pub"
         for p in (secret_path, public_path):
             if p.exists():
@@ -122,9 +123,7 @@ class Identity:
         pem = self._secret.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(pem)
+        write_private(secret_path, pem, exclusive=True)
         public_path.write_text(f"{key_string(self.public)} {party}\n")
         return secret_path, public_path
 
