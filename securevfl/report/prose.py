@@ -1,14 +1,19 @@
 """The report's prose, written from the numbers it holds: what each attack
 achieves under each protocol against its chance level, what each defense costs
 in utility against the undefended run, what each backend costs per step against
-``plain``, and which privacy budgets are too large to be read as a guarantee.
+``plain``, which privacy budgets are too large to be read as a guarantee, what the
+privacy audit and the record-level attacks measured against each claim, and which
+results are no better than predicting the majority class.
 Pure functions of a :class:`~securevfl.report.aggregate.Summary`."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from securevfl.report.aggregate import Group, Summary
+from securevfl.report.audit import NO_DP
+from securevfl.report.rows import BOUND
 from securevfl.report.stats import Interval
 
 #: a composed epsilon above this is reported as no meaningful guarantee
@@ -20,6 +25,8 @@ EPS_ROUNDING = 1e-9
 RUINOUS_POINTS = 10.0
 #: an attack within this of its chance level (or whose interval holds it) is "at chance"
 NEAR_CHANCE = 0.05
+#: an accuracy within this of the test rows' majority rate (or below it) learned nothing useful
+NEAR_MAJORITY = 0.01
 
 
 def show(iv: Interval | None, digits: int = 2) -> str:
@@ -241,13 +248,148 @@ def cost_lines(s: Summary) -> list[str]:
     return out
 
 
+def _eps(x: float | None) -> str:
+    return "n/a" if x is None else ("inf" if math.isinf(x) else f"{x:.3g}")
+
+
+def _audit_sentence(rec: dict[str, Any], party: str, delta: Any) -> str:
+    """One audit record in words: claim, measured bound, method and verdict."""
+    at = f" at delta {delta:g}" if isinstance(delta, float) else ""
+    composed = "" if rec.get("composed") is None else f" ({_eps(rec['composed'])} composed over the run)"
+    head = (
+        f"party `{party}`, `{rec['mechanism']}` claims eps {_eps(rec['per_release'])} per release"
+        f"{composed}{at}"
+    )
+    if rec.get("verdict") == "unaudited" or rec.get("epsilon_lower") is None:
+        return f"{head}; not audited at its boundary (method {rec.get('method', 'none')})"
+    conf = rec.get("confidence")
+    how = f"{rec.get('method')}, {rec.get('trials')} trials" + (
+        f", {conf:.0%} confidence" if isinstance(conf, float) else ""
+    )
+    if rec.get("basis"):
+        how += f", {rec['basis']}"
+    line = f"{head}; the audit measured eps ≥ {_eps(rec['epsilon_lower'])} ({how}): {rec['verdict']}"
+    if rec.get("verdict") == "violated":
+        line += (
+            " — the lower bound lies above the claim at that confidence, so the implementation or "
+            "the accounting is wrong"
+        )
+    else:
+        line += " (a lower bound below the claim does not prove the claim)"
+    return line
+
+
+def _attack_bounds(g: Group, s: Summary) -> list[str]:
+    """What each record-level attack's own counts imply, over the group's seeds."""
+    out = []
+    for a in s.attacks:
+        iv = g.metrics.get(f"{BOUND}{a}")
+        if iv is not None:
+            out.append(f"`{a}`'s counts imply eps ≥ {show(iv, 3)} on the labels it guessed")
+    return out
+
+
+def audit_lines(s: Summary) -> list[str]:
+    """Per compared protocol: each party's claim and what the audit measured (the reported
+    sound-claim record, the nominal ones, those not audited), what record-level attacks'
+    counts imply; for a protocol without DP, that nothing is claimed and what the attacks
+    measured instead."""
+    out = []
+    for g in s.groups:
+        bounds = _attack_bounds(g, s)
+        if g.text.get("audit") == NO_DP:
+            aps = [
+                f"{a} {show(g.metrics[f'attack:{a}'])} (chance {s.chance.get(a, 0.0):.2f})"
+                for a in s.attacks
+                if g.metrics.get(f"attack:{a}") is not None
+            ]
+            if not aps and not bounds:
+                out.append(f"- `{g.label}`: no DP mechanism, so no epsilon is claimed (eps inf).")
+                continue
+            line = f"- `{g.label}`: no DP mechanism, so no epsilon is claimed (eps inf); the attacks measured"
+            line += " " + "; ".join(aps + bounds) + "."
+            out.append(line)
+            continue
+        run = g.runs[0] if g.runs else {}
+        m = run.get("measured") or {}
+        parts = [_audit_sentence(rec, p, g.text.get("delta")) for p, rec in (m.get("parties") or {}).items()]
+        parts += [
+            _audit_sentence(rec, rec["party"], g.text.get("delta"))
+            for rec in m.get("unaudited") or []
+            if rec not in (m.get("parties") or {}).values()
+        ]
+        for rec in m.get("nominal") or []:
+            verdict = rec.get("verdict")
+            tail = (
+                "the paper's figure does not hold (the sound figure is the accountant's)"
+                if verdict == "violated"
+                else str(verdict)
+            )
+            parts.append(
+                f"party `{rec['party']}`, `{rec['mechanism']}`'s nominal (paper's) claim eps "
+                f"{_eps(rec['per_release'])} per release against a measured eps ≥ "
+                f"{_eps(rec.get('epsilon_lower'))}: {tail}"
+            )
+        if not parts and not bounds:
+            out.append(f"- `{g.label}`: DP mechanisms ran but no audit record was kept.")
+            continue
+        n = len(g.seeds)
+        seeds = f" (first of {n} seeds; the table's eps lower is the mean)" if n > 1 else ""
+        line = f"- `{g.label}`{seeds}: " + "; ".join(parts) + "."
+        if bounds:
+            claim = g.metrics.get("eps_release")
+            above = [
+                a
+                for a in s.attacks
+                if claim is not None
+                and g.metrics.get(f"{BOUND}{a}") is not None
+                and g.metrics[f"{BOUND}{a}"].mean > claim.mean
+            ]
+            line += " " + "; ".join(bounds)[0].upper() + "; ".join(bounds)[1:] + "."
+            if above:
+                line += (
+                    f" Above the claim per release ({_eps(claim.mean if claim else None)}) for "
+                    f"{_names(above)}: either what the attacker holds besides the mechanism's output "
+                    "(its own features) predicts the labels, or the claim does not hold; the audit's "
+                    "verdict, not this figure, decides."
+                )
+        out.append(line)
+    return out
+
+
+def baseline_lines(s: Summary) -> list[str]:
+    """Classification results against their trivial baseline: the accuracy of always
+    predicting the test rows' majority class; a row within :data:`NEAR_MAJORITY` of it (or
+    below) is flagged."""
+    out = []
+    for g in s.groups:
+        acc, maj = g.metrics.get("test_accuracy"), g.metrics.get("test_majority_rate")
+        if acc is None or maj is None:
+            continue
+        auc = g.metrics.get("test_auc")
+        also = f", test AUC {show(auc, 3)}" if auc is not None else ""
+        if acc.mean <= maj.mean + NEAR_MAJORITY:
+            out.append(
+                f"- `{g.label}`: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
+                f"{also}: no better than predicting the majority class."
+            )
+        else:
+            out.append(
+                f"- `{g.label}`: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
+                f"{also} ({(acc.mean - maj.mean) * 100:+.1f} points)."
+            )
+    return out
+
+
 def findings(s: Summary) -> list[str]:
     """The report's 'what it shows' section, as markdown lines."""
     body = [_seeds_line(s), ""]
     sections = (
         ("What each attack achieves", attack_lines(s)),
         ("What each defense costs in utility", utility_lines(s)),
+        ("Results against their baseline (the majority class)", baseline_lines(s)),
         ("Privacy budgets", privacy_lines(s)),
+        ("Measured privacy: claims, the audit and record-level attacks", audit_lines(s)),
         ("What crypto and each defense cost per step", cost_lines(s)),
     )
     for title, lines in sections:
