@@ -100,15 +100,47 @@ class MechanismPrivacy(_Record):
     notes: list[str] = []
 
 
+class ClaimedEpsilon(_Record):
+    """A claim's epsilon for one release of a mechanism and over the whole run."""
+
+    per_release: float
+    composed: float
+
+
+class MechanismAudit(_Record):
+    """The audit of one mechanism (:class:`securevfl.privacy.audit_record.AuditRecord`,
+    docs/privacy.md "The audit"): the claimed epsilon (``claim``: ``sound``, the
+    accountant's, or ``nominal``, the paper's), the audited lower bound on one
+    release's epsilon, at which ``basis`` (declared sensitivity or released scale),
+    by which ``method``, and the ``verdict``. ``scale`` is the released scale as a
+    power-of-two bucket (basis ``released scale`` only; SECURITY.md §7)."""
+
+    mechanism: str
+    basis: Literal["declared sensitivity", "released scale"]
+    claim: Literal["sound", "nominal"]
+    epsilon_claimed: ClaimedEpsilon
+    epsilon_lower: float
+    delta: float
+    confidence: float
+    trials: int
+    method: Literal["gdp", "clopper-pearson", "none"]
+    verdict: Literal["consistent", "violated", "unaudited"]
+    seconds: float
+    reason: str | None = None
+    scale: float | None = None
+
+
 class PartyPrivacy(_Record):
     """The privacy one party spent: ``epsilon`` and ``delta`` of every DP mechanism
     it ran composed over the same records (what a budget bounds; ``inf`` when one
-    of them is not private), and each mechanism alone (``mechanisms``)."""
+    of them is not private), each mechanism alone (``mechanisms``) and the audit
+    of each mechanism as it ran (``audit``; empty when the audit was off)."""
 
     party: str
     epsilon: float
     delta: float
     mechanisms: dict[str, MechanismPrivacy]
+    audit: list[MechanismAudit] = []
 
     @classmethod
     def from_account(cls, party: str, entry: Mapping[str, Any]) -> PartyPrivacy:
@@ -122,6 +154,7 @@ class PartyPrivacy(_Record):
                 name: MechanismPrivacy(name=name, **row)
                 for name, row in (entry.get("mechanisms") or {}).items()
             },
+            audit=[MechanismAudit(**row) for row in entry.get("audit") or []],
         )
 
 

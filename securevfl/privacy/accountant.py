@@ -51,6 +51,7 @@ from typing import Any
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from securevfl.privacy.boundary import Boundary
 from securevfl.privacy.gaussian import gaussian_epsilon
 
 #: PLD discretization; 1e-4 reproduces docs/methods/vfl-afe.md appendix A to 3 decimals.
@@ -181,12 +182,17 @@ class Mechanism:
 
     ``claim`` is the source method's own privacy statement (reported as given,
     labelled as the paper's); ``notes`` says what the sound figure does not cover.
+    ``boundary`` (:mod:`securevfl.privacy.boundary`) names the neighbouring inputs of the
+    defense's own hook that the releases are calibrated to, so the audit can test the
+    mechanism as it runs; None: not auditable at a boundary (``unaudited_reason`` says why).
     """
 
     name: str
     releases: tuple[Release, ...]
     claim: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    boundary: Boundary | None = None
+    unaudited_reason: str | None = None
 
 
 @dataclass(frozen=True)
