@@ -44,6 +44,7 @@ class AuditEntry:
     method: str
     verdict: str  # "consistent" | "violated" | "unaudited"
     seconds: float | None
+    reason: str | None = None  # why a mechanism was not audited
 
     @classmethod
     def from_json(cls, party: str, rec: dict[str, Any]) -> AuditEntry:
@@ -53,7 +54,7 @@ class AuditEntry:
             mechanism=str(rec.get("mechanism")),
             basis=str(rec.get("basis", "")),
             claim=str(rec.get("claim", "sound")),
-            per_release=_number(claimed.get("per_release"), math.inf),
+            per_release=_claim(claimed.get("per_release")),
             composed=_number(claimed.get("composed"), None),
             epsilon_lower=_number(rec.get("epsilon_lower"), None),
             delta=_number(rec.get("delta"), None),
@@ -62,6 +63,7 @@ class AuditEntry:
             method=str(rec.get("method", "none")),
             verdict=str(rec.get("verdict", "unaudited")),
             seconds=_number(rec.get("seconds"), None),
+            reason=rec.get("reason"),
         )
 
     @property
@@ -78,6 +80,12 @@ def _number(value: Any, default: float | None) -> float | None:
     if isinstance(value, str):
         return math.inf if value.lower().lstrip("+") in ("inf", "infinity") else float(value)
     return float(value)
+
+
+def _claim(value: Any) -> float:
+    """A claimed epsilon; a missing one claims nothing (inf)."""
+    out = _number(value, math.inf)
+    return math.inf if out is None else out
 
 
 def entries(result: dict[str, Any]) -> list[AuditEntry]:

@@ -261,7 +261,8 @@ def _audit_sentence(rec: dict[str, Any], party: str, delta: Any) -> str:
         f"{composed}{at}"
     )
     if rec.get("verdict") == "unaudited" or rec.get("epsilon_lower") is None:
-        return f"{head}; not audited at its boundary (method {rec.get('method', 'none')})"
+        why = f": {rec['reason']}" if rec.get("reason") else ""
+        return f"{head}; not audited at its boundary{why}"
     conf = rec.get("confidence")
     how = f"{rec.get('method')}, {rec.get('trials')} trials" + (
         f", {conf:.0%} confidence" if isinstance(conf, float) else ""
@@ -338,12 +339,11 @@ def audit_lines(s: Summary) -> list[str]:
         line = f"- `{g.label}`{seeds}: " + "; ".join(parts) + "."
         if bounds:
             claim = g.metrics.get("eps_release")
+            implied = {a: g.metrics.get(f"{BOUND}{a}") for a in s.attacks}
             above = [
                 a
-                for a in s.attacks
-                if claim is not None
-                and g.metrics.get(f"{BOUND}{a}") is not None
-                and g.metrics[f"{BOUND}{a}"].mean > claim.mean
+                for a, iv in implied.items()
+                if claim is not None and iv is not None and iv.mean > claim.mean
             ]
             line += " " + "; ".join(bounds)[0].upper() + "; ".join(bounds)[1:] + "."
             if above:
