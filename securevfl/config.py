@@ -429,9 +429,21 @@ class BudgetSpec(Strict):
     epsilon: float = Field(gt=0, description="stop training before any party's composed eps exceeds this")
 
 
+class AuditSpec(Strict):
+    """The privacy audit every party runs on its own DP mechanisms after training
+    (docs/privacy.md, "The audit"): ``trials`` runs of each mechanism's hook on canaries
+    at its declared boundary (half choose the test's threshold, half are counted), and the
+    ``confidence`` of the lower bound on epsilon it reports."""
+
+    enabled: bool = True
+    trials: int = Field(default=20_000, ge=200, le=10_000_000, description="canary trials per mechanism")
+    confidence: float = Field(default=0.95, ge=0.5, lt=1, description="confidence of the audited lower bound")
+
+
 class PrivacySpec(Strict):
     """Accounting settings (docs/design.md §7): the delta every (eps, delta) is reported at,
-    and an optional budget that truncates training before it is exceeded."""
+    an optional budget that truncates training before it is exceeded, and the audit of
+    each DP mechanism as it ran (``audit``)."""
 
     delta: float = Field(default=1e-5, gt=0, lt=1)
     budget: BudgetSpec | None = None
@@ -440,6 +452,7 @@ class PrivacySpec(Strict):
         description="pin the defenses' private noise for a reproducible experiment; anyone who knows "
         "it can remove the noise, so leave it unset (fresh OS entropy per party) in a real run",
     )
+    audit: AuditSpec = Field(default_factory=AuditSpec)
 
 
 class SecuritySpec(Strict):
@@ -553,6 +566,8 @@ class Protocol(Strict):
             doc.pop("plugins")
         if doc["security"] == SecuritySpec().model_dump(mode="json"):
             doc.pop("security")
+        if doc["privacy"].get("audit") == AuditSpec().model_dump(mode="json"):
+            doc["privacy"].pop("audit")  # the default audit leaves digests as they were
         blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from securevfl.defenses.base import Defense
 from securevfl.privacy.accountant import EpsDeltaRelease, Mechanism, NonPrivateRelease, Plan
+from securevfl.privacy.boundary import LabelBoundary
 from securevfl.privacy.randomized_response import randomize
 
 
@@ -43,9 +44,11 @@ class LabelDP(Defense[LabelDPOptions]):
     def __init__(self, params: LabelDPOptions, ctx) -> None:
         super().__init__(params, ctx)
         self.flipped: float | None = None
+        self.classes: int | None = None  # K, known once the labels are (the audit's boundary)
 
     def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         eps = self.params.epsilon
+        self.classes = classes
         out = randomize(y, eps, self.ctx.noise_stream("label_dp"), classes=classes)  # private
         self.flipped = float((out != y).float().mean()) if y.numel() else 0.0
         return out
@@ -58,6 +61,8 @@ class LabelDP(Defense[LabelDPOptions]):
                 "label_dp.randomized_response",
                 (release,),
                 notes=("labels perturbed once before training and reused: pure eps per label",),
+                # neighbours: two different labels, through this defense's own labels() hook
+                boundary=LabelBoundary(classes=max(2, self.classes or 2)),
             )
         ]
 

@@ -34,6 +34,7 @@ from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions
 from securevfl.errors import ConfigError
 from securevfl.privacy import gaussian as gm
 from securevfl.privacy.accountant import GaussianRelease, Mechanism, Plan, Release
+from securevfl.privacy.boundary import EmbeddingBoundary
 from securevfl.privacy.correlated import UnboundedRelease
 from securevfl.seeding import derive_seed
 
@@ -272,7 +273,10 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
         if p.rescales and p.rescale_mode == "paper":
             p2 = 0.5 * (1.0 + math.erf(p.k / math.sqrt(2.0)))
             claim["delta_prime"] = f"delta/(p1*p2), p2={p2:.5f}, p1 unstated"
-        return [Mechanism(self.name, tuple(releases), claim=claim, notes=tuple(notes))]
+        # one row clipped to L2 norm t moves by at most 2t (replace-one); the noise std 2*sigma*t
+        # makes that a release of multiplier sigma (sigma/s after paper-mode rescaling by s)
+        boundary = EmbeddingBoundary(sensitivity=2.0 * self.t, norm="l2")
+        return [Mechanism(self.name, tuple(releases), claim=claim, notes=tuple(notes), boundary=boundary)]
 
     def report(self) -> dict[str, Any]:
         """Rescaling statistics, the effective per-release eps at the largest ``s``, and the

@@ -161,10 +161,16 @@ def audit_scores(
     first: np.ndarray, second: np.ndarray, *, method: Method, delta: float, confidence: float
 ) -> tuple[float, tuple[int, int, int, int]]:
     """The audit's lower bound from scores of trials on the two neighbours: the first half of each
-    chooses the threshold (:func:`choose_threshold`), the second half is counted. Returns the bound
-    and the counted ``(tp, fn, fp, tn)``."""
+    chooses the threshold (:func:`choose_threshold`), the second half is counted. Scores of at
+    most two values (e.g. "the output is the first label") leave no threshold to choose: every
+    trial is counted at the one informative threshold. Returns the bound and the counted
+    ``(tp, fn, fp, tn)``."""
     first = np.asarray(first, dtype=np.float64).ravel()
     second = np.asarray(second, dtype=np.float64).ravel()
+    values = np.unique(np.concatenate([first, second]))
+    if values.size <= 2 and first.size and second.size:
+        c = counts(first, second, float(values[0]))
+        return epsilon_lower(method, *c, delta=delta, confidence=confidence), c
     h1, h2 = first.size // 2, second.size // 2
     if min(h1, h2) < 1:
         raise ValueError("the audit needs at least 2 trials on each neighbour")
