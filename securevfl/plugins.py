@@ -51,7 +51,9 @@ What a plugin implements, and its contract:
   it. Noise that protects something draws on ``self.ctx.noise_stream(...)``
   (a :class:`~securevfl.csprng.SecretStream` private to the party), never on
   torch's or numpy's generators; a DP defense declares what it releases in
-  ``mechanisms`` so the accountant composes it.
+  ``mechanisms`` (:class:`Mechanism` of :class:`Release` parts, with an
+  :class:`EmbeddingBoundary` or :class:`LabelBoundary`) so the accountant composes
+  it and the audit tests it as it runs (docs/extending.md, "Declaring a DP mechanism").
 * **An attack**: a subclass of :class:`Attack` with a ``name``, its
   ``adversary`` (``active`` or ``passive``) and an ``options`` model. After
   training the harness gives ``run`` the adversary's :class:`View`: what that
@@ -95,6 +97,18 @@ from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOp
 from securevfl.models import MODELS, ModelFactory
 from securevfl.parties.task_kinds import TASKS
 from securevfl.parties.tasks import Task
+from securevfl.privacy.accountant import (
+    EpsDeltaRelease,
+    GaussianRelease,
+    LaplaceRelease,
+    Mechanism,
+    NonPrivateRelease,
+    Plan,
+    RandomizedResponseRelease,
+    Release,
+)
+from securevfl.privacy.boundary import EmbeddingBoundary, LabelBoundary
+from securevfl.privacy.correlated import UnboundedRelease
 
 __all__ = [
     "Attack",
@@ -103,9 +117,20 @@ __all__ = [
     "Defense",
     "DefenseContext",
     "DefenseOptions",
+    "EmbeddingBoundary",
+    "EpsDeltaRelease",
+    "GaussianRelease",
+    "LabelBoundary",
+    "LaplaceRelease",
+    "Mechanism",
+    "NonPrivateRelease",
+    "Plan",
+    "RandomizedResponseRelease",
+    "Release",
     "RowTable",
     "Table",
     "Task",
+    "UnboundedRelease",
     "View",
     "World",
     "per_row",

@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | predict | keygen | compare | validate | list | criteo``.
+"""Command line: ``securevfl run | party | predict | audit | keygen | compare | validate | list | criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -188,6 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_allow(val, "validate")
     _add_common(val)
 
+    aud = sub.add_parser(
+        "audit",
+        help="re-audit a finished run's DP mechanisms from its saved models (no retraining)",
+        description="Rebuilds every party's defense stack from RUN's saved models under fresh noise keys, "
+        "runs each declared DP mechanism on canaries at its boundary and prints the audited lower bound "
+        "on epsilon beside the claim (docs/privacy.md, 'The audit'). Exits 1 when a sound claim is "
+        "violated, 2 for a folder that is not a finished run.",
+    )
+    aud.add_argument("run_dir", metavar="RUN", help="output folder of the training run")
+    aud.add_argument(
+        "--trials", type=int, help="canary trials per mechanism (default: the run's privacy.audit)"
+    )
+    aud.add_argument("--confidence", type=float, help="confidence of the lower bound (default: the run's)")
+    aud.add_argument("--debug", action="store_true", help="show tracebacks")
+
     lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets, models")
     crit = sub.add_parser(
         "criteo",
@@ -213,6 +228,7 @@ COMMANDS.add_path("keygen", "securevfl.cli.keys:cmd_keygen")
 COMMANDS.add_path("validate", "securevfl.cli.checking:cmd_validate")
 COMMANDS.add_path("list", "securevfl.cli.checking:cmd_list")
 COMMANDS.add_path("criteo", "securevfl.cli.criteo:cmd_criteo")
+COMMANDS.add_path("audit", "securevfl.cli.audit:cmd_audit")
 
 
 LAUNCHING = frozenset({"run", "predict", "compare"})  # commands that start every rank locally

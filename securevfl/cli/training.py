@@ -11,6 +11,7 @@ from pathlib import Path
 from securevfl import api
 from securevfl.app.predict import PREDICTIONS_FILE
 from securevfl.app.rank_layout import layout_of
+from securevfl.cli.audit import warn_after_run
 from securevfl.errors import RankFailed
 from securevfl.report.compare import print_summary, print_table
 
@@ -25,8 +26,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         resume=args.resume,
     )
-    print_table([result.to_json()], title=f"securevfl run: {proto.name}")
+    doc = result.to_json()
+    print_table([doc], title=f"securevfl run: {proto.name}")
     print(f"result: {result.folder / 'result.json'}")
+    warn_after_run(doc)  # a violated privacy claim: warned, the run has still completed
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from securevfl import optim
 from securevfl.components import components_of
@@ -45,6 +46,7 @@ from securevfl.parties.state import (
 )
 from securevfl.parties.task_kinds import TASKS
 from securevfl.privacy.accountant import account
+from securevfl.privacy.audit import AuditRecord, assumed_norms, audit_stack, released_buckets
 from securevfl.privacy.step_budget import plan_for
 from securevfl.records import EpochRecord, OwnReport
 from securevfl.runtime.channel import Channel
@@ -183,6 +185,7 @@ class Party:
         n_train = len(prep.train_idx)
         self.n_train = n_train
         self.phase_s: dict[str, float] = {}  # training and evaluation seconds, set by run()
+        self.released_scales: dict[str, float] = {}  # per assumed mechanism, a power-of-two bucket
         self.train_cpu_s = 0.0  # CPU seconds of training (no evaluation), set by run()
         self.planned_steps = planned_steps(n_train, self.proto.training)
         self.allowed_steps = allowed_steps(self.proto, n_train)
@@ -212,13 +215,48 @@ class Party:
         mechs = self.stack.mechanisms(plan)
         return account({self.spec.name: mechs}, self.proto.privacy.delta) if mechs else {}
 
+    def audit(self, steps: int) -> list[AuditRecord]:
+        """The audit of this party's own DP mechanisms after training (docs/privacy.md,
+        "The audit"): each declared mechanism's hook run on canaries at its boundary, on a
+        copy of the defense under fresh noise keys. An assumed boundary is also audited at
+        the scale this party released, measured here from its own rows and kept only as a
+        power-of-two bucket (also saved with its model, for ``securevfl audit``)."""
+        opts = self.proto.privacy.audit
+        plan = plan_for(steps, len(self.prep.train_idx), self.proto.training)
+        if not opts.enabled or not self.stack.mechanisms(plan):
+            return []
+        t0 = time.perf_counter()
+        norms = assumed_norms(self.stack, plan)
+        rows = self.released_rows() if norms else None
+        self.released_scales = {} if rows is None else released_buckets(rows, norms)
+        records = audit_stack(
+            self.stack,
+            plan,
+            delta=self.proto.privacy.delta,
+            trials=opts.trials,
+            confidence=opts.confidence,
+            released=self.released_scales,
+        )
+        self.phase_s["audit"] = time.perf_counter() - t0
+        return records
+
+    def released_rows(self) -> torch.Tensor | None:
+        """This party's released rows before noise (passive side), for the released scale."""
+        return None
+
     def privacy_summary(self, steps: int) -> dict[str, Any]:
-        """This party's own accounting over the steps actually run and what its
-        defenses declared public (merged into ``result.json`` by rank 0). Both
-        follow from the protocol and the step count alone; the defenses' statistics
-        of the data stay in :meth:`own_report`."""
+        """This party's own accounting over the steps actually run, the audit of its
+        mechanisms and what its defenses declared public (merged into ``result.json``
+        by rank 0). The accounting and the declarations follow from the protocol and
+        the step count alone; an audit record holds counts of the audit's own canary
+        trials and at most one coarse statistic of the data (a released-scale bucket,
+        SECURITY.md §7); the defenses' statistics of the data stay in :meth:`own_report`."""
+        privacy = self.privacy_spent(steps)
+        records = self.audit(steps) if privacy else []
+        if records:
+            privacy[self.spec.name]["audit"] = [r.to_json() for r in records]
         return {
-            "privacy": self.privacy_spent(steps),
+            "privacy": privacy,
             "defense_report": self.stack.public_report(),
             "planned_steps": self.planned_steps,
             "allowed_steps": self.allowed_steps,
@@ -465,6 +503,8 @@ class Party:
             code_dir=components_of(self.proto).code.beside,
         )
         docs["model"] = info.model_dump()
+        if self.released_scales:  # power-of-two buckets only (securevfl audit RUN reads them)
+            docs["audit"] = {"released_scale": dict(self.released_scales)}
         return PartyState(self.epochs_done, self.steps, tensors, docs)
 
     def task_info(self) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from securevfl.exchange.base import PassiveExchange
 from securevfl.models import PROBE_ROWS, bottom_label, build_bottom, check_output, make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.state import module_states
+from securevfl.privacy.audit import SCALE_ROWS
 from securevfl.records import OwnView
 from securevfl.schedule import eval_batches
 
@@ -108,6 +109,13 @@ class PassiveParty(Party):
         for idx in eval_batches(self.n_test, self.proto.training.batch_size):
             h = self.bottom(self.x_test[idx].to(self.device))
             self.exchange.forward(self.stack.embed(h, train=False), train=False)
+
+    @torch.no_grad()
+    def released_rows(self) -> torch.Tensor:
+        """The noise-free part of what this party released for its first training rows, with
+        its final bottom model (the audit's released scale; never sent)."""
+        x = self.x_train[:SCALE_ROWS].to(self.device)
+        return self.stack.embed_local(self.bottom(x)).detach().cpu()
 
     def own_view(self) -> OwnView:
         """What this party itself computed and sent (for wire audits), and, when
