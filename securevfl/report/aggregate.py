@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from securevfl.report.audit import entries as audit_entries
-from securevfl.report.audit import per_party, worst_verdict
+from securevfl.report.audit import worst_verdict
 from securevfl.report.rows import BOUND, METRICS_BASE, OPTIONAL, attack_chance, rows
 from securevfl.report.stats import Interval, mean_interval
 
@@ -98,14 +98,9 @@ def metric_keys(attacks: Sequence[str]) -> list[str]:
 
 
 def measured(result: dict[str, Any]) -> dict[str, Any]:
-    """A run's audit records for the report's prose, as JSON: each party's reported
-    sound-claim record (``parties``), the nominal-claim records and those not audited."""
-    recs = audit_entries(result)
-    return {
-        "parties": {p: asdict(r) for p, r in per_party(result).items()},
-        "nominal": [asdict(r) for r in recs if r.claim == "nominal"],
-        "unaudited": [asdict(r) for r in recs if r.claim == "sound" and r.verdict == "unaudited"],
-    }
+    """A run's audit records for the report's prose, as JSON (``records``: every one, with
+    its party)."""
+    return {"records": [asdict(r) for r in audit_entries(result)]}
 
 
 def summarize(records: Sequence[RunRecord]) -> Summary:

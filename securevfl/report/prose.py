@@ -252,32 +252,42 @@ def _eps(x: float | None) -> str:
     return "n/a" if x is None else ("inf" if math.isinf(x) else f"{x:.3g}")
 
 
-def _audit_sentence(rec: dict[str, Any], party: str, delta: Any) -> str:
-    """One audit record in words: claim, measured bound, method and verdict."""
+def _mechanism_sentence(recs: list[dict[str, Any]], delta: Any) -> str:
+    """The audit records of one mechanism, claim and basis over the parties, in words: the
+    claim, every party's measured bound, the method and the verdict."""
+    first = recs[0]
     at = f" at delta {delta:g}" if isinstance(delta, float) else ""
-    composed = "" if rec.get("composed") is None else f" ({_eps(rec['composed'])} composed over the run)"
-    head = (
-        f"party `{party}`, `{rec['mechanism']}` claims eps {_eps(rec['per_release'])} per release"
-        f"{composed}{at}"
-    )
-    if rec.get("verdict") == "unaudited" or rec.get("epsilon_lower") is None:
-        why = f": {rec['reason']}" if rec.get("reason") else ""
-        return f"{head}; not audited at its boundary{why}"
-    conf = rec.get("confidence")
-    how = f"{rec.get('method')}, {rec.get('trials')} trials" + (
+    composed = "" if first.get("composed") is None else f" ({_eps(first['composed'])} composed)"
+    claims = sorted({_eps(r["per_release"]) for r in recs})
+    if first.get("method") == "none":
+        mechs = {r["mechanism"]: _eps(r["per_release"]) for r in recs}
+        named = ", ".join(f"`{m}` (eps {e}{at})" for m, e in mechs.items())
+        who = ", ".join(dict.fromkeys(r["party"] for r in recs))
+        why = f" ({first['reason']})" if first.get("reason") else ""
+        return f"{named} at {who}: not audited{why}"
+    bounds = ", ".join(f"{_eps(r['epsilon_lower'])} ({r['party']})" for r in recs)
+    conf = first.get("confidence")
+    how = f"{first.get('method')}, {first.get('trials')} trials" + (
         f", {conf:.0%} confidence" if isinstance(conf, float) else ""
     )
-    if rec.get("basis"):
-        how += f", {rec['basis']}"
-    line = f"{head}; the audit measured eps ≥ {_eps(rec['epsilon_lower'])} ({how}): {rec['verdict']}"
-    if rec.get("verdict") == "violated":
-        line += (
-            " — the lower bound lies above the claim at that confidence, so the implementation or "
-            "the accounting is wrong"
+    how += f", {first['basis']}" if first.get("basis") else ""
+    violated = [r["party"] for r in recs if r.get("verdict") == "violated"]
+    if first.get("claim") == "nominal":
+        head = (
+            f"the paper's own (nominal) claim for `{first['mechanism']}`, eps {'/'.join(claims)} per release"
         )
     else:
-        line += " (a lower bound below the claim does not prove the claim)"
-    return line
+        head = f"`{first['mechanism']}` claims eps {'/'.join(claims)} per release{composed}{at}"
+    line = f"{head}; the audit measured eps ≥ {bounds} ({how})"
+    if not violated:
+        return line + ": consistent"
+    line += f": violated for {', '.join(violated)}"
+    if first.get("claim") == "nominal":
+        return line + " (the paper's figure does not hold; the accountant's is the one that holds)"
+    return (
+        line + " (the bound lies above the claim at that confidence: the implementation or the "
+        "accounting is wrong)"
+    )
 
 
 def _attack_bounds(g: Group, s: Summary) -> list[str]:
@@ -290,11 +300,24 @@ def _attack_bounds(g: Group, s: Summary) -> list[str]:
     return out
 
 
+def _by_mechanism(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Audit records grouped by (claim, mechanism, basis): sound claims, then nominal ones,
+    then every mechanism not audited for one reason together."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: (r.get("method") == "none", r.get("claim") != "sound")):
+        if r.get("method") == "none":
+            key: tuple[str, ...] = ("none", str(r.get("reason")))
+        else:
+            key = (str(r.get("claim")), str(r["mechanism"]), str(r.get("basis")), str(r.get("method")))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
 def audit_lines(s: Summary) -> list[str]:
-    """Per compared protocol: each party's claim and what the audit measured (the reported
-    sound-claim record, the nominal ones, those not audited), what record-level attacks'
-    counts imply; for a protocol without DP, that nothing is claimed and what the attacks
-    measured instead."""
+    """Per compared protocol: each mechanism's claim and what the audit measured at every
+    party (sound claims, then those not audited, then the papers' nominal claims) and what
+    record-level attacks' counts imply; for a protocol without DP, that nothing is claimed and
+    what the attacks measured instead."""
     out = []
     for g in s.groups:
         bounds = _attack_bounds(g, s)
@@ -312,48 +335,34 @@ def audit_lines(s: Summary) -> list[str]:
             out.append(line)
             continue
         run = g.runs[0] if g.runs else {}
-        m = run.get("measured") or {}
-        parts = [_audit_sentence(rec, p, g.text.get("delta")) for p, rec in (m.get("parties") or {}).items()]
-        parts += [
-            _audit_sentence(rec, rec["party"], g.text.get("delta"))
-            for rec in m.get("unaudited") or []
-            if rec not in (m.get("parties") or {}).values()
-        ]
-        for rec in m.get("nominal") or []:
-            verdict = rec.get("verdict")
-            tail = (
-                "the paper's figure does not hold (the sound figure is the accountant's)"
-                if verdict == "violated"
-                else str(verdict)
-            )
-            parts.append(
-                f"party `{rec['party']}`, `{rec['mechanism']}`'s nominal (paper's) claim eps "
-                f"{_eps(rec['per_release'])} per release against a measured eps ≥ "
-                f"{_eps(rec.get('epsilon_lower'))}: {tail}"
-            )
-        if not parts and not bounds:
-            out.append(f"- `{g.label}`: DP mechanisms ran but no audit record was kept.")
-            continue
+        records = (run.get("measured") or {}).get("records") or []
+        parts = [_mechanism_sentence(recs, g.text.get("delta")) for recs in _by_mechanism(records)]
+        if not parts:
+            parts = ["DP mechanisms ran but no audit record was kept"]
         n = len(g.seeds)
         seeds = f" (first of {n} seeds; the table's eps lower is the mean)" if n > 1 else ""
         line = f"- `{g.label}`{seeds}: " + "; ".join(parts) + "."
         if bounds:
-            claim = g.metrics.get("eps_release")
+            line += " " + "; ".join(bounds)[0].upper() + "; ".join(bounds)[1:] + "."
+            sound = [r for r in records if r.get("claim") == "sound" and r.get("method") != "none"]
+            tightest = min(sound, key=lambda r: r["per_release"], default=None)
             implied = {a: g.metrics.get(f"{BOUND}{a}") for a in s.attacks}
             above = [
                 a
                 for a, iv in implied.items()
-                if claim is not None and iv is not None and iv.mean > claim.mean
+                if tightest is not None and iv is not None and iv.mean > tightest["per_release"]
             ]
-            line += " " + "; ".join(bounds)[0].upper() + "; ".join(bounds)[1:] + "."
-            if above:
+            if tightest is not None and above:
                 line += (
-                    f" Above the claim per release ({_eps(claim.mean if claim else None)}) for "
-                    f"{_names(above)}: either what the attacker holds besides the mechanism's output "
-                    "(its own features) predicts the labels, or the claim does not hold; the audit's "
-                    "verdict, not this figure, decides."
+                    f" Above the smallest claim per release, `{tightest['mechanism']}`'s "
+                    f"{_eps(tightest['per_release'])}, for {_names(above)}: either that mechanism does not "
+                    "protect what the attack guesses, what the attacker holds besides its output (its "
+                    "own features) predicts the labels, or the claim does not hold; the audit's verdict, "
+                    "not this figure, decides."
                 )
         out.append(line)
+    if any("consistent" in line for line in out):
+        out.append("- A lower bound below its claim does not prove the claim: this test could not refute it.")
     return out
 
 

@@ -173,23 +173,35 @@ def test_a_violation_on_any_seed_is_the_rows_verdict() -> None:
 def test_prose_reads_the_audit_the_crypto_only_rows_and_the_baseline() -> None:
     text = "\n".join(findings(summarize([RunRecord(r["protocol"], r["protocol"], 0, r) for r in RESULTS])))
     assert (
-        "party `left`, `embedding_dp.gaussian` claims eps 0.81 per release (12.3 composed over the run) "
-        "at delta 1e-05; the audit measured eps ≥ 0.74 (gdp, 20000 trials, 95% confidence, declared "
-        "sensitivity): consistent (a lower bound below the claim does not prove the claim)"
+        "- `mpc_afe`: `embedding_dp.gaussian` claims eps 0.81 per release (12.3 composed) at delta 1e-05; "
+        "the audit measured eps ≥ 0.74 (left) (gdp, 20000 trials, 95% confidence, declared sensitivity): "
+        "consistent; `embedding_dp.gaussian` claims eps 0.81 per release (12.3 composed) at delta 1e-05; "
+        "the audit measured eps ≥ 0.52 (left) (clopper-pearson, 20000 trials"
     ) in text
-    assert "`embedding_dp.nominal`'s nominal (paper's) claim eps 0.1 per release" in text
-    assert "the paper's figure does not hold" in text
-    assert "eps ≥ 1.9" in text and "so the implementation or the accounting is wrong" in text
     assert (
-        "- `mpc`: no DP mechanism, so no epsilon is claimed (eps inf); the attacks measured label_norm"
-        in text
-    )
-    assert f"`label_norm`'s counts imply eps ≥ {IMPLIED:.3f}" in text
-    # the attack's bound above the violated row's claim (0.4) is read as evidence, not a verdict
-    assert "the audit's verdict, not this figure, decides" in text
+        "the paper's own (nominal) claim for `embedding_dp.nominal`, eps 0.1 per release; the audit measured "
+        "eps ≥ 0.74 (left) (gdp, 20000 trials, 95% confidence, declared sensitivity): violated for left "
+        "(the paper's figure does not hold; the accountant's is the one that holds)"
+    ) in text
+    assert (
+        "the audit measured eps ≥ 1.9 (left) (gdp, 20000 trials, 95% confidence, declared sensitivity): "
+        "violated for left (the bound lies above the claim at that confidence: the implementation or the "
+        "accounting is wrong)"
+    ) in text
+    assert "A lower bound below its claim does not prove the claim" in text
+    assert (
+        "- `mpc`: no DP mechanism, so no epsilon is claimed (eps inf); the attacks measured label_norm 0.96 "
+        f"(chance 0.50); `label_norm`'s counts imply eps ≥ {IMPLIED:.3f} on the labels it guessed."
+    ) in text
+    # the attack's bound above the smallest sound claim is named with it, as evidence, not a verdict
+    assert "Above the smallest claim per release, `embedding_dp.gaussian`'s 0.81, for `label_norm`" in text
+    assert "Above the smallest claim per release, `embedding_dp.gaussian`'s 0.4, for `label_norm`" in text
+    assert text.count("the audit's verdict, not this figure, decides") == 2
     # within 0.01 of the majority rate: flagged; well above it: not
-    assert "`mpc_broken`: test accuracy 0.600 against a majority rate of 0.600" in text
-    assert "no better than predicting the majority class" in text
+    assert (
+        "- `mpc_broken`: test accuracy 0.600 against a majority rate of 0.600, test AUC 0.550: no better "
+        "than predicting the majority class." in text
+    )
     assert text.count("no better than predicting the majority class") == 1
     assert (
         "`mpc_afe`: test accuracy 0.930 against a majority rate of 0.600, test AUC 0.980 (+33.0 points)"
