@@ -19,10 +19,11 @@ How the hooks are run:
   of unit norm in the boundary's norm (L2: uniform on the sphere; L1: a random sign vector
   spread evenly over the coordinates, so that a coordinate-wise clip leaves the pair intact),
   so the two rows differ by exactly the sensitivity. The hook is called with batches of the
-  run's batch size, half of each batch one canary and half the other: the noise is per row, so
-  each row is one trial, and a hook whose output depends on the batch (VFL-AFE's paper-mode
-  rescaling, ``rescale_mode: dp``'s centre and spread) sees a batch of the run's size whose
-  batch statistics are the same in every call. The test's score is a row's projection on
+  run's batch size (at least :data:`MIN_BATCH` rows), half of each batch one canary and half
+  the other: the noise is per row, so each row is one trial, and a hook whose output depends
+  on the batch (VFL-AFE's paper-mode rescaling, ``rescale_mode: dp``'s centre and spread) sees
+  a realistic batch whose batch statistics are the same in every call. The test's score is a
+  row's projection on
   ``u`` (L2) or its coordinates clamped to the canaries' and summed along ``u`` (L1, the
   Laplace likelihood ratio);
 * a label boundary: labels 0 and 1 (two distinct classes), in one call of the hook over all
@@ -41,6 +42,7 @@ Imports nothing of the defenses: a stack is anything with ``defenses`` whose ite
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -60,6 +62,10 @@ __all__ = ["AuditRecord", "audit_stack", "released_scale", "violations"]
 
 #: Why a mechanism without a boundary is not audited, when it does not say.
 NO_BOUNDARY = "no boundary declared: the mechanism's neighbouring inputs are not a hook's input"
+
+#: The smallest canary batch the audit passes an embedding hook (fewer, larger calls; with half
+#: the rows one canary and half the other, a batch statistic barely depends on the batch size).
+MIN_BATCH = 256
 
 #: The quantile of pairwise distances that stands for "the scale the run released".
 SCALE_QUANTILE = 0.99
@@ -92,7 +98,9 @@ def fresh_copy(defense: Any) -> Any:
     streams, under a fresh noise key (its streams are children of that key)."""
     ctx = dataclasses.replace(defense.ctx, noise=SecretStream.fresh())
     clone = type(defense)(defense.params, ctx)
-    clone.restore(defense.checkpoint_state().without_secret_streams())
+    # a deep copy: a captured list or dict is the defense's own object, which the copy's hooks
+    # would otherwise append to (the run's statistics must stay the run's)
+    clone.restore(copy.deepcopy(defense.checkpoint_state().without_secret_streams()))
     return clone
 
 
@@ -145,7 +153,7 @@ def _embedding_trials(
 ) -> tuple[np.ndarray, np.ndarray]:
     width = _embedding_width(defense)
     canary = (distance / 2.0) * direction(width, b.norm, rng)
-    batch = max(2, min(batch, trials)) // 2 * 2
+    batch = max(2, min(max(batch, MIN_BATCH), trials)) // 2 * 2
     half = batch // 2
     rows = np.concatenate([np.tile(canary, (half, 1)), np.tile(-canary, (half, 1))])
     h = torch.as_tensor(rows, dtype=torch.float32)

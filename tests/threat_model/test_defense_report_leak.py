@@ -55,6 +55,10 @@ CRDP_STATS = (
     "delta_cs_p",
     "laplace_scale",
 )
+AUDIT_KEYS = {
+    "mechanism", "basis", "claim", "epsilon_claimed", "epsilon_lower", "delta", "confidence", "trials",
+    "method", "verdict", "seconds", "reason", "scale",
+}  # fmt: skip
 AFE_STATS = ("s_train", "s_eval", "delta_tilde_train", "effective_epsilon_at_s_max", "kl_mean")
 
 
@@ -255,8 +259,16 @@ def test_what_a_learns_of_the_parties_privacy_follows_from_the_protocol(run: dic
     for party, stack in stacks.items():
         plan = plan_for(STEPS, n_train, proto.training)
         expected = account({party: stack.mechanisms(plan)}, proto.privacy.delta)[party]
-        got = result["privacy"]["parties"][party]
+        got = dict(result["privacy"]["parties"][party])
+        audit = got.pop("audit")
         assert json.loads(json.dumps(got)) == json.loads(json.dumps(expected)), party
+        # the audit of the party's mechanisms: counts of its own canary trials, the claims, and
+        # at most one statistic of the data, a released scale as a power of two (SECURITY.md §7)
+        assert {r["mechanism"] for r in audit} == set(expected["mechanisms"]), party
+        for r in audit:
+            assert set(r) <= AUDIT_KEYS, (party, sorted(set(r) - AUDIT_KEYS))
+            if "scale" in r:  # a power of two
+                assert r["basis"] == "released scale" and math.log2(r["scale"]).is_integer()
     for party, stack in stacks.items():
         assert result["defense_report"][party] == json.loads(json.dumps(stack.public_report())), party
     # uncapped paper-mode rescaling has no bound the options give: no finite figure
