@@ -199,7 +199,10 @@ def privacy_lines(s: Summary) -> list[str]:
         delta = g.text.get("delta")
         at = f" at delta {delta:g}" if isinstance(delta, float) else ""
         if math.isinf(eps.mean):
-            out.append(f"- `{g.label}`: eps inf{at}: the mechanism adds no noise, so it guarantees nothing.")
+            out.append(
+                f"- `{g.label}`: eps inf{at}: a mechanism adds no noise, or noise the options give no bound "
+                "on (see its `notes` in result.json), so it guarantees nothing."
+            )
         elif eps.mean > EPS_MEANINGFUL * (1 + EPS_ROUNDING):
             out.append(
                 f"- `{g.label}`: composed eps {show(eps, 3)}{at} is above {EPS_MEANINGFUL:g}: "
