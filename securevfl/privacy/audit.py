@@ -46,6 +46,7 @@ import copy
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -97,7 +98,9 @@ def fresh_copy(defense: Any) -> Any:
     """A new instance of ``defense``'s class from its options and its state less its secret
     streams, under a fresh noise key (its streams are children of that key)."""
     ctx = dataclasses.replace(defense.ctx, noise=SecretStream.fresh())
-    clone = type(defense)(defense.params, ctx)
+    with warnings.catch_warnings():  # the run's own instance has said what its options warn about
+        warnings.simplefilter("ignore")
+        clone = type(defense)(defense.params, ctx)
     # a deep copy: a captured list or dict is the defense's own object, which the copy's hooks
     # would otherwise append to (the run's statistics must stay the run's)
     clone.restore(copy.deepcopy(defense.checkpoint_state().without_secret_streams()))
