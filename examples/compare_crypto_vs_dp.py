@@ -13,7 +13,8 @@ This script loads one crypto-only protocol (``protocols/ckks.yaml``, or
 same protocol with embedding DP at both passive parties (VFL-AFE's vanilla
 variant: clip to norm 1 and add Gaussian noise, per-release epsilon 3 at delta
 1e-5), gives both the same two attacks by the active party, compares the two over
-the seeds, and prints one row per protocol: utility, the epsilon spent, what each
+the seeds, and prints one row per protocol: utility beside the majority rate, the
+epsilon spent, claimed per release and audited (the verdict), what each
 attack achieved (AP: higher = the adversary learns more) and the cost.
 
     .venv/bin/python examples/compare_crypto_vs_dp.py [--backend ckks|mpc] [--seeds 0 1 2] [--small]
@@ -52,7 +53,11 @@ SMALL = {"training.epochs": 1, "training.max_steps": 4, "training.batch_size": 1
 #: the printed table: (column of Comparison.frame, heading)
 COLUMNS = [
     ("test_accuracy", "test acc"),
+    ("test_majority_rate", "majority"),
     ("epsilon", "eps"),
+    ("eps_release", "eps/release"),
+    ("eps_lower", "eps lower"),
+    ("audit", "audit"),
     ("attack:feature_reconstruction", "AP feature rec."),
     ("attack:model_completion", "AP model compl."),
     ("time_per_step_s", "s/step"),
@@ -81,6 +86,8 @@ def cell(row: pd.Series, key: str) -> str:
     mean, lo, hi = row.get(key), row.get(f"{key}_lo"), row.get(f"{key}_hi")
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "-"
+    if isinstance(mean, str):  # the audit's verdict
+        return mean
     scale = 1e-6 if key == "bytes_per_step" else 1.0
     text = f"{mean * scale:.3g}"
     if row["n_seeds"] > 1 and lo is not None and hi is not None and lo != hi:

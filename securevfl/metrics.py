@@ -9,14 +9,27 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 
+def majority_rate(y: np.ndarray) -> float:
+    """The share of the most common label in ``y``: the accuracy of always predicting the
+    majority class, the trivial baseline any classifier's accuracy is read against (nan
+    for no rows)."""
+    y = np.asarray(y).reshape(-1)
+    if not y.size:
+        return float("nan")
+    _, counts = np.unique(y, return_counts=True)
+    return float(counts.max() / y.size)
+
+
 def classification_metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
-    """Accuracy of the arg-max class and, for two classes present in ``y``, the
-    ROC AUC of class 1's probability."""
+    """Accuracy of the arg-max class, the test rows' majority rate (:func:`majority_rate`,
+    the baseline accuracy is read against) and, for two classes present in ``y``, the
+    ROC AUC of class 1's probability (None when the test rows hold one class only: no
+    AUC is defined)."""
     acc = float((probs.argmax(1) == y).mean())
     auc = None
     if probs.shape[1] == 2 and len(np.unique(y)) == 2:
         auc = float(roc_auc_score(y, probs[:, 1]))
-    return {"test_accuracy": acc, "test_auc": auc}
+    return {"test_accuracy": acc, "test_auc": auc, "test_majority_rate": majority_rate(y)}
 
 
 def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:

@@ -57,6 +57,7 @@ class RankSummary(_Record):
     task: str | None = None
     test_accuracy: Real | None = None
     test_auc: Real | None = None
+    test_majority_rate: Real | None = None  # share of the most common test label (classification)
     test_rmse: Real | None = None
     test_mae: Real | None = None
     test_r2: Real | None = None
@@ -253,6 +254,9 @@ class ResultRecord(_Record):
     task: str | None
     test_accuracy: Real | None
     test_auc: Real | None
+    # the share of the most common test label: the accuracy of predicting the majority class
+    # (classification; None for regression and in a record written before it was kept)
+    test_majority_rate: Real | None = None
     test_rmse: Real | None  # regression tasks (None otherwise)
     test_mae: Real | None
     test_r2: Real | None

@@ -127,8 +127,11 @@ class Comparison:
 
     @cached_property
     def runs_frame(self) -> pd.DataFrame:
-        """One row per run (each seed of each compared protocol), as in runs.csv."""
-        return pd.DataFrame([{k: v for k, v in r.items() if k != "grids"} for r in self.summary.runs])
+        """One row per run (each seed of each compared protocol), as in runs.csv (the audit
+        records the report's prose reads are in compare.json's runs, not here)."""
+        return pd.DataFrame(
+            [{k: v for k, v in r.items() if k not in ("grids", "measured")} for r in self.summary.runs]
+        )
 
     def results(self) -> list[RunResult]:
         """Every run's result record, in run order."""

@@ -10,6 +10,11 @@ own features and its trained bottom model. Rows are identified through the share
 batch schedule. Scores are graded against A's true labels, which the attack never
 sees except for the few ``n_known`` training labels it is explicitly given.
 
+Each also reads its guess as a test of every record's label (``record_test``: the counts of
+"says ``positive``" against the truth and the lower bound on epsilon they imply; a score
+attack's threshold is chosen on a held-out half of its rows, model completion's decision is
+its arg-max class; :class:`securevfl.attacks.metrics.RecordTest`).
+
 * ``label_norm`` (binary / one-vs-rest): the score of a training record is the
   L2 norm of its gradient, averaged over the steps it appeared in. Metric: leak
   AUC = max(AUC, 1 - AUC), since the attacker need not know which class has the
@@ -93,6 +98,16 @@ def _binary_truth(world: World, positive: int, rows: np.ndarray) -> np.ndarray:
     return (y == positive).astype(int)
 
 
+def _record_test(params: _ScoringOptions, world: World, scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """The score attack read as a test of each record's label (``record_test``: counts on a
+    held-out half, threshold chosen on the other; :func:`securevfl.attacks.metrics.threshold_test`),
+    at the run's delta; nothing when a half lacks either class."""
+    test = metrics.threshold_test(
+        scores, y, positive=params.positive, seed=params.seed, delta=world.proto.privacy.delta
+    )
+    return {} if test is None else {"record_test": test.to_json()}
+
+
 class LabelNormOptions(_ScoringOptions):
     pass
 
@@ -114,7 +129,8 @@ class LabelNorm(_PassiveAttack[LabelNormOptions]):
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         y = _binary_truth(world, self.params.positive, guess["rows"])
         auc = metrics.leak_auc(guess["scores"], y)
-        return {"auc": auc, "auc_raw": metrics.roc_auc(guess["scores"], y), "ap": auc, "n_rows": len(y)}
+        out = {"auc": auc, "auc_raw": metrics.roc_auc(guess["scores"], y), "ap": auc, "n_rows": len(y)}
+        return out | _record_test(self.params, world, guess["scores"], y)
 
 
 class LabelDirectionOptions(_ScoringOptions):
@@ -162,10 +178,11 @@ class LabelDirection(_PassiveAttack[LabelDirectionOptions]):
     def score(self, guess: dict[str, Any], world: World) -> dict[str, Any]:
         y = _binary_truth(world, self.params.positive, guess["rows"])
         auc = metrics.roc_auc(guess["scores"], y)
-        return {"auc": auc, "leak_auc": metrics.leak_auc(guess["scores"], y), "ap": auc, "n_rows": len(y)}
+        out = {"auc": auc, "leak_auc": metrics.leak_auc(guess["scores"], y), "ap": auc, "n_rows": len(y)}
+        return out | _record_test(self.params, world, guess["scores"], y)
 
 
-class ModelCompletionOptions(_PassiveOptions):
+class ModelCompletionOptions(_ScoringOptions):
     n_known: int = Field(default=40, ge=1, description="training records whose label the attacker knows")
     features: Literal["sent", "bottom"] = Field(
         default="sent", description="sent: bottom output after the party's embedding defenses; bottom: before"
@@ -242,6 +259,13 @@ class ModelCompletion(_PassiveAttack[ModelCompletionOptions]):
         out["chance"] = float(np.bincount(y).max() / len(y)) if len(y) else float("nan")
         if proba.shape[1] == 2:
             out["auc"] = metrics.roc_auc(proba[:, 1], y)
+        # its own decision (the arg-max class) read as a test of each test label: nothing chosen
+        pos = self.params.positive
+        test = metrics.decision_test(
+            proba.argmax(1) == pos, y == pos, positive=pos, delta=world.proto.privacy.delta
+        )
+        if test is not None:
+            out["record_test"] = test.to_json()
         return out
 
 

@@ -9,13 +9,19 @@ views or runs, so each function is unit-tested on its own
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import adjusted_mutual_info_score
 
+from securevfl.privacy.audit_math import epsilon_lower_from_counts
 from securevfl.privacy.dcor import v_dcor2
+
+#: the confidence of the lower bound a record-level attack's counts imply
+TEST_CONFIDENCE = 0.95
 
 
 def mse(pred: np.ndarray, true: np.ndarray) -> float:
@@ -264,3 +270,141 @@ def matched_accuracy(labels: np.ndarray, clusters: np.ndarray) -> float:
     np.add.at(table, (ci, yi), 1)
     r, k = linear_sum_assignment(table, maximize=True)
     return float(table[r, k].sum() / y.size)
+
+
+@dataclass(frozen=True)
+class RecordTest:
+    """A record-level attack read as a test of each record's secret (its label): the counts
+    of the test "the attacker says positive" against the truth, and the lower bound on
+    epsilon they imply (:func:`securevfl.privacy.audit_math.epsilon_lower_from_counts`,
+    Clopper-Pearson at ``confidence``; Jagielski, Ullman, Oprea 2020).
+
+    ``rule`` says how the attacker decided: ``threshold`` (score above ``threshold``, or
+    below it for ``orientation`` "low", both chosen on ``chosen_on`` held-out rows that are
+    not counted, so the bound is not chosen with hindsight) or ``decision`` (the attack's own
+    decision, e.g. its arg-max class: nothing is chosen, every row is counted).
+
+    The trials are different records, not one record's neighbours: the bound says how well
+    the attacker tells labels apart with everything it holds, its own features included (which
+    may predict labels without any mechanism releasing them). It is evidence to read beside
+    the claim, not an audit verdict (docs/privacy.md, "The audit")."""
+
+    tp: int
+    fn: int
+    fp: int
+    tn: int
+    positive: int
+    rule: Literal["threshold", "decision"]
+    threshold: float | None
+    orientation: Literal["high", "low"] | None
+    chosen_on: int
+    delta: float
+    confidence: float
+    epsilon_lower: float
+
+    @property
+    def tpr(self) -> float:
+        return self.tp / (self.tp + self.fn)
+
+    @property
+    def fpr(self) -> float:
+        return self.fp / (self.fp + self.tn)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "tpr": self.tpr, "fpr": self.fpr}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RecordTest:
+        """From its :meth:`to_json` form (the derived rates are recomputed, not read)."""
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def confusion(said: np.ndarray, truth: np.ndarray) -> tuple[int, int, int, int]:
+    """``(tp, fn, fp, tn)`` of boolean decisions ``said`` against boolean ``truth``."""
+    s, t = np.asarray(said, dtype=bool), np.asarray(truth, dtype=bool)
+    if s.shape != t.shape:
+        raise ValueError(f"shape mismatch: {s.shape} vs {t.shape}")
+    return (
+        int(np.sum(s & t)),
+        int(np.sum(~s & t)),
+        int(np.sum(s & ~t)),
+        int(np.sum(~s & ~t)),
+    )
+
+
+def _bound(c: tuple[int, int, int, int], delta: float, confidence: float) -> float:
+    tp, fn, fp, tn = c
+    return epsilon_lower_from_counts(tp, fn, fp, tn, delta=delta, confidence=confidence)
+
+
+def choose_threshold(
+    scores: np.ndarray, truth: np.ndarray, *, delta: float, confidence: float, candidates: int = 64
+) -> tuple[float, Literal["high", "low"]]:
+    """The threshold (among ``candidates`` quantiles of ``scores``) and side ("high": score
+    above it says positive; "low": below) whose counts on these rows give the largest bound.
+    Call it on rows that are not counted afterwards."""
+    s, t = np.asarray(scores, dtype=np.float64), np.asarray(truth, dtype=bool)
+    qs = np.unique(np.quantile(s, np.linspace(0.0, 1.0, candidates + 2)[1:-1]))
+    best: tuple[float, float, Literal["high", "low"]] = (-1.0, float(np.median(s)), "high")
+    for q in qs:
+        for side in ("high", "low"):
+            said = s > q if side == "high" else s <= q
+            eps = _bound(confusion(said, t), delta, confidence)
+            if eps > best[0]:
+                best = (eps, float(q), side)
+    return best[1], best[2]
+
+
+def threshold_test(
+    scores: np.ndarray,
+    truth: np.ndarray,
+    *,
+    positive: int,
+    seed: int,
+    delta: float,
+    confidence: float = TEST_CONFIDENCE,
+) -> RecordTest | None:
+    """A score attack as a :class:`RecordTest`: a seeded half of the rows chooses the
+    threshold and side (:func:`choose_threshold`), the other half is counted. None when
+    either half lacks a positive or a negative row (no rate to bound)."""
+    s, t = np.asarray(scores, dtype=np.float64), np.asarray(truth, dtype=bool)
+    order = np.random.default_rng(seed).permutation(len(s))
+    pick, count = order[: len(s) // 2], order[len(s) // 2 :]
+    if any(t[h].all() or not t[h].any() for h in (pick, count)):
+        return None
+    thr, side = choose_threshold(s[pick], t[pick], delta=delta, confidence=confidence)
+    said = s[count] > thr if side == "high" else s[count] <= thr
+    c = confusion(said, t[count])
+    return RecordTest(
+        *c,
+        positive=positive,
+        rule="threshold",
+        threshold=thr,
+        orientation=side,
+        chosen_on=len(pick),
+        delta=delta,
+        confidence=confidence,
+        epsilon_lower=_bound(c, delta, confidence),
+    )
+
+
+def decision_test(
+    said: np.ndarray, truth: np.ndarray, *, positive: int, delta: float, confidence: float = TEST_CONFIDENCE
+) -> RecordTest | None:
+    """The attack's own decisions (``said``: it says positive) as a :class:`RecordTest` over
+    every row. None when the rows lack a positive or a negative."""
+    t = np.asarray(truth, dtype=bool)
+    if t.all() or not t.any():
+        return None
+    c = confusion(said, t)
+    return RecordTest(
+        *c,
+        positive=positive,
+        rule="decision",
+        threshold=None,
+        orientation=None,
+        chosen_on=0,
+        delta=delta,
+        confidence=confidence,
+        epsilon_lower=_bound(c, delta, confidence),
+    )

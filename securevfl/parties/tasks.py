@@ -4,8 +4,9 @@ training loss and the test metrics. The active party picks its task from the lab
 (declared ``task:`` or inferred, :func:`securevfl.data.party_data.labels_for_task`)
 and never branches on its name.
 
-* ``binary`` / ``multiclass``: K logits, cross-entropy; test accuracy, and the
-  ROC AUC of class 1 when there are two classes.
+* ``binary`` / ``multiclass``: K logits, cross-entropy; test accuracy, the test
+  rows' majority rate (the accuracy of always predicting the most common class, A's
+  to publish like its accuracy), and the ROC AUC of class 1 when there are two classes.
 * ``regression``: one output, MSE (or Huber) on the target standardized with the
   training rows' mean and standard deviation (so that learning rates tuned for
   classification fit any target scale); RMSE, MAE and R^2 in the target's own
@@ -100,7 +101,7 @@ class Task:
 
 class Classification(Task):
     has_classes = True
-    metric_keys = ("test_accuracy", "test_auc")
+    metric_keys = ("test_accuracy", "test_auc", "test_majority_rate")
 
     @property
     def outputs(self) -> int:

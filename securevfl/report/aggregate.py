@@ -9,13 +9,15 @@ run of the same seed. Pure functions over result records: no I/O."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from securevfl.report.rows import METRICS_BASE, OPTIONAL, attack_chance, rows
+from securevfl.report.audit import entries as audit_entries
+from securevfl.report.audit import worst_verdict
+from securevfl.report.rows import BOUND, METRICS_BASE, OPTIONAL, attack_chance, rows
 from securevfl.report.stats import Interval, mean_interval
 
-TEXT_FIELDS = ("backend", "defenses", "dataset")
+TEXT_FIELDS = ("backend", "defenses", "dataset", "audit")
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ class Group:
         return None if iv is None else iv.mean
 
     def flat(self) -> dict[str, Any]:
-        """protocol, text fields, n_seeds, then per metric its mean, lo and hi."""
+        """protocol, text fields, n_seeds, the audit's verdict, then per metric its mean, lo and hi."""
         out: dict[str, Any] = {"protocol": self.label, **{k: self.text.get(k) for k in TEXT_FIELDS}}
         out["n_seeds"] = len(self.seeds)
+        out["audit"] = out.pop("audit")  # after the run's description, before the numbers
         for key, iv in self.metrics.items():
             out[key] = None if iv is None else iv.mean
             out[f"{key}_lo"] = None if iv is None else iv.lo
@@ -90,7 +93,14 @@ def metric_keys(attacks: Sequence[str]) -> list[str]:
     """The numeric columns, in table order."""
     head = [k for k in METRICS_BASE if k not in ("time_per_step_s", "bytes_per_step")]
     tail = ["time_per_step_s", "bytes_per_step"]
-    return head + [f"attack:{a}" for a in attacks] + (["dcs"] if attacks else []) + tail
+    bounds = [f"{BOUND}{a}" for a in attacks]
+    return head + bounds + [f"attack:{a}" for a in attacks] + (["dcs"] if attacks else []) + tail
+
+
+def measured(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's audit records for the report's prose, as JSON (``records``: every one, with
+    its party)."""
+    return {"records": [asdict(r) for r in audit_entries(result)]}
 
 
 def summarize(records: Sequence[RunRecord]) -> Summary:
@@ -113,10 +123,15 @@ def summarize(records: Sequence[RunRecord]) -> Summary:
                 "point": rec.point,
                 "folder": rec.folder,
                 "grids": grids,
+                "measured": measured(rec.result),
             }
     runs = [per_run[i] for i in range(len(records))]
     # the regression metrics only where some run reports them
-    keys = [k for k in metric_keys(attacks) if k not in OPTIONAL or any(r.get(k) is not None for r in runs)]
+    keys = [
+        k
+        for k in metric_keys(attacks)
+        if (k not in OPTIONAL and not k.startswith(BOUND)) or any(r.get(k) is not None for r in runs)
+    ]
     groups: list[Group] = []
     for label in dict.fromkeys(r.label for r in records):
         mine = [(rec, per_run[i]) for i, rec in enumerate(records) if rec.label == label]
@@ -128,6 +143,7 @@ def summarize(records: Sequence[RunRecord]) -> Summary:
                 point=first_rec.point,
                 text={
                     **{k: first_row.get(k) for k in TEXT_FIELDS},
+                    "audit": worst_verdict([str(row.get("audit")) for _, row in mine]),
                     "delta": (first_rec.result.get("privacy") or {}).get("delta"),
                 },
                 seeds=[rec.seed for rec, _ in mine],

@@ -1,7 +1,8 @@
-"""Comparison of several runs: one row per compared protocol (utility, privacy
-spent, what each attack still achieves, defense capability, time and bytes per
-step), each metric as its mean and 95% interval over seeds, as a terminal table,
-JSON, CSV and a markdown report with plots and prose written from the numbers.
+"""Comparison of several runs: one row per compared protocol (utility beside its
+majority-class baseline, privacy spent, claimed and audited, what each attack still
+achieves, defense capability, time and bytes per step), each metric as its mean and
+95% interval over seeds, as a terminal table, JSON, CSV and a markdown report with
+plots and prose written from the numbers.
 
 Reads only result records (``result.json``) and the attack artefacts next to
 them. Per-run rows: :mod:`securevfl.report.rows`; over seeds:
@@ -160,7 +161,10 @@ def write_comparison(
     }
     paths["json"].write_text(json.dumps(doc, indent=2, default=str))
     write_dicts(paths["csv"], [g.flat() for g in summary.groups])
-    write_dicts(paths["runs_csv"], [{k: v for k, v in r.items() if k != "grids"} for r in summary.runs])
+    write_dicts(
+        paths["runs_csv"],
+        [{k: v for k, v in r.items() if k not in ("grids", "measured")} for r in summary.runs],
+    )
     figures = {
         "privacy_utility": plot_privacy_utility(summary, out_dir / "privacy_utility.png"),
         "grid_curves": plot_grid_curves(summary, axes or {}, out_dir / "grid_curves.png"),
@@ -173,10 +177,18 @@ def write_comparison(
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = [f"# {title} ({stamp})", "", markdown_summary(summary), ""]
     body += [
-        "- **test acc / AUC**: the model's main performance (MP) on the held-out rows.",
+        "- **test acc / AUC**: the model's main performance (MP) on the held-out rows; **majority**: "
+        "the share of the most common test label, the accuracy of always predicting it (a result "
+        "within 0.01 of it is no better than that).",
         "- **eps**: the largest composed epsilon of any party at the run's delta (sound figure; "
         "see each run's `result.json` `privacy` for per-mechanism values and source claims); "
         "`-` = no DP mechanism.",
+        "- **eps/release**, **eps lower**, **audit**: the claimed epsilon per release of the audited "
+        "mechanism reported (the strongest sound-claim lower bound over parties, or a violated one), "
+        "the privacy audit's lower bound at its stated confidence, and its verdict (docs/privacy.md, "
+        '"The audit"); `no DP` = nothing is claimed (eps inf): the attacks are the measurement. '
+        "**eps≥ <attack>**: the lower bound a record-level attack's own true/false-positive counts "
+        "imply (evidence, not a verdict: the attacker's own features may predict labels).",
         "- **AP <attack>**: attack performance, higher = the adversary learns more "
         "(feature reconstruction: 1 - normalized MSE; label inference: ROC AUC or accuracy; "
         "membership: accuracy).",

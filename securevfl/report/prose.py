@@ -1,14 +1,19 @@
 """The report's prose, written from the numbers it holds: what each attack
 achieves under each protocol against its chance level, what each defense costs
 in utility against the undefended run, what each backend costs per step against
-``plain``, and which privacy budgets are too large to be read as a guarantee.
+``plain``, which privacy budgets are too large to be read as a guarantee, what the
+privacy audit and the record-level attacks measured against each claim, and which
+results are no better than predicting the majority class.
 Pure functions of a :class:`~securevfl.report.aggregate.Summary`."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from securevfl.report.aggregate import Group, Summary
+from securevfl.report.audit import NO_DP
+from securevfl.report.rows import BOUND
 from securevfl.report.stats import Interval
 
 #: a composed epsilon above this is reported as no meaningful guarantee
@@ -20,6 +25,8 @@ EPS_ROUNDING = 1e-9
 RUINOUS_POINTS = 10.0
 #: an attack within this of its chance level (or whose interval holds it) is "at chance"
 NEAR_CHANCE = 0.05
+#: an accuracy within this of the test rows' majority rate (or below it) learned nothing useful
+NEAR_MAJORITY = 0.01
 
 
 def show(iv: Interval | None, digits: int = 2) -> str:
@@ -192,7 +199,10 @@ def privacy_lines(s: Summary) -> list[str]:
         delta = g.text.get("delta")
         at = f" at delta {delta:g}" if isinstance(delta, float) else ""
         if math.isinf(eps.mean):
-            out.append(f"- `{g.label}`: eps inf{at}: the mechanism adds no noise, so it guarantees nothing.")
+            out.append(
+                f"- `{g.label}`: eps inf{at}: a mechanism adds no noise, or noise the options give no bound "
+                "on (see its `notes` in result.json), so it guarantees nothing."
+            )
         elif eps.mean > EPS_MEANINGFUL * (1 + EPS_ROUNDING):
             out.append(
                 f"- `{g.label}`: composed eps {show(eps, 3)}{at} is above {EPS_MEANINGFUL:g}: "
@@ -241,13 +251,157 @@ def cost_lines(s: Summary) -> list[str]:
     return out
 
 
+def _eps(x: float | None) -> str:
+    return "n/a" if x is None else ("inf" if math.isinf(x) else f"{x:.3g}")
+
+
+def _mechanism_sentence(recs: list[dict[str, Any]], delta: Any) -> str:
+    """The audit records of one mechanism, claim and basis over the parties, in words: the
+    claim, every party's measured bound, the method and the verdict."""
+    first = recs[0]
+    at = f" at delta {delta:g}" if isinstance(delta, float) else ""
+    composed = "" if first.get("composed") is None else f" ({_eps(first['composed'])} composed)"
+    claims = sorted({_eps(r["per_release"]) for r in recs})
+    if first.get("method") == "none":
+        mechs = {r["mechanism"]: _eps(r["per_release"]) for r in recs}
+        named = ", ".join(f"`{m}` (eps {e}{at})" for m, e in mechs.items())
+        who = ", ".join(dict.fromkeys(r["party"] for r in recs))
+        why = f" ({first['reason']})" if first.get("reason") else ""
+        return f"{named} at {who}: not audited{why}"
+    bounds = ", ".join(f"{_eps(r['epsilon_lower'])} ({r['party']})" for r in recs)
+    conf = first.get("confidence")
+    how = f"{first.get('method')}, {first.get('trials')} trials" + (
+        f", {conf:.0%} confidence" if isinstance(conf, float) else ""
+    )
+    how += f", {first['basis']}" if first.get("basis") else ""
+    violated = [r["party"] for r in recs if r.get("verdict") == "violated"]
+    if first.get("claim") == "nominal":
+        head = (
+            f"the paper's own (nominal) claim for `{first['mechanism']}`, eps {'/'.join(claims)} per release"
+        )
+    else:
+        head = f"`{first['mechanism']}` claims eps {'/'.join(claims)} per release{composed}{at}"
+    line = f"{head}; the audit measured eps ≥ {bounds} ({how})"
+    if not violated:
+        return line + ": consistent"
+    line += f": violated for {', '.join(violated)}"
+    if first.get("claim") == "nominal":
+        return line + " (the paper's figure does not hold; the accountant's is the one that holds)"
+    return (
+        line + " (the bound lies above the claim at that confidence: the implementation or the "
+        "accounting is wrong)"
+    )
+
+
+def _attack_bounds(g: Group, s: Summary) -> list[str]:
+    """What each record-level attack's own counts imply, over the group's seeds."""
+    out = []
+    for a in s.attacks:
+        iv = g.metrics.get(f"{BOUND}{a}")
+        if iv is not None:
+            out.append(f"`{a}`'s counts imply eps ≥ {show(iv, 3)} on the labels it guessed")
+    return out
+
+
+def _by_mechanism(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Audit records grouped by (claim, mechanism, basis): sound claims, then nominal ones,
+    then every mechanism not audited for one reason together."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: (r.get("method") == "none", r.get("claim") != "sound")):
+        if r.get("method") == "none":
+            key: tuple[str, ...] = ("none", str(r.get("reason")))
+        else:
+            key = (str(r.get("claim")), str(r["mechanism"]), str(r.get("basis")), str(r.get("method")))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def audit_lines(s: Summary) -> list[str]:
+    """Per compared protocol: each mechanism's claim and what the audit measured at every
+    party (sound claims, then those not audited, then the papers' nominal claims) and what
+    record-level attacks' counts imply; for a protocol without DP, that nothing is claimed and
+    what the attacks measured instead."""
+    out = []
+    for g in s.groups:
+        bounds = _attack_bounds(g, s)
+        if g.text.get("audit") == NO_DP:
+            aps = [
+                f"{a} {show(g.metrics[f'attack:{a}'])} (chance {s.chance.get(a, 0.0):.2f})"
+                for a in s.attacks
+                if g.metrics.get(f"attack:{a}") is not None
+            ]
+            if not aps and not bounds:
+                out.append(f"- `{g.label}`: no DP mechanism, so no epsilon is claimed (eps inf).")
+                continue
+            line = f"- `{g.label}`: no DP mechanism, so no epsilon is claimed (eps inf); the attacks measured"
+            line += " " + "; ".join(aps + bounds) + "."
+            out.append(line)
+            continue
+        run = g.runs[0] if g.runs else {}
+        records = (run.get("measured") or {}).get("records") or []
+        parts = [_mechanism_sentence(recs, g.text.get("delta")) for recs in _by_mechanism(records)]
+        if not parts:
+            parts = ["DP mechanisms ran but no audit record was kept"]
+        n = len(g.seeds)
+        seeds = f" (first of {n} seeds; the table's eps lower is the mean)" if n > 1 else ""
+        line = f"- `{g.label}`{seeds}: " + "; ".join(parts) + "."
+        if bounds:
+            line += " " + "; ".join(bounds)[0].upper() + "; ".join(bounds)[1:] + "."
+            sound = [r for r in records if r.get("claim") == "sound" and r.get("method") != "none"]
+            tightest = min(sound, key=lambda r: r["per_release"], default=None)
+            implied = {a: g.metrics.get(f"{BOUND}{a}") for a in s.attacks}
+            above = [
+                a
+                for a, iv in implied.items()
+                if tightest is not None and iv is not None and iv.mean > tightest["per_release"]
+            ]
+            if tightest is not None and above:
+                line += (
+                    f" Above the smallest claim per release, `{tightest['mechanism']}`'s "
+                    f"{_eps(tightest['per_release'])}, for {_names(above)}: either that mechanism does not "
+                    "protect what the attack guesses, what the attacker holds besides its output (its "
+                    "own features) predicts the labels, or the claim does not hold; the audit's verdict, "
+                    "not this figure, decides."
+                )
+        out.append(line)
+    if any("consistent" in line for line in out):
+        out.append("- A lower bound below its claim does not prove the claim: this test could not refute it.")
+    return out
+
+
+def baseline_lines(s: Summary) -> list[str]:
+    """Classification results against their trivial baseline: the accuracy of always
+    predicting the test rows' majority class; a row within :data:`NEAR_MAJORITY` of it (or
+    below) is flagged."""
+    out = []
+    for g in s.groups:
+        acc, maj = g.metrics.get("test_accuracy"), g.metrics.get("test_majority_rate")
+        if acc is None or maj is None:
+            continue
+        auc = g.metrics.get("test_auc")
+        also = f", test AUC {show(auc, 3)}" if auc is not None else ""
+        if acc.mean <= maj.mean + NEAR_MAJORITY:
+            out.append(
+                f"- `{g.label}`: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
+                f"{also}: no better than predicting the majority class."
+            )
+        else:
+            out.append(
+                f"- `{g.label}`: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
+                f"{also} ({(acc.mean - maj.mean) * 100:+.1f} points)."
+            )
+    return out
+
+
 def findings(s: Summary) -> list[str]:
     """The report's 'what it shows' section, as markdown lines."""
     body = [_seeds_line(s), ""]
     sections = (
         ("What each attack achieves", attack_lines(s)),
         ("What each defense costs in utility", utility_lines(s)),
+        ("Results against their baseline (the majority class)", baseline_lines(s)),
         ("Privacy budgets", privacy_lines(s)),
+        ("Measured privacy: claims, the audit and record-level attacks", audit_lines(s)),
         ("What crypto and each defense cost per step", cost_lines(s)),
     )
     for title, lines in sections:

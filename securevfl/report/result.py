@@ -51,6 +51,7 @@ def build_result(
             "task": active.task,
             "test_accuracy": active.test_accuracy,
             "test_auc": active.test_auc,
+            "test_majority_rate": active.test_majority_rate,
             # regression tasks (None otherwise): in the target's own units, on the test rows
             "test_rmse": active.test_rmse,
             "test_mae": active.test_mae,

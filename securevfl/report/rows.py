@@ -1,6 +1,7 @@
-"""One comparison row per run, from its result record alone: utility, privacy
-spent, what each attack achieved, the defense capability score (DCS) and cost;
-and how each value is shown. Pure functions over result records."""
+"""One comparison row per run, from its result record alone: utility beside its
+trivial baseline (the test rows' majority rate), privacy spent, claimed and measured
+(:mod:`securevfl.report.audit`), what each attack achieved, the defense capability
+score (DCS) and cost; and how each value is shown. Pure functions over result records."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from securevfl.attacks.metrics import dcs
+from securevfl.report.audit import attack_bound, row_audit
 
 BASE: list[tuple[str, str]] = [
     ("protocol", "protocol"),
@@ -16,16 +18,23 @@ BASE: list[tuple[str, str]] = [
     ("defenses", "defenses"),
     ("dataset", "dataset"),
     ("test_accuracy", "test acc"),
+    ("test_majority_rate", "majority"),
     ("test_auc", "test AUC"),
     ("test_r2", "test R²"),
     ("test_rmse", "test RMSE"),
     ("epsilon", "eps"),
+    ("eps_release", "eps/release"),
+    ("eps_lower", "eps lower"),
+    ("audit", "audit"),
     ("time_per_step_s", "s/step"),
     ("bytes_per_step", "bytes/step"),
 ]
-TEXT = {"protocol", "backend", "defenses", "dataset"}
-# shown only when some run has them (regression tasks)
-OPTIONAL = {"test_r2", "test_rmse"}
+TEXT = {"protocol", "backend", "defenses", "dataset", "audit"}
+# shown only when some run has them (regression tasks; the majority rate of classification runs)
+OPTIONAL = {"test_r2", "test_rmse", "test_majority_rate"}
+#: a record-level attack's implied lower bound on epsilon, per attack (``eps_attack:<attack>``)
+BOUND = "eps_attack:"
+EPSILONS = {"epsilon", "eps_release", "eps_lower"}
 METRICS_BASE = [k for k, _ in BASE if k not in TEXT]
 
 
@@ -40,14 +49,18 @@ def human_bytes(n: float) -> str:
 def fmt(key: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if key == "epsilon":
+    if key in EPSILONS or key.startswith(BOUND):
         return "inf" if math.isinf(value) else f"{value:.3g}"
     if key == "time_per_step_s":
         return f"{value * 1000:.2f} ms" if value < 1 else f"{value:.2f} s"
     if key == "bytes_per_step":
         return human_bytes(value)
     if isinstance(value, float):
-        return f"{value:.4f}" if key in ("test_accuracy", "test_auc", "test_r2") else f"{value:.3f}"
+        return (
+            f"{value:.4f}"
+            if key in ("test_accuracy", "test_majority_rate", "test_auc", "test_r2")
+            else f"{value:.3f}"
+        )
     return str(value)
 
 
@@ -118,12 +131,14 @@ def rows(
         row: dict[str, Any] = {k: r.get(k) for k, _ in BASE}
         row["defenses"] = defenses_label(r)
         row["epsilon"] = epsilon_spent(r)
+        row.update(row_audit(r))
         ref = reference_for(r, results)
         scores = []
         for a in attacks:
             rec = (r.get("attacks") or {}).get(a) or {}
             ap = rec.get("ap")
             row[f"attack:{a}"] = ap
+            row[f"{BOUND}{a}"] = attack_bound(rec)
             mp, mp_ref = utility(r), utility(ref) if ref else None
             if ap is not None and mp is not None and mp_ref is not None and not math.isnan(ap):
                 scores.append(dcs(mp, ap, mp_ref, ap_ideal=attack_chance(a, rec)))
@@ -133,9 +148,11 @@ def rows(
 
 
 def columns(attacks: Sequence[str], present: set[str] | None = None) -> list[tuple[str, str]]:
-    """The table's columns; the regression metrics only when ``present`` (the
-    metric keys some run reports) holds them."""
-    base = [(k, h) for k, h in BASE if k not in OPTIONAL or k in (present or set())]
-    cut = [k for k, _ in base].index("epsilon") + 1
-    head = base[:cut] + [(f"attack:{a}", f"AP {a}") for a in attacks]
+    """The table's columns; the regression metrics, the majority rate and each attack's
+    implied bound only when ``present`` (the metric keys some run reports) holds them."""
+    have = present or set()
+    base = [(k, h) for k, h in BASE if k not in OPTIONAL or k in have]
+    cut = [k for k, _ in base].index("audit") + 1
+    bounds = [(f"{BOUND}{a}", f"eps≥ {a}") for a in attacks if f"{BOUND}{a}" in have]
+    head = base[:cut] + bounds + [(f"attack:{a}", f"AP {a}") for a in attacks]
     return head + ([("dcs", "DCS")] if attacks else []) + base[cut:]

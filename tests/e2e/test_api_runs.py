@@ -108,7 +108,11 @@ def test_the_crypto_vs_perturbation_example_prints_its_table(tmp_path: Path):
         "protocol",
         "seeds",
         "test acc",
+        "majority",
         "eps",
+        "eps/release",
+        "eps lower",
+        "audit",
         "AP feature rec.",
         "AP model compl.",
         "s/step",
@@ -116,9 +120,14 @@ def test_the_crypto_vs_perturbation_example_prints_its_table(tmp_path: Path):
     ]
     assert [crypto[0], perturbed[0]] == ["mpc", "mpc_embedding_dp"]
     assert crypto[1] == perturbed[1] == "1"
-    assert crypto[3] == "-" and float(perturbed[3]) >= 1.0  # epsilon: none spent without the defense
+    assert crypto[4] == "-" and float(perturbed[4]) >= 1.0  # epsilon: none spent without the defense
+    # crypto alone claims nothing (eps inf, nothing audited); the defense's claim per release is
+    # VFL-AFE's eps 3, and the audit's lower bound does not refute it
+    assert crypto[5:8] == ["inf", "-", "no DP"]
+    assert float(perturbed[5]) == pytest.approx(3.0, rel=0.01)
+    assert 0.0 < float(perturbed[6]) <= float(perturbed[5]) and perturbed[7] == "consistent"
     for row in (crypto, perturbed):
-        assert 0.0 <= float(row[2]) <= 1.0
-        assert all(float(v) >= 0.0 for v in row[4:])
+        assert 0.0 <= float(row[2]) <= 1.0 and 0.0 < float(row[3]) < 1.0
+        assert all(float(v) >= 0.0 for v in row[8:])
     assert proc.stdout.splitlines()[3] == f"report: {tmp_path / 'report.md'}"
     assert (tmp_path / "protocols" / "mpc_embedding_dp.yaml").is_file()

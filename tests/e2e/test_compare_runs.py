@@ -43,6 +43,18 @@ def test_seeds_grid_cache_and_rerun_of_one_deleted_run(tmp_path) -> None:
     assert len(acc["values"]) == 2 and acc["lo"] <= acc["mean"] <= acc["hi"]
     eps = doc["protocols"][0]["metrics"]["epsilon"]
     assert eps["values"] == [pytest.approx(4.0, abs=1e-3)] * 2  # the accountant's label eps, per seed
+    # measured privacy and the baseline, from the runs themselves: label DP's claim per release,
+    # the audit's lower bound below it and its verdict, and the test rows' majority rate
+    group = doc["protocols"][0]
+    assert group["metrics"]["eps_release"]["values"] == [pytest.approx(4.0, abs=1e-3)] * 2
+    lower = group["metrics"]["eps_lower"]["values"]
+    assert len(lower) == 2 and all(0 < v <= 4.0 for v in lower)
+    assert group["audit"] == "consistent"
+    majority = group["metrics"]["test_majority_rate"]["values"]
+    assert len(majority) == 2 and all(0.1 <= m < 1 for m in majority)
+    for name in ("majority", "eps/release", "eps lower", "audit"):
+        assert name in first.stdout
+    assert "Measured privacy" in (out / "report.md").read_text()
     assert (out / "grid_curves.png").stat().st_size > 5_000 and (out / "cost.png").is_file()
     before = _markers(out)
     assert len(before) == 2

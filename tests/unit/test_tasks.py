@@ -10,6 +10,7 @@ from sklearn.metrics import mean_absolute_error, r2_score, roc_auc_score
 
 from securevfl.app.loader import load_protocol_dict
 from securevfl.errors import ConfigError, UnsupportedCombination
+from securevfl.metrics import majority_rate
 from securevfl.parties.task_kinds import TASKS
 from securevfl.parties.tasks import classification_metrics, regression_metrics
 from tests.support.protocols import load_yaml
@@ -35,7 +36,21 @@ def test_classification_metrics_match_scikit_learn():
     assert m["test_auc"] == pytest.approx(roc_auc_score(y, p1))
     assert m["test_accuracy"] == pytest.approx(float(((p1 > 0.5) == y).mean()))
     three = classification_metrics(np.eye(3)[[0, 1, 2, 2]], np.array([0, 1, 2, 1]))
-    assert three == {"test_accuracy": 0.75, "test_auc": None}
+    assert three == {"test_accuracy": 0.75, "test_auc": None, "test_majority_rate": 0.5}
+
+
+def test_majority_rate_is_the_accuracy_of_predicting_the_most_common_label():
+    y = np.array([2, 0, 2, 1, 2, 2, 0, 1])
+    assert majority_rate(y) == 0.5
+    # it is exactly what the constant majority prediction scores
+    probs = np.eye(3)[np.full(len(y), 2)]
+    assert classification_metrics(probs, y)["test_accuracy"] == majority_rate(y)
+    assert majority_rate(np.array(["no", "yes", "no"])) == pytest.approx(2 / 3)
+    assert majority_rate(np.ones(5, dtype=np.int64)) == 1.0
+    assert np.isnan(majority_rate(np.zeros(0, dtype=np.int64)))
+    # binary: AUC is present whenever the test rows hold both classes
+    binary = classification_metrics(np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), np.array([0, 1, 1]))
+    assert binary["test_auc"] == 1.0 and binary["test_majority_rate"] == pytest.approx(2 / 3)
 
 
 def test_regression_trains_on_the_standardized_target_and_reports_in_its_units():
