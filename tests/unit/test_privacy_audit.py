@@ -26,6 +26,7 @@ from securevfl.defenses.base import DefenseContext, DefenseStack, build_stack
 from securevfl.errors import ConfigError
 from securevfl.privacy.audit import audit_stack, fresh_copy, released_buckets, violations
 from securevfl.privacy.audit_record import AuditRecord, scale_bucket
+from securevfl.privacy.correlated import MergedSensitivity
 from securevfl.privacy.step_budget import plan_for
 from securevfl.records import MechanismAudit, PartyPrivacy
 from tests.support.protocols import load_yaml, small_digits
@@ -184,6 +185,23 @@ def test_crdp_faithful_is_audited_at_its_released_scale_too(bc) -> None:
     again = audit_stack(stack, plan, delta=1e-5, trials=2_000, confidence=0.95)
     last = [r for r in again if r.basis == "released scale"]
     assert last and last[0].verdict == "unaudited" and "released scale" in str(last[0].reason)
+
+
+def test_a_merged_sensitivity_run_is_audited_at_the_scale_it_used(bc) -> None:
+    """``delta_scope: merged_secure``: the copy the audit (and a saved model) works on keeps the
+    merged sensitivity the collective step opened, so its release is audited, not refused."""
+    doc = load_yaml("crdp_mpc_merged.yaml")
+    proto = load_protocol_dict(doc)
+    party = proto.parties.passive[0].name
+    stack = build_stack(proto, party, "passive")
+    stack.select_features(*bc)
+    (d,) = stack.defenses
+    d._use_merged(MergedSensitivity(delta_unit=3.0, n_features=12, mcd=0.4, threshold=0.4, parties=3), 0.0)
+    assert fresh_copy(d).merged == d.merged and fresh_copy(d).scale == d.scale
+    plan = plan_for(50, 400, proto.training)
+    recs = audit_stack(stack, plan, delta=1e-5, trials=4_000, confidence=0.95)
+    com = [r for r in recs if r.mechanism == "crdp.communication" and r.basis == "declared sensitivity"]
+    assert com and com[0].verdict != "unaudited" and com[0].method == "clopper-pearson", com
 
 
 def test_records_round_trip_and_validate() -> None:

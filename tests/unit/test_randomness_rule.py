@@ -51,6 +51,9 @@ REPRODUCIBLE: dict[tuple[str, str], str] = {
     "gradients (an algorithm's start point; releases nothing)",
     ("securevfl/exchange/ckks/floor.py", "*"): "benchmark inputs of the CKKS floor (public)",
     ("securevfl/exchange/paillier/profile.py", "*"): "benchmark inputs of the Paillier profile (public)",
+    ("securevfl/privacy/audit.py", "audit_mechanism"): "the auditor's canary direction: public by "
+    "design (the canaries are known to the distinguisher); the noise the audited hook adds comes from "
+    "the defense copy's own fresh SecretStream",
     ("securevfl/attacks/*", "*"): "the attacker's own randomness (decoders, shadow models, "
     "augmentations): it protects nothing",
 }

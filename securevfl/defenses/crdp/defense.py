@@ -5,6 +5,7 @@ released embedding, and the load-time checks. Its accounting is
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from securevfl.privacy.feature_selection import (
     pca_leverage_selector,
     select_features,
 )
+from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
 
 
 class Crdp(Defense[CrdpOptions]):
@@ -253,6 +255,27 @@ class Crdp(Defense[CrdpOptions]):
             "sensitivity": self.p.resolved("sensitivity"),
             "record_sensitivity_s": self.s,
         }
+
+    # -- state ------------------------------------------------------------------------
+    def checkpoint_state(self) -> ComponentState:
+        """The default state plus the merged sensitivity of a ``merged_secure`` run (a
+        value every crdp party opened in the collective step), so a saved model's copy
+        (prediction, ``securevfl audit``) adds noise at the scale the run used."""
+        state = capture_attributes(self)
+        if self.merged is not None:
+            state.meta["merged"] = dataclasses.asdict(self.merged)
+        return state
+
+    def restore(self, state: ComponentState) -> None:
+        meta = dict(state.meta)
+        merged = meta.pop("merged", None)
+        restore_attributes(
+            self,
+            ComponentState(dict(state.tensors), meta),
+            owner=f"defense 'crdp' of party '{self.ctx.party}'",
+        )
+        if merged is not None:
+            self.merged = MergedSensitivity(**merged)
 
     def report(self) -> dict[str, Any]:
         """The party's own account of its selection and noise (docs/methods/crdp-fl.md, "What
