@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 import time
@@ -263,6 +264,9 @@ def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, 
     launcher's environment at launch time (a fork server's own is the one it
     started with), then run the rank's entry point."""
     try:
+        # Ctrl-C stops the rank from here on (a rank forked by the fork server starts
+        # with SIGINT ignored: securevfl.app.rank_preload)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         die_with(launcher)
         os.environ.clear()
         os.environ.update(env)

@@ -27,7 +27,12 @@ START_METHODS = ("forkserver", "spawn")
 # what the fork server imports once, before it forks any rank: the ranks' entry points,
 # and the command line, which a rank started from the `securevfl` console script re-imports
 # with that script as its main module (3.4 of 18.6 CPU s of a 2-step plain `securevfl run`)
-RANK_MODULES = ["securevfl.app.launcher", "securevfl.app.predict", "securevfl.cli"]
+RANK_MODULES = [
+    "securevfl.app.rank_preload",  # first: the server and its ranks ignore SIGINT until a rank's entry point
+    "securevfl.app.launcher",
+    "securevfl.app.predict",
+    "securevfl.cli",
+]
 
 
 def rank_context() -> Any:
