@@ -31,11 +31,11 @@ pytestmark = pytest.mark.timeout(300)
 
 LINGER_S = 10  # no process of the run may be alive this long after the launcher exits
 # a stopped command has ended (exit code, stderr closed) this long after the signal at most:
-# the ranks' grace period, then the launcher's own few steps (securevfl.cli._stopped). Measured
-# on the 2-core test box (2026-11-28), `securevfl run` after Ctrl-C / SIGTERM, 5 runs each:
-# 0.2-0.8 s at load 3-40; before the launcher ended its fork server and its own process at
-# once, 1.4-2.1 s at load 3 and 8-14 s at load 17-38 (two interpreter teardowns, one after
-# the other, each about 1 CPU s), which this bound fails.
+# the ranks' grace period, then the launcher's own few steps (securevfl.cli._stopped).
+# `securevfl run` on the 2-core test box (2026-11-28), Ctrl-C and SIGTERM, 10 stops each at
+# load 36-53: every process of its session gone 0.5-1.2 s after the signal. Before the
+# launcher ended its fork server and its own process at once (two interpreter teardowns, one
+# after the other, about 1 CPU s each), 10.5-17.5 s at that load, 1.2-2.1 s at load 3.
 STOP_BOUND_S = STOP_GRACE_S + 3.0
 
 
