@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 import time
@@ -263,17 +264,21 @@ def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, 
     included: :func:`~securevfl.runtime.lifeline.die_with`), take the
     launcher's environment at launch time (a fork server's own is the one it
     started with), then run the rank's entry point."""
-    die_with(launcher)
-    os.environ.clear()
-    os.environ.update(env)
     try:
+        # Ctrl-C stops the rank from here on (a rank forked by the fork server starts
+        # with SIGINT ignored: securevfl.app.rank_preload)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        die_with(launcher)
+        os.environ.clear()
+        os.environ.update(env)
         target(*args)
     except SystemExit:
         raise
     except KeyboardInterrupt:
         # Ctrl-C reaches every process of the terminal's group, a rank still starting
-        # up included: a stop the launcher reports, not a bug (and a traceback cut short
-        # by the launcher's SIGTERM would reach the user's terminal)
+        # up included (these first steps too): a stop the launcher reports, not a bug
+        # (and a traceback cut short by the launcher's SIGTERM would reach the user's
+        # terminal)
         sys.exit(EXIT_INTERRUPTED)
     except BaseException:  # a bug before the rank could report it: keep the traceback
         traceback.print_exc()

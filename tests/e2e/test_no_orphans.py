@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from securevfl.app.launcher import STOP_GRACE_S
 from securevfl.cli import main
 from tests.support.protocols import ROOT, small_digits, write_yaml
 from tests.support.runs import CliRun, wait_for
@@ -29,6 +30,13 @@ from tests.support.runs import CliRun, wait_for
 pytestmark = pytest.mark.timeout(300)
 
 LINGER_S = 10  # no process of the run may be alive this long after the launcher exits
+# a stopped command has ended (exit code, stderr closed) this long after the signal at most:
+# the ranks' grace period, then the launcher's own few steps (securevfl.cli._stopped).
+# `securevfl run` on the 2-core test box (2026-11-28), Ctrl-C and SIGTERM, 10 stops each at
+# load 36-53: every process of its session gone 0.5-1.2 s after the signal. Before the
+# launcher ended its fork server and its own process at once (two interpreter teardowns, one
+# after the other, about 1 CPU s each), 10.5-17.5 s at that load, 1.2-2.1 s at load 3.
+STOP_BOUND_S = STOP_GRACE_S + 3.0
 
 
 def session_processes(sid: int) -> list[str]:
@@ -189,7 +197,8 @@ def _ranks_running(out: Path, timeout: float = 120) -> list[int]:
 )
 def test_ctrl_c_and_sigterm_stop_every_rank(tmp_path: Path, command: str, sig: int, code: int, said: str):
     """README: Ctrl-C or SIGTERM stops every rank a run, compare or predict started
-    (exit 130 and 143); no process of the command outlives it."""
+    (exit 130 and 143), within :data:`STOP_BOUND_S` of the signal however loaded
+    the machine; no process of the command outlives it."""
     proto = write_yaml(tmp_path / "long.yaml", small_digits(epochs=400, batch_size=32))
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -202,12 +211,15 @@ def test_ctrl_c_and_sigterm_stop_every_rank(tmp_path: Path, command: str, sig: i
     )
     try:
         _ranks_running(out)
+        signalled = time.monotonic()
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - signalled  # the command has exited and its stderr is closed
         assert proc.returncode == code, err[-2000:]
+        assert took <= STOP_BOUND_S, f"stopped {took:.1f} s after the signal (bound {STOP_BOUND_S} s)"
         assert said in err and "Traceback" not in err, err[-2000:]
         assert lingering(proc.pid) == []
     finally:

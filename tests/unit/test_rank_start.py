@@ -5,12 +5,15 @@ environment of the launch."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from securevfl.app.launcher import START_METHOD_ENV, _rank_main, rank_context
 from securevfl.errors import ConfigError
+from tests.support.protocols import ROOT
 
 
 def report(path: str, key: str) -> None:
@@ -55,3 +58,34 @@ def test_an_unknown_start_method_is_refused_naming_the_variable(monkeypatch, val
     monkeypatch.setenv(START_METHOD_ENV, value)
     with pytest.raises(ConfigError, match=f"{START_METHOD_ENV}='{value}'.*forkserver"):
         rank_context()
+
+
+STOP_SERVER = """
+import multiprocessing.forkserver as fs, os, time
+from securevfl.app.rank_server import stop_rank_server
+from securevfl.runtime.lifeline import alive
+stop_rank_server()  # no server yet: nothing to do
+fs.ensure_running()
+first = fs._forkserver._forkserver_pid
+t0 = time.monotonic()
+stop_rank_server()
+took = time.monotonic() - t0
+fs.ensure_running()  # a later launch in this process gets a fresh server
+second = fs._forkserver._forkserver_pid
+print(alive(first), round(took, 3), second not in (None, first), alive(second))
+"""
+
+
+def test_a_stopped_command_ends_its_fork_server_at_once():
+    """securevfl.cli ends the fork server of a command stopped by Ctrl-C or SIGTERM
+    with SIGKILL (no interpreter teardown, which would keep the command's stderr open
+    for about 1 CPU s more); the server is gone and reaped when the call returns, and
+    a later launch in that process starts a new one. (A subprocess: this worker's own
+    fork server is left alone.)"""
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_SERVER], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    gone, took, fresh, fresh_alive = out.stdout.split()
+    assert (gone, fresh, fresh_alive) == ("False", "True", "True"), out.stdout
+    assert float(took) < 1.0, out.stdout
