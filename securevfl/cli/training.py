@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from securevfl import api
 from securevfl.app.predict import PREDICTIONS_FILE
@@ -94,8 +95,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
         + ", ".join(f"{k} {v}" for k, v in pred.rows.items() if k != "aligned")
         + " records)"
     )
+    for party, spent in pred.privacy.items():
+        print(_spent_line(party, spent))
     print(f"predictions: {pred.path}")
     return 0
+
+
+def _spent_line(party: str, spent: dict[str, Any]) -> str:
+    """One party's privacy spending of a prediction, in one line: this
+    prediction's eps, the composed total over every prediction of its model, its budget."""
+    total, budget = spent["total"], spent.get("budget")
+    n = total["predictions"]
+    return (
+        f"privacy: party '{party}': this prediction epsilon={spent['epsilon']:.4g} "
+        f"(delta={spent['delta']:g}); {n} prediction{'' if n == 1 else 's'} of this model composed: "
+        f"epsilon={total['epsilon']:.4g}"
+        + (f" of its budget {budget['epsilon']:g}" if budget else "")
+        + " (training releases not included)"
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -1,0 +1,131 @@
+"""Predictions spend privacy (docs/privacy.md, "Predictions spend privacy"), real
+processes: every ``securevfl predict`` of an embedding-DP model is one more
+Gaussian release of each predicted record; the running total in
+``prediction.json`` and the party's ledger is the composition of every
+prediction's releases, and a prediction that would take it above the party's
+``prediction_budget`` is refused (exit 2, naming the party) before any rank
+starts, with nothing written.
+
+The expected figures are computed here without the accountant's composition
+loop: k Gaussian releases at multiplier z compose to one Gaussian at
+``z / sqrt(k)`` (Dong et al. 2019), whose epsilon is dp_accounting's exact
+``get_epsilon_gaussian``."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from securevfl.app.prediction_ledger import LEDGER_FILE
+from securevfl.privacy.gaussian import gaussian_epsilon, noise_multiplier
+from tests.support.protocols import small_digits, write_yaml
+from tests.support.runs import cli
+
+pytestmark = pytest.mark.timeout(900)
+
+EPS = 8.0  # embedding_dp's per-release epsilon at DELTA (vanilla: clip and noise, s = 1)
+DELTA = 1e-2
+
+
+def _multiplier() -> float:
+    return noise_multiplier(EPS, DELTA, "analytic")
+
+
+def composed(k: int) -> float:
+    """Epsilon of k Gaussian releases at the defense's multiplier (closed form)."""
+    return gaussian_epsilon(_multiplier() / math.sqrt(k), DELTA)
+
+
+BUDGET = (composed(3) + composed(4)) / 2  # three predictions fit, the fourth does not
+
+
+def _protocol(budget: float | None) -> dict[str, Any]:
+    doc = small_digits(epochs=1, max_steps=2)
+    left = doc["parties"]["passive"][0]
+    left["defenses"] = [
+        {
+            "name": "embedding_dp",
+            "params": {"variant": "vanilla", "epsilon": EPS, "delta": DELTA, "calibration": "analytic"},
+        }
+    ]
+    if budget is not None:
+        left["prediction_budget"] = {"epsilon": budget}
+    doc["privacy"]["delta"] = DELTA
+    doc["name"] = "predict_budget"
+    return doc
+
+
+def _train(folder: Path, budget: float | None) -> Path:
+    proto = write_yaml(folder / "proto.yaml", _protocol(budget))
+    run = folder / "run"
+    r = cli("run", str(proto), "--out", str(run), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def _predict(run: Path, out: Path) -> tuple[dict[str, Any], str]:
+    r = cli("predict", str(run), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((out / "prediction.json").read_text()), r.stdout
+
+
+def _ledger(run: Path) -> Path:
+    return run / "ranks" / "rank1" / "model" / LEDGER_FILE  # 'left' is rank 1
+
+
+def _check_running_totals(run: Path, folder: Path, k: int) -> None:
+    """k predictions: each one's figure is one release, the total after the j-th
+    is the composition of j releases, in prediction.json, the command's output
+    and the ledger (one 0600 entry per prediction)."""
+    one = composed(1)
+    for j in range(1, k + 1):
+        record, stdout = _predict(run, folder / f"pred{j}")
+        assert set(record["privacy"]) == {"left"}  # 'right' has no defense, the active party none
+        left = record["privacy"]["left"]
+        assert left["releases"] == [{"kind": "gaussian", "noise_multiplier": _multiplier(), "count": 1}]
+        assert left["epsilon"] == pytest.approx(one, rel=1e-9)
+        assert left["total"]["predictions"] == j
+        assert left["total"]["epsilon"] == pytest.approx(composed(j), rel=1e-9)
+        assert f"privacy: party 'left': this prediction epsilon={one:.4g}" in stdout
+        assert f"{j} prediction{'' if j == 1 else 's'} of this model composed: epsilon={composed(j):.4g}" in stdout
+    ledger = json.loads(_ledger(run).read_text())
+    assert ledger["party"] == "left" and len(ledger["predictions"]) == k
+    assert _ledger(run).stat().st_mode & 0o777 == 0o600
+    assert all(e["rows"] == record["rows"]["aligned"] for e in ledger["predictions"])
+    assert not (run / "ranks" / "rank2" / "model" / LEDGER_FILE).exists()  # 'right' spends nothing
+
+
+@pytest.fixture(scope="module")
+def budgeted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train(tmp_path_factory.mktemp("budgeted"), BUDGET)
+
+
+def test_three_predictions_compose_and_the_fourth_is_refused(budgeted: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    shutil.copytree(budgeted, run)
+    _check_running_totals(run, tmp_path, 3)
+
+    before = _ledger(run).read_bytes()
+    out = tmp_path / "pred4"
+    r = cli("predict", str(run), "--out", str(out))
+    assert r.returncode == 2, r.stderr[-3000:]
+    err = " ".join(r.stderr.split())
+    assert "party 'left'" in err and "parties.passive[0].prediction_budget.epsilon" in err
+    assert f"prediction budget epsilon={BUDGET:g}" in err
+    assert f"3 earlier predictions composed: {composed(3):.4g}" in err
+    assert f"would spend epsilon={composed(1):.4g}" in err
+    assert "Traceback" not in err
+    assert not out.exists()  # no predictions.csv, no prediction.json
+    assert _ledger(run).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_ten_predictions_compose(tmp_path: Path):
+    """The acceptance's ten predictions of one model (no budget)."""
+    run = _train(tmp_path, None)
+    _check_running_totals(run, tmp_path, 10)
