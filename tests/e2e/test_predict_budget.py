@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from securevfl.app.prediction_ledger import LEDGER_FILE
+from securevfl.cli import main
 from securevfl.privacy.gaussian import gaussian_epsilon, noise_multiplier
 from tests.support.protocols import small_digits, write_yaml
 from tests.support.runs import cli
@@ -92,7 +93,10 @@ def _check_running_totals(run: Path, folder: Path, k: int) -> None:
         assert left["total"]["predictions"] == j
         assert left["total"]["epsilon"] == pytest.approx(composed(j), rel=1e-9)
         assert f"privacy: party 'left': this prediction epsilon={one:.4g}" in stdout
-        assert f"{j} prediction{'' if j == 1 else 's'} of this model composed: epsilon={composed(j):.4g}" in stdout
+        assert (
+            f"{j} prediction{'' if j == 1 else 's'} of this model composed: epsilon={composed(j):.4g}"
+            in stdout
+        )
     ledger = json.loads(_ledger(run).read_text())
     assert ledger["party"] == "left" and len(ledger["predictions"]) == k
     assert _ledger(run).stat().st_mode & 0o777 == 0o600
@@ -105,22 +109,42 @@ def budgeted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _train(tmp_path_factory.mktemp("budgeted"), BUDGET)
 
 
-def test_three_predictions_compose_and_the_fourth_is_refused(budgeted: Path, tmp_path: Path):
+def test_three_predictions_compose_and_the_fourth_is_refused(
+    budgeted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Three predictions fit the budget; the fourth is refused before any rank
+    starts (so in-process here): exit 2 naming the party, its budget, the total
+    so far and what this prediction would add; no output folder, ledger unchanged.
+    A party started on its own (``securevfl party --predict``) checks its own
+    budget, from its own protocol file, before it joins any peer."""
     run = tmp_path / "run"
     shutil.copytree(budgeted, run)
     _check_running_totals(run, tmp_path, 3)
 
     before = _ledger(run).read_bytes()
     out = tmp_path / "pred4"
-    r = cli("predict", str(run), "--out", str(out))
-    assert r.returncode == 2, r.stderr[-3000:]
-    err = " ".join(r.stderr.split())
+    capsys.readouterr()
+    code = main(["predict", str(run), "--out", str(out)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2, err[-3000:]
     assert "party 'left'" in err and "parties.passive[0].prediction_budget.epsilon" in err
     assert f"prediction budget epsilon={BUDGET:g}" in err
     assert f"3 earlier predictions composed: {composed(3):.4g}" in err
     assert f"would spend epsilon={composed(1):.4g}" in err
     assert "Traceback" not in err
     assert not out.exists()  # no predictions.csv, no prediction.json
+    assert _ledger(run).read_bytes() == before
+
+    # the party's own file sets its budget (outside the protocol digest: the saved model still loads)
+    own = _protocol((composed(3) + BUDGET) / 2)
+    proto = write_yaml(tmp_path / "own.yaml", own)
+    host = tmp_path / "host1"
+    args = ["party", str(proto), "--rank", "1", "--rendezvous", "tcp://127.0.0.1:1", "--quiet"]
+    code = main([*args, "--predict", str(run), "--out", str(host)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2, err[-3000:]
+    assert "party 'left'" in err and f"prediction budget epsilon={(composed(3) + BUDGET) / 2:g}" in err
+    assert not (host / "predictions.csv").exists()
     assert _ledger(run).read_bytes() == before
 
 
