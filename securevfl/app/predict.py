@@ -243,7 +243,7 @@ class Predict(Phase):
     def _price(self, proto: Protocol, role: Role) -> None:
         """This party's prediction priced and checked against its budget before
         the rank joins any peer; a prediction that releases something priced holds
-        the model folder's lock until the rank ends (its ledger is written then)."""
+        the model folder's lock until its ledger entry is written (or the rank ends)."""
         model = self.model
         assert model is not None
         mechanisms = model.stack.prediction_mechanisms()
