@@ -58,6 +58,9 @@ def cmd_party(args: argparse.Namespace) -> int:
         return exc.exit_code
     role = layout_of(proto).role(args.rank)
     if args.predict is not None:
+        spent = _own_summary(out, args.rank, "predict_").get("prediction_privacy")
+        if spent:  # this party's own prediction privacy, from its own summary
+            print(_spent_line(role.party, spent))
         if role.kind == "active":
             print(f"predictions: {out / PREDICTIONS_FILE}")
         else:
@@ -69,13 +72,20 @@ def cmd_party(args: argparse.Namespace) -> int:
     return 0
 
 
+def _own_summary(out: Path, rank: int, files: str = "") -> dict[str, Any]:
+    """The summary this rank wrote of its run (``files``: the phase's file prefix),
+    or nothing where it cannot be read."""
+    try:
+        summary = json.loads((out / "ranks" / f"rank{rank}.{files}summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
 def _rank_done(out: Path, rank: int, label: str) -> str:
     """One line for a rank other than rank 0 that has finished: what it did, from
     its own summary, and where its files are."""
-    try:
-        summary = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
+    summary = _own_summary(out, rank)
     if summary.get("train_steps") is None:  # a helper rank (the mpc dealer)
         return f"done: rank {rank} ({label}) served the run; its files are in {out}"
     model = out / "ranks" / f"rank{rank}" / "model"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from securevfl.app.prediction_ledger import LEDGER_FILE
 from securevfl.cli import main
 from securevfl.privacy.gaussian import gaussian_epsilon, noise_multiplier
 from tests.support.protocols import small_digits, write_yaml
-from tests.support.runs import cli
+from tests.support.runs import cli, party_process
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -148,8 +149,35 @@ def test_three_predictions_compose_and_the_fourth_is_refused(
     assert _ledger(run).read_bytes() == before
 
 
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.mark.slow
 def test_ten_predictions_compose(tmp_path: Path):
-    """The acceptance's ten predictions of one model (no budget)."""
+    """The acceptance's ten predictions of one model (no budget), then an
+    eleventh with every organization's rank started on its own: the passive
+    party's rank prints its own figure and total, from the same ledger."""
     run = _train(tmp_path, None)
     _check_running_totals(run, tmp_path, 10)
+
+    proto, port = tmp_path / "proto.yaml", _port()
+    procs = [party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(run)) for r in range(3)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=600))
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for _, e in outs]
+    said = f"privacy: party 'left': this prediction epsilon={composed(1):.4g} (delta={DELTA:g}); "
+    said += (
+        f"11 predictions of this model composed: epsilon={composed(11):.4g} (training releases not included)"
+    )
+    assert outs[1][0].splitlines()[0] == said
+    assert "privacy:" not in outs[2][0]  # 'right' spends nothing
+    record = json.loads((tmp_path / "host0" / "prediction.json").read_text())
+    assert record["privacy"]["left"]["total"]["epsilon"] == pytest.approx(composed(11), rel=1e-9)
