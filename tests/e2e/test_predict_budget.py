@@ -156,6 +156,7 @@ def _port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_ten_predictions_compose(tmp_path: Path):
     """The acceptance's ten predictions of one model (no budget), then an
     eleventh with every organization's rank started on its own: the passive
@@ -165,11 +166,10 @@ def test_ten_predictions_compose(tmp_path: Path):
 
     proto, port = tmp_path / "proto.yaml", _port()
     procs = [party_process(proto, r, port, tmp_path / f"host{r}", "--predict", str(run)) for r in range(3)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=600))
-        finally:
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:  # none left behind, whichever failed
             if p.poll() is None:
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for _, e in outs]
