@@ -268,6 +268,17 @@ PIN_PATTERN = r"^(ed25519|sha256):[0-9a-f]{64}$"
 fingerprint (``sha256:<hex>``), as ``securevfl keygen`` prints them."""
 
 
+class PredictionBudgetSpec(Strict):
+    """A party's own limit on what ``securevfl predict`` may release about its
+    records: the composed eps (at ``privacy.delta``) of every prediction of one
+    saved model. A prediction that would take the total above it is refused
+    before any rank releases anything."""
+
+    epsilon: float = Field(
+        gt=0, description="refuse a prediction that would take the composed eps above this"
+    )
+
+
 class PartySpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
     key: str | None = Field(
@@ -281,6 +292,11 @@ class PartySpec(Strict):
     model: ModelSpec | None = None
     defenses: list[ComponentSpec] = Field(default_factory=list)
     preprocess: PreprocessSpec | None = None
+    prediction_budget: PredictionBudgetSpec | None = Field(
+        default=None,
+        description="the most this party's predictions from a saved model may spend, composed over "
+        "every prediction of that model (docs/privacy.md, 'Predictions spend privacy')",
+    )
 
 
 MAX_PASSIVE = 32
@@ -553,13 +569,16 @@ class Protocol(Strict):
         Where each party keeps its own file (``source.path``) is that party's
         business, not something to agree on: it is left out, so identical
         protocol files kept in different folders (relative paths resolve per
-        host) agree."""
+        host) agree. So is a party's ``prediction_budget``: its own limit, which it
+        alone enforces, and which it may change without retraining."""
         doc = self.model_dump(mode="json")
         for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
             if entry.get("source"):
                 entry["source"].pop("path", None)
             if entry.get("key") is None:  # unset: digests of protocols without keys stay as they were
                 entry.pop("key", None)
+            # each party's own policy, checked by that party alone: a new budget keeps its saved models usable
+            entry.pop("prediction_budget", None)
             _drop_defaults(entry.get("model"), MODEL_DEFAULTS)
         _drop_defaults(doc["top"], MODEL_DEFAULTS)
         if not doc["plugins"]:

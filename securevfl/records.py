@@ -73,6 +73,8 @@ class RankSummary(_Record):
     has_labels: bool | None = None
     aligned_digest: str | None = None
     view_tags: list[str] | None = None
+    # a prediction's privacy spending (party ranks whose defenses release at prediction)
+    prediction_privacy: dict[str, Any] | None = None
     # every rank
     ledger: dict[str, Any] | None = None
     opened_files: list[str] | None = None

@@ -24,13 +24,23 @@ prediction. Each party rank
 and the active party writes ``DIR/predictions.csv`` (ID, then the task's columns:
 :meth:`~securevfl.parties.tasks.Task.prediction_columns`) and ``DIR/prediction.json``.
 Helper ranks (CrypTen's dealer) serve as in training.
+
+Predictions spend privacy (docs/privacy.md): each one is a fresh noisy release of
+the predicted records through every defense that adds noise at evaluation. Each
+party rank prices its prediction from the protocol, composes it with the earlier
+predictions of its saved model (its ledger, :mod:`securevfl.app.prediction_ledger`)
+and refuses, before it joins any peer, a prediction that would exceed its
+``prediction_budget``; the local launcher checks every party's before any rank
+starts. ``prediction.json`` and the command give each party's figure and total.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +50,7 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from securevfl.app import prediction_ledger
 from securevfl.app.checkpoints import load_model
 from securevfl.app.failures import explain_failure
 from securevfl.app.launcher import start_ranks, watch_ranks
@@ -54,8 +65,10 @@ from securevfl.csvfile import read_rows, typed, write_rows
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import is_builtin, materialize, party_source
 from securevfl.data.party_data import PartyData, load_new_records
+from securevfl.defenses.spending import prediction_mechanisms
 from securevfl.errors import ConfigError, SecureVFLError
 from securevfl.parties.predict import ActivePredictor
+from securevfl.privacy.prediction_budget import PredictionSpend
 from securevfl.records import OwnView, RankSummary
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
@@ -78,6 +91,9 @@ class PredictionRecord(BaseModel):
     ledger: dict[str, Any]  # bytes and messages per rank, as the ranks counted them
     phase_s: dict[str, dict[str, float]]
     wall_time_s: float
+    # per party whose defenses release at prediction: this prediction's (eps, delta), its
+    # releases, the running total over every prediction of that party's saved model, its budget
+    privacy: dict[str, Any] = {}
 
 
 # -- --data PARTY=PATH ------------------------------------------------------------------------
@@ -140,6 +156,18 @@ def check_out(out: Path, run_dir: Path) -> None:
         )
 
 
+def check_budgets(proto: Protocol, run_dir: Path) -> None:
+    """Every party's prediction priced against its ledger in ``run_dir`` and its
+    ``prediction_budget``: the first party over its budget is refused (exit code
+    2), before any rank starts and before anything is written. The ranks check
+    again (their own, under a lock) before they join any peer."""
+    mechanisms = prediction_mechanisms(proto)
+    for role in layout_of(proto).roles:
+        if role.kind != "helper":
+            spec = proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
+            prediction_ledger.price(proto, role, spec, mechanisms[spec.name], run_dir)
+
+
 # -- the predictions file ---------------------------------------------------------------------
 def predictions_frame(id_column: str, ids: list[str], columns: dict[str, list[Any]]) -> pd.DataFrame:
     """``predictions.csv`` as a table: the ID column (named as in the active
@@ -199,6 +227,9 @@ class Predict(Phase):
     data_dir: Path
     data: Path | None = None
     model: PartyModel | None = field(default=None, repr=False)  # this rank's, once loaded
+    spend: PredictionSpend | None = field(default=None, repr=False)  # this prediction, priced
+    ledger: prediction_ledger.Ledger | None = field(default=None, repr=False)  # the earlier ones
+    _unlock: weakref.finalize | None = field(default=None, repr=False)  # the model folder's lock
 
     def before_start(self, setup: RankSetup) -> None:
         if setup.role.kind != "helper":  # checked before start-up: a bad model fails here at once
@@ -207,6 +238,28 @@ class Predict(Phase):
                 self.model = load_party_model(
                     proto, setup.role, self.run_dir, torch.device(proto.training.device)
                 )
+                self._price(proto, setup.role)
+
+    def _price(self, proto: Protocol, role: Role) -> None:
+        """This party's prediction priced and checked against its budget before
+        the rank joins any peer; a prediction that releases something priced holds
+        the model folder's lock until its ledger entry is written (or the rank ends)."""
+        model = self.model
+        assert model is not None
+        mechanisms = model.stack.prediction_mechanisms()
+        if any(r.count for m in mechanisms for r in m.releases):
+            self._unlock = weakref.finalize(self, os.close, prediction_ledger.hold(self.run_dir, role.rank))
+        self.spend, self.ledger = prediction_ledger.price(proto, role, model.spec, mechanisms, self.run_dir)
+
+    def _record(self, rows: int, summary: dict[str, Any]) -> None:
+        """Add this prediction to the party's ledger (once it has begun releasing:
+        what was sent is spent even if the prediction then fails) and put the
+        party's figures in its summary for ``prediction.json``."""
+        spend, ledger, model = self.spend, self.ledger, self.model
+        if spend is None or ledger is None or model is None or not spend.spends:
+            return
+        prediction_ledger.record(self.run_dir, model.role.rank, ledger, spend, rows)
+        summary["prediction_privacy"] = spend.report(prediction_ledger.budget_of(model.spec))
 
     def keep_views(self, proto: Protocol) -> bool:
         return proto.runtime.record_views and proto.runtime.dump_views
@@ -229,11 +282,16 @@ class Predict(Phase):
             x = torch.as_tensor(x_all[order])
             predictor = model.predictor(setup.backend, ctx, keep_sent=self.keep_views(setup.proto))
         channel.phase = "eval"  # an evaluation pass (the ledger and CrypTen know these phases)
-        with clock.phase("prediction"):
-            if isinstance(predictor, ActivePredictor):
-                scores = predictor.predict(x, len(aligned.ids))
-            else:
-                predictor.contribute(x)
+        try:
+            with clock.phase("prediction"):
+                if isinstance(predictor, ActivePredictor):
+                    scores = predictor.predict(x, len(aligned.ids))
+                else:
+                    predictor.contribute(x)
+        finally:  # the rows went out (or some did): the prediction is spent
+            self._record(len(aligned.ids), summary)
+            if self._unlock is not None:
+                self._unlock()
         predictor.exchange.close()
         if isinstance(predictor, ActivePredictor):
             columns = predictor.task.prediction_columns(scores)
@@ -267,6 +325,7 @@ class Predict(Phase):
             ledger={str(p.rank): p.ledger or {} for p in parts},
             phase_s={str(p.rank): dict(p.phase_s or {}) for p in parts},
             wall_time_s=time.time() - started,
+            privacy={p.party: p.prediction_privacy for p in parts if p.prediction_privacy},
         )
         (self.out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
 
@@ -288,13 +347,14 @@ def predict_local(
     run_dir = Path(run_dir)
     proto = run_protocol(run_dir)
     files = parse_data_overrides(data or [], proto)
-    data_dir = Path(data_dir) if data_dir else run_dir / "data"
-    if is_builtin(proto):
-        materialize(proto, data_dir)
     layout = layout_of(proto)
     for role in layout.roles:  # every rank's model, verified before any rank starts
         if role.kind != "helper":
             load_model(run_dir, role.rank, protocol_digest=proto.digest())
+    check_budgets(proto, run_dir)  # a prediction over a party's budget: refused, nothing written
+    data_dir = Path(data_dir) if data_dir else run_dir / "data"
+    if is_builtin(proto):
+        materialize(proto, data_dir)
     check_out(Path(out_dir), run_dir)
     folder = OutputFolder.open(Path(out_dir), overwrite=overwrite)
     out = folder.path
@@ -327,6 +387,7 @@ __all__ = [
     "PartyModel",
     "Predict",
     "PredictionRecord",
+    "check_budgets",
     "check_out",
     "parse_data_overrides",
     "predict_local",

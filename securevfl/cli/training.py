@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from securevfl import api
 from securevfl.app.predict import PREDICTIONS_FILE
@@ -60,6 +61,9 @@ def cmd_party(args: argparse.Namespace) -> int:
         return exc.exit_code
     role = layout_of(proto).role(args.rank)
     if args.predict is not None:
+        spent = _own_summary(out, args.rank, "predict_").get("prediction_privacy")
+        if spent:  # this party's own prediction privacy, from its own summary
+            print(_spent_line(role.party, spent))
         if role.kind == "active":
             print(f"predictions: {out / PREDICTIONS_FILE}")
         else:
@@ -71,13 +75,20 @@ def cmd_party(args: argparse.Namespace) -> int:
     return 0
 
 
+def _own_summary(out: Path, rank: int, files: str = "") -> dict[str, Any]:
+    """The summary this rank wrote of its run (``files``: the phase's file prefix),
+    or nothing where it cannot be read."""
+    try:
+        summary = json.loads((out / "ranks" / f"rank{rank}.{files}summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
 def _rank_done(out: Path, rank: int, label: str) -> str:
     """One line for a rank other than rank 0 that has finished: what it did, from
     its own summary, and where its files are."""
-    try:
-        summary = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
+    summary = _own_summary(out, rank)
     if summary.get("train_steps") is None:  # a helper rank (the mpc dealer)
         return f"done: rank {rank} ({label}) served the run; its files are in {out}"
     model = out / "ranks" / f"rank{rank}" / "model"
@@ -97,8 +108,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
         + ", ".join(f"{k} {v}" for k, v in pred.rows.items() if k != "aligned")
         + " records)"
     )
+    for party, spent in pred.privacy.items():
+        print(_spent_line(party, spent))
     print(f"predictions: {pred.path}")
     return 0
+
+
+def _spent_line(party: str, spent: dict[str, Any]) -> str:
+    """One party's privacy spending of a prediction, in one line: this
+    prediction's eps, the composed total over every prediction of its model, its budget."""
+    total, budget = spent["total"], spent.get("budget")
+    n = total["predictions"]
+    return (
+        f"privacy: party '{party}': this prediction epsilon={spent['epsilon']:.4g} "
+        f"(delta={spent['delta']:g}); {n} prediction{'' if n == 1 else 's'} of this model composed: "
+        f"epsilon={total['epsilon']:.4g}"
+        + (f" of its budget {budget['epsilon']:g}" if budget else "")
+        + " (training releases not included)"
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

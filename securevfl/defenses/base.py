@@ -199,6 +199,15 @@ class Defense(Generic[OptionsT]):
         """What this defense releases about one record over ``plan`` (DP defenses)."""
         return []
 
+    def prediction_mechanisms(self) -> list[Mechanism]:
+        """What one ``securevfl predict`` of a saved model releases about each
+        predicted record through this defense (docs/privacy.md, "Predictions spend
+        privacy"): its evaluation-time releases, once per prediction. A function of
+        the protocol alone, so every rank can price every party's prediction before
+        anything is released. Default: nothing (a defense that adds no noise at
+        evaluation, or whose releases are of training data only, such as labels)."""
+        return []
+
     def report(self) -> dict[str, Any]:
         """Run statistics for the party's own file (e.g. rescaling factors, selection
         scores): computed from its data, so they stay with the party
@@ -328,6 +337,9 @@ class DefenseStack:
 
     def mechanisms(self, plan: Plan) -> list[Mechanism]:
         return [m for d in self.defenses for m in d.mechanisms(plan)]
+
+    def prediction_mechanisms(self) -> list[Mechanism]:
+        return [m for d in self.defenses for m in d.prediction_mechanisms()]
 
     def report(self) -> dict[str, Any]:
         """Every defense's own run statistics: the party's alone, never sent."""

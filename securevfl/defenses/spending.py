@@ -25,6 +25,16 @@ def all_mechanisms(proto: Protocol, plan: Plan) -> dict[str, list[Mechanism]]:
     return out
 
 
+def prediction_mechanisms(proto: Protocol) -> dict[str, list[Mechanism]]:
+    """Every party's declared releases of one prediction of a saved model
+    (:meth:`~securevfl.defenses.base.DefenseStack.prediction_mechanisms`)."""
+    out = {}
+    parties = [("active", proto.parties.active)] + [("passive", p) for p in proto.parties.passive]
+    for side, spec in parties:
+        out[spec.name] = build_stack(proto, spec.name, side, spec.defenses).prediction_mechanisms()
+    return out
+
+
 def spent(proto: Protocol, plan: Plan) -> dict[str, Any]:
     """Every party's ``(eps, delta)`` over ``plan``, per mechanism and composed."""
     return account(all_mechanisms(proto, plan), proto.privacy.delta)

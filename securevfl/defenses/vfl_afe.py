@@ -278,6 +278,34 @@ class EmbeddingDP(Defense[EmbeddingDPOptions]):
         boundary = EmbeddingBoundary(sensitivity=2.0 * self.t, norm="l2")
         return [Mechanism(self.name, tuple(releases), claim=claim, notes=tuple(notes), boundary=boundary)]
 
+    def prediction_mechanisms(self) -> list[Mechanism]:
+        """One prediction releases each predicted record's row once, as an evaluation does: at the
+        multiplier ``sigma / s`` of :meth:`mechanisms` under ``eval_noise`` (unbounded for uncapped
+        paper-mode rescaling), without noise otherwise (no finite figure)."""
+        p = self.params
+        if self.sigma == 0:
+            return []
+        s, why = self._s_bound()
+        release: Release
+        if not p.eval_noise:
+            release = UnboundedRelease(
+                count=1, reason="eval_noise off: predicted rows are released without noise"
+            )
+        elif s is None:
+            release = UnboundedRelease(count=1, reason="uncapped paper-mode rescaling: no bound on s")
+        else:
+            release = GaussianRelease(count=1, noise_multiplier=self.sigma / s)
+        notes = [NOT_DATASET_DP, "one release of each predicted record's row per prediction"]
+        if why:
+            notes.append(why)
+        claim = {
+            "source": "Mi et al. 2023, Thm 3.4/3.6 (docs/methods/vfl-afe.md §7)",
+            "epsilon": p.epsilon,
+            "delta": p.delta,
+            "per": "one released embedding row; no composition claimed",
+        }
+        return [Mechanism(self.name, (release,), claim=claim, notes=tuple(notes))]
+
     def report(self) -> dict[str, Any]:
         """Rescaling statistics, the effective per-release eps at the largest ``s``, and the
         adjustment diagnostics (docs/methods/vfl-afe.md §7, §8.1 item 9)."""

@@ -159,3 +159,17 @@ def crdp_mechanisms(
         )
     )
     return out
+
+
+def crdp_prediction_mechanisms(p: CrdpOptions) -> list[Mechanism]:
+    """What one prediction releases about each predicted record: its embedding,
+    once, with the communication noise under ``noise_at_eval`` and without noise
+    otherwise (no finite figure)."""
+    release = (
+        communication_release(p, 1)
+        if p.noise_at_eval
+        else UnboundedRelease(count=1, reason="noise_at_eval off: predicted rows are released without noise")
+    )
+    notes = ("one release of each predicted record's embedding per prediction", *communication_notes(p)[:1])
+    claim = {"epsilon": p.eps3, "statement": "one round at eps3"}
+    return [Mechanism("crdp.communication", (release,), claim=claim, notes=notes)]

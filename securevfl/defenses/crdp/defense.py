@@ -17,7 +17,7 @@ from securevfl.config import Protocol
 from securevfl.data.catalog import feature_columns
 from securevfl.data.partition import resolve_partition
 from securevfl.defenses.base import CollectiveContext, Defense, DefenseContext
-from securevfl.defenses.crdp.accounting import crdp_mechanisms
+from securevfl.defenses.crdp.accounting import crdp_mechanisms, crdp_prediction_mechanisms
 from securevfl.defenses.crdp.options import CrdpOptions
 from securevfl.errors import ConfigError, DataError, ProtocolError, UnsupportedCombination
 from securevfl.exchange.declared import MpcOptions
@@ -243,6 +243,12 @@ class Crdp(Defense[CrdpOptions]):
         (``delta_used``), since it depends on the data."""
         n_orgs = len(collective.crdp_parties(self.ctx.proto))
         return crdp_mechanisms(self.p, plan, width=self.width, s=self.s, n_orgs=n_orgs)
+
+    def prediction_mechanisms(self) -> list[Mechanism]:
+        """One prediction releases each predicted record's embedding once
+        (:func:`.accounting.crdp_prediction_mechanisms`); the selection's releases
+        are of the training rows and are not repeated."""
+        return crdp_prediction_mechanisms(self.p)
 
     def public_report(self) -> dict[str, Any]:
         """The options, the modes they resolve to and the record sensitivity ``s``

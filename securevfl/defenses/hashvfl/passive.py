@@ -15,6 +15,7 @@ from securevfl.defenses.hashvfl.options import HashOptions
 from securevfl.errors import ConfigError, ProtocolError
 from securevfl.privacy import hashing
 from securevfl.privacy.accountant import LaplaceRelease, Mechanism, Plan, RandomizedResponseRelease, epsilon
+from securevfl.privacy.correlated import UnboundedRelease
 
 
 def _passive_index(ctx: DefenseContext) -> int:
@@ -244,6 +245,25 @@ class HashVFL(Defense[HashOptions]):
                 notes=tuple(notes),
             )
         ]
+
+    def prediction_mechanisms(self) -> list[Mechanism]:
+        """One prediction releases each predicted record's code once, as an evaluation does: its
+        own d bits, or every code of its evaluation batch under ``balance_eval: batch`` (the batch
+        median couples them), through the DP add-on under ``dp_at_inference`` and without noise
+        otherwise (no finite figure). Nothing when the add-on is off (no DP claim to spend)."""
+        p = self.params
+        if p.dp == "off":
+            return []
+        per_eval = self.bits * (self.ctx.proto.training.batch_size if self._eval_batch_coupled else 1)
+        release: RandomizedResponseRelease | LaplaceRelease | UnboundedRelease = (
+            self._release(per_eval)
+            if p.dp_at_inference
+            else UnboundedRelease(
+                count=1, reason="dp_at_inference off: predicted codes are released without noise"
+            )
+        )
+        notes = (f"{per_eval} bits of each predicted record's release per prediction",)
+        return [Mechanism(name=f"hashvfl_{p.dp}", releases=(release,), notes=notes)]
 
     def public_report(self) -> dict[str, Any]:
         """The options and the code length the protocol gives (the bottom model's output)."""
