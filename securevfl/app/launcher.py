@@ -39,7 +39,7 @@ from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.app.rank import Phase, run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.rank_server import START_METHOD_ENV as START_METHOD_ENV
-from securevfl.app.rank_server import rank_context
+from securevfl.app.rank_server import rank_context, start_processes
 from securevfl.app.threads import rank_threads
 from securevfl.app.training import Train
 from securevfl.components import components_of
@@ -54,6 +54,7 @@ from securevfl.records import EpochRecord
 from securevfl.runtime.layout import Layout
 from securevfl.runtime.lifeline import die_with
 from securevfl.runtime.notes import error_note, exit_code_for, write_error_file
+from securevfl.runtime.safepath import safe_env
 from securevfl.runtime.secure.keys import Identity, key_string
 from securevfl.runtime.session import EXIT_INTERRUPTED
 from securevfl.usercode import CodePolicy
@@ -303,7 +304,7 @@ def start_ranks(
     ctx = rank_context()
     reservation = reserve_port()
     rendezvous = f"tcp://127.0.0.1:{reservation.getsockname()[1]}"
-    env = dict(os.environ)
+    env = safe_env(dict(os.environ))
     blob = proto.model_dump_json()
     regs = list(registrations)
     # Throw-away identities for this run (SECURITY.md §4a): every rank gets its own secret
@@ -336,8 +337,7 @@ def start_ranks(
         reservation,
     )
     try:
-        for p in procs:
-            p.start()
+        start_processes(procs)
         pids = out_dir / "ranks" / "launcher_pids.json"
         try:
             private_dir(pids.parent)

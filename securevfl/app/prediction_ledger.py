@@ -28,12 +28,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from securevfl.app.checkpoints import PRIVATE_FILE, model_dir
+from securevfl.app.checkpoints import model_dir
 from securevfl.config import PartySpec, Protocol
 from securevfl.config_errors import format_loc
 from securevfl.errors import CheckpointError, ConfigError
 from securevfl.privacy.accountant import Mechanism
 from securevfl.privacy.prediction_budget import PredictionSpend, check_budget, spend_of
+from securevfl.private_files import open_private
 from securevfl.runtime.layout import Role
 
 LEDGER_FILE = "prediction_ledger.json"
@@ -94,13 +95,10 @@ def write_ledger(run_dir: Path, rank: int, ledger: Ledger) -> None:
     whatever the umask), synced, then renamed over it."""
     path = ledger_path(run_dir, rank)
     tmp = path.with_name(f".{LEDGER_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
-    try:
-        os.fchmod(fd, PRIVATE_FILE)
-        os.write(fd, json.dumps(ledger.model_dump(mode="json"), indent=1).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open_private(tmp) as fh:
+        fh.write(json.dumps(ledger.model_dump(mode="json"), indent=1).encode())
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
     dfd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -17,6 +17,7 @@ import multiprocessing as mp
 import multiprocessing.forkserver
 import os
 import signal
+from collections.abc import Iterable
 from typing import Any
 
 from securevfl.errors import ConfigError
@@ -53,8 +54,8 @@ def rank_context() -> Any:
     environment as it is at launch either way
     (:func:`securevfl.app.launcher._rank_main`). Either way the child interpreter
     (a spawned rank, the fork server) starts without the working directory on
-    its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
-    safe_children()
+    its import path: the launcher starts them within
+    :func:`~securevfl.runtime.safepath.safe_children`."""
     available = mp.get_all_start_methods()
     method = os.environ.get(START_METHOD_ENV) or ("forkserver" if "forkserver" in available else "spawn")
     if method not in START_METHODS or method not in available:
@@ -68,12 +69,22 @@ def rank_context() -> Any:
     return ctx
 
 
+def start_processes(procs: Iterable[Any]) -> None:
+    """Start rank processes of :func:`rank_context` (the fork server with the first
+    of them, when it is not running yet), each without the working directory on
+    its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
+    with safe_children():
+        for p in procs:
+            p.start()
+
+
 def start_rank_server() -> None:
     """Start the fork server now, without waiting for its imports (it takes requests
     once they are done); nothing under ``spawn``. A later :func:`rank_context`
     gets the same server."""
     if rank_context().get_start_method() == "forkserver":
-        multiprocessing.forkserver.ensure_running()
+        with safe_children():
+            multiprocessing.forkserver.ensure_running()
 
 
 def stop_rank_server() -> None:

@@ -282,13 +282,13 @@ class Blinder:
             # SIGTERM or SIGKILL, or one ending itself with os._exit when a peer is lost,
             # never runs close()): the workers hold the key and ~0.4 GB each; they start
             # without the working directory on their import path (SECURITY.md §4b)
-            safe_children()
-            self._pool = ProcessPoolExecutor(
-                self._workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=die_with,
-                initargs=(os.getpid(),),
-            )
+            with safe_children():  # and its resource tracker, started with its queues
+                self._pool = ProcessPoolExecutor(
+                    self._workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=die_with,
+                    initargs=(os.getpid(),),
+                )
         return self._pool
 
     def submit(self, packed: bytes) -> Pending:
@@ -306,12 +306,13 @@ class Blinder:
         raw = self._key._private.private_bytes_raw()
         pool = self._executor()
         E = ELEMENT_BYTES
-        return Pending(
-            [
-                pool.submit(_blind_slice, raw, packed[lo * E : min(lo + self._slice, n) * E], lo)
-                for lo in range(0, n, self._slice)
-            ]
-        )
+        with safe_children():  # the pool starts its workers as work is submitted
+            return Pending(
+                [
+                    pool.submit(_blind_slice, raw, packed[lo * E : min(lo + self._slice, n) * E], lo)
+                    for lo in range(0, n, self._slice)
+                ]
+            )
 
     def multiply(self, packed: bytes) -> bytes:
         """:func:`multiply` with this blinder's key, on its workers when large."""

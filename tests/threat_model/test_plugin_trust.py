@@ -184,7 +184,7 @@ def test_a_psi_worker_starts_with_a_safe_path(tmp_path: Path, monkeypatch: pytes
 
 def test_a_spawned_rank_starts_with_a_safe_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A rank started under the ``spawn`` method (rank_context) likewise."""
-    from securevfl.app.rank_server import START_METHOD_ENV, rank_context
+    from securevfl.app.rank_server import START_METHOD_ENV, rank_context, start_processes
 
     cwd = tmp_path / "cwd"
     marker = _plant_multiprocessing(cwd)
@@ -192,7 +192,7 @@ def test_a_spawned_rank_starts_with_a_safe_path(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("PYTHONSAFEPATH", "")
     monkeypatch.setenv(START_METHOD_ENV, "spawn")
     p = rank_context().Process(target=time.sleep, args=(0,))
-    p.start()
+    start_processes([p])
     p.join(60)
     assert not marker.exists(), "a multiprocessing package planted in the working directory ran"
     assert p.exitcode == 0

@@ -26,3 +26,21 @@ def test_a_source_checkout_run_in_place_goes_last_so_its_children_still_import_i
     assert drop_working_directory([CHECKOUT, "/lib"], CHECKOUT) == ["/lib", CHECKOUT]
     assert drop_working_directory(["", "/lib"], CHECKOUT) == ["/lib", CHECKOUT]
     assert os.path.isdir(os.path.join(CHECKOUT, "securevfl"))
+
+
+def test_the_safe_path_holds_for_the_block_alone(monkeypatch):
+    """A program that launches runs through securevfl.api keeps its own environment for
+    what it starts itself: the variable is set while securevfl starts its children only."""
+    import os
+
+    from securevfl.runtime.safepath import SAFE_PATH_ENV, safe_children, safe_env
+
+    monkeypatch.delenv(SAFE_PATH_ENV, raising=False)
+    with safe_children():
+        assert os.environ[SAFE_PATH_ENV] == "1"
+    assert SAFE_PATH_ENV not in os.environ
+    monkeypatch.setenv(SAFE_PATH_ENV, "")
+    with safe_children():
+        assert os.environ[SAFE_PATH_ENV] == "1"
+    assert os.environ[SAFE_PATH_ENV] == ""
+    assert safe_env({"A": "b"}) == {"A": "b", SAFE_PATH_ENV: "1"}

@@ -63,13 +63,13 @@ def _ping(rank: int, port: int, rounds: int, out: Any) -> None:
 
 def round_trip_s(rounds: int = PING_ROUNDS) -> float:
     """Median round trip of a small tensor between two processes (gloo, loopback)."""
-    safe_children()  # the ping processes start without the working directory on their path
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_ping, args=(r, port, rounds, q)) for r in (0, 1)]
-    for p in procs:
-        p.start()
+    with safe_children():  # the ping processes start without the working directory on their path
+        for p in procs:
+            p.start()
     rtt = q.get(timeout=120)
     for p in procs:
         p.join(timeout=60)
