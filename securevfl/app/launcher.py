@@ -410,6 +410,10 @@ def stop_ranks(procs: list[Any], grace_s: float = STOP_GRACE_S) -> None:
     _release(procs)
 
 
+#: how long a launcher whose ranks all stopped on a Ctrl-C waits for its own (seconds)
+INTERRUPT_GRACE_S = 0.5
+
+
 def _watch(
     proto: Protocol, layout: Layout, out_dir: Path, procs: list[Any], stream: EpochStream | None = None
 ) -> dict[str, Any]:
@@ -419,4 +423,10 @@ def _watch(
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
             run_attacks(proto, layout, out_dir)
         return json.loads((out_dir / "result.json").read_text())
+    if all(c in (0, EXIT_INTERRUPTED) for c in codes.values()):
+        # every rank stopped on a Ctrl-C to the terminal's group: this process got the same
+        # signal, whose handler may not have run yet when the ranks' exits are seen. Give it a
+        # moment to (so that it is the one interrupt this process sees), else say it here
+        time.sleep(INTERRUPT_GRACE_S)
+        raise KeyboardInterrupt
     raise explain_failure(layout, out_dir, codes)

@@ -3,6 +3,8 @@ and each attack's direction on synthetic data where the answer is known."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -129,7 +131,8 @@ def _passive_view(y: np.ndarray, grad_of) -> View:
 
 
 def _label_world(y: np.ndarray, y_test: np.ndarray | None = None):
-    class _W:  # the two attributes the label attacks' scoring reads
+    class _W:  # the attributes the label attacks' scoring reads
+        proto = SimpleNamespace(privacy=SimpleNamespace(delta=1e-5))  # the run's delta (record_test)
         active = View(
             0,
             "a",

@@ -4,6 +4,8 @@ unlabelled pool helps: MixMatch beats the labelled-only head on average."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -57,6 +59,7 @@ def _moons(seed: int):
     view.prior = {"known_rows": known, "known_labels": y[known], "classes": 2}
 
     class _W:
+        proto = SimpleNamespace(privacy=SimpleNamespace(delta=1e-5))  # the run's delta (record_test)
         active = View(0, "a", {}, {"y_test": torch.as_tensor(y[400:]), "classes": 2})
 
     return view, _W()
