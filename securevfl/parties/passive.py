@@ -113,9 +113,15 @@ class PassiveParty(Party):
     @torch.no_grad()
     def released_rows(self) -> torch.Tensor:
         """The noise-free part of what this party released for its first training rows, with
-        its final bottom model (the audit's released scale; never sent)."""
+        its final bottom model (the audit's released scale; never sent). In evaluation mode, so
+        that a bottom with batch statistics saves them as training left them."""
         x = self.x_train[:SCALE_ROWS].to(self.device)
-        return self.stack.embed_local(self.bottom(x)).detach().cpu()
+        training = self.bottom.training
+        self.bottom.eval()
+        try:
+            return self.stack.embed_local(self.bottom(x)).detach().cpu()
+        finally:
+            self.bottom.train(training)
 
     def own_view(self) -> OwnView:
         """What this party itself computed and sent (for wire audits), and, when
