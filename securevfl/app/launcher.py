@@ -265,10 +265,16 @@ def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, 
     included: :func:`~securevfl.runtime.lifeline.die_with`), take the
     launcher's environment at launch time (a fork server's own is the one it
     started with), then run the rank's entry point."""
+    interrupted: list[int] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
     try:
         # Ctrl-C stops the rank from here on (a rank forked by the fork server starts
         # with SIGINT ignored: securevfl.app.rank_preload)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, on_sigint)
         die_with(launcher)
         os.environ.clear()
         os.environ.update(env)
@@ -281,7 +287,12 @@ def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, 
         # (and a traceback cut short by the launcher's SIGTERM would reach the user's
         # terminal)
         sys.exit(EXIT_INTERRUPTED)
-    except BaseException:  # a bug before the rank could report it: keep the traceback
+    except BaseException:
+        if interrupted:
+            # the interrupt surfaced as another exception: code that catches it and raises
+            # its own (pydantic's schema builder turns it into a SchemaError) is still a stop
+            sys.exit(EXIT_INTERRUPTED)
+        # a bug before the rank could report it: keep the traceback
         traceback.print_exc()
         sys.stderr.flush()
         sys.exit(RANK_CRASHED)

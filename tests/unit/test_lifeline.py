@@ -136,12 +136,20 @@ def test_stop_ranks_kills_a_rank_that_ignores_sigterm_after_the_grace():
 
 
 RANK_ENTRY = """
-import os, sys
+import os, signal, sys, time
 from securevfl.app.launcher import _rank_main
 
 def entry(kind):
     if kind == "interrupt":
         raise KeyboardInterrupt  # Ctrl-C while the rank is still starting up
+    if kind == "interrupt-wrapped":
+        # Ctrl-C inside code that turns the interrupt into its own error (pydantic's
+        # schema builder, importing an options model, raises a SchemaError)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt as exc:
+            raise ValueError("SchemaError: KeyboardInterrupt") from None
     raise RuntimeError("a bug before the rank could report it")
 
 _rank_main(entry, dict(os.environ), os.getppid(), sys.argv[1])
@@ -150,7 +158,7 @@ _rank_main(entry, dict(os.environ), os.getppid(), sys.argv[1])
 
 @pytest.mark.parametrize(
     ("kind", "code", "traceback"),
-    [("interrupt", 130, False), ("bug", 70, True)],
+    [("interrupt", 130, False), ("interrupt-wrapped", 130, False), ("bug", 70, True)],
 )
 def test_a_rank_interrupted_while_starting_stops_quietly(kind: str, code: int, traceback: bool):
     """Ctrl-C reaches a rank that has not yet entered its run (the terminal signals the

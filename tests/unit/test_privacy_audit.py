@@ -58,7 +58,11 @@ def test_label_dp_at_epsilon_1_audits_close_to_its_claim() -> None:
     (rec,) = audit_stack(stack, plan, delta=1e-5, trials=10_000, confidence=0.95)
     assert rec.mechanism == "label_dp.randomized_response" and rec.method == "clopper-pearson"
     assert rec.per_release == pytest.approx(1.0, abs=1e-3) and rec.trials == 10_000
-    assert rec.epsilon_lower >= 0.85 and rec.verdict == "consistent"
+    assert rec.epsilon_lower >= 0.85
+    # the mechanism is exactly as private as it claims: its 95% lower bound exceeds the claim in
+    # about 1% of honest audits (4,000 simulated); the verdict is asserted at 99.9%, where none did
+    (strict,) = audit_stack(stack, plan, delta=1e-5, trials=10_000, confidence=0.999)
+    assert 0.7 <= strict.epsilon_lower <= strict.per_release and strict.verdict == "consistent"
 
 
 def test_embedding_dp_gaussian_release_audits_within_15_percent() -> None:
