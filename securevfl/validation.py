@@ -107,7 +107,16 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
         if lay.is_active and has_features and spec.model is None:
             raise err("the active party holds features, so it needs a bottom 'model'", f"{lay.path}.model")
         if lay.is_active and not has_features and spec.model is not None:
-            raise err("a label-only active party has no bottom model", f"{lay.path}.model")
+            where = (
+                f"list them under {lay.path}.source.feature_columns"
+                if spec.source is not None
+                else f"choose them under {lay.path}.columns"
+            )
+            raise err(
+                f"a label-only active party has no bottom model; for an active party that trains on its "
+                f"own feature columns, {where}",
+                f"{lay.path}.model",
+            )
         if spec.model is not None and spec.model.factory is None and spec.model.kind not in MODELS:
             raise err(
                 f"unknown model '{spec.model.kind}' (known: {', '.join(MODELS.names())}; or name a factory: "

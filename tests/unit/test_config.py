@@ -308,6 +308,20 @@ def test_csv_passive_source_with_label_column_is_rejected():
     assert "must not hold labels" in str(err)
 
 
+def test_an_active_model_without_its_columns_names_where_to_list_them():
+    """An active party given a bottom model but no columns of its own is told where its
+    columns go: ``source.feature_columns`` with a CSV file, ``columns`` on a built-in dataset."""
+    d = csv_doc()
+    d["parties"]["active"]["model"] = {"kind": "mlp", "hidden": [8], "out": 4}
+    err = config_error(d)
+    assert err.path == "parties.active.model" and "parties.active.source.feature_columns" in str(err)
+    d["parties"]["active"]["source"]["feature_columns"] = ["age"]
+    assert load_protocol_dict(d).parties.active.source.feature_columns == ["age"]
+    b = load_yaml("plain.yaml")
+    b["parties"]["active"]["model"] = {"kind": "mlp", "hidden": [8], "out": 4}
+    assert "parties.active.columns" in str(config_error(b))
+
+
 def test_csv_active_source_needs_label_column():
     d = csv_doc()
     del d["parties"]["active"]["source"]["label_column"]
