@@ -21,8 +21,9 @@ routes that are run also print their wall time.
   one polynomial product, no rotation; the cheapest power-of-two blocks with n_w d_w m_w
   <= N. It needs plaintexts built from integer coefficients: the script probes whether
   the bindings can make one (SEAL refuses a CKKS plaintext that is not in NTT form, and
-  TenSEAL exposes neither SEAL's NTT nor a plaintext's memory), else prices each
-  plaintext as one slot encoding, the only constructor left.
+  Python cannot write a SEAL object's memory), else prices each plaintext as one slot
+  encoding, the only constructor left, and also as one NTT, what a constructor that
+  only moved coefficients to NTT form would cost.
 
 Usage:  python benchmarks/ckks_routes.py [--reps N]
 """
