@@ -49,7 +49,7 @@ from securevfl.api.arguments import (
 )
 from securevfl.api.results import Comparison, ComparisonRow, Prediction, RunResult, run_result
 from securevfl.app.compare_runs import execute
-from securevfl.app.comparison import folder_name, sources_from_paths
+from securevfl.app.comparison import folder_name, say_stderr, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
@@ -276,7 +276,28 @@ def _registrations(converted: Sequence[Converted]) -> tuple[Registration, ...]:
     return tuple(found.values())
 
 
-def _source_paths(items: Sequence[ProtocolLike], folder: Path) -> list[Path]:
+def _silent(msg: str) -> None:
+    """A ``say`` that says nothing (``progress=False``)."""
+
+
+def _own_classes_header(registrations: Sequence[Registration]) -> str:
+    """A protocol file's opening comment when it names the script's own classes: the
+    command line knows them only once a plugin module registers them under those names."""
+    if not registrations:
+        return ""
+    lines = [
+        "# This protocol names classes a script registered for one call; `securevfl` on the command",
+        "# line knows them only once a plugin module registers them (docs/extending.md): decorate",
+        "# each with securevfl.plugins' register_<kind> in an importable module and list that module",
+        "# under plugins:. The classes:",
+    ]
+    lines += [f"#   {r.kind} '{r.name}': {r.reference}" for r in registrations]
+    return "\n".join(lines) + "\n"
+
+
+def _source_paths(
+    items: Sequence[ProtocolLike], folder: Path, registrations: Sequence[Registration] = ()
+) -> list[Path]:
     """Files to compare: paths as given; a protocol given as a mapping or a
     :class:`Protocol` is checked, then written to ``folder/protocols/<name>.yaml``
     (CSV paths made absolute) and compared from there, so the comparison folder
@@ -302,7 +323,8 @@ def _source_paths(items: Sequence[ProtocolLike], folder: Path) -> list[Path]:
                 src["path"] = str(Path(src["path"]).resolve())
         path = folder / "protocols" / f"{folder_name(proto.name)}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        header = _own_classes_header(registrations)
+        path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
         paths.append(path)
     return paths
 
@@ -340,8 +362,9 @@ def compare(
     continues where it stopped. Every run is validated before any starts. The
     comparison files (compare.json, compare.csv, runs.csv, report.md and figures)
     are written to ``out``, under ``title`` (default: a comparison file's title,
-    else "securevfl compare"). ``progress``: each run's progress display (the
-    per-run status lines go to stderr either way).
+    else "securevfl compare"). ``progress``: each run's progress display and the
+    comparison's status lines on stderr (``False``: nothing but a warning that a cached
+    run is not reused).
 
     Protocols given as mappings may hold classes and callables as for :func:`run`;
     their classes are registered for the comparison's runs (the protocol files
@@ -357,12 +380,13 @@ def compare(
     pairs = [_converted(item) for item in _items(sources)]
     regs = _registrations([conv for _, conv in pairs])
     with registered(regs):
-        paths = _source_paths([given for given, _ in pairs], folder)
+        paths = _source_paths([given for given, _ in pairs], folder, regs)
         file_title, found, file_seeds = sources_from_paths(paths, sets, _axes(grid))
         title = title or file_title
         chosen = wanted if wanted is not None else file_seeds
-        plan = make_plan(title, found, chosen, folder)  # every run validated before any starts
-        done = execute(plan, folder, rerun=overwrite, progress=progress, registrations=regs)
+        say = say_stderr if progress else _silent
+        plan = make_plan(title, found, chosen, folder, say=say)  # every run validated before any starts
+        done = execute(plan, folder, rerun=overwrite, progress=progress, say=say, registrations=regs)
         records = [
             RunRecord(
                 label=r.label, base=r.base, seed=r.seed, result=res, point=r.point, folder=str(r.folder)

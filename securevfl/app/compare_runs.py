@@ -106,19 +106,21 @@ def execute(
     rerun: bool = False,
     progress: bool = True,
     say: Callable[[str], None] = say_stderr,
+    warn: Callable[[str], None] = say_stderr,
     registrations: tuple[Registration, ...] = (),
 ) -> list[tuple[Run, dict[str, Any]]]:
     """Run what the cache lacks (everything with ``rerun``), in plan order; return
-    every run with its result record. Progress: runs done / total and, once one
+    every run with its result record. Progress (``say``): runs done / total and, once one
     run has been timed, the estimated time left (mean time of this session's runs,
-    else the previous runs' own wall time, times the runs left). ``registrations``:
+    else the previous runs' own wall time, times the runs left); ``warn``: a cached
+    run that is not reused, and why (said even when progress is not). ``registrations``:
     the caller's own component classes, for every run's ranks (:func:`launch`)."""
     runs = plan_.runs
     have: dict[int, dict[str, Any] | None] = {}
     for r in runs:
         have[id(r)], why = (None, None) if rerun else cache_entry(r)
         if why:
-            say(f"{r.label} seed {r.seed}: not reused: {why}; it runs again")
+            warn(f"{r.label} seed {r.seed}: not reused: {why}; it runs again")
     todo = [r for r in runs if have[id(r)] is None]
     total, n_cached = len(runs), len(runs) - len(todo)
     say(f"{plan_.title}: {total} runs, {n_cached} already done in {out}, {len(todo)} to run")

@@ -55,9 +55,11 @@ def test_predict_returns_the_predictions(api_run: api.RunResult, tmp_path: Path)
     assert list(frame.columns)[1:] == list(pd.read_csv(pred.path).columns)[1:]
 
 
-def test_compare_runs_a_grid_of_protocols_given_as_data(tmp_path: Path):
+def test_compare_runs_a_grid_of_protocols_given_as_data(tmp_path: Path, capfd: pytest.CaptureFixture[str]):
     """A protocol given as a mapping, holding a defense class; the table as a frame
-    and as typed rows with each party's privacy."""
+    and as typed rows with each party's privacy. ``progress=False`` prints nothing; the
+    protocol file it keeps names the script's class and how to register it for the
+    command line."""
     doc = small_digits(epochs=1, max_steps=2)
     doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]
     doc["parties"]["passive"][0]["defenses"] = [uc.Rounding]
@@ -72,7 +74,10 @@ def test_compare_runs_a_grid_of_protocols_given_as_data(tmp_path: Path):
         assert row.privacy_of("left") is None
         own = read_own_reports(row.results[0].folder)["left"].defenses
         assert own["test_rounding"]["released"] > 0  # ran in its rank
-    assert "name: test_rounding" in (tmp_path / "protocols" / f"{doc['name']}.yaml").read_text()
+    assert capfd.readouterr().err == ""  # no status line, no progress
+    kept = (tmp_path / "protocols" / f"{doc['name']}.yaml").read_text()
+    assert "name: test_rounding" in kept
+    assert f"#   defense 'test_rounding': {uc.Rounding.__module__}:Rounding" in kept and "plugins:" in kept
     assert list(frame["protocol"]) == [f"{doc['name']}[lr=0.01]", f"{doc['name']}[lr=0.05]"]
     assert list(frame[lr]) == [0.01, 0.05]
     assert {"n_seeds", "test_accuracy", "test_accuracy_lo", "test_accuracy_hi", "bytes_per_step"} <= set(
