@@ -55,6 +55,7 @@ class RankSummary(_Record):
     defense_report: dict[str, Any] | None = None
     # the active party's task, metrics and schedule (ActiveParty.run_summary)
     task: str | None = None
+    positive_class: str | None = None  # a binary task's: what test_auc and a prediction's score are about
     test_accuracy: Real | None = None
     test_auc: Real | None = None
     test_majority_rate: Real | None = None  # share of the most common test label (classification)
@@ -254,6 +255,8 @@ class ResultRecord(_Record):
     n_passive: int
     world_size: int
     task: str | None
+    # a binary task's positive class (test_auc and a prediction's score are its probability)
+    positive_class: str | None = None
     test_accuracy: Real | None
     test_auc: Real | None
     # the share of the most common test label: the accuracy of predicting the majority class

@@ -86,6 +86,7 @@ class PredictionRecord(BaseModel):
     digest: str
     backend: str
     task: str
+    positive_class: str | None = None  # a binary task's: the class `score` is the probability of
     rows: dict[str, int]  # per party: records in its file; "aligned": rows predicted
     predictions: str  # the file, relative to the output folder
     ledger: dict[str, Any]  # bytes and messages per rank, as the ranks counted them
@@ -297,6 +298,8 @@ class Predict(Phase):
             columns = predictor.task.prediction_columns(scores)
             frame = predictions_frame(source.id_column, aligned.ids, columns)
             write_predictions(self.out_dir / PREDICTIONS_FILE, frame)
+            summary["task"] = predictor.task.name
+            summary["positive_class"] = predictor.task.positive_class
         summary["n_aligned"] = len(aligned.ids)
         summary["aligned_digest"] = hashlib.sha256("\n".join(aligned.ids).encode()).hexdigest()[:16]
         summary["loaded_columns"] = list(model.inputs)
@@ -319,7 +322,8 @@ class Predict(Phase):
             protocol=proto.name,
             digest=proto.digest(),
             backend=proto.exchange.backend,
-            task=str(proto.task or "inferred at training"),
+            task=str(parts[0].task or proto.task or "inferred at training"),
+            positive_class=parts[0].positive_class,
             rows=rows,
             predictions=PREDICTIONS_FILE,
             ledger={str(p.rank): p.ledger or {} for p in parts},

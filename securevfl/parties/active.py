@@ -217,6 +217,7 @@ class ActiveParty(Party):
     ) -> dict[str, Any]:
         return {
             "task": self.task.name,
+            "positive_class": self.task.positive_class,
             "test_accuracy": metrics.get("test_accuracy"),
             "test_auc": metrics.get("test_auc"),
             **{k: metrics.get(k) for k in self.task.metric_keys},

@@ -6,7 +6,8 @@ and never branches on its name.
 
 * ``binary`` / ``multiclass``: K logits, cross-entropy; test accuracy, the test
   rows' majority rate (the accuracy of always predicting the most common class, A's
-  to publish like its accuracy), and the ROC AUC of class 1 when there are two classes.
+  to publish like its accuracy), and the ROC AUC of the positive class (the second
+  sorted label value) when there are two classes.
 * ``regression``: one output, MSE (or Huber) on the target standardized with the
   training rows' mean and standard deviation (so that learning rates tuned for
   classification fit any target scale); RMSE, MAE and R^2 in the target's own
@@ -49,6 +50,11 @@ class Task:
     name: ClassVar[str]
     has_classes: ClassVar[bool]
     metric_keys: ClassVar[tuple[str, ...]]
+
+    @property
+    def positive_class(self) -> str | None:
+        """The class ``test_auc`` and a prediction's ``score`` are about (binary tasks only)."""
+        return None
 
     def __init__(self, y_train: np.ndarray, classes: list[str] | None, loss: str):
         self.classes = classes
@@ -132,6 +138,12 @@ class Classification(Task):
 
 class Binary(Classification):
     name = "binary"
+
+    @property
+    def positive_class(self) -> str | None:
+        """The label value ``test_auc`` and a prediction's ``score`` are about: the second of the
+        two sorted label values (``1`` of 0/1, ``yes`` of no/yes)."""
+        return None if self.classes is None else str(self.classes[1])
 
     def prediction_columns(self, scores: np.ndarray) -> dict[str, list[Any]]:
         """``score``: the probability of the second class (the positive one, as

@@ -49,6 +49,7 @@ def build_result(
             "n_passive": len(layout.passive),
             "world_size": layout.world_size,
             "task": active.task,
+            "positive_class": active.positive_class,
             "test_accuracy": active.test_accuracy,
             "test_auc": active.test_auc,
             "test_majority_rate": active.test_majority_rate,

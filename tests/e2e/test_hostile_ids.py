@@ -7,6 +7,7 @@ as it was in the parties' files."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,9 @@ def test_hostile_ids_train_predict_and_come_back(tmp_path):
     assert list(frame.columns) == ["id", "score", "class"]
     assert sorted(frame["id"]) == sorted(ids[3:])
     assert frame["score"].between(0, 1).all() and set(frame["class"]) <= {0, 1}
+    # the result and the prediction name the class test_auc and `score` are about
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["positive_class"] == "1"
+    assert json.loads((tmp_path / "pred" / "prediction.json").read_text())["positive_class"] == "1"
     with open(pred.path, encoding="utf-8", newline="") as fh:
         rows = list(csv.reader(fh))
     assert len(rows) == len(ids) - 3 + 1
