@@ -122,3 +122,9 @@ def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
         entry["seconds"] = time.perf_counter() - t0
         results[key] = _jsonable(entry)
     return results
+
+
+def attack_results(proto: Protocol, world: World) -> dict[str, Any]:
+    """Every attack of ``proto`` run on ``world``, by result key, without writing anything
+    (``securevfl attack``: :mod:`securevfl.app.attack_run`)."""
+    return _run_all(proto, world)

@@ -1,4 +1,4 @@
-"""Command line: ``securevfl run | party | predict | audit | keygen | compare | validate | list | criteo``.
+"""Command line: ``securevfl run|party|predict|audit|attack|keygen|compare|validate|list|criteo``.
 
 User errors (bad protocol file, bad data, a peer that failed) exit with code 2
 (3 for a lost peer) and a one-paragraph message; ``--debug`` shows the traceback.
@@ -206,6 +206,36 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--confidence", type=float, help="confidence of the lower bound (default: the run's)")
     aud.add_argument("--debug", action="store_true", help="show tracebacks")
 
+    atk = sub.add_parser(
+        "attack",
+        help="run an attack again on a finished run's saved views (no retraining)",
+        description="Runs attack NAME on the views RUN's ranks saved (a run saves them when its protocol "
+        "lists attacks or sets runtime.dump_views), on the adversary's view alone with the attack's "
+        "declared prior knowledge, as an attack listed in the protocol runs after training "
+        "(docs/attacks.md, 'Attacking a finished run'). Prints its metrics and writes them to "
+        "RUN/attacks/<key>.json; the run's result.json stays as it was.",
+    )
+    atk.add_argument("run_dir", metavar="RUN", help="output folder of the training run")
+    atk.add_argument("--attack", required=True, metavar="NAME", help="a registered attack (securevfl list)")
+    atk.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the attack, e.g. --param target=left --param aux_fraction=0.2 (repeatable)",
+    )
+    atk.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="MODULE|PATH",
+        help="your own module that registers the attack (an installed module or a .py file), "
+        "imported in this process only",
+    )
+    atk.add_argument("--debug", action="store_true", help="show tracebacks")
+
     lst = sub.add_parser("list", help="registered backends, defenses, attacks, datasets, models")
     crit = sub.add_parser(
         "criteo",
@@ -232,6 +262,7 @@ COMMANDS.add_path("validate", "securevfl.cli.checking:cmd_validate")
 COMMANDS.add_path("list", "securevfl.cli.checking:cmd_list")
 COMMANDS.add_path("criteo", "securevfl.cli.criteo:cmd_criteo")
 COMMANDS.add_path("audit", "securevfl.cli.audit:cmd_audit")
+COMMANDS.add_path("attack", "securevfl.cli.attack:cmd_attack")
 
 
 LAUNCHING = frozenset({"run", "predict", "compare"})  # commands that start every rank locally

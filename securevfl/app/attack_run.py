@@ -1,0 +1,76 @@
+"""Attack a finished run again, on the views its ranks saved (``securevfl attack RUN``;
+docs/attacks.md, "Attacking a finished run").
+
+A run saves each rank's view (``ranks/rank<R>.view.pt``: what the rank received and what it
+holds itself) when its protocol lists attacks or sets ``runtime.dump_views``. This module
+rebuilds the run's protocol from the active party's saved model (checked against its digest),
+puts the requested attack in place of the protocol's own, validates it as a protocol's attack
+is validated at load, and runs it through the same harness as an attack listed in the protocol:
+on the adversary's view alone, with its declared prior knowledge, scored against the others'
+views. Views load with ``weights_only=True`` (tensors and plain numpy arrays only), so a
+tampered file cannot run code. The result goes to ``RUN/attacks/<key>.json``; the run's
+``result.json`` stays as the run wrote it (a comparison's cache holds it to its digest).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from securevfl.app.harness import attack_keys, attack_results, load_world
+from securevfl.app.loader import OWN, load_protocol_dict
+from securevfl.app.model_io import run_protocol
+from securevfl.app.rank_layout import layout_of
+from securevfl.components import components_of
+from securevfl.errors import ConfigError
+from securevfl.private_files import write_private
+
+#: where a rerun attack's entry is written, inside the run's folder
+RESULTS_DIR = "attacks"
+
+
+def attack_protocol(run_dir: Path, name: str, params: dict[str, Any], plugins: list[str]) -> Any:
+    """The run's protocol with ``name`` (options ``params``) as its one attack; ``plugins``:
+    modules of the caller's own that register it, imported in this process only."""
+    proto = run_protocol(run_dir)
+    doc = proto.model_dump(mode="json", exclude_unset=True)
+    doc["attacks"] = [{"name": name, "params": dict(params)}]
+    doc["plugins"] = [*doc.get("plugins", []), *plugins]
+    runtime = doc.setdefault("runtime", {})
+    runtime["dump_views"] = True  # the views were saved; an attack needs nothing more of the run
+    training = doc.setdefault("training", {})
+    training.pop("checkpoint_every", None)
+    return load_protocol_dict(doc, source=f"{run_dir} (--attack {name})", allow=OWN)
+
+
+def attack_run(
+    run_dir: Path, name: str, params: dict[str, Any] | None = None, plugins: list[str] | None = None
+) -> tuple[str, dict[str, Any], Path]:
+    """Run attack ``name`` on the finished run in ``run_dir``; return its result key, its
+    entry (as ``result.json["attacks"]`` would hold it) and the file it was written to."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "result.json").is_file():
+        raise ConfigError(f"{run_dir} holds no result.json: not the output folder of a finished run")
+    proto = attack_protocol(run_dir, name, params or {}, [str(p) for p in plugins or []])
+    layout = layout_of(proto)
+    missing = [
+        r.rank
+        for r in layout.roles
+        if r.kind != "helper" and not (run_dir / "ranks" / f"rank{r.rank}.view.pt").is_file()
+    ]
+    if missing:
+        raise ConfigError(
+            f"{run_dir} holds no saved view for rank(s) {', '.join(map(str, missing))}: a run saves its "
+            "views only when its protocol lists attacks or sets runtime.dump_views: true; run it again "
+            "with --set runtime.dump_views=true",
+            path="--attack",
+        )
+    world = load_world(proto, layout, run_dir)
+    (key,) = attack_keys(proto)
+    (spec,) = components_of(proto).attacks
+    entry = attack_results(proto, world)[key]
+    path = run_dir / RESULTS_DIR / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, json.dumps({"attack": spec.name, "params": params or {}, **entry}, indent=1))
+    return key, entry, path
