@@ -14,7 +14,7 @@ from typing import Any
 
 from securevfl.report.audit import entries as audit_entries
 from securevfl.report.audit import worst_verdict
-from securevfl.report.rows import BOUND, METRICS_BASE, OPTIONAL, attack_chance, rows
+from securevfl.report.rows import BOUND, METRICS_BASE, OPTIONAL, attack_chance, metric_range, rows
 from securevfl.report.stats import Interval, mean_interval
 
 TEXT_FIELDS = ("backend", "defenses", "dataset", "audit")
@@ -71,7 +71,14 @@ class Group:
             "metrics": {
                 k: None
                 if iv is None
-                else {"mean": iv.mean, "half": iv.half, "lo": iv.lo, "hi": iv.hi, "values": list(iv.values)}
+                else {
+                    "mean": iv.mean,
+                    "half": iv.half,
+                    "lo": iv.lo,
+                    "hi": iv.hi,
+                    "noisy": iv.noisy,
+                    "values": list(iv.values),
+                }
                 for k, iv in self.metrics.items()
             },
         }
@@ -147,7 +154,9 @@ def summarize(records: Sequence[RunRecord]) -> Summary:
                     "delta": (first_rec.result.get("privacy") or {}).get("delta"),
                 },
                 seeds=[rec.seed for rec, _ in mine],
-                metrics={k: mean_interval([row.get(k) for _, row in mine]) for k in keys},
+                metrics={
+                    k: mean_interval([row.get(k) for _, row in mine], bounds=metric_range(k)) for k in keys
+                },
                 runs=[row for _, row in mine],
             )
         )

@@ -36,6 +36,24 @@ OPTIONAL = {"test_r2", "test_rmse", "test_majority_rate"}
 BOUND = "eps_attack:"
 EPSILONS = {"epsilon", "eps_release", "eps_lower"}
 METRICS_BASE = [k for k, _ in BASE if k not in TEXT]
+#: metrics that are shares of the test rows, or ROC AUCs: in [0, 1]
+UNIT = {"test_accuracy", "test_majority_rate", "test_auc"}
+#: metrics that are counts, durations or epsilons: at least 0
+NONNEGATIVE = {"time_per_step_s", "bytes_per_step", "test_rmse", *EPSILONS}
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """The range a metric's values lie in, which its interval over seeds is
+    clipped to: accuracies and AUCs in [0, 1]; an attack's score (AUC, accuracy,
+    or 1 - normalized MSE, which may be negative) and R² at most 1; DCS in
+    [0, 1]; times, bytes, RMSE and epsilons at least 0."""
+    if key in UNIT or key == "dcs":
+        return (0.0, 1.0)
+    if key.startswith("attack:") or key == "test_r2":
+        return (-math.inf, 1.0)
+    if key in NONNEGATIVE or key.startswith(BOUND):
+        return (0.0, math.inf)
+    return (-math.inf, math.inf)
 
 
 def human_bytes(n: float) -> str:
