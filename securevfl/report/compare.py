@@ -71,6 +71,22 @@ def cell(key: str, iv: Interval | None) -> str:
     return f"{mark}{fmt(key, iv.mean)} ± {fmt(key, iv.half)}"
 
 
+def references(summary: Summary) -> list[str]:
+    """The rows the defended rows' cost is measured against, in table order."""
+    return list(dict.fromkeys(r["reference"] for r in summary.runs if r.get("reference")))
+
+
+def cost_note(refs: Sequence[str]) -> str:
+    """report.md's note on the cost-of-defense columns, naming the reference rows."""
+    named = ", ".join(f"`{md_cell(r)}`" for r in refs)
+    return (
+        "- **MP drop vs ref**, **s/step vs ref**, **bytes vs ref**: what a defense costs against its "
+        "reference row, the undefended protocol on the same dataset and backend (else `plain`), seed by "
+        "seed: the main performance lost in points (positive = lost), and the time and bytes per step as "
+        f"multiples of the reference's. Reference row{'s' if len(refs) > 1 else ''}: {named}."
+    )
+
+
 def any_noisy(summary: Summary) -> bool:
     """Whether some figure of the table is noisy (its cell carries :data:`NOISY`)."""
     return any(iv is not None and iv.noisy for g in summary.groups for iv in g.metrics.values())
@@ -192,6 +208,7 @@ def write_comparison(
         ),
     }
     paths.update({k: v for k, v in figures.items() if v is not None})
+    refs = references(summary)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = [f"# {title} ({stamp})", "", markdown_summary(summary), ""]
     body += [
@@ -214,6 +231,7 @@ def write_comparison(
         "1 / (1 + sqrt(0.5 (AP - AP_chance)^2 + 0.5 (MP - MP_ref)^2)), MP_ref being the undefended run "
         "on the same backend and seed; 1 = attacker at chance with no utility lost.",
         "- **s/step** at the active party; **bytes/step** summed over every rank's ledger.",
+        *([cost_note(refs)] if refs else []),
         "- `mean ± half`: the mean over seeds and its 95% interval; `mean [lo, hi]`: that interval cut "
         "to the metric's range (accuracy, AUC and DCS in [0, 1], an attack's score at most 1, times and "
         "bytes at least 0).",
