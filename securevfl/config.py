@@ -111,9 +111,10 @@ class ModelSpec(Strict):
     a small conv net over ``input_shape`` (channels, height, width; e.g. an image
     half) with ``channels`` filters. Plugins register more kinds
     (:mod:`securevfl.plugins`), which take their options under ``params``. A
-    ``factory: "package.module:callable"`` is imported and called in the owner's
-    rank alone, and only where that party's invocation allows the module
-    (SECURITY.md §4b), as ``callable(in_features, out, **params)``; it returns a
+    ``factory: "package.module:callable"`` is called in the owner's rank alone,
+    and imported only where the invocation allows the module (SECURITY.md §4b;
+    the loader imports it there to check its signature), as
+    ``callable(in_features, out, **params)``; it returns a
     ``torch.nn.Module`` mapping a batch of the party's features (float32, one row
     per record) to ``out`` columns. ``out`` is the embedding width, the one
     contract between a bottom model and the exchange; every backend takes any

@@ -49,7 +49,8 @@ back into the object.
 
 **Errors.** A refused module, one that cannot be found or raises while it is
 imported, a file whose digest does not match its pin, and a reference to a
-missing attribute or to one defined elsewhere are :class:`UserCodeError`: exit
+missing attribute or to one defined elsewhere, and a model factory that cannot
+be called as securevfl calls it (:func:`check_factory`) are :class:`UserCodeError`: exit
 code 2, no traceback; the exception's own text and the line in the user's file
 that raised it go to ``detail`` (the owner's stderr only: the text may quote
 data).
@@ -66,7 +67,7 @@ import inspect
 import re
 import sys
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -457,3 +458,27 @@ class CodePolicy:
                     path=path,
                 )
         return obj
+
+
+def check_factory(code: CodePolicy, ref: str, params: Mapping[str, Any], *, what: str, path: str) -> None:
+    """Refuse a model factory that cannot be called as securevfl calls it,
+    ``factory(in_features, out, **params)``, before any rank starts: ``ref``,
+    imported under ``code``, must name a callable whose signature accepts two
+    positional arguments and the keywords of ``params`` (a misspelt module,
+    attribute or option is named at load rather than in the owner's rank, after
+    start-up and ID matching). A callable without a readable signature (a
+    builtin) is left to the call itself. Nothing is called."""
+    fn = code.load(ref, what=what, path=path)
+    if not callable(fn):
+        raise UserCodeError(f"{what} is not callable (a {type(fn).__name__})", path=path)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(0, 0, **params)
+    except TypeError as exc:
+        keys = f"params {sorted(params)}" if params else "no params"
+        raise UserCodeError(
+            f"{what} cannot be called as factory(in_features, out, **params) with {keys}: {exc}", path=path
+        ) from None

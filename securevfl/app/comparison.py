@@ -4,7 +4,10 @@ comparison file). Which of them are already done, and running the rest, is
 
 What is compared comes from protocol files (or folders of them) on the command
 line, or from a comparison file (:class:`ComparisonFile`): each protocol, expanded
-by its grid (:mod:`securevfl.app.grid`), runs once per seed. The seed goes in as
+by its grid (:mod:`securevfl.app.grid`), runs once per seed. An axis applies to
+the protocols whose file has the list element its key goes through: a sweep over
+a defense's parameter leaves the undefended protocol compared with it unexpanded,
+as the reference row (:func:`applicable`). The seed goes in as
 ``training.seed`` (the shared schedule and initialisation); protective noise keeps
 drawing on each party's private entropy, as in any run.
 
@@ -21,6 +24,7 @@ changed since (an edited metric never reaches the table), saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -31,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from securevfl.app.grid import Axis, check_axis, make_axis, parse_axis, point_label, points
+from securevfl.app.grid import Axis, check_axis, make_axis, missing_element, parse_axis, point_label, points
 from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
 from securevfl.app.yamldoc import load_yaml
 from securevfl.config import Protocol
@@ -187,6 +191,39 @@ def count_runs(sources: list[Source], seeds: list[int] | None) -> tuple[int, int
     return n_points, n_points * (len(seeds) if seeds is not None else 1)
 
 
+def applicable(sources: list[Source]) -> list[tuple[Source, list[tuple[Axis, str]]]]:
+    """Each source with only the grid axes that apply to it, and the axes it lost,
+    each with the list element its file lacks (:func:`~securevfl.app.grid.missing_element`).
+    An axis that applies to no source is kept on every one, so that loading the
+    points names the missing element as for a single protocol."""
+    lacks: list[dict[str, str]] = []
+    for src in sources:
+        doc = _doc(src) if src.axes else {}
+        lacks.append({a.key: m for a in src.axes if (m := missing_element(doc, a.path)) is not None})
+    somewhere = {
+        a.key for src, lack in zip(sources, lacks, strict=True) for a in src.axes if a.key not in lack
+    }
+    out = []
+    for src, lack in zip(sources, lacks, strict=True):
+        dropped = [(a, lack[a.key]) for a in src.axes if a.key in lack and a.key in somewhere]
+        kept = tuple(a for a in src.axes if a.key not in lack or a.key not in somewhere)
+        out.append((dataclasses.replace(src, axes=kept) if dropped else src, dropped))
+    return out
+
+
+def _unexpanded(proto: Protocol, dropped: list[tuple[Axis, str]], expanded: bool) -> str:
+    """What the plan says of a protocol some grid axes do not apply to."""
+    keys = ", ".join(f"'{a.key}' (it has no {where})" for a, where in dropped)
+    parties = [proto.parties.active, *proto.parties.passive]
+    if expanded:
+        then = "it is expanded by the other axes only"
+    elif any(p.defenses for p in parties):
+        then = "it runs once, unexpanded"
+    else:
+        then = "it runs once, as the undefended reference row the defended rows are measured against"
+    return f"{proto.name}: the grid's {keys} does not apply to it; {then}"
+
+
 def plan(
     title: str,
     sources: list[Source],
@@ -206,6 +243,8 @@ def plan(
         raise ConfigError("give at least one seed (an empty list would run nothing)", path="--seeds")
     if seeds is not None and len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds repeat: {seeds}", path="--seeds")
+    narrowed = applicable(sources)
+    sources = [src for src, _ in narrowed]
     n_points, n_runs = count_runs(sources, seeds)
     gridded = any(src.axes for src in sources)
     size = (
@@ -223,11 +262,11 @@ def plan(
         (say or say_stderr)(f"{title}: {size}; validating every point before any runs")
     runs: list[Run] = []
     axes_of: dict[str, list[str]] = {}
-    for src in sources:
+    for src, dropped in narrowed:
         doc = _doc(src)
         for axis in src.axes:
             check_axis(doc, axis, source=str(src.path))
-        for pt in points(list(src.axes)):
+        for i, pt in enumerate(points(list(src.axes))):
             label_pt = point_label(pt)
             sets = [override_expr(a.key, v) for a, v in pt]
             try:
@@ -237,6 +276,8 @@ def plan(
                     exc.args = (f"{exc} (grid point {label_pt})",)
                 raise
             axes_of[base.name] = [a.key for a in src.axes]
+            if dropped and i == 0:
+                (say or say_stderr)(_unexpanded(base, dropped, bool(src.axes)))
             for seed in seeds if seeds is not None else [base.training.seed]:
                 proto = (
                     base

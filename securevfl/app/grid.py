@@ -9,6 +9,16 @@ and lists its values, each read as YAML. A protocol with axes expands into the
 product of their values, one grid point per combination, in the order the axes
 and values were given.
 
+**A protocol without the key.** A grid axis whose key goes through a list
+element a protocol does not have (``parties.active.defenses[0].params.epsilon``
+for a protocol with no defense) does not apply to it (:func:`missing_element`):
+that protocol is expanded by the other axes only, and one that no axis applies
+to runs once, as the comparison's reference row (the undefended protocol a
+defense's sweep is measured against). A mapping key on the way may be missing
+(an override creates it: a grid over ``training.lr`` applies to a file that
+leaves the learning rate at its default), and an axis no compared protocol has
+is refused when the points are loaded, as before.
+
 Checks made here, before anything runs: the values of one axis are of one kind
 (numbers, strings, booleans, lists or mappings; ``null`` goes with any kind) and of
 the kind the protocol file already holds at that key; a list index must exist.
@@ -137,6 +147,32 @@ def current(doc: Any, path: tuple[str | int, ...]) -> list[Any]:
                 found.append(node[part])
         nodes = found
     return nodes
+
+
+def missing_element(doc: Any, path: tuple[str | int, ...]) -> str | None:
+    """The first list element ``path`` goes through that ``doc`` lacks, as written
+    in a key (``parties.active.defenses[0]``; ``[*]`` over a missing or empty
+    list), or None when the path reaches: a mapping key on the way may be missing,
+    since an override creates it."""
+    nodes, shown = [doc], ""
+    for part in path:
+        if isinstance(part, int) or part == EVERY:
+            shown += f"[{part}]" if isinstance(part, int) else EVERY
+            found = []
+            for node in nodes:
+                if not isinstance(node, list) or not node:
+                    return shown
+                if isinstance(part, int):
+                    if part >= len(node):
+                        return shown
+                    found.append(node[part])
+                else:
+                    found += node
+            nodes = found
+        else:
+            shown += ("." if shown else "") + part
+            nodes = [n.get(part, {}) if isinstance(n, dict) else n for n in nodes]
+    return None
 
 
 def check_axis(doc: dict[str, Any], axis: Axis, *, source: str | None = None) -> None:

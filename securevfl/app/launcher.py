@@ -130,7 +130,8 @@ def _child(
     layout, derived once by the launcher."""
     proto = rank_protocol(proto_json, rank, policy, Path(phase.out_dir), registrations)
     identity = Identity.from_seed(seed)
-    sys.exit(run_rank(proto, layout, rank, rendezvous, phase, identity=identity, pins=pins))
+    # the launcher reports the root cause of a failure once; its ranks do not print theirs too
+    sys.exit(run_rank(proto, layout, rank, rendezvous, phase, identity=identity, pins=pins, echo=False))
 
 
 def rank_protocol(
@@ -144,16 +145,13 @@ def rank_protocol(
     under the launcher's user code policy (the caller's registered classes
     loaded and its plugins imported here, both under ``code``). User code that
     fails here, though it imported in the launcher, ends the rank with exit code
-    2 and its error file, which the launcher reports."""
+    2 and its error file, which the launcher reports (once: the rank does not
+    print it too)."""
     try:
         register_in_rank(registrations, code)
         return resolve_protocol(Protocol.model_validate_json(proto_json), code, rank=rank)
     except SecureVFLError as exc:
-        note = error_note(rank, exc)
-        write_error_file(out_dir, note)
-        print(f"securevfl: rank {rank}: {note.message}", file=sys.stderr, flush=True)
-        if note.detail:
-            print(f"securevfl: rank {rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True)
+        write_error_file(out_dir, error_note(rank, exc))
         sys.exit(exit_code_for(exc))
 
 

@@ -11,7 +11,11 @@ installed module by name, a file by path or by pinned digest), or is
 :data:`OWN`, every module the file names itself (the local launcher, run by the
 file's author: those beside the file by path). Every module the process would import for the protocol (its
 plugins and, given ``rank``, the model factories that rank runs) is checked
-before any is imported. The policy is attached with the components
+before any is imported. Once the file is checked, each model factory the
+process may import (every party's its policy allows, or given ``rank`` that
+rank's own) is imported and its signature matched against the call securevfl
+makes (:func:`check_factories`), so that a misspelt factory or option is
+refused at load, exit code 2, before any rank starts. The policy is attached with the components
 (:attr:`~securevfl.components.Components.code`), so the ranks import each
 party's factory under it later.
 
@@ -26,6 +30,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +42,15 @@ from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.config_errors import format_loc, validation_error
 from securevfl.errors import ConfigError, UserCodeError
-from securevfl.usercode import CodePolicy, Needed, is_allowance, own_policy, policy_of, split_ref
+from securevfl.usercode import (
+    CodePolicy,
+    Needed,
+    check_factory,
+    is_allowance,
+    own_policy,
+    policy_of,
+    split_ref,
+)
 from securevfl.validation import check_protocol, resolve_components
 
 #: a path element ``[*]``: every element of the list at that point (``--set`` and
@@ -193,6 +206,7 @@ def load_protocol_dict(
     # component-level checks (registries, capabilities, column layout); attaches the
     # components with their validated options
     check_protocol(proto, source=source)
+    check_factories(proto, code, rank=rank, source=source)
     return attach(proto, dataclasses.replace(components_of(proto), code=code))
 
 
@@ -209,25 +223,74 @@ def code_policy(proto: Protocol, allow: Allow, beside: Path | None) -> CodePolic
     return policy_of(allow, where)
 
 
+@dataclass(frozen=True)
+class FactoryEntry:
+    """A model entry that names a factory: its reference, ``params``, the party
+    that runs it, whether it is the top model, and its YAML path."""
+
+    ref: str
+    params: dict[str, Any]
+    party: str
+    top: bool
+    path: str
+
+    @property
+    def what(self) -> str:
+        """How messages name it (as :mod:`securevfl.models` does when it builds it)."""
+        return f"{'top' if self.top else 'bottom'} model of party '{self.party}': factory '{self.ref}'"
+
+
+def factory_entries(proto: Protocol, rank: int | None, *, every: bool = False) -> list[FactoryEntry]:
+    """The model factories the party of ``rank`` runs (rank 0 the active party
+    with its top model, then the passive parties; a helper rank has none); with
+    ``every``, every party's."""
+    out = []
+    active = proto.parties.active
+    if (every or rank == 0) and active.model is not None and active.model.factory is not None:
+        out.append(
+            FactoryEntry(
+                active.model.factory, active.model.params, active.name, False, "parties.active.model"
+            )
+        )
+    if (every or rank == 0) and proto.top.factory is not None:
+        out.append(FactoryEntry(proto.top.factory, proto.top.params, active.name, True, "top"))
+    for i, p in enumerate(proto.parties.passive):
+        if (every or rank == i + 1) and p.model is not None and p.model.factory is not None:
+            out.append(
+                FactoryEntry(p.model.factory, p.model.params, p.name, False, f"parties.passive[{i}].model")
+            )
+    return out
+
+
 def needed_code(proto: Protocol, rank: int | None, *, factories: bool = False) -> list[Needed]:
     """The modules a process imports for ``proto``: its plugins (every process
     does), and the model factories of the party of ``rank`` (rank 0 the active
     party with its top model, then the passive parties; a helper rank has none);
     with ``factories``, every party's."""
     out = [Needed(m, f"plugin '{m}'", f"plugins[{i}]") for i, m in enumerate(proto.plugins)]
-    models: list[tuple[str | None, str, str]] = []  # (factory, party, YAML path)
-    active = proto.parties.active
-    if factories or rank == 0:
-        models.append((active.model.factory if active.model else None, active.name, "parties.active.model"))
-        models.append((proto.top.factory, active.name, "top"))
-    for i, p in enumerate(proto.parties.passive):
-        if factories or rank == i + 1:
-            models.append((p.model.factory if p.model else None, p.name, f"parties.passive[{i}].model"))
-    for ref, party, path in models:
-        if ref is not None:
-            what = f"model factory '{ref}' of party '{party}'"
-            out.append(Needed(split_ref(ref)[0], what, f"{path}.factory"))
+    for e in factory_entries(proto, rank, every=factories):
+        what = f"model factory '{e.ref}' of party '{e.party}'"
+        out.append(Needed(split_ref(e.ref)[0], what, f"{e.path}.factory"))
     return out
+
+
+def check_factories(proto: Protocol, code: CodePolicy, *, rank: int | None, source: str | None) -> None:
+    """Check, at load, the model factories this process may import: every
+    party's whose module ``code`` allows (the local launcher: the file's own;
+    ``validate``: what ``--allow-plugin`` allows), or with ``rank`` its own
+    party's. Each is imported, found, and its signature matched against
+    ``factory(in_features, out, **params)`` (:func:`~securevfl.usercode.check_factory`).
+    A factory whose module this process may not import is a peer's, checked
+    in its owner's rank."""
+    for e in factory_entries(proto, rank, every=rank is None):
+        if not code.allows(split_ref(e.ref)[0]):
+            continue
+        try:
+            check_factory(code, e.ref, e.params, what=e.what, path=f"{e.path}.factory")
+        except UserCodeError as exc:
+            if source is None:
+                raise
+            raise UserCodeError(exc.message, path=exc.path, source=source, detail=exc.detail) from None
 
 
 def import_plugins(proto: Protocol, code: CodePolicy, *, rank: int | None, source: str | None) -> None:

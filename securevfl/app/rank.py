@@ -250,11 +250,12 @@ def run_rank(
     *,
     identity: Identity | None = None,
     pins: dict[int, str] | None = None,
+    echo: bool = True,
 ) -> int:
     """Run one rank of ``proto`` (its ranks laid out as ``layout``) through ``phase``
-    to completion; returns the process exit code. ``identity`` and ``pins`` go to
-    the :class:`Session` (its identity key; the keys every rank must present, if
-    not the protocol's)."""
+    to completion; returns the process exit code. ``identity``, ``pins`` and
+    ``echo`` go to the :class:`Session` (its identity key; the keys every rank
+    must present, if not the protocol's; whether it prints its error itself)."""
     opened = prepare_process()
     out_dir = Path(phase.out_dir)
     private_dir(out_dir / "ranks")  # every rank file is its owner's alone (securevfl.private_files)
@@ -269,6 +270,7 @@ def run_rank(
         identity=identity,
         pins=pins,
         purpose=phase.purpose,
+        echo=echo,
     )
     setup = RankSetup(proto, layout, rank, session, out_dir, PhaseClock())
     started = time.time()

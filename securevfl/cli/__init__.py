@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=V1,V2,...",
         help="expand every protocol into one run per value (KEY as in --set, list indices allowed; "
-        "repeatable: the product of all axes), e.g. --grid parties.active.defenses[0].params.epsilon=0.5,1,2",
+        "repeatable: the product of all axes), e.g. --grid parties.active.defenses[0].params.epsilon=0.5,1,2;"
+        " a protocol without the list element KEY goes through (no defense) runs once, as the reference row",
     )
     cmp_.add_argument("--quiet", action="store_true", help="no per-run progress display")
     cmp_.add_argument(

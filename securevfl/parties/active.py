@@ -50,7 +50,7 @@ class ActiveParty(Party):
         out = proto.interactive.out
         modules: list[torch.nn.Module] = []
         self.bottom = self.own = None
-        code = components_of(proto).code  # a factory is imported here, in this rank alone
+        code = components_of(proto).code  # a factory is called here, in this rank alone
         if spec.model is not None and self.x_train.shape[1]:
             path = "parties.active.model"
             self.bottom = build_bottom(

@@ -31,7 +31,7 @@ class PassiveParty(Party):
         self.x_train = torch.as_tensor(x_tr)
         self.x_test = torch.as_tensor(x_te)
         assert spec.model is not None
-        # the party's own bottom model: a factory is imported here, in its owner's rank alone
+        # the party's own bottom model: a factory is called here, in its owner's rank alone
         path = f"parties.passive[{self.s.role.index}].model"
         self.bottom = build_bottom(
             spec.model,

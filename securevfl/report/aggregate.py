@@ -14,7 +14,15 @@ from typing import Any
 
 from securevfl.report.audit import entries as audit_entries
 from securevfl.report.audit import worst_verdict
-from securevfl.report.rows import BOUND, METRICS_BASE, OPTIONAL, attack_chance, rows
+from securevfl.report.rows import (
+    BOUND,
+    COST_KEYS,
+    METRICS_BASE,
+    OPTIONAL,
+    attack_chance,
+    metric_range,
+    rows,
+)
 from securevfl.report.stats import Interval, mean_interval
 
 TEXT_FIELDS = ("backend", "defenses", "dataset", "audit")
@@ -71,7 +79,14 @@ class Group:
             "metrics": {
                 k: None
                 if iv is None
-                else {"mean": iv.mean, "half": iv.half, "lo": iv.lo, "hi": iv.hi, "values": list(iv.values)}
+                else {
+                    "mean": iv.mean,
+                    "half": iv.half,
+                    "lo": iv.lo,
+                    "hi": iv.hi,
+                    "noisy": iv.noisy,
+                    "values": list(iv.values),
+                }
                 for k, iv in self.metrics.items()
             },
         }
@@ -92,7 +107,7 @@ class Summary:
 def metric_keys(attacks: Sequence[str]) -> list[str]:
     """The numeric columns, in table order."""
     head = [k for k in METRICS_BASE if k not in ("time_per_step_s", "bytes_per_step")]
-    tail = ["time_per_step_s", "bytes_per_step"]
+    tail = ["time_per_step_s", "bytes_per_step", *COST_KEYS]
     bounds = [f"{BOUND}{a}" for a in attacks]
     return head + bounds + [f"attack:{a}" for a in attacks] + (["dcs"] if attacks else []) + tail
 
@@ -126,11 +141,12 @@ def summarize(records: Sequence[RunRecord]) -> Summary:
                 "measured": measured(rec.result),
             }
     runs = [per_run[i] for i in range(len(records))]
-    # the regression metrics only where some run reports them
+    # the regression metrics (and a defense's cost against its reference) only where some run has them
     keys = [
         k
         for k in metric_keys(attacks)
-        if (k not in OPTIONAL and not k.startswith(BOUND)) or any(r.get(k) is not None for r in runs)
+        if (k not in OPTIONAL and k not in COST_KEYS and not k.startswith(BOUND))
+        or any(r.get(k) is not None for r in runs)
     ]
     groups: list[Group] = []
     for label in dict.fromkeys(r.label for r in records):
@@ -147,7 +163,9 @@ def summarize(records: Sequence[RunRecord]) -> Summary:
                     "delta": (first_rec.result.get("privacy") or {}).get("delta"),
                 },
                 seeds=[rec.seed for rec, _ in mine],
-                metrics={k: mean_interval([row.get(k) for _, row in mine]) for k in keys},
+                metrics={
+                    k: mean_interval([row.get(k) for _, row in mine], bounds=metric_range(k)) for k in keys
+                },
                 runs=[row for _, row in mine],
             )
         )

@@ -47,16 +47,49 @@ __all__ = [
 ]
 
 
+#: the mark of a noisy figure (:attr:`~securevfl.report.stats.Interval.noisy`), explained under the table
+NOISY = "~"
+NOISY_NOTE = (
+    f"**{NOISY}** marks a noisy figure: its 95% interval over seeds is wider than the figure itself "
+    "(half-width above the mean), so the seeds disagree by more than the value and neither it nor its "
+    "order against another row can be trusted; run more seeds (`--seeds`) or more steps before reading it."
+)
+
+
 def cell(key: str, iv: Interval | None) -> str:
     """A metric over seeds: ``mean ± half`` (just the mean for one seed, or when
-    every seed gave the same value)."""
+    every seed gave the same value); ``mean [lo, hi]`` when the metric's range
+    clips the interval (an accuracy's at 1); prefixed with :data:`NOISY` when the
+    interval is wider than the mean."""
     if iv is None:
         return "-"
     if iv.half is None or iv.half == 0:
         return fmt(key, iv.mean)
-    if key == "time_per_step_s" or key == "bytes_per_step":
-        return f"{fmt(key, iv.mean)} ± {fmt(key, iv.half)}"
-    return f"{fmt(key, iv.mean)} ± {fmt(key, iv.half)}"
+    mark = NOISY if iv.noisy else ""
+    if iv.clipped:
+        return f"{mark}{fmt(key, iv.mean)} [{fmt(key, iv.lo)}, {fmt(key, iv.hi)}]"
+    return f"{mark}{fmt(key, iv.mean)} ± {fmt(key, iv.half)}"
+
+
+def references(summary: Summary) -> list[str]:
+    """The rows the defended rows' cost is measured against, in table order."""
+    return list(dict.fromkeys(r["reference"] for r in summary.runs if r.get("reference")))
+
+
+def cost_note(refs: Sequence[str]) -> str:
+    """report.md's note on the cost-of-defense columns, naming the reference rows."""
+    named = ", ".join(f"`{md_cell(r)}`" for r in refs)
+    return (
+        "- **MP drop vs ref**, **s/step vs ref**, **bytes vs ref**: what a defense costs against its "
+        "reference row, the undefended protocol on the same dataset and backend (else `plain`), seed by "
+        "seed: the main performance lost in points (positive = lost), and the time and bytes per step as "
+        f"multiples of the reference's. Reference row{'s' if len(refs) > 1 else ''}: {named}."
+    )
+
+
+def any_noisy(summary: Summary) -> bool:
+    """Whether some figure of the table is noisy (its cell carries :data:`NOISY`)."""
+    return any(iv is not None and iv.noisy for g in summary.groups for iv in g.metrics.values())
 
 
 def _table_rows(summary: Summary) -> tuple[list[tuple[str, str]], list[list[str]]]:
@@ -81,7 +114,8 @@ def _table_rows(summary: Summary) -> tuple[list[tuple[str, str]], list[list[str]
 
 def print_summary(summary: Summary, title: str = "securevfl compare") -> None:
     head, body = _table_rows(summary)
-    t = Table(title=escape(title))
+    note = NOISY_NOTE.replace("**", "").replace("`", "")
+    t = Table(title=escape(title), caption=escape(note) if any_noisy(summary) else None)
     for key, name in head:
         t.add_column(name, justify="left" if key in TEXT else "right")
     for line in body:
@@ -174,6 +208,7 @@ def write_comparison(
         ),
     }
     paths.update({k: v for k, v in figures.items() if v is not None})
+    refs = references(summary)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = [f"# {title} ({stamp})", "", markdown_summary(summary), ""]
     body += [
@@ -196,6 +231,11 @@ def write_comparison(
         "1 / (1 + sqrt(0.5 (AP - AP_chance)^2 + 0.5 (MP - MP_ref)^2)), MP_ref being the undefended run "
         "on the same backend and seed; 1 = attacker at chance with no utility lost.",
         "- **s/step** at the active party; **bytes/step** summed over every rank's ledger.",
+        *([cost_note(refs)] if refs else []),
+        "- `mean ± half`: the mean over seeds and its 95% interval; `mean [lo, hi]`: that interval cut "
+        "to the metric's range (accuracy, AUC and DCS in [0, 1], an attack's score at most 1, times and "
+        "bytes at least 0).",
+        *([f"- {NOISY_NOTE}"] if any_noisy(summary) else []),
         "",
         "## What it shows",
         "",

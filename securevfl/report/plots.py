@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,26 @@ def utility_interval(g: Group) -> tuple[Interval | None, str]:
     return g.metrics.get("test_accuracy"), "test accuracy"
 
 
-def _err(iv: Interval | None) -> float:
-    return 0.0 if iv is None or iv.half is None else iv.half
+def _errs(ivs: Sequence[Interval | None]) -> list[list[float]]:
+    """matplotlib's asymmetric error bars (below, above each mean) of ``ivs``:
+    each interval as clipped to its metric's range (an accuracy's stops at 1)."""
+    pairs = [
+        (0.0, 0.0) if iv is None or iv.lo is None or iv.hi is None else (iv.mean - iv.lo, iv.hi - iv.mean)
+        for iv in ivs
+    ]
+    return [[b for b, _ in pairs], [a for _, a in pairs]]
+
+
+#: a character's mean width in ems, in matplotlib's default sans-serif font (a wide estimate)
+CHAR_EM = 0.6
+
+
+def wrap_title(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` broken into lines that fit ``width_in`` inches at ``fontsize``
+    points, so that a long title (a protocol's name with its grid point) wraps
+    instead of running past the figure's edge, where it would be clipped."""
+    chars = max(16, int(width_in * 72 / (fontsize * CHAR_EM)))
+    return textwrap.fill(text, chars, break_on_hyphens=False)
 
 
 def plot_privacy_utility(summary: Summary, path: Path) -> Path | None:
@@ -54,14 +74,20 @@ def plot_privacy_utility(summary: Summary, path: Path) -> Path | None:
             if ap is None or mp is None:
                 continue
             marker = "o" if g.text.get("defenses") == "none" else "^"
-            ax.errorbar(ap.mean, mp.mean, xerr=_err(ap), yerr=_err(mp), fmt=marker, ms=5, capsize=2)
+            ax.errorbar(ap.mean, mp.mean, xerr=_errs([ap]), yerr=_errs([mp]), fmt=marker, ms=5, capsize=2)
             ax.annotate(g.label, (ap.mean, mp.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axvline(summary.chance.get(a, 0.0), color="grey", lw=0.8, ls="--")
-        ax.set_title(a, fontsize=10)
+        ax.set_title(wrap_title(a, 4.2, 10), fontsize=10)
         ax.set_xlabel("attack performance (AP; dashed = chance)")
         ax.set_ylabel("main performance (test AUC or accuracy)")
         ax.grid(alpha=0.3)
-    fig.suptitle("privacy-utility: o = no defense, ^ = defended; bars: 95% interval over seeds")
+    fig.suptitle(
+        wrap_title(
+            "privacy-utility: o = no defense, ^ = defended; bars: 95% interval over seeds",
+            4.6 * len(attacks),
+            12,
+        )
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     return path
@@ -93,7 +119,8 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
     attacks: list[str | None] = [*summary.attacks] or [None]
     if not panels:
         return None
-    fig = Figure(figsize=(max(6.0, 4.4 * len(attacks)), 3.8 * len(panels)))
+    width = max(6.0, 4.4 * len(attacks))
+    fig = Figure(figsize=(width, 3.8 * len(panels)))
     grid = fig.subplots(len(panels), len(attacks), squeeze=False)
     for i, (base, key) in enumerate(panels):
         mine = [g for g in summary.groups if g.base == base and key in g.point]
@@ -116,7 +143,7 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
                 ax.errorbar(
                     x,
                     [m.mean if m else np.nan for m, _ in mps],
-                    yerr=[_err(m) for m, _ in mps],
+                    yerr=_errs([m for m, _ in mps]),
                     marker="o",
                     capsize=3,
                     label=f"{name} {tag}".strip(),
@@ -126,7 +153,7 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
                     ax.errorbar(
                         x,
                         [m.mean if m else np.nan for m in aps],
-                        yerr=[_err(m) for m in aps],
+                        yerr=_errs(aps),
                         marker="s",
                         ls="--",
                         capsize=3,
@@ -135,7 +162,7 @@ def plot_grid_curves(summary: Summary, axes_of: dict[str, list[str]], path: Path
             if a is not None:
                 ax.axhline(summary.chance.get(a, 0.0), color="grey", lw=0.8, ls=":")
             ax.set_xlabel(short)
-            ax.set_title(f"{base}: {a or 'utility'}", fontsize=9)
+            ax.set_title(wrap_title(f"{base}: {a or 'utility'}", width / len(attacks) - 0.4, 9), fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(
@@ -162,7 +189,7 @@ def plot_cost(summary: Summary, path: Path) -> Path | None:
     ):
         ivs = [g.metrics.get(key) for g in gs]
         vals = [iv.mean * scale if iv else np.nan for iv in ivs]
-        errs = [_err(iv) * scale for iv in ivs]
+        errs = np.array(_errs(ivs)) * scale
         # bars grow from a decade below the smallest value, so every bar has a visible length
         finite = [v for v in vals if np.isfinite(v) and v > 0]
         left = 10 ** math.floor(math.log10(min(finite))) / 10 if finite else 1e-3
@@ -170,7 +197,7 @@ def plot_cost(summary: Summary, path: Path) -> Path | None:
             y,
             [v - left for v in vals],
             left=left,
-            xerr=errs if any(errs) else None,
+            xerr=errs if errs.any() else None,
             color=[colors.get(str(g.text.get("backend")), "tab:grey") for g in gs],
             capsize=2,
         )
@@ -185,7 +212,10 @@ def plot_cost(summary: Summary, path: Path) -> Path | None:
         ax.grid(alpha=0.3, axis="x")
     ax_t.set_yticks(y, [g.label for g in gs], fontsize=7)
     ax_t.invert_yaxis()
-    fig.suptitle("cost per training step; colour = backend; bars: 95% interval over seeds", fontsize=9)
+    fig.suptitle(
+        wrap_title("cost per training step; colour = backend; bars: 95% interval over seeds", 10, 9),
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     return path
@@ -227,7 +257,12 @@ def plot_digit_grid(grids: list[tuple[str, Path]], path: Path, n: int = 10) -> P
         for ax in row:
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.suptitle("feature reconstruction by the active party: true vs reconstructed (test rows)", fontsize=9)
+    fig.suptitle(
+        wrap_title(
+            "feature reconstruction by the active party: true vs reconstructed (test rows)", 0.9 * n, 9
+        ),
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=130, bbox_inches="tight")
     return path

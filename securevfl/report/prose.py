@@ -30,13 +30,16 @@ NEAR_MAJORITY = 0.01
 
 
 def show(iv: Interval | None, digits: int = 2) -> str:
-    """``0.83 ± 0.02`` (no ± for one seed)."""
+    """``0.83 ± 0.02`` (no ± for one seed); ``0.98 [0.93, 1.00]`` when the
+    metric's range clips the interval."""
     if iv is None:
         return "n/a"
     if math.isinf(iv.mean):
         return "inf"
     if not iv.half:  # one seed, or every seed the same
         return f"{iv.mean:.{digits}f}"
+    if iv.clipped and iv.lo is not None and iv.hi is not None:
+        return f"{iv.mean:.{digits}f} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
     return f"{iv.mean:.{digits}f} ± {iv.half:.{digits}f}"
 
 

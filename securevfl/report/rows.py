@@ -1,7 +1,9 @@
 """One comparison row per run, from its result record alone: utility beside its
 trivial baseline (the test rows' majority rate), privacy spent, claimed and measured
 (:mod:`securevfl.report.audit`), what each attack achieved, the defense capability
-score (DCS) and cost; and how each value is shown. Pure functions over result records."""
+score (DCS), cost, and a defended run's cost against its reference (the undefended
+run it is measured against: utility lost, time and bytes per step as multiples);
+and how each value is shown. Pure functions over result records."""
 
 from __future__ import annotations
 
@@ -36,6 +38,31 @@ OPTIONAL = {"test_r2", "test_rmse", "test_majority_rate"}
 BOUND = "eps_attack:"
 EPSILONS = {"epsilon", "eps_release", "eps_lower"}
 METRICS_BASE = [k for k, _ in BASE if k not in TEXT]
+#: a defended run against its reference (:func:`reference_for`), shown when some run has one
+COST: list[tuple[str, str]] = [
+    ("mp_drop", "MP drop vs ref"),
+    ("time_ratio", "s/step vs ref"),
+    ("bytes_ratio", "bytes vs ref"),
+]
+COST_KEYS = [k for k, _ in COST]
+#: metrics that are shares of the test rows, or ROC AUCs: in [0, 1]
+UNIT = {"test_accuracy", "test_majority_rate", "test_auc"}
+#: metrics that are counts, durations or epsilons: at least 0
+NONNEGATIVE = {"time_per_step_s", "bytes_per_step", "test_rmse", *EPSILONS}
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """The range a metric's values lie in, which its interval over seeds is
+    clipped to: accuracies and AUCs in [0, 1]; an attack's score (AUC, accuracy,
+    or 1 - normalized MSE, which may be negative) and R² at most 1; DCS in
+    [0, 1]; times, bytes, RMSE and epsilons at least 0."""
+    if key in UNIT or key == "dcs":
+        return (0.0, 1.0)
+    if key.startswith("attack:") or key == "test_r2":
+        return (-math.inf, 1.0)
+    if key in NONNEGATIVE or key in ("time_ratio", "bytes_ratio") or key.startswith(BOUND):
+        return (0.0, math.inf)
+    return (-math.inf, math.inf)
 
 
 def human_bytes(n: float) -> str:
@@ -55,6 +82,10 @@ def fmt(key: str, value: Any) -> str:
         return f"{value * 1000:.2f} ms" if value < 1 else f"{value:.2f} s"
     if key == "bytes_per_step":
         return human_bytes(value)
+    if key == "mp_drop":
+        return f"{value * 100:.1f} pts"
+    if key in ("time_ratio", "bytes_ratio"):
+        return f"{value:.2f}x"
     if isinstance(value, float):
         return (
             f"{value:.4f}"
@@ -118,6 +149,27 @@ def reference_for(result: dict[str, Any], results: list[dict[str, Any]]) -> dict
     return same[0] if same else None
 
 
+def _ratio(value: Any, base: Any) -> float | None:
+    ok = isinstance(value, int | float) and isinstance(base, int | float) and base > 0
+    return value / base if ok else None
+
+
+def defense_cost(result: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, float | None]:
+    """What a defended run costs against its reference ``ref`` (the undefended
+    run of :func:`reference_for`): ``mp_drop``, the main performance lost (the
+    reference's minus the run's: positive = lost), and its time and bytes per
+    step as multiples of the reference's. None for an undefended run (it is a
+    reference) or without one."""
+    if ref is None or is_reference(result):
+        return dict.fromkeys(COST_KEYS)
+    mp, mp_ref = utility(result), utility(ref)
+    return {
+        "mp_drop": mp_ref - mp if mp is not None and mp_ref is not None else None,
+        "time_ratio": _ratio(result.get("time_per_step_s"), ref.get("time_per_step_s")),
+        "bytes_ratio": _ratio(result.get("bytes_per_step"), ref.get("bytes_per_step")),
+    }
+
+
 def rows(
     results: list[dict[str, Any]], attacks: Sequence[str] | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -143,6 +195,8 @@ def rows(
             if ap is not None and mp is not None and mp_ref is not None and not math.isnan(ap):
                 scores.append(dcs(mp, ap, mp_ref, ap_ideal=attack_chance(a, rec)))
         row["dcs"] = sum(scores) / len(scores) if scores else None
+        row.update(defense_cost(r, ref))
+        row["reference"] = ref.get("protocol") if ref is not None and not is_reference(r) else None
         out.append(row)
     return out, attacks
 
@@ -155,4 +209,5 @@ def columns(attacks: Sequence[str], present: set[str] | None = None) -> list[tup
     cut = [k for k, _ in base].index("audit") + 1
     bounds = [(f"{BOUND}{a}", f"eps≥ {a}") for a in attacks if f"{BOUND}{a}" in have]
     head = base[:cut] + bounds + [(f"attack:{a}", f"AP {a}") for a in attacks]
-    return head + ([("dcs", "DCS")] if attacks else []) + base[cut:]
+    cost = [(k, h) for k, h in COST if k in have]
+    return head + ([("dcs", "DCS")] if attacks else []) + base[cut:] + cost

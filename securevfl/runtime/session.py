@@ -69,7 +69,10 @@ class Session:
     throw-away one if None); ``pins`` overrides the protocol's pins (the local
     launcher pins the throw-away keys it hands its ranks). Without ``pins`` the
     protocol's pins apply, required by :func:`.claims.pins_required` (a
-    rendezvous that is not a loopback address makes the run span hosts)."""
+    rendezvous that is not a loopback address makes the run span hosts).
+    ``echo``: whether :meth:`report` prints this rank's error to stderr; the
+    local launcher's ranks share its terminal and leave it to the launcher,
+    which reports the root cause once (:mod:`securevfl.app.failures`)."""
 
     def __init__(
         self,
@@ -83,8 +86,10 @@ class Session:
         identity: Identity | None = None,
         pins: dict[int, str] | None = None,
         purpose: str = "train",
+        echo: bool = True,
     ):
         self.proto = proto
+        self.echo = echo
         self.purpose = purpose
         self.resume = resume
         # set by the handshake: the run's id, and the checkpoint epoch every rank resumes from
@@ -235,7 +240,7 @@ class Session:
     # -- reporting ---------------------------------------------------------------------
     def report(self, exc: BaseException) -> None:
         """Publish this rank's error (for peers), write it to its error file and
-        stderr. Only the first report counts. A process that never claimed its
+        (with ``echo``) stderr. Only the first report counts. A process that never claimed its
         rank (a duplicate) keeps the report out of the store: the error is its
         own, not the run's."""
         with self._report_lock:
@@ -244,11 +249,18 @@ class Session:
             self._reported = True
         note = error_note(self.rank, exc)
         write_error_file(self.out_dir, note)
-        print(f"securevfl: rank {self.rank} ({self.role.label}): {note.message}", file=sys.stderr, flush=True)
-        if note.detail:
+        if self.echo:
             print(
-                f"securevfl: rank {self.rank}, for its owner only: {note.detail}", file=sys.stderr, flush=True
+                f"securevfl: rank {self.rank} ({self.role.label}): {note.message}",
+                file=sys.stderr,
+                flush=True,
             )
+            if note.detail:
+                print(
+                    f"securevfl: rank {self.rank}, for its owner only: {note.detail}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if self.store is not None and self._claimed and self.seat.nonce:
             try:
                 self.store.set(f"err/{self.rank}", self.seat.signed(note.public().model_dump_json(), "error"))

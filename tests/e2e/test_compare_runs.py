@@ -7,6 +7,7 @@ refused with its path before anything runs."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -39,7 +40,8 @@ def test_seeds_grid_cache_and_rerun_of_one_deleted_run(tmp_path) -> None:
     first = cli(*args)
     assert first.returncode == 0, first.stderr
     assert "2 runs, 0 already done" in first.stderr and "[2/2] tiny_ldp[epsilon=4] seed 1" in first.stderr
-    assert "±" in first.stdout  # mean and interval per metric
+    # mean and interval per metric: "mean ± half", or "mean [lo, hi]" where the metric's range cuts it
+    assert re.search(r"(?:± |\s\[)\d", first.stdout)
     doc = json.loads((out / "compare.json").read_text())
     assert [g["protocol"] for g in doc["protocols"]] == ["tiny_ldp[epsilon=4]"]
     assert len(doc["runs"]) == 2 and [r["seed"] for r in doc["runs"]] == [0, 1]
@@ -90,3 +92,23 @@ def test_unknown_grid_key_is_refused_with_its_path_before_any_run(tmp_path, caps
     assert code == 2 and "Traceback" not in err
     assert "training.epochz" in err and "unknown key" in err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_defense_sweep_keeps_the_undefended_protocol_as_its_reference_row(tmp_path) -> None:
+    """``compare base.yaml ldp.yaml --grid EPS=...``: the grid expands the defended
+    protocol only; the undefended one runs once, as the reference row, and the
+    report measures each point of the sweep against it."""
+    doc = small_digits(epochs=1, batch_size=256, max_steps=2)
+    doc["name"] = "tiny_base"
+    base, out = write_yaml(tmp_path / "base.yaml", doc), tmp_path / "cmp"
+    p = cli("compare", str(base), str(_tiny(tmp_path)), "--grid", f"{EPS}=1,4", "--out", str(out), "--quiet")
+    assert p.returncode == 0, p.stderr
+    err = " ".join(p.stderr.split())
+    assert "3 runs" in err and "tiny_base: the grid's" in err and "as the undefended reference row" in err
+    doc_ = json.loads((out / "compare.json").read_text())
+    labels = [g["protocol"] for g in doc_["protocols"]]
+    assert labels == ["tiny_base", "tiny_ldp[epsilon=1]", "tiny_ldp[epsilon=4]"]
+    assert [r["reference"] for r in doc_["runs"]] == [None, "tiny_base", "tiny_base"]
+    assert all(r["time_ratio"] > 0 and r["bytes_ratio"] > 0 for r in doc_["runs"][1:])
+    assert "vs ref" in p.stdout and "Reference row: `tiny_base`." in (out / "report.md").read_text()

@@ -5,11 +5,13 @@ beside the protocol file (tests/support/usercode, copied next to each test's
 file), trains through ``securevfl run`` (on ``plain``, ``mpc``, ``ckks`` and
 ``paillier``) and through ``securevfl party`` processes that allow it (on
 ``plain``, ``mpc`` and ``ckks``). The module records every process that imports
-it and every call, which shows that only the passive parties' ranks import and
-run it (never the active rank, the dealer or the launcher). A party refuses code
-its invocation does not allow, before anything is imported; a factory that
-cannot be imported, raises, returns no module or one of the wrong width stops
-the run with exit code 2 naming the party and the factory, without a traceback.
+it and every call, which shows that only the passive parties' ranks run it
+(never the active rank, the dealer or the launcher, which imports it to check it
+at load). A party refuses code its invocation does not allow, before anything is
+imported; a factory that cannot be imported or called as named is refused at
+load, before any rank starts; one that raises, returns no module or one of the
+wrong width stops the run with exit code 2 naming the party and the factory,
+once, without a traceback.
 A plugin's defense and attack are known to ``validate`` and run in ``compare``.
 The factory is called again for prediction and for a resumed run, which then
 equals an uninterrupted one."""
@@ -96,8 +98,11 @@ def test_a_factory_beside_the_file_trains_under_run_in_the_passive_ranks_alone(t
     pids = rank_pids(out)
     assert len(pids) == (4 if backend == "mpc" else 3)
     passive = {pids[1], pids[2]}
-    # each passive rank imported and called its own factory; no other process imported it
-    assert marks(seen, "call") == passive and marks(seen, "import") == passive
+    # each passive rank imported and called its own factory; no other rank imported it, and the
+    # launcher imported it once to check it at load, without calling it
+    assert marks(seen, "call") == passive
+    launcher = marks(seen, "import") - passive
+    assert len(launcher) == 1 and not launcher & set(pids.values())
 
 
 def _allow(*modules: str) -> list[str]:
@@ -187,7 +192,6 @@ def test_a_party_refuses_code_its_invocation_does_not_allow(tmp_path: Path, monk
 @pytest.mark.parametrize(
     ("factory", "says"),
     [
-        ("broken_models:bottom", "module 'broken_models' failed while it was imported (ImportError)"),
         ("my_models:raising", "factory 'my_models:raising' raised ValueError"),
         ("my_models:not_a_module", "factory 'my_models:not_a_module' returned a dict, not a torch.nn.Module"),
         ("my_models:wrong_width", "to shape (8, 5); the exchange needs (8, 4)"),
@@ -203,6 +207,33 @@ def test_a_factory_that_cannot_build_the_bottom_stops_the_run_naming_party_and_f
     assert "rank 1 (passive 'left')" in err and f"bottom model of party 'left': factory '{factory}'" in err
     assert says in err and "at 'parties.passive[0].model" in err
     assert "Traceback" not in p.stderr
+    assert err.count(says) == 1, p.stderr  # reported once, by the launcher, not by every rank as well
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        (
+            {"factory": "broken_models:bottom"},
+            "module 'broken_models' failed while it was imported (ImportError)",
+        ),
+        ({"factory": "my_models:botom"}, "module 'my_models' has no 'botom'"),
+        ({"factory": "my_models:bottom", "params": {"hiden": 8}}, "unexpected keyword argument 'hiden'"),
+    ],
+)
+def test_a_factory_that_cannot_be_called_as_named_is_refused_before_any_rank_starts(
+    tmp_path: Path, model: dict[str, Any], says: str
+):
+    doc = user_doc("plain")
+    doc["parties"]["passive"][0]["model"] = {**model, "out": 4}
+    proto = bundle(tmp_path / "bundle", doc)
+    out = tmp_path / "out"
+    p = cli("run", str(proto), "--out", str(out), "--quiet")
+    assert p.returncode == 2, p.stderr[-3000:]
+    err = " ".join(p.stderr.split())  # the message is wrapped
+    assert "at 'parties.passive[0].model.factory': bottom model of party 'left': factory" in err
+    assert err.count(says) == 1 and "Traceback" not in p.stderr
+    assert not (out / "ranks").exists()  # no rank started
 
 
 def test_a_plugin_defense_and_attack_in_validate_and_compare(tmp_path: Path):
@@ -262,7 +293,9 @@ def test_a_factory_model_is_saved_and_called_again_for_prediction(tmp_path: Path
         for f in (pred / "ranks").glob("rank*.predict_summary.json")
     }
     assert predicting == {summaries[1], summaries[2]}
-    assert marks(seen, "import") == trained | predicting
+    # besides those ranks, each launcher (run, predict) imported it to check it at load
+    launchers = marks(seen, "import") - trained - predicting
+    assert len(launchers) == 2 and not launchers & set(summaries.values())
 
 
 @pytest.mark.slow

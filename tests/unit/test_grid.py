@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 
 from securevfl.app.comparison import Source, plan
-from securevfl.app.grid import apply_point, check_axis, parse_axis, point_label, points, split_values
+from securevfl.app.grid import (
+    apply_point,
+    check_axis,
+    missing_element,
+    parse_axis,
+    point_label,
+    points,
+    split_values,
+)
 from securevfl.errors import ConfigError
 from tests.support.protocols import PROTOCOLS, small_digits, write_yaml
 
@@ -158,3 +166,38 @@ def test_a_star_grid_plans_one_run_per_value(tmp_path) -> None:
         [1, 1],
         [10, 10],
     ]
+
+
+def test_missing_element_names_the_list_element_a_key_goes_through() -> None:
+    doc = small_digits()
+    assert missing_element(doc, parse_axis(f"{EPS}=1").path) == "parties.active.defenses[0]"
+    assert missing_element(doc, parse_axis(f"{EVERY_EPS}=1").path) == "parties.passive[*].defenses[0]"
+    assert missing_element(doc, parse_axis("training.momentum=0.9").path) is None  # a key is created
+    assert missing_element(_embedding_dp_doc(), parse_axis(f"{EVERY_EPS}=1").path) is None
+
+
+def test_a_grid_leaves_a_protocol_without_its_key_unexpanded_as_the_reference(tmp_path) -> None:
+    """``compare plain.yaml defended.yaml --grid DEFENSE_KEY=...``: the sweep
+    expands the defended protocol and the undefended one runs once beside it, as
+    the reference row, and the plan says so; an axis both have expands both."""
+    undefended = small_digits()
+    undefended["name"] = "base"
+    base = write_yaml(tmp_path / "base.yaml", undefended)
+    ldp = _label_dp_file(tmp_path)
+    eps = parse_axis(f"{EPS}=0.5,2")
+    said: list[str] = []
+    p = plan("t", [Source(base, (), (eps,)), Source(ldp, (), (eps,))], [0], tmp_path / "out", say=said.append)
+    assert [r.label for r in p.runs] == ["base", "plain[epsilon=0.5]", "plain[epsilon=2]"]
+    assert p.runs[0].folder == tmp_path / "out" / "base" / "seed0" and p.runs[0].point == {}
+    assert p.axes == {"base": [], "plain": [EPS]}
+    assert said[-1] == (
+        f"base: the grid's '{EPS}' (it has no parties.active.defenses[0]) does not apply to it; it runs "
+        "once, as the undefended reference row the defended rows are measured against"
+    )
+    lr = parse_axis("training.lr=0.01,0.003")
+    said.clear()
+    p = plan(
+        "t", [Source(base, (), (eps, lr)), Source(ldp, (), (eps, lr))], [0], tmp_path / "out", say=said.append
+    )
+    assert [r.label for r in p.runs][:2] == ["base[lr=0.01]", "base[lr=0.003]"] and len(p.runs) == 6
+    assert any(s.endswith("it is expanded by the other axes only") for s in said)

@@ -13,8 +13,8 @@ import pytest
 from securevfl.app.failures import RANK_CRASHED, explain_failure
 from securevfl.app.loader import load_protocol_dict
 from securevfl.app.rank_layout import layout_of
-from securevfl.errors import OutputError, PartyFailure
-from securevfl.runtime.session import ErrorNote, write_error_file
+from securevfl.errors import OutputError, PartyFailure, UserCodeError
+from securevfl.runtime.session import ErrorNote, Session, write_error_file
 from tests.support.protocols import load_yaml
 
 LAYOUT = layout_of(load_protocol_dict(load_yaml("plain.yaml")))
@@ -70,3 +70,24 @@ def test_no_report_and_a_writable_folder(tmp_path, code):
         text == f"ranks exited with codes {bad} before writing an error report; their messages are on stderr"
     )
     assert not list((tmp_path / "ranks").iterdir())  # the probe is gone
+
+
+def test_a_local_ranks_failure_reaches_the_terminal_once(tmp_path, capsys):
+    """A factory that raises in rank 1: that rank and the peers that hear of it
+    write their error files, and under the local launcher (``echo=False``) print
+    nothing; the launcher's one error names the root cause and its detail once.
+    A ``securevfl party`` rank (``echo`` by default) prints its own."""
+    proto = load_protocol_dict(load_yaml("plain.yaml"))
+    says = "bottom model of party 'left': factory 'my_models:raising' raised ValueError"
+    root = UserCodeError(says, path="parties.passive[0].model", detail="ValueError: no model (line 3)")
+    sessions = {r: Session(proto, LAYOUT, r, "tcp://127.0.0.1:29500", tmp_path, echo=False) for r in range(3)}
+    sessions[1].report(root)
+    for r in (0, 2):
+        sessions[r].report(PartyFailure(f"rank 1 (passive 'left') failed: {root}", rank=1))
+    assert capsys.readouterr().err == ""
+    text = str(explain_failure(LAYOUT, tmp_path, {0: 3, 1: 2, 2: 3}))
+    assert text.count(says) == 1 and text.startswith("rank 1 (passive 'left'): ")
+    assert "[ValueError: no model (line 3)]" in text
+    Session(proto, LAYOUT, 1, "tcp://127.0.0.1:29500", tmp_path / "party").report(root)
+    err = capsys.readouterr().err
+    assert err.count(says) == 1 and "for its owner only: ValueError: no model (line 3)" in err

@@ -16,6 +16,7 @@ import yaml
 from securevfl import plugins
 from securevfl.app.loader import OWN, load_protocol, load_protocol_dict, needed_code
 from securevfl.attacks import ATTACKS
+from securevfl.cli import main
 from securevfl.components import components_of
 from securevfl.data.catalog import DATASETS
 from securevfl.defenses import DEFENSES
@@ -49,6 +50,15 @@ class Halve(Defense[HalveOptions]):
 @register_model({model!r})
 def tiny(in_features, out, *, width=4):
     return nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, out))
+
+def tiny_bottom(in_features, out, *, width=4):
+    return tiny(in_features, out, width=width)
+
+class Wide(nn.Module):
+    def __init__(self, in_features, out, depth):
+        super().__init__()
+
+NOT_CALLABLE = 3
 """
 
 
@@ -109,14 +119,13 @@ def test_an_allowed_plugin_registers_what_the_protocol_uses(plugin):
 
 def test_a_protocol_file_allows_its_own_modules_in_the_local_launcher(plugin):
     doc = plugin["doc"]
-    doc["parties"]["passive"][1]["model"] = {"factory": "my_models:bottom", "out": 16}
+    doc["parties"]["passive"][1]["model"] = {"factory": f"{plugin['name']}:tiny_bottom", "out": 16}
     f = plugin["dir"] / "p.yaml"
     f.write_text(yaml.safe_dump(doc))
     proto = load_protocol(f, allow=OWN)
     code = components_of(proto).code
-    assert code.allows(plugin["name"]) and code.allows("my_models") and not code.allows("numpy")
+    assert code.allows(plugin["name"]) and not code.allows("numpy")
     assert code.beside == str(plugin["dir"].resolve())
-    assert "my_models" not in sys.modules  # a factory is imported by its party's rank, not the loader
 
 
 def test_a_party_checks_its_own_factories_with_the_plugins_before_importing(plugin):
@@ -258,3 +267,67 @@ def test_a_registered_task_is_named_by_the_protocol_and_reads_its_labels():
 
     with pytest.raises(TypeError, match="needs 'has_classes'"):
         plugins.register_task(NoKind)
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ({"factory": "{name}:tiny_botom"}, "module '{name}' has no 'tiny_botom'"),
+        ({"factory": "{name}x:tiny_bottom"}, "no module named '{name}x' (looked on the Python path)"),
+        ({"factory": "{name}:NOT_CALLABLE"}, "factory '{name}:NOT_CALLABLE' is not callable (a int)"),
+        (
+            {"factory": "{name}:tiny_bottom", "params": {"widht": 6}},
+            "cannot be called as factory(in_features, out, **params) with params ['widht']: got an "
+            "unexpected keyword argument 'widht'",
+        ),
+        ({"factory": "{name}:Wide"}, "with no params: missing a required argument: 'depth'"),
+    ],
+)
+def test_a_factory_that_cannot_be_called_is_refused_at_load_naming_its_field(plugin, model, says):
+    """Where the process may import the factory's module (the local launcher: the
+    file's own; validate: what --allow-plugin allows), a misspelt module,
+    attribute or option is refused when the file is loaded, before any rank
+    starts, naming the field; nothing is called."""
+    name = plugin["name"]
+    doc = plugin["doc"]
+    doc["parties"]["passive"][1]["model"] = {
+        **{k: v.format(name=name) if isinstance(v, str) else v for k, v in model.items()},
+        "out": 16,
+    }
+    f = plugin["dir"] / "p.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    # a misspelt module is not one validate's --allow-plugin allows: left to its owner's rank
+    for allow in (OWN,) if "no module" in says else (OWN, [plugin["file"]]):
+        with pytest.raises(UserCodeError) as err:
+            load_protocol(f, allow=allow)
+        assert err.value.path == "parties.passive[1].model.factory", err.value
+        assert says.format(name=name) in str(err.value)
+        assert "bottom model of party 'right': factory" in str(err.value)
+
+
+def test_a_factory_is_checked_only_where_its_module_may_be_imported(plugin):
+    """validate without the factory's module allowed, and a party whose peer's
+    factory it may not import, leave it to its owner's rank."""
+    other = plugin["dir"] / "theirs.py"
+    other.write_text(f"open({str(plugin['marks'])!r}, 'a').write('theirs\\n')\n")
+    doc = plugin["doc"]
+    doc["parties"]["passive"][1]["model"] = {"factory": "theirs:missing", "out": 16}
+    f = plugin["dir"] / "p.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    load_protocol(f, allow=[plugin["file"]])  # validate --allow-plugin PLUGIN
+    load_protocol(f, allow=[plugin["file"]], rank=1)  # the left party's rank
+    assert "theirs" not in plugin["marks"].read_text() and "theirs" not in sys.modules
+    with pytest.raises(UserCodeError, match="has no 'missing'"):
+        load_protocol(f, allow=OWN)
+    sys.modules.pop("theirs", None)
+
+
+def test_validate_refuses_a_misspelt_factory_with_exit_code_2(plugin, capsys):
+    doc = plugin["doc"]
+    doc["parties"]["passive"][1]["model"] = {"factory": f"{plugin['name']}:tiny_botom", "out": 16}
+    f = plugin["dir"] / "p.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(f), "--allow-plugin", plugin["file"]]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "at 'parties.passive[1].model.factory'" in err and "has no 'tiny_botom'" in err
+    assert "Traceback" not in err
