@@ -78,18 +78,16 @@ class FolderLock:
     fd: int | None
 
     @classmethod
-    def take(cls, out: Path, *, flag: str = "--out") -> FolderLock | None:
-        """Lock ``out`` (created if missing) or raise :class:`ConfigError` naming
-        the run that holds it. None where no lock file can be made (a folder that
-        cannot be written: :func:`check_writable` refuses it with its reason) or
-        the file system has no locks."""
+    def take(cls, out: Path, *, flag: str = "--out") -> FolderLock:
+        """Lock ``out`` (created if missing) or raise :class:`ConfigError` (path
+        ``flag``): naming the run that holds it; or saying why no lock can be
+        taken (a folder that cannot be written, a ``.securevfl-lock`` that is a
+        folder, a link or anything but a regular file, a file system without
+        ``flock``). A run that cannot lock its folder does not run: two such
+        runs would both report success with one result lost."""
         lock = Path(out) / LOCK_FILE
         while True:
-            try:
-                Path(out).mkdir(parents=True, exist_ok=True)
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            except OSError:
-                return None
+            fd = _open_lock(Path(out), lock, flag)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -100,9 +98,14 @@ class FolderLock:
                     "to end, or choose another folder",
                     path=flag,
                 ) from None
-            except OSError:  # no locks on this file system
+            except OSError as exc:  # ENOLCK, EOPNOTSUPP: no locks on this file system
                 os.close(fd)
-                return None
+                raise ConfigError(
+                    f"cannot lock the output folder {out} ({lock}: {exc.strerror or exc}): its file system "
+                    "offers no file locks, and without one a second run into the folder could replace "
+                    "this one's result; choose a folder on a local file system",
+                    path=flag,
+                ) from None
             # the holder before us may have removed the file between our open and our lock
             try:
                 current = os.stat(lock, follow_symlinks=False).st_ino
@@ -130,6 +133,35 @@ class FolderLock:
             self.path.unlink()
         os.close(self.fd)
         self.fd = None
+
+
+def _open_lock(out: Path, lock: Path, flag: str) -> int:
+    """Open (create) the lock file ``lock`` in ``out``, never through a link, and
+    only when it is a regular file; else raise :class:`ConfigError` naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or (
+            lock.is_symlink() or (lock.exists() and not lock.is_file())
+        ):
+            raise _not_a_lock(lock, flag) from None
+        raise ConfigError(
+            f"cannot write to the output folder {out}: {exc.strerror or exc}", path=flag
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_lock(lock, flag)
+    return fd
+
+
+def _not_a_lock(lock: Path, flag: str) -> ConfigError:
+    kind = "a link" if lock.is_symlink() else "a folder" if lock.is_dir() else "not a regular file"
+    return ConfigError(
+        f"{lock} is {kind}, not securevfl's lock file: no run can lock the output folder while it is "
+        "there; remove it, or choose another folder",
+        path=flag,
+    )
 
 
 #: how long a refused run waits for the holder to write who it is (it writes right
@@ -200,8 +232,7 @@ class OutputFolder:
             staging.mkdir()
             return cls(out, staging, staged=True, lock=lock)
         except BaseException:
-            if lock is not None:
-                lock.release()
+            lock.release()
             raise
 
     def release(self) -> None:

@@ -4,6 +4,8 @@ first, and the lock goes with its holder however that ends."""
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from securevfl.app import outdir
 from securevfl.app.outdir import LOCK_FILE, OutputFolder, resume_folder
 from securevfl.errors import ConfigError
 
@@ -110,3 +113,44 @@ def test_another_process_holding_the_folder_is_named_and_its_death_frees_it(tmp_
 def resume_folder_with_checkpoint(out: Path) -> OutputFolder:
     (out / "ranks" / "rank0" / "checkpoints").mkdir(parents=True, exist_ok=True)
     return resume_folder(out, overwrite=False, ranks=range(1))
+
+
+@pytest.mark.parametrize("kind", ["folder", "link", "link to a folder", "fifo"])
+def test_a_lock_path_that_is_no_regular_file_refuses_the_run(tmp_path, kind):
+    """A ``.securevfl-lock`` that is a folder, a link or a FIFO cannot be locked: two
+    runs would both go ahead (one result lost), so the run is refused, naming it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / LOCK_FILE
+    target = tmp_path / "elsewhere"
+    if kind == "folder":
+        lock.mkdir()
+    elif kind == "link":
+        target.write_text("")
+        lock.symlink_to(target)
+    elif kind == "link to a folder":
+        target.mkdir()
+        lock.symlink_to(target)
+    else:
+        os.mkfifo(lock)
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError) as info:
+            OutputFolder.open(out, overwrite=overwrite)
+        assert info.value.path == "--out"
+        assert f"{lock} is " in str(info.value) and "remove it" in str(info.value), str(info.value)
+    with pytest.raises(ConfigError, match="not securevfl's lock file"):
+        resume_folder_with_checkpoint(out)
+    assert not (target.is_file() and target.read_text())  # nothing written through the link
+
+
+def test_a_file_system_without_locks_refuses_the_run(tmp_path, monkeypatch):
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(outdir.fcntl, "flock", no_locks)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as info:
+        OutputFolder.open(out, overwrite=True)
+    assert info.value.path == "--out"
+    assert f"cannot lock the output folder {out}" in str(info.value), str(info.value)
+    assert "No locks available" in str(info.value)
