@@ -9,7 +9,10 @@ the output folder; only when it has finished are securevfl's own earlier files
 removed and the new ones moved into their place. Files securevfl did not write
 are never touched. A run that fails leaves the earlier result as it was and its
 own files in ``OUT/failed-run/``; a launch that dies before either (SIGKILL)
-leaves its staging folder, which the next run in ``OUT`` removes.
+leaves its staging folder, which the next run in ``OUT`` removes. A run into an
+empty folder writes there directly and marks it (``OUT/.securevfl-fresh-<pid>``)
+until it ends; what such a launch killed outright left (no result, no
+checkpoint to resume from) is removed by the next run in ``OUT`` too.
 
 One run at a time: a run holds a lock on its output folder (:class:`FolderLock`,
 ``OUT/.securevfl-lock``) from the moment it opens it until its files are in
@@ -44,6 +47,8 @@ from securevfl.runtime.lifeline import alive
 # machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 STAGING_PREFIX = ".securevfl-staging-"
+# a run writing straight into a fresh (empty) output folder marks it so, until it ends
+FRESH_PREFIX = ".securevfl-fresh-"
 LOCK_FILE = ".securevfl-lock"
 FAILED_RUN = "failed-run"
 # what securevfl writes under an output folder (paths relative to it)
@@ -62,7 +67,11 @@ def is_own(relpath: str) -> bool:
 
 
 def _entries(out: Path, keep: set[Path]) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.name != LOCK_FILE and p.resolve() not in keep)
+    return sorted(
+        p
+        for p in out.iterdir()
+        if p.name != LOCK_FILE and not p.name.startswith(FRESH_PREFIX) and p.resolve() not in keep
+    )
 
 
 @dataclass
@@ -206,6 +215,7 @@ class OutputFolder:
     path: Path
     staged: bool
     lock: FolderLock | None = None
+    fresh: Path | None = None  # the mark of a run written straight into an empty folder
 
     @classmethod
     def open(
@@ -221,11 +231,14 @@ class OutputFolder:
         lock = FolderLock.take(out)
         try:
             sweep_stale_staging(out)
+            sweep_dead_fresh(out)
             check_available(out, overwrite=overwrite, keep=keep, flag=flag)
             check_writable(out)
             kept = {Path(k).resolve() for k in keep}
             if not _entries(out, kept):
-                return cls(out, out, staged=False, lock=lock)
+                mark = out / f"{FRESH_PREFIX}{os.getpid()}"
+                mark.touch()
+                return cls(out, out, staged=False, lock=lock, fresh=mark)
             staging = out / f"{STAGING_PREFIX}{os.getpid()}"
             if staging.exists():
                 shutil.rmtree(staging)
@@ -238,6 +251,10 @@ class OutputFolder:
     def release(self) -> None:
         """Let the output folder's lock go (idempotent; :meth:`commit` and
         :meth:`abandon` do)."""
+        if self.fresh is not None:
+            with contextlib.suppress(OSError):
+                self.fresh.unlink()
+            self.fresh = None
         if self.lock is not None:
             self.lock.release()
 
@@ -334,6 +351,40 @@ def sweep_stale_staging(out: Path) -> list[Path]:
         if p.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
+    return removed
+
+
+def sweep_dead_fresh(out: Path) -> list[Path]:
+    """Remove what a launch that wrote straight into an empty ``out`` left there
+    when it was killed outright (SIGKILL, a power cut): its mark
+    ``.securevfl-fresh-<pid>`` names a process that no longer runs. The folder was
+    empty when that launch began, so securevfl's own files there (:func:`is_own`,
+    the ranks' folders) are that launch's leftovers, and they go; files securevfl
+    did not write stay. Kept, with only the mark removed: a ``result.json`` (the
+    run finished) and a folder with checkpoints (``--resume`` continues from them).
+    The mark of a running process is left alone. Returns the files and folders
+    removed."""
+    removed: list[Path] = []
+    if not out.is_dir():
+        return removed
+    for mark in sorted(out.glob(f"{FRESH_PREFIX}*")):
+        pid = mark.name[len(FRESH_PREFIX) :]
+        if not pid.isdigit() or int(pid) == os.getpid() or alive(int(pid)):
+            continue
+        finished = (out / "result.json").is_file()
+        resumable = any((d / "checkpoints").is_dir() for d in _own_dirs(out))
+        if not (finished or resumable):
+            for f in _own_files(out):
+                f.unlink()
+                removed.append(f)
+            for d in _own_dirs(out):
+                shutil.rmtree(d)
+                removed.append(d)
+            for sub in ("attacks", "ranks"):
+                with contextlib.suppress(OSError):
+                    (out / sub).rmdir()  # only when empty: nothing of the user's goes
+        with contextlib.suppress(OSError):
+            mark.unlink()
     return removed
 
 
