@@ -162,3 +162,30 @@ def test_run_with_nan_in_a_csv_names_party_and_column(tmp_path):
     reported = (out / "ranks" / "rank1.error.json").stat().st_mtime
     assert ended - reported < 20, f"peers took {ended - reported:.1f} s to stop"
     assert elapsed < 60, f"a bad file must fail fast, took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "label", ["../../../../tmp/x", "/tmp/x", "sub/dir/x", "..", ".hidden", "a\\b", "x" * 101]
+)
+def test_an_attack_label_that_is_no_plain_name_is_refused_at_load(tmp_path, capsys, label):
+    """A label names ``OUT/attacks/<label>.npz`` (the victim's true features and their
+    reconstructions): one that is a path, or too long a name, is refused before any
+    rank starts, naming its YAML path, instead of writing outside ``--out`` or failing
+    after training."""
+    doc = load_yaml("demo/5_mpc_embedding_dp.yaml")
+    doc["attacks"][0]["params"]["label"] = label
+    f = write_yaml(tmp_path / "bad.yaml", doc)
+    out = tmp_path / "out"
+    for args in (["validate", str(f)], ["run", str(f), "--out", str(out), "--quiet"]):
+        proc = in_process(capsys, *args)
+        assert_clean_user_error(proc, str(f), "attacks[0].params.label", "is not a plain name")
+    assert not out.exists(), "no rank may start for an invalid protocol"
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_plain_attack_labels_pass(tmp_path, capsys):
+    doc = load_yaml("demo/5_mpc_embedding_dp.yaml")
+    for j, label in enumerate(["recon left", "fr-2.b", "dlg#1", "ü_x"]):
+        doc["attacks"][j % len(doc["attacks"])]["params"]["label"] = label
+        f = write_yaml(tmp_path / f"ok{j}.yaml", doc)
+        assert in_process(capsys, "validate", str(f)).returncode == 0
