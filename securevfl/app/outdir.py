@@ -44,8 +44,11 @@ from securevfl.private_files import PRIVATE_DIR, private_dir
 from securevfl.runtime.lifeline import alive
 
 # what the file system answers when a file cannot be written for reasons of the
-# machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+# machine, not of securevfl: full disk, quota, file size limit, read-only, permissions,
+# a name past the file system's limit
+WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
+)
 STAGING_PREFIX = ".securevfl-staging-"
 # a run writing straight into a fresh (empty) output folder marks it so, until it ends
 FRESH_PREFIX = ".securevfl-fresh-"

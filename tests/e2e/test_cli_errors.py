@@ -189,3 +189,13 @@ def test_plain_attack_labels_pass(tmp_path, capsys):
         doc["attacks"][j % len(doc["attacks"])]["params"]["label"] = label
         f = write_yaml(tmp_path / f"ok{j}.yaml", doc)
         assert in_process(capsys, "validate", str(f)).returncode == 0
+
+
+@pytest.mark.parametrize(("command", "tail"), [("run", "x" * 300), ("compare", "/".join(["y" * 200] * 25))])
+def test_an_out_path_past_the_file_system_limits_is_refused(tmp_path, capsys, command, tail):
+    """A folder name longer than the file system's NAME_MAX (or a path past PATH_MAX)
+    is refused naming the argument, before anything runs: no raw OSError."""
+    out = tmp_path / tail
+    proc = in_process(capsys, command, str(PROTOCOLS / "plain.yaml"), "--out", str(out), "--quiet")
+    assert_clean_user_error(proc, "at 'out'", "its file system allows", "choose a shorter path")
+    assert list(tmp_path.iterdir()) == []
