@@ -70,6 +70,7 @@ from securevfl.errors import ConfigError, SecureVFLError
 from securevfl.parties.predict import ActivePredictor
 from securevfl.privacy.prediction_budget import PredictionSpend
 from securevfl.records import OwnView, RankSummary
+from securevfl.regular_files import what_is
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 
@@ -115,6 +116,9 @@ def parse_data_overrides(items: list[str], proto: Protocol) -> dict[str, Path]:
         if party in out:
             raise ConfigError(f"party '{party}' is given twice", path="--data")
         path = Path(raw).expanduser()
+        kind = what_is(path)
+        if kind is not None:  # /dev/zero would read without end, a named pipe block
+            raise ConfigError(f"party '{party}': {path} is {kind}, not a CSV file", path="--data")
         if not path.is_file():
             raise ConfigError(f"party '{party}': no file at {path}", path="--data")
         out[party] = path.resolve()
