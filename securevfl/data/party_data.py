@@ -62,8 +62,9 @@ class PartyData:
 def _check_header(fh: BinaryIO, path: str, party: str) -> None:
     """Refuse a header that names a column twice: pandas would rename the second
     one (``alcohol.1``) and the party would train on a column it never named.
-    Reads the header of the open file ``fh`` and puts it back at its start."""
-    text = io.TextIOWrapper(fh, encoding="utf-8", errors="replace", newline="")
+    Reads the header of the open file ``fh`` and puts it back at its start. A UTF-8
+    byte order mark is no part of the first name (pandas drops it too)."""
+    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
     try:
         header = next(csv.reader(text), [])
     except (OSError, csv.Error):
