@@ -416,7 +416,8 @@ def predict(
     a crypto backend. ``out``: the folder for predictions.csv and prediction.json
     (not the run's own folder; a folder holding results is refused unless
     ``overwrite``). ``data_dir``: where built-in datasets are materialized
-    (default ``RUN/data``)."""
+    (default: ``RUN/data`` where the training run left them, else a temporary
+    folder removed when the prediction ends; the run's folder is only read)."""
     if isinstance(run, RunResult):
         run_dir = run.folder
     elif isinstance(run, (str, os.PathLike)):

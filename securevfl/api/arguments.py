@@ -21,10 +21,50 @@ def kind_of(value: object) -> str:
     return type(value).__name__
 
 
+#: what a file system allows where it does not say (Linux's NAME_MAX and PATH_MAX)
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def _limit(path: Path, which: str, default: int) -> int:
+    """``pathconf``'s limit for the nearest existing folder of ``path``."""
+    for folder in (path.absolute(), *path.absolute().parents):
+        try:
+            if folder.is_dir():
+                return os.pathconf(folder, which)
+        except (OSError, ValueError):
+            break
+    return default
+
+
+def check_path_fits(path: Path, name: str) -> None:
+    """Refuse a path its file system cannot hold (a name longer than ``NAME_MAX``
+    bytes, the whole longer than ``PATH_MAX``) with a ConfigError naming the
+    argument, not a raw "File name too long" from deep inside a run."""
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
+    name_max = _limit(path, "PC_NAME_MAX", NAME_MAX)
+    if len(os.fsencode(longest)) > name_max:
+        raise ConfigError(
+            f"the path holds a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...); its file "
+            f"system allows names of at most {name_max} bytes: choose a shorter path",
+            path=name,
+        )
+    whole = len(os.fsencode(str(path.absolute())))
+    path_max = _limit(path, "PC_PATH_MAX", PATH_MAX)
+    if whole >= path_max:
+        raise ConfigError(
+            f"the path is {whole} bytes long ({str(path)[:40]}...); its file system allows at most "
+            f"{path_max - 1}: choose a shorter path",
+            path=name,
+        )
+
+
 def path_arg(value: object, name: str) -> Path:
-    """A path argument: a string or an ``os.PathLike``."""
+    """A path argument: a string or an ``os.PathLike`` that its file system can
+    hold (:func:`check_path_fits`)."""
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
-        return Path(value)
+        path = Path(value)
+        check_path_fits(path, name)
+        return path
     raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {kind_of(value)}", path=name)
 
 

@@ -25,6 +25,7 @@ changed since (an edited metric never reaches the table), saying so.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import re
 import sys
@@ -167,10 +168,22 @@ def _doc(source: Source) -> dict[str, Any]:
 
 
 SAFE = re.compile(r"[^A-Za-z0-9_.=,+-]")
+#: the longest folder name a protocol name or grid point gets (file systems allow 255 bytes)
+MAX_FOLDER_NAME = 96
 
 
 def folder_name(text: str) -> str:
-    return SAFE.sub("_", text) or "_"
+    """The folder of a protocol name or a grid point: ``text`` itself where it is
+    a short, plain name; else its characters outside :data:`SAFE` replaced by
+    ``_``, cut to :data:`MAX_FOLDER_NAME`, and a digest of ``text`` added, so that
+    distinct names (``a b``, ``a_b``, ``a/b``) never share a folder (nor a result)
+    and no name reaches past the file system's limit or out of its parent
+    (``..``)."""
+    safe = SAFE.sub("_", text)
+    if safe == text and 0 < len(text) <= MAX_FOLDER_NAME and not text.startswith("."):
+        return text
+    tag = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{safe[:MAX_FOLDER_NAME]}~{tag}"
 
 
 MAX_RUNS = 10_000
@@ -300,6 +313,7 @@ def plan(
                     )
                 )
     seen: dict[tuple[str, int], Run] = {}
+    where: dict[Path, Run] = {}
     for r in runs:
         if (r.label, r.seed) in seen:
             raise ConfigError(
@@ -308,6 +322,12 @@ def plan(
                 path="name",
             )
         seen[(r.label, r.seed)] = r
+        if r.folder in where:  # distinct names get distinct folders (folder_name): never reached
+            raise ConfigError(
+                f"runs {where[r.folder].label} and {r.label} would share the folder {r.folder}",
+                path="--grid",
+            )
+        where[r.folder] = r
     return Plan(title, runs, axes_of)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from securevfl.app.threads import rank_threads
-from securevfl.attacks.base import View, World
+from securevfl.attacks.base import View, World, plain_label
 from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
@@ -69,6 +69,10 @@ def attack_keys(proto: Protocol) -> list[str]:
     unlabeled = [a.name for a, label in zip(attacks, labels, strict=True) if not label]
     keys = []
     for j, (a, label) in enumerate(zip(attacks, labels, strict=True)):
+        if label and not plain_label(str(label)):  # an attack whose own options model skips the check
+            raise ConfigError(
+                f"{label!r} is not a plain name (it names attacks/<label>.npz)", path=f"attacks[{j}]"
+            )
         keys.append(label if label else (a.name if unlabeled.count(a.name) == 1 else f"{a.name}#{j}"))
     if len(set(keys)) != len(keys):
         raise ConfigError(f"attack result keys repeat: {keys}", path="attacks")

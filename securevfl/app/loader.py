@@ -42,6 +42,7 @@ from securevfl.components import attach, components_of, is_resolved
 from securevfl.config import Protocol
 from securevfl.config_errors import format_loc, validation_error
 from securevfl.errors import ConfigError, UserCodeError
+from securevfl.regular_files import what_is
 from securevfl.usercode import (
     CodePolicy,
     Needed,
@@ -207,7 +208,31 @@ def load_protocol_dict(
     # components with their validated options
     check_protocol(proto, source=source)
     check_factories(proto, code, rank=rank, source=source)
+    check_data_files(proto, beside or Path.cwd(), rank=rank, source=source)
     return attach(proto, dataclasses.replace(components_of(proto), code=code))
+
+
+def check_data_files(proto: Protocol, base: Path, *, rank: int | None, source: str | None = None) -> None:
+    """Refuse a party's CSV path (relative ones under ``base``) that leads to
+    anything but a regular file, before any rank starts: ``/dev/zero`` would be
+    read without end, a named pipe block the rank until its timeout. Given
+    ``rank``, the file of that rank's party only (another party's path names a
+    file on its own host); a path that does not exist is left to the rank, which
+    says so."""
+    entries = [("parties.active", proto.parties.active)] + [
+        (f"parties.passive[{i}]", p) for i, p in enumerate(proto.parties.passive)
+    ]
+    for i, (where, party) in enumerate(entries):
+        if party.source is None or (rank is not None and rank != i):
+            continue
+        path = Path(party.source.path)
+        kind = what_is(path if path.is_absolute() else base / path)
+        if kind is not None:
+            raise ConfigError(
+                f"party '{party.name}': {party.source.path} is {kind}, not a CSV file",
+                path=f"{where}.source.path",
+                source=source,
+            )
 
 
 def code_policy(proto: Protocol, allow: Allow, beside: Path | None) -> CodePolicy:

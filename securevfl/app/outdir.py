@@ -9,7 +9,10 @@ the output folder; only when it has finished are securevfl's own earlier files
 removed and the new ones moved into their place. Files securevfl did not write
 are never touched. A run that fails leaves the earlier result as it was and its
 own files in ``OUT/failed-run/``; a launch that dies before either (SIGKILL)
-leaves its staging folder, which the next run in ``OUT`` removes.
+leaves its staging folder, which the next run in ``OUT`` removes. A run into an
+empty folder writes there directly and marks it (``OUT/.securevfl-fresh-<pid>``)
+until it ends; what such a launch killed outright left (no result, no
+checkpoint to resume from) is removed by the next run in ``OUT`` too.
 
 One run at a time: a run holds a lock on its output folder (:class:`FolderLock`,
 ``OUT/.securevfl-lock``) from the moment it opens it until its files are in
@@ -41,9 +44,14 @@ from securevfl.private_files import PRIVATE_DIR, private_dir
 from securevfl.runtime.lifeline import alive
 
 # what the file system answers when a file cannot be written for reasons of the
-# machine, not of securevfl: full disk, quota, file size limit, read-only, permissions
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+# machine, not of securevfl: full disk, quota, file size limit, read-only, permissions,
+# a name past the file system's limit
+WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
+)
 STAGING_PREFIX = ".securevfl-staging-"
+# a run writing straight into a fresh (empty) output folder marks it so, until it ends
+FRESH_PREFIX = ".securevfl-fresh-"
 LOCK_FILE = ".securevfl-lock"
 FAILED_RUN = "failed-run"
 # what securevfl writes under an output folder (paths relative to it)
@@ -62,7 +70,11 @@ def is_own(relpath: str) -> bool:
 
 
 def _entries(out: Path, keep: set[Path]) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.name != LOCK_FILE and p.resolve() not in keep)
+    return sorted(
+        p
+        for p in out.iterdir()
+        if p.name != LOCK_FILE and not p.name.startswith(FRESH_PREFIX) and p.resolve() not in keep
+    )
 
 
 @dataclass
@@ -78,18 +90,16 @@ class FolderLock:
     fd: int | None
 
     @classmethod
-    def take(cls, out: Path, *, flag: str = "--out") -> FolderLock | None:
-        """Lock ``out`` (created if missing) or raise :class:`ConfigError` naming
-        the run that holds it. None where no lock file can be made (a folder that
-        cannot be written: :func:`check_writable` refuses it with its reason) or
-        the file system has no locks."""
+    def take(cls, out: Path, *, flag: str = "--out") -> FolderLock:
+        """Lock ``out`` (created if missing) or raise :class:`ConfigError` (path
+        ``flag``): naming the run that holds it; or saying why no lock can be
+        taken (a folder that cannot be written, a ``.securevfl-lock`` that is a
+        folder, a link or anything but a regular file, a file system without
+        ``flock``). A run that cannot lock its folder does not run: two such
+        runs would both report success with one result lost."""
         lock = Path(out) / LOCK_FILE
         while True:
-            try:
-                Path(out).mkdir(parents=True, exist_ok=True)
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            except OSError:
-                return None
+            fd = _open_lock(Path(out), lock, flag)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -100,9 +110,14 @@ class FolderLock:
                     "to end, or choose another folder",
                     path=flag,
                 ) from None
-            except OSError:  # no locks on this file system
+            except OSError as exc:  # ENOLCK, EOPNOTSUPP: no locks on this file system
                 os.close(fd)
-                return None
+                raise ConfigError(
+                    f"cannot lock the output folder {out} ({lock}: {exc.strerror or exc}): its file system "
+                    "offers no file locks, and without one a second run into the folder could replace "
+                    "this one's result; choose a folder on a local file system",
+                    path=flag,
+                ) from None
             # the holder before us may have removed the file between our open and our lock
             try:
                 current = os.stat(lock, follow_symlinks=False).st_ino
@@ -130,6 +145,35 @@ class FolderLock:
             self.path.unlink()
         os.close(self.fd)
         self.fd = None
+
+
+def _open_lock(out: Path, lock: Path, flag: str) -> int:
+    """Open (create) the lock file ``lock`` in ``out``, never through a link, and
+    only when it is a regular file; else raise :class:`ConfigError` naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or (
+            lock.is_symlink() or (lock.exists() and not lock.is_file())
+        ):
+            raise _not_a_lock(lock, flag) from None
+        raise ConfigError(
+            f"cannot write to the output folder {out}: {exc.strerror or exc}", path=flag
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_lock(lock, flag)
+    return fd
+
+
+def _not_a_lock(lock: Path, flag: str) -> ConfigError:
+    kind = "a link" if lock.is_symlink() else "a folder" if lock.is_dir() else "not a regular file"
+    return ConfigError(
+        f"{lock} is {kind}, not securevfl's lock file: no run can lock the output folder while it is "
+        "there; remove it, or choose another folder",
+        path=flag,
+    )
 
 
 #: how long a refused run waits for the holder to write who it is (it writes right
@@ -174,6 +218,7 @@ class OutputFolder:
     path: Path
     staged: bool
     lock: FolderLock | None = None
+    fresh: Path | None = None  # the mark of a run written straight into an empty folder
 
     @classmethod
     def open(
@@ -189,24 +234,30 @@ class OutputFolder:
         lock = FolderLock.take(out)
         try:
             sweep_stale_staging(out)
+            sweep_dead_fresh(out)
             check_available(out, overwrite=overwrite, keep=keep, flag=flag)
             check_writable(out)
             kept = {Path(k).resolve() for k in keep}
             if not _entries(out, kept):
-                return cls(out, out, staged=False, lock=lock)
+                mark = out / f"{FRESH_PREFIX}{os.getpid()}"
+                mark.touch()
+                return cls(out, out, staged=False, lock=lock, fresh=mark)
             staging = out / f"{STAGING_PREFIX}{os.getpid()}"
             if staging.exists():
                 shutil.rmtree(staging)
             staging.mkdir()
             return cls(out, staging, staged=True, lock=lock)
         except BaseException:
-            if lock is not None:
-                lock.release()
+            lock.release()
             raise
 
     def release(self) -> None:
         """Let the output folder's lock go (idempotent; :meth:`commit` and
         :meth:`abandon` do)."""
+        if self.fresh is not None:
+            with contextlib.suppress(OSError):
+                self.fresh.unlink()
+            self.fresh = None
         if self.lock is not None:
             self.lock.release()
 
@@ -303,6 +354,40 @@ def sweep_stale_staging(out: Path) -> list[Path]:
         if p.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
+    return removed
+
+
+def sweep_dead_fresh(out: Path) -> list[Path]:
+    """Remove what a launch that wrote straight into an empty ``out`` left there
+    when it was killed outright (SIGKILL, a power cut): its mark
+    ``.securevfl-fresh-<pid>`` names a process that no longer runs. The folder was
+    empty when that launch began, so securevfl's own files there (:func:`is_own`,
+    the ranks' folders) are that launch's leftovers, and they go; files securevfl
+    did not write stay. Kept, with only the mark removed: a ``result.json`` (the
+    run finished) and a folder with checkpoints (``--resume`` continues from them).
+    The mark of a running process is left alone. Returns the files and folders
+    removed."""
+    removed: list[Path] = []
+    if not out.is_dir():
+        return removed
+    for mark in sorted(out.glob(f"{FRESH_PREFIX}*")):
+        pid = mark.name[len(FRESH_PREFIX) :]
+        if not pid.isdigit() or int(pid) == os.getpid() or alive(int(pid)):
+            continue
+        finished = (out / "result.json").is_file()
+        resumable = any((d / "checkpoints").is_dir() for d in _own_dirs(out))
+        if not (finished or resumable):
+            for f in _own_files(out):
+                f.unlink()
+                removed.append(f)
+            for d in _own_dirs(out):
+                shutil.rmtree(d)
+                removed.append(d)
+            for sub in ("attacks", "ranks"):
+                with contextlib.suppress(OSError):
+                    (out / sub).rmdir()  # only when empty: nothing of the user's goes
+        with contextlib.suppress(OSError):
+            mark.unlink()
     return removed
 
 

@@ -36,9 +36,11 @@ starts. ``prediction.json`` and the command give each party's figure and total.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -63,13 +65,14 @@ from securevfl.components import components_of
 from securevfl.config import CsvSource, Protocol
 from securevfl.csvfile import read_rows, typed, write_rows
 from securevfl.data.alignment import align_active, align_passive
-from securevfl.data.partition import is_builtin, materialize, party_source
+from securevfl.data.partition import is_builtin, is_materialized, materialize, party_source
 from securevfl.data.party_data import PartyData, load_new_records
 from securevfl.defenses.spending import prediction_mechanisms
 from securevfl.errors import ConfigError, SecureVFLError
 from securevfl.parties.predict import ActivePredictor
 from securevfl.privacy.prediction_budget import PredictionSpend
 from securevfl.records import OwnView, RankSummary
+from securevfl.regular_files import what_is
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 
@@ -116,6 +119,9 @@ def parse_data_overrides(items: list[str], proto: Protocol) -> dict[str, Path]:
         if party in out:
             raise ConfigError(f"party '{party}' is given twice", path="--data")
         path = Path(raw).expanduser()
+        kind = what_is(path)
+        if kind is not None:  # /dev/zero would read without end, a named pipe block
+            raise ConfigError(f"party '{party}': {path} is {kind}, not a CSV file", path="--data")
         if not path.is_file():
             raise ConfigError(f"party '{party}': no file at {path}", path="--data")
         out[party] = path.resolve()
@@ -356,11 +362,23 @@ def predict_local(
         if role.kind != "helper":
             load_model(run_dir, role.rank, protocol_digest=proto.digest())
     check_budgets(proto, run_dir)  # a prediction over a party's budget: refused, nothing written
-    data_dir = Path(data_dir) if data_dir else run_dir / "data"
+    check_out(Path(out_dir), run_dir)
+    with contextlib.ExitStack() as scratch:
+        if data_dir is None:
+            data_dir = run_dir / "data"  # where the training run left its dataset
+            if is_builtin(proto) and not is_materialized(proto, data_dir):
+                # the run's folder is only read (it may be read-only): built afresh aside
+                data_dir = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="securevfl-data-")))
+        return _predict(proto, run_dir, Path(out_dir), Path(data_dir), files, overwrite=overwrite)
+
+
+def _predict(
+    proto: Protocol, run_dir: Path, out_dir: Path, data_dir: Path, files: dict[str, Path], *, overwrite: bool
+) -> tuple[PredictionRecord, Path]:
+    layout = layout_of(proto)
     if is_builtin(proto):
         materialize(proto, data_dir)
-    check_out(Path(out_dir), run_dir)
-    folder = OutputFolder.open(Path(out_dir), overwrite=overwrite)
+    folder = OutputFolder.open(out_dir, overwrite=overwrite)
     out = folder.path
 
     def phase(rank: int) -> Predict:

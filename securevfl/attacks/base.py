@@ -14,18 +14,30 @@ attack's view exists, checked at load like a defense's.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from securevfl.attacks.names import ATTACKS as ATTACKS
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.records import OwnView
 from securevfl.runtime.layout import Layout
+
+#: the longest attack label (it names a file: ``attacks/<label>.npz`` stays far below
+#: a file system's name limit)
+MAX_LABEL = 100
+_PLAIN_LABEL = re.compile(r"[\w#-][\w .#-]*")
+
+
+def plain_label(label: str) -> bool:
+    """Whether ``label`` is a plain name: one file name, no folder, no link to
+    anything outside ``OUT/attacks`` (no '/', no '..', no leading '.'), short."""
+    return len(label) <= MAX_LABEL and _PLAIN_LABEL.fullmatch(label) is not None
 
 
 class AttackOptions(BaseModel):
@@ -35,9 +47,23 @@ class AttackOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     label: str | None = Field(
-        default=None, description="key of this attack's entry in result.json['attacks'] (default: its name)"
+        default=None,
+        description="key of this attack's entry in result.json['attacks'] (default: its name); a plain "
+        f"name (letters, digits, spaces, '_', '-', '.', '#', up to {MAX_LABEL} characters): it also "
+        "names the attack's file attacks/<label>.npz",
     )
     seed: int = Field(default=0, description="seed of the attack's own randomness (aux rows, models)")
+
+    @field_validator("label")
+    @classmethod
+    def _plain_name(cls, label: str | None) -> str | None:
+        if label is not None and not plain_label(label):
+            raise ValueError(
+                f"{label!r} is not a plain name: a label names the file attacks/<label>.npz inside the "
+                f"output folder, so it may hold letters, digits, spaces, '_', '-', '.' and '#' only, up to "
+                f"{MAX_LABEL} characters, and may not start with '.'"
+            )
+        return label
 
 
 @dataclass

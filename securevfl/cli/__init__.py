@@ -132,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pred.add_argument("run_dir", metavar="RUN_DIR", help="output folder of the training run")
     pred.add_argument("--out", required=True, help="output folder for predictions.csv")
-    pred.add_argument("--data-dir", help="where built-in datasets are materialized (default: RUN_DIR/data)")
+    pred.add_argument(
+        "--data-dir",
+        help="where built-in datasets are materialized (default: RUN_DIR/data where the run left them, "
+        "else a temporary folder; the run's folder is only read)",
+    )
     _add_data(pred)
     _add_overwrite(pred)
     pred.add_argument("--debug", action="store_true", help="show tracebacks")

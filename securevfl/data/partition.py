@@ -102,6 +102,13 @@ def _pending(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"{PENDING}.*"))
 
 
+def is_materialized(proto: Protocol, data_dir: Path) -> bool:
+    """Whether every party's file of ``proto``'s built-in dataset lies in
+    ``data_dir`` already (reading them writes nothing)."""
+    folder = Path(data_dir) / dataset_key(proto)
+    return all((folder / f"{lay.name}.csv").is_file() for lay in party_layouts(proto))
+
+
 @contextlib.contextmanager
 def materializing(proto: Protocol, data_dir: Path) -> Iterator[bool]:
     """Mark a built-in dataset's folder as being written for the duration of the

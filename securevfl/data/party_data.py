@@ -8,10 +8,12 @@ label and (optional) own feature columns.
 from __future__ import annotations
 
 import csv
+import io
+import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -20,6 +22,7 @@ import torch
 from securevfl.config import CsvSource, PreprocessSpec, TaskKind
 from securevfl.data.preprocess import categorical_columns, check_declared, imputed_columns
 from securevfl.errors import DataError, DataWarning
+from securevfl.regular_files import NotRegularFile, open_regular
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 MIN_ROWS_PER_CLASS = 10  # a label column with more classes than n/10 is warned about
@@ -56,14 +59,19 @@ class PartyData:
         )
 
 
-def _check_header(path: str, party: str) -> None:
+def _check_header(fh: BinaryIO, path: str, party: str) -> None:
     """Refuse a header that names a column twice: pandas would rename the second
-    one (``alcohol.1``) and the party would train on a column it never named."""
+    one (``alcohol.1``) and the party would train on a column it never named.
+    Reads the header of the open file ``fh`` and puts it back at its start. A UTF-8
+    byte order mark is no part of the first name (pandas drops it too)."""
+    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-            header = next(csv.reader(fh), [])
+        header = next(csv.reader(text), [])
     except (OSError, csv.Error):
         return  # pandas reports what is wrong with the file
+    finally:
+        text.detach()
+        fh.seek(0)
     repeated = sorted(name for name, n in Counter(header).items() if n > 1)
     if repeated:
         raise DataError(
@@ -73,30 +81,48 @@ def _check_header(path: str, party: str) -> None:
         )
 
 
-def _read_csv(path: str, party: str, **kwargs: Any) -> pd.DataFrame:
-    """Read a party's CSV strictly: a row with more fields than the header is an
-    error (pandas would otherwise drop the extra fields, or silently turn the ID
-    column into the index when every row has one field too many), and so is a
-    header naming a column twice (:func:`_check_header`)."""
-    _check_header(path, party)
+def _open_data(path: str, party: str) -> BinaryIO:
+    """A party's data file, open for reading: a regular file only
+    (:func:`~securevfl.regular_files.open_regular`; ``/dev/zero`` would read without
+    end, a named pipe block the rank)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            return pd.read_csv(path, index_col=False, **kwargs)
+        return os.fdopen(open_regular(path), "rb")
     except FileNotFoundError:
         raise DataError(
             f"party '{party}': its data file was not found", detail=f"no file at {path}"
         ) from None
-    except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
+    except NotRegularFile as exc:
         raise DataError(
-            f"party '{party}': a row of its CSV file has more fields than the header",
-            detail=f"{path}: {str(exc).strip()}",
+            f"party '{party}': its data file is {exc.kind}, not a file", detail=f"{path} is {exc.kind}"
         ) from None
-    except (UnicodeDecodeError, pd.errors.EmptyDataError, ValueError, OSError) as exc:
+    except OSError as exc:
         raise DataError(
-            f"party '{party}': its data file is not a readable CSV file",
-            detail=f"{path}: {type(exc).__name__}: {str(exc).strip()}",
+            f"party '{party}': its data file cannot be read", detail=f"{path}: {exc.strerror or exc}"
         ) from None
+
+
+def _read_csv(path: str, party: str, **kwargs: Any) -> pd.DataFrame:
+    """Read a party's CSV strictly: a regular file only (:func:`_open_data`); a row
+    with more fields than the header is an error (pandas would otherwise drop the
+    extra fields, or silently turn the ID column into the index when every row has
+    one field too many), and so is a header naming a column twice
+    (:func:`_check_header`)."""
+    with _open_data(path, party) as fh:
+        _check_header(fh, path, party)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", pd.errors.ParserWarning)
+                return pd.read_csv(fh, index_col=False, **kwargs)
+        except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
+            raise DataError(
+                f"party '{party}': a row of its CSV file has more fields than the header",
+                detail=f"{path}: {str(exc).strip()}",
+            ) from None
+        except (UnicodeDecodeError, pd.errors.EmptyDataError, ValueError, OSError) as exc:
+            raise DataError(
+                f"party '{party}': its data file is not a readable CSV file",
+                detail=f"{path}: {type(exc).__name__}: {str(exc).strip()}",
+            ) from None
 
 
 def _first_rows(mask: np.ndarray, ids: pd.Series, k: int = 3) -> str:

@@ -10,14 +10,22 @@ subprocesses, for the exit code and output the shell sees."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_psi import csv_protocol, make_ids
 
+from securevfl.app.loader import load_protocol
+from securevfl.app.predict import parse_data_overrides
 from securevfl.cli import main
+from securevfl.config import CsvSource
+from securevfl.data.party_data import load_party_data
+from securevfl.errors import ConfigError, DataError
 from tests.support.protocols import PROTOCOLS, load_yaml, write_yaml
 from tests.support.runs import cli
 
@@ -162,3 +170,72 @@ def test_run_with_nan_in_a_csv_names_party_and_column(tmp_path):
     reported = (out / "ranks" / "rank1.error.json").stat().st_mtime
     assert ended - reported < 20, f"peers took {ended - reported:.1f} s to stop"
     assert elapsed < 60, f"a bad file must fail fast, took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "label", ["../../../../tmp/x", "/tmp/x", "sub/dir/x", "..", ".hidden", "a\\b", "x" * 101]
+)
+def test_an_attack_label_that_is_no_plain_name_is_refused_at_load(tmp_path, capsys, label):
+    """A label names ``OUT/attacks/<label>.npz`` (the victim's true features and their
+    reconstructions): one that is a path, or too long a name, is refused before any
+    rank starts, naming its YAML path, instead of writing outside ``--out`` or failing
+    after training."""
+    doc = load_yaml("demo/5_mpc_embedding_dp.yaml")
+    doc["attacks"][0]["params"]["label"] = label
+    f = write_yaml(tmp_path / "bad.yaml", doc)
+    out = tmp_path / "out"
+    for args in (["validate", str(f)], ["run", str(f), "--out", str(out), "--quiet"]):
+        proc = in_process(capsys, *args)
+        assert_clean_user_error(proc, str(f), "attacks[0].params.label", "is not a plain name")
+    assert not out.exists(), "no rank may start for an invalid protocol"
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_plain_attack_labels_pass(tmp_path, capsys):
+    doc = load_yaml("demo/5_mpc_embedding_dp.yaml")
+    for j, label in enumerate(["recon left", "fr-2.b", "dlg#1", "ü_x"]):
+        doc["attacks"][j % len(doc["attacks"])]["params"]["label"] = label
+        f = write_yaml(tmp_path / f"ok{j}.yaml", doc)
+        assert in_process(capsys, "validate", str(f)).returncode == 0
+
+
+@pytest.mark.parametrize(("command", "tail"), [("run", "x" * 300), ("compare", "/".join(["y" * 200] * 25))])
+def test_an_out_path_past_the_file_system_limits_is_refused(tmp_path, capsys, command, tail):
+    """A folder name longer than the file system's NAME_MAX (or a path past PATH_MAX)
+    is refused naming the argument, before anything runs: no raw OSError."""
+    out = tmp_path / tail
+    proc = in_process(capsys, command, str(PROTOCOLS / "plain.yaml"), "--out", str(out), "--quiet")
+    assert_clean_user_error(proc, "at 'out'", "its file system allows", "choose a shorter path")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "link_to_dev_zero", "folder"])
+def test_a_data_path_that_is_no_regular_file_is_refused_at_load(tmp_path, capsys, kind):
+    """A party's CSV path that leads to ``/dev/zero`` (read without end) or a named
+    pipe (blocks the rank until its timeout) is refused at load, naming the party's
+    YAML path, before any rank starts; the rank's reader refuses it too (a file
+    swapped after the load), and so does ``predict --data``."""
+    doc = csv_protocol(tmp_path, {name: make_ids(40, seed=1) for name in ("bank", "shop", "telco")})
+    shop = tmp_path / "shop.csv"
+    shop.unlink()
+    said = {"fifo": "a named pipe (FIFO)", "folder": "a folder"}.get(kind, "a character device")
+    if kind == "fifo":
+        os.mkfifo(shop)
+    elif kind == "dev_zero":
+        doc["parties"]["passive"][0]["source"]["path"] = "/dev/zero"
+    elif kind == "link_to_dev_zero":
+        shop.symlink_to("/dev/zero")
+    else:
+        shop.mkdir()
+    f = write_yaml(tmp_path / "p.yaml", doc)
+    out = tmp_path / "out"
+    for args in (["validate", str(f)], ["run", str(f), "--out", str(out), "--quiet"]):
+        proc = in_process(capsys, *args)
+        assert_clean_user_error(proc, "parties.passive[0].source.path", "party 'shop'", f"is {said}")
+    assert not out.exists(), "no rank may start"
+    path = doc["parties"]["passive"][0]["source"]["path"]
+    with pytest.raises(DataError, match=f"party 'shop': its data file is {re.escape(said)}, not a file"):
+        load_party_data(CsvSource(path=path), "shop", is_active=False)
+    with pytest.raises(ConfigError, match=f"party 'shop': .* is {re.escape(said)}, not a CSV file"):
+        parse_data_overrides([f"shop={path}"], load_protocol(f))

@@ -66,8 +66,9 @@ def test_a_second_cli_run_into_a_folder_in_use_is_refused_naming_the_first(tmp_p
         assert "Traceback" not in second.stderr
         assert f"is in use by another securevfl run (pid {first.pid} (thread 'MainThread')" in err, err
         assert str(proto) in err  # the first's command line
-        # the refused run wrote nothing: no staging folder, no result
-        assert sorted(p.name for p in out.iterdir()) == [".securevfl-lock", "data", "ranks"]
+        # the refused run wrote nothing: no staging folder, no result (the first's mark: it writes in place)
+        held = [f".securevfl-fresh-{first.pid}", ".securevfl-lock", "data", "ranks"]
+        assert sorted(p.name for p in out.iterdir()) == held
         first.terminate()  # it stops every rank it started
         first.communicate(timeout=60)
     finally:

@@ -151,3 +151,35 @@ def test_a_diverging_run_names_the_party_where_it_diverged(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "training diverged" in text and "lower training.lr" in text, text
     assert "containing NaN" not in text and "Traceback" not in text
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``folder``: (mode, size, mtime in ns) by relative path."""
+    return {
+        str(p.relative_to(folder)): (p.lstat().st_mode, p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def test_predict_leaves_a_read_only_training_run_as_it_was(small_cli_run: CliRun, tmp_path):
+    """``predict`` only reads the training run's folder: a built-in dataset it has to
+    build again (the run's ``data/`` is gone) goes to a temporary folder, not the
+    run's, so a read-only run predicts and a writable one is left unchanged."""
+    run = _copy_of(small_cli_run.out, tmp_path)
+    shutil.rmtree(run / "data")
+    before = _listing(run)
+    for p in (run, *run.rglob("*")):  # read-only (root writes regardless: the listing tells)
+        p.chmod(p.stat().st_mode & ~0o222)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    try:
+        proc = cli("predict", str(run), "--out", str(tmp_path / "pred"), env={"TMPDIR": str(scratch)})
+    finally:
+        for p in (run, *run.rglob("*")):
+            p.chmod(p.stat().st_mode | 0o200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "pred" / "predictions.csv").is_file()
+    after = _listing(run)
+    assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
+    assert {k: v[1:] for k, v in after.items()} == {k: v[1:] for k, v in before.items()}
+    assert not list(scratch.glob("securevfl-data-*"))  # the temporary dataset went with the prediction

@@ -201,3 +201,27 @@ def test_a_grid_leaves_a_protocol_without_its_key_unexpanded_as_the_reference(tm
     )
     assert [r.label for r in p.runs][:2] == ["base[lr=0.01]", "base[lr=0.003]"] and len(p.runs) == 6
     assert any(s.endswith("it is expanded by the other axes only") for s in said)
+
+
+def test_grid_values_that_differ_only_in_unsafe_characters_get_their_own_folders(tmp_path) -> None:
+    """``a b``, ``a_b`` and ``a/b`` are three points: three folders (one folder would
+    leave two results lost and re-run two points at every call), each inside its
+    protocol's folder."""
+    src = Source(PROTOCOLS / "plain.yaml", (), (parse_axis("description=a b,a_b,a/b,..,.x"),))
+    p = plan("t", [src], [0], tmp_path / "out")
+    folders = [r.folder for r in p.runs]
+    assert len(set(folders)) == 5, folders
+    assert all(f.parent.parent == tmp_path / "out" / "plain" for f in folders), folders
+    assert folders[1] == tmp_path / "out" / "plain" / "description=a_b" / "seed0"  # a plain name: as it is
+    for f in folders:
+        f.mkdir(parents=True)
+
+
+def test_a_grid_value_past_the_file_name_limit_gets_a_short_folder(tmp_path) -> None:
+    long_a, long_b = "a" * 300, "a" * 299 + "b"
+    src = Source(PROTOCOLS / "plain.yaml", (), (parse_axis(f"description={long_a},{long_b}"),))
+    p = plan("t", [src], [0], tmp_path / "out")
+    names = [r.folder.parent.name for r in p.runs]
+    assert len(set(names)) == 2 and all(len(n.encode()) <= 255 for n in names), names
+    for r in p.runs:
+        r.folder.mkdir(parents=True)  # no "File name too long"

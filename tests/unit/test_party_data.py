@@ -475,7 +475,14 @@ def test_test_split_smaller_than_the_classes_is_refused():
 
 @pytest.mark.parametrize(
     ("header", "repeated"),
-    [("id,alcohol,alcohol,ash", "['alcohol']"), ('id,"a",a,b,b', "['a', 'b']"), ("id,x,id", "['id']")],
+    [
+        ("id,alcohol,alcohol,ash", "['alcohol']"),
+        ('id,"a",a,b,b', "['a', 'b']"),
+        ("id,x,id", "['id']"),
+        # a UTF-8 byte order mark (which pandas drops) does not hide a repeated first name
+        ("\ufeffid,x,id", "['id']"),
+        ("\ufeffalcohol,id,alcohol,ash", "['alcohol']"),
+    ],
 )
 def test_a_header_naming_a_column_twice_is_refused(tmp_path, header, repeated):
     path = write(tmp_path, "p.csv", header + "\n" + ",".join(["1"] * header.count(",")) + ",1\n")

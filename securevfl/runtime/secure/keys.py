@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from securevfl.config import PIN_PATTERN
 from securevfl.errors import ConfigError
 from securevfl.private_files import private_dir, write_private
+from securevfl.regular_files import kind_of_mode
 
 KEY_PREFIX = "ed25519:"
 MAX_KEY_FILE_BYTES = 64 << 10
@@ -150,15 +151,6 @@ class Identity:
         return cls(key)
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def read_key_file(path: Path, *, flag: str = "--key", limit: int = MAX_KEY_FILE_BYTES) -> tuple[bytes, int]:
     """(content, mode) of a key file, read as a regular file of at most ``limit``
     bytes. The file is opened without blocking (opening a named pipe would wait
@@ -169,7 +161,7 @@ def read_key_file(path: Path, *, flag: str = "--key", limit: int = MAX_KEY_FILE_
     path = Path(path)
 
     def not_a_file(mode: int) -> ConfigError:
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        kind = kind_of_mode(mode)
         return ConfigError(
             f"the key file {path} is {kind}, not a file: give the path of the key file itself", path=flag
         )
