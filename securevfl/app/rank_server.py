@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.context
 import multiprocessing.forkserver
 import os
 import signal
@@ -69,10 +70,28 @@ def rank_context() -> Any:
     return ctx
 
 
+def ensure_server() -> None:
+    """Start this process's fork server unless it runs, with SIGINT blocked while it
+    starts: the server's interpreter inherits the blocked signal, so a Ctrl-C while
+    it starts up cannot interrupt it (with a traceback on the terminal) before
+    :mod:`securevfl.app.rank_preload` ignores SIGINT and unblocks it. A Ctrl-C that
+    reaches this process meanwhile waits until the server is started, and is raised
+    then."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with safe_children():
+            multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def start_processes(procs: Iterable[Any]) -> None:
-    """Start rank processes of :func:`rank_context` (the fork server with the first
-    of them, when it is not running yet), each without the working directory on
-    its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
+    """Start rank processes of :func:`rank_context` (the fork server first, when it
+    is not running yet: :func:`ensure_server`), each without the working directory
+    on its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
+    procs = list(procs)
+    if any(isinstance(p, multiprocessing.context.ForkServerProcess) for p in procs):
+        ensure_server()
     with safe_children():
         for p in procs:
             p.start()
@@ -83,8 +102,7 @@ def start_rank_server() -> None:
     once they are done); nothing under ``spawn``. A later :func:`rank_context`
     gets the same server."""
     if rank_context().get_start_method() == "forkserver":
-        with safe_children():
-            multiprocessing.forkserver.ensure_running()
+        ensure_server()
 
 
 def stop_rank_server() -> None:

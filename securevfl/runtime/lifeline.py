@@ -57,7 +57,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _parent_death_signal(sig: int) -> bool:
+def parent_death_signal(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent ends; False where
     that is not available."""
     if not sys.platform.startswith("linux"):
@@ -94,7 +94,7 @@ def die_with(origin: int, sig: int = signal.SIGKILL) -> None:
     """End this process with ``sig`` when process ``origin`` ends: the process
     that started it, directly (its parent) or through a fork server (see the
     module docstring)."""
-    if origin != os.getppid() or not _parent_death_signal(sig):
+    if origin != os.getppid() or not parent_death_signal(sig):
         _watch(origin, sig)
     if not alive(origin):
         os.kill(os.getpid(), sig)  # it ended before the request was in place

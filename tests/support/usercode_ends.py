@@ -4,8 +4,9 @@ tests/e2e/test_user_code_ends.py copy it beside their protocol files as
 or starts processes of its own; a defense whose embedding hook blocks; and, as a
 plugin, an import that ends every rank at once.
 
-What a factory does comes from its ``params`` (``mode``); the pids of the processes
-it starts are written to ``$SVFL_HOSTILE_PIDS`` (a folder)."""
+What a factory does comes from its ``params`` (``mode``). In ``$SVFL_HOSTILE_MARKS``
+(a folder) the factory and the hook write ``<mode>-<pid>`` as they begin what they do,
+holding the wall time then, or the pids of the processes they start."""
 
 from __future__ import annotations
 
@@ -22,13 +23,21 @@ from torch import nn
 
 from securevfl.defenses.base import DEFENSES, Defense, DefenseOptions
 
-PIDS = os.environ.get("SVFL_HOSTILE_PIDS")
+MARKS = os.environ.get("SVFL_HOSTILE_MARKS")
+
+
+def mark(what: str, text: str | None = None) -> None:
+    if MARKS:
+        Path(MARKS, f"{what}-{os.getpid()}").write_text(text if text is not None else repr(time.time()))
+
 
 if os.environ.get("SVFL_HOSTILE_EXIT_ON_IMPORT") and mp.current_process().name.startswith("securevfl-rank"):
     os._exit(0)  # a plugin whose import ends every rank, "successfully"
 
 
 def bottom(in_features: int, out: int, *, mode: str = "plain") -> nn.Module:
+    if mode != "children":
+        mark(mode)
     if mode == "thread":  # a thread that never ends, not a daemon
         threading.Thread(target=threading.Event().wait, name="user-poller").start()
     elif mode == "sleep":
@@ -45,8 +54,7 @@ def bottom(in_features: int, out: int, *, mode: str = "plain") -> nn.Module:
             text=True,
         )
         orphan = int(sh.communicate()[0])
-        assert PIDS is not None
-        Path(PIDS, f"{os.getpid()}").write_text(f"{child.pid} {orphan}")
+        mark(mode, f"{child.pid} {orphan}")
     return nn.Sequential(nn.Linear(in_features, out), nn.Tanh())
 
 
@@ -59,5 +67,6 @@ class BlockingEmbed(Defense[DefenseOptions]):
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         if train:
+            mark("embed")
             time.sleep(600)
         return h
