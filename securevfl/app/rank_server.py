@@ -16,6 +16,7 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
 from collections.abc import Iterable
@@ -77,12 +78,15 @@ def ensure_server() -> None:
     :mod:`securevfl.app.rank_preload` ignores SIGINT and unblocks it. A Ctrl-C that
     reaches this process meanwhile waits until the server is started, and is raised
     then."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        with safe_children():
+    with safe_children():
+        # multiprocessing's resource tracker, which the server needs, is started first: its
+        # start-up unblocks SIGINT in this thread (rather than restoring the mask it found)
+        multiprocessing.resource_tracker.ensure_running()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
             multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def start_processes(procs: Iterable[Any]) -> None:
