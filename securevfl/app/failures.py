@@ -86,6 +86,9 @@ def explain_failure(
         detail = f" [{n.detail}]" if n.detail else ""
         return cls(f"rank {n.rank} ({names[n.rank]}): {n.message}{detail}")
     quiet = [r for r, c in codes.items() if r not in notes and ended_unreported(out_dir, r, c, files)]
+    if any(c is not None and c != 0 and (c < 0 or c in SPEAKING_CODES) for c in codes.values()):
+        # a rank that says why it ended is the cause before one that ended with 0
+        quiet = [r for r in quiet if codes[r] != 0]
     if quiet:
         r = quiet[0]
         how = "before finishing its work" if codes[r] == 0 else "by itself"
