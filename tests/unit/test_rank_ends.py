@@ -1,13 +1,12 @@
 """How a local run's processes end (securevfl.app.launcher, securevfl.app.rank_server,
-securevfl.cli, securevfl.runtime.lifeline, securevfl.usercall):
+securevfl.cli, securevfl.runtime.lifeline):
 
 * a launching command stops once on SIGTERM or Ctrl-C: a second signal during the
   stop is ignored (exit code 143 or 130, no traceback), not raised inside the stop;
 * the ranks' fork server starts with SIGINT blocked (a Ctrl-C while its interpreter
   starts prints no traceback), ignores it once ready, and ends the moment its
   launcher does, SIGKILL included;
-* a rank ends the processes its user code started, orphans included;
-* the marker of where a rank is in user code, which its watchdog reads.
+* a rank ends the processes its user code started, orphans included.
 
 Each runs in a subprocess of its own: this worker's signal handlers and fork server
 are left alone."""
@@ -24,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from securevfl.runtime.lifeline import alive
-from securevfl.usercall import current, is_user_code, stuck_for, user_call
 from tests.support.protocols import ROOT
 
 SIGINT_BIT = 1 << (signal.SIGINT - 1)
@@ -165,26 +163,3 @@ def test_a_rank_ends_the_processes_it_started_orphans_included() -> None:
         for p in (child, orphan):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
-
-
-def test_the_user_code_marker_nests_and_says_how_long() -> None:
-    assert current() is None
-    with user_call("factory 'm:f'"):
-        outer = current()
-        assert outer is not None and outer[0] == "factory 'm:f'"
-        with user_call("defense 'd', hook 'embed'"):
-            assert current() is not None and current()[0] == "defense 'd', hook 'embed'"  # type: ignore[index]
-            assert stuck_for(60) is None
-            what, waited = stuck_for(5, now=time.monotonic() + 6) or ("", 0.0)
-            assert what == "defense 'd', hook 'embed'" and 6 <= waited < 7
-        assert current() == outer
-    assert current() is None and stuck_for(0) is None
-
-
-def test_user_code_is_code_outside_securevfl() -> None:
-    from securevfl.defenses.base import Defense
-    from securevfl.models import build_top
-    from tests.support.user_plugin import SelfRegistered
-
-    assert not is_user_code(build_top) and not is_user_code(Defense)
-    assert is_user_code(SelfRegistered) and is_user_code(test_user_code_is_code_outside_securevfl)
