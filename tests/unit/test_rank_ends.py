@@ -13,11 +13,13 @@ are left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,14 +97,11 @@ def _masks(text: str) -> dict[str, int]:
     }
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and the parent-death signal: Linux")
-def test_the_fork_server_starts_with_sigint_blocked_and_ends_with_its_launcher(tmp_path: Path) -> None:
-    """The server's interpreter starts with SIGINT blocked (before, a Ctrl-C while it
-    started printed a KeyboardInterrupt traceback from its imports); once its first
-    module has run, SIGINT is ignored and unblocked. SIGKILL of the process that
-    started it ends it at once (before: once the alive pipe closed, after an
-    interpreter teardown, 6-7 s at load 20 on the 2-core box with ranks, 25 s in the
-    report)."""
+@contextlib.contextmanager
+def fork_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, dict[str, int]]]:
+    """A process that started the ranks' fork server (:data:`SERVER`); the server's pid
+    and the signals it had blocked and ignored as its interpreter started (its first
+    preloaded module), once it ignores SIGINT."""
     probe = tmp_path / "probe"
     launcher = subprocess.Popen(
         [sys.executable, "-c", SERVER],
@@ -115,24 +114,46 @@ def test_the_fork_server_starts_with_sigint_blocked_and_ends_with_its_launcher(t
         assert launcher.stdout is not None
         server = int(launcher.stdout.readline())
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            now = _masks(Path(f"/proc/{server}/status").read_text())
-            if probe.exists() and now["SigIgn"] & SIGINT_BIT:
-                break
+        while not (
+            probe.exists() and _masks(Path(f"/proc/{server}/status").read_text())["SigIgn"] & SIGINT_BIT
+        ):
+            assert time.monotonic() < deadline, "the fork server never ignored SIGINT"
             time.sleep(0.05)
-        at_start = _masks(probe.read_text())
-        assert at_start["SigBlk"] & SIGINT_BIT, probe.read_text()
-        assert now["SigIgn"] & SIGINT_BIT and not now["SigBlk"] & SIGINT_BIT, now
-        time.sleep(0.5)  # the rest of the server's imports
-        launcher.kill()
-        t0 = time.monotonic()
-        while alive(server) and time.monotonic() - t0 < 10:
-            time.sleep(0.01)
-        took = time.monotonic() - t0
-        assert took < 1.0, f"the fork server outlived its launcher by {took:.1f} s"
+        yield launcher, server, _masks(probe.read_text())
     finally:
         launcher.kill()
         launcher.wait()
+
+
+LINUX = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="/proc, the parent-death signal: Linux"
+)
+
+
+@LINUX
+def test_the_fork_server_starts_with_sigint_blocked(tmp_path: Path) -> None:
+    """The server's interpreter starts with SIGINT blocked (before, a Ctrl-C while it
+    started printed a KeyboardInterrupt traceback from its imports); once its first
+    module has run, SIGINT is ignored and unblocked."""
+    with fork_server(tmp_path) as (_, server, at_start):
+        assert at_start["SigBlk"] & SIGINT_BIT, at_start
+        now = _masks(Path(f"/proc/{server}/status").read_text())
+        assert now["SigIgn"] & SIGINT_BIT and not now["SigBlk"] & SIGINT_BIT, now
+
+
+@LINUX
+def test_the_fork_server_ends_with_its_launcher(tmp_path: Path) -> None:
+    """SIGKILL of the process that started the server ends it at once (before: once
+    its alive pipe closed, after an interpreter teardown with torch loaded: 6-7 s at
+    load 20 on the 2-core box, with a run's ranks)."""
+    with fork_server(tmp_path) as (launcher, server, _):
+        time.sleep(0.5)  # the rest of the server's imports
+        launcher.kill()
+        t0 = time.monotonic()
+        while alive(server) and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        assert took < 1.0, f"the fork server outlived its launcher by {took:.1f} s"
 
 
 DESCENDANTS = """
