@@ -17,9 +17,11 @@ interpreter starts, before this module runs, cannot print a traceback either; it
 is unblocked here, once ignored (a pending one is then dropped).
 
 The server ends when its launcher does, SIGKILL included (Linux's parent-death
-signal; its parent is the launcher): left alone it would run until every rank
-it forked has ended and then tear down an interpreter with torch loaded, seconds
-after a killed launcher (25 s at load 17 on the 2-core test box).
+signal; its parent is the launcher), when the launcher started it from its main
+thread (:func:`securevfl.app.rank_server.ensure_server`). Left alone it would run
+until its alive pipe closes and then tear down an interpreter with torch loaded:
+it outlived a SIGKILLed launcher by 6-7 s with a run's ranks, and by more than
+30 s without, at load 20 on the 2-core test box.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from securevfl.runtime.lifeline import parent_death_signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-_launcher = os.getppid()
-if parent_death_signal(signal.SIGKILL) and os.getppid() != _launcher:
+# the launcher's pid, when it started this server from its main thread
+# (securevfl.app.rank_server.SERVER_LIFELINE_ENV; the name is repeated: this module imports
+# nothing of the launcher's, and runs before the server's other imports)
+_launcher = os.environ.pop("SECUREVFL_SERVER_ENDS_WITH", "")
+if _launcher.isdigit() and parent_death_signal(signal.SIGKILL) and os.getppid() != int(_launcher):
     os.kill(os.getpid(), signal.SIGKILL)  # the launcher ended before the request was in place

@@ -19,7 +19,8 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 import signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from securevfl.errors import ConfigError
@@ -71,6 +72,27 @@ def rank_context() -> Any:
     return ctx
 
 
+#: the pid of the process a fork server ends with (its parent), for securevfl.app.rank_preload
+SERVER_LIFELINE_ENV = "SECUREVFL_SERVER_ENDS_WITH"
+
+
+@contextlib.contextmanager
+def _ends_with_this_process() -> Iterator[None]:
+    """Within the block, a fork server started ends with this process
+    (:mod:`securevfl.app.rank_preload`: Linux's parent-death signal), when it is
+    started from the main thread: the signal comes when the *thread* that started
+    the server ends, and a server started from another thread (``api.run`` in a
+    worker thread) must outlive it, for the ranks of that process's other launches."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    os.environ[SERVER_LIFELINE_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        os.environ.pop(SERVER_LIFELINE_ENV, None)
+
+
 def ensure_server() -> None:
     """Start this process's fork server unless it runs, with SIGINT blocked while it
     starts: the server's interpreter inherits the blocked signal, so a Ctrl-C while
@@ -78,7 +100,7 @@ def ensure_server() -> None:
     :mod:`securevfl.app.rank_preload` ignores SIGINT and unblocks it. A Ctrl-C that
     reaches this process meanwhile waits until the server is started, and is raised
     then."""
-    with safe_children():
+    with safe_children(), _ends_with_this_process():
         # multiprocessing's resource tracker, which the server needs, is started first: its
         # start-up unblocks SIGINT in this thread (rather than restoring the mask it found)
         multiprocessing.resource_tracker.ensure_running()
