@@ -425,6 +425,12 @@ class RuntimeSpec(Strict):
     startup_timeout_s: float = Field(default=60.0, gt=0)
     peer_timeout_s: float = Field(default=15.0, gt=0, description="a peer silent this long is declared lost")
     op_timeout_s: float = Field(default=900.0, gt=0, description="one send/recv at most")
+    user_code_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="one call into the rank's user code (a model factory, a defense hook) at most: past "
+        "it the run stops, naming the rank and the call, instead of its peers waiting op_timeout_s",
+    )
     record_views: bool = Field(default=True, description="keep received tensors for attacks")
     dump_views: bool = Field(
         default=False,
@@ -586,6 +592,7 @@ class Protocol(Strict):
             doc.pop("plugins")
         if doc["security"] == SecuritySpec().model_dump(mode="json"):
             doc.pop("security")
+        doc["runtime"].pop("user_code_timeout_s", None)  # each rank's bound on its own code
         if doc["privacy"].get("audit") == AuditSpec().model_dump(mode="json"):
             doc["privacy"].pop("audit")  # the default audit leaves digests as they were
         blob = json.dumps(doc, sort_keys=True).encode()

@@ -45,6 +45,7 @@ from securevfl.model_kinds import MODELS as MODELS
 from securevfl.model_kinds import ModelFactory
 from securevfl.private_init import private_rng
 from securevfl.seeding import seeded
+from securevfl.usercall import is_user_code, user_call
 from securevfl.usercode import CodePolicy, explain
 
 PROBE_ROWS = 8  # rows of the probe batch a party checks its bottom model on at set-up
@@ -101,8 +102,10 @@ def _construct(
     CPU. A factory may raise securevfl's own errors (a :class:`ConfigError` for a
     bad option): they pass as they are; anything else it raises is a
     :class:`UserCodeError`, its text kept for the owner."""
+    # a factory of the user's runs under the rank's marker (securevfl.usercall)
+    where = user_call(what) if is_user_code(fn) else contextlib.nullcontext()
     try:
-        with rng:
+        with rng, where:
             module = fn(in_features, out, **params)
     except SecureVFLError:
         raise

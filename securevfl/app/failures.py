@@ -21,6 +21,7 @@ from securevfl.errors import (
 )
 from securevfl.private_files import open_private, private_dir
 from securevfl.runtime.layout import Layout
+from securevfl.runtime.notes import EXIT_INTERRUPTED, EXIT_PARTY_FAILURE, EXIT_USER_ERROR
 from securevfl.runtime.session import ErrorNote
 
 #: a rank's exit code when its entry point raised before the rank could report it;
@@ -43,8 +44,31 @@ ERROR_KINDS: dict[str, type[SecureVFLError]] = {
 }
 
 
-def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None]) -> SecureVFLError:
-    """Pick the root cause among the ranks' error files and exit codes."""
+#: exit codes that say something of their own: a failure the rank reported (its error
+#: file says which), a stop, a crash with its traceback, a failure before its code ran
+SPEAKING_CODES = frozenset({1, EXIT_USER_ERROR, EXIT_PARTY_FAILURE, EXIT_INTERRUPTED, RANK_CRASHED})
+
+
+def ended_unreported(out_dir: Path, rank: int, code: int | None, files: str = "") -> bool:
+    """Whether a rank that exited with ``code`` by itself left no word of why:
+    exit code 0 before its work was done (no run summary,
+    ``ranks/rank<R>.<files>summary.json``, which a rank writes as it finishes), or
+    an exit code of no meaning to securevfl without an error report. Something in
+    its process ended it: user code calling ``os._exit``. (A signal is named by
+    :func:`explain_failure` as it is.)"""
+    ranks = Path(out_dir) / "ranks"
+    if code == 0:
+        return not (ranks / f"rank{rank}.{files}summary.json").is_file()
+    if code is None or code < 0 or code in SPEAKING_CODES:
+        return False
+    return not (ranks / f"rank{rank}.error.json").is_file()
+
+
+def explain_failure(
+    layout: Layout, out_dir: Path, codes: dict[int, int | None], files: str = ""
+) -> SecureVFLError:
+    """Pick the root cause among the ranks' error files and exit codes (``files``:
+    the prefix of the phase's summary files, :func:`ended_unreported`)."""
     notes: dict[int, ErrorNote] = {}
     for r in codes:
         f = out_dir / "ranks" / f"rank{r}.error.json"
@@ -61,6 +85,21 @@ def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None])
         # the local launcher's user runs every party, so the owner's detail is theirs
         detail = f" [{n.detail}]" if n.detail else ""
         return cls(f"rank {n.rank} ({names[n.rank]}): {n.message}{detail}")
+    quiet = [r for r, c in codes.items() if r not in notes and ended_unreported(out_dir, r, c, files)]
+    if any(c is not None and c != 0 and (c < 0 or c in SPEAKING_CODES) for c in codes.values()):
+        # a rank that says why it ended is the cause before one that ended with 0
+        quiet = [r for r in quiet if codes[r] != 0]
+    if quiet:
+        r = quiet[0]
+        how = "before finishing its work" if codes[r] == 0 else "by itself"
+        also = f" (so did {', '.join(f'rank {q} ({names[q]})' for q in quiet[1:])})" if quiet[1:] else ""
+        stopped_too = "; the launcher stopped the other ranks" if None in codes.values() else ""
+        return PartyFailure(
+            f"rank {r} ({names[r]}) exited with code {codes[r]} {how}, without reporting an error{also}: "
+            "something in its process ended it (user code calling os._exit(), in a model factory, a "
+            f"defense or a plugin){stopped_too}",
+            rank=r,
+        )
     if killed:
         r = killed[0]
         sig = signal.Signals(-codes[r]).name  # type: ignore[operator]
@@ -76,10 +115,16 @@ def explain_failure(layout: Layout, out_dir: Path, codes: dict[int, int | None])
         if stalled
         else ""
     )
-    failures = [n for n in notes.values() if n.lost_rank is not None]
+    # a rank that found the fault in itself (its user code stuck: securevfl.runtime.watchdog)
+    # before the peers that name it
+    failures = sorted(
+        (n for n in notes.values() if n.lost_rank is not None), key=lambda n: (n.lost_rank != n.rank, n.rank)
+    )
     if failures:
         n = failures[0]
-        return PartyFailure(f"rank {n.rank} ({names[n.rank]}): {n.message}{stopped}", rank=n.lost_rank)
+        own = f"rank {n.rank} ({names[n.rank]})"
+        said = n.message if n.message.startswith(own) else f"{own}: {n.message}"
+        return PartyFailure(f"{said}{stopped}", rank=n.lost_rank)
     return _without_reports(out_dir, codes, names, stopped)
 
 

@@ -16,12 +16,14 @@ successful run it runs the protocol's attacks on the ranks' saved views
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -31,7 +33,7 @@ from typing import Any
 
 from securevfl.app.checkpoints import check_one_run
 from securevfl.app.epochs import EpochStream
-from securevfl.app.failures import RANK_CRASHED, explain_failure
+from securevfl.app.failures import RANK_CRASHED, ended_unreported, explain_failure
 from securevfl.app.harness import run_attacks
 from securevfl.app.loader import resolve_protocol
 from securevfl.app.objects import Registration, register_in_rank
@@ -52,7 +54,7 @@ from securevfl.errors import (
 from securevfl.private_files import private_dir, write_private
 from securevfl.records import EpochRecord
 from securevfl.runtime.layout import Layout
-from securevfl.runtime.lifeline import die_with
+from securevfl.runtime.lifeline import adopt_descendants, die_with, end_descendants
 from securevfl.runtime.notes import error_note, exit_code_for, write_error_file
 from securevfl.runtime.safepath import safe_env
 from securevfl.runtime.secure.keys import Identity, key_string
@@ -260,40 +262,78 @@ def _launch(
 
 def _rank_main(target: Callable[..., None], env: dict[str, str], launcher: int, *args: Any) -> None:
     """A rank's first steps: end with the launcher, however it ends (SIGKILL
-    included: :func:`~securevfl.runtime.lifeline.die_with`), take the
-    launcher's environment at launch time (a fork server's own is the one it
-    started with), then run the rank's entry point."""
+    included: :func:`~securevfl.runtime.lifeline.die_with`), adopt the processes
+    its user code starts (:func:`~securevfl.runtime.lifeline.adopt_descendants`),
+    take the launcher's environment at launch time (a fork server's own is the one
+    it started with), then run the rank's entry point; and its last steps
+    (:func:`_end_rank`)."""
     interrupted: list[int] = []
 
     def on_sigint(signum: int, frame: Any) -> None:
         interrupted.append(signum)
         raise KeyboardInterrupt
 
+    code: int | str | None = 0
     try:
         # Ctrl-C stops the rank from here on (a rank forked by the fork server starts
         # with SIGINT ignored: securevfl.app.rank_preload)
         signal.signal(signal.SIGINT, on_sigint)
         die_with(launcher)
+        adopt_descendants()
         os.environ.clear()
         os.environ.update(env)
         target(*args)
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        code = exc.code
     except KeyboardInterrupt:
         # Ctrl-C reaches every process of the terminal's group, a rank still starting
         # up included (these first steps too): a stop the launcher reports, not a bug
         # (and a traceback cut short by the launcher's SIGTERM would reach the user's
         # terminal)
-        sys.exit(EXIT_INTERRUPTED)
+        code = EXIT_INTERRUPTED
     except BaseException:
         if interrupted:
             # the interrupt surfaced as another exception: code that catches it and raises
             # its own (pydantic's schema builder turns it into a SchemaError) is still a stop
-            sys.exit(EXIT_INTERRUPTED)
-        # a bug before the rank could report it: keep the traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        sys.exit(RANK_CRASHED)
+            code = EXIT_INTERRUPTED
+        else:
+            # a bug before the rank could report it: keep the traceback
+            traceback.print_exc()
+            sys.stderr.flush()
+            code = RANK_CRASHED
+    _end_rank(code)
+
+
+#: how long a rank that has done its work waits for threads its user code left running
+THREAD_GRACE_S = 1.0
+
+
+def _end_rank(code: int | str | None) -> None:
+    """A rank's last steps, once its work is done (or has failed): end the processes
+    its user code started (:func:`~securevfl.runtime.lifeline.end_descendants`), and
+    exit with ``code``. Threads its user code started and left running (not
+    daemons) would keep the process alive at the interpreter's exit, and the
+    launcher waiting for it: past :data:`THREAD_GRACE_S` the rank says so and
+    leaves without them (``os._exit``, after flushing its output)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # its work is over: a Ctrl-C now is the launcher's
+    with contextlib.suppress(Exception):  # nothing to end is no reason to fail the rank's exit
+        end_descendants()
+    deadline = time.monotonic() + THREAD_GRACE_S
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    if not left:
+        sys.exit(code)
+    name = mp.current_process().name.removeprefix(RANK_PROCESS)
+    print(
+        f"securevfl: rank {name}: threads {left} that its user code started were still running when the rank "
+        "ended; they were stopped with it",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 def start_ranks(
@@ -361,13 +401,21 @@ def start_ranks(
 
 
 def watch_ranks(
-    proto: Protocol, procs: list[Any], stream: EpochStream | None = None
+    proto: Protocol,
+    procs: list[Any],
+    stream: EpochStream | None = None,
+    *,
+    unreported: Callable[[int, int], bool] | None = None,
 ) -> dict[int, int | None]:
     """Wait for every rank; kill the rest a grace period after the first failure.
     Returns the exit codes by rank; None for a rank this launcher had to kill (it
-    stalled: it did not end by itself within the grace period). ``stream``: rank
-    0's epoch records, delivered as they come (the last ones once every rank has
-    ended); if delivering one raises, every rank is stopped and it propagates.
+    stalled: it did not end by itself within the grace period, or a peer ended
+    without a word). ``stream``: rank 0's epoch records, delivered as they come
+    (the last ones once every rank has ended); if delivering one raises, every
+    rank is stopped and it propagates. ``unreported(rank, code)``: whether a rank
+    that exited with ``code`` ended without saying why
+    (:func:`~securevfl.app.failures.ended_unreported`); the others, which would
+    wait for it until their watchdogs give up on its heartbeat, are stopped at once.
 
     Event-driven: it sleeps on the ranks' process sentinels (and the stream), so it
     wakes the moment a rank ends (no polling slice added to every run); while a
@@ -375,11 +423,18 @@ def watch_ranks(
     grace = proto.runtime.peer_timeout_s + 30.0
     first_failure: float | None = None
     killed: set[int] = set()
+    seen: set[int] = set()
     try:
         while alive := [p for p in procs if p.is_alive()]:
             if stream is not None and stream.open and stream.conn.poll(0):
                 stream.receive()
                 continue
+            ended = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in seen]
+            seen.update(ended)
+            if unreported is not None and any(unreported(r, procs[r].exitcode) for r in ended):
+                killed.update(procs.index(p) for p in alive)
+                stop_ranks(procs)
+                break
             if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_failure = time.monotonic()
             timeout = None
@@ -427,15 +482,17 @@ def _watch(
     proto: Protocol, layout: Layout, out_dir: Path, procs: list[Any], stream: EpochStream | None = None
 ) -> dict[str, Any]:
     """The run's result once every rank has ended, or the root cause of its failure."""
-    codes = watch_ranks(proto, procs, stream)
-    if all(c == 0 for c in codes.values()):
+    codes = watch_ranks(
+        proto, procs, stream, unreported=lambda r, c: ended_unreported(out_dir, r, c, Train.files)
+    )
+    if all(c == 0 for c in codes.values()) and (out_dir / "result.json").is_file():
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
             run_attacks(proto, layout, out_dir)
         return json.loads((out_dir / "result.json").read_text())
-    if all(c in (0, EXIT_INTERRUPTED) for c in codes.values()):
+    if all(c in (0, EXIT_INTERRUPTED) for c in codes.values()) and EXIT_INTERRUPTED in codes.values():
         # every rank stopped on a Ctrl-C to the terminal's group: this process got the same
         # signal, whose handler may not have run yet when the ranks' exits are seen. Give it a
         # moment to (so that it is the one interrupt this process sees), else say it here
         time.sleep(INTERRUPT_GRACE_S)
         raise KeyboardInterrupt
-    raise explain_failure(layout, out_dir, codes)
+    raise explain_failure(layout, out_dir, codes, Train.files)

@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict
 
 from securevfl.app import prediction_ledger
 from securevfl.app.checkpoints import load_model
-from securevfl.app.failures import explain_failure
+from securevfl.app.failures import ended_unreported, explain_failure
 from securevfl.app.launcher import start_ranks, watch_ranks
 from securevfl.app.model_io import PartyModel, load_party_model, run_protocol
 from securevfl.app.outdir import OutputFolder, holds_training_run
@@ -387,9 +387,9 @@ def _predict(
 
     try:
         procs = start_ranks(proto, layout, out, phase, policy=components_of(proto).code)
-        codes = watch_ranks(proto, procs)
-        if any(c != 0 for c in codes.values()):
-            raise explain_failure(layout, folder.path, codes)
+        codes = watch_ranks(proto, procs, unreported=lambda r, c: ended_unreported(out, r, c, Predict.files))
+        if any(c != 0 for c in codes.values()) or not (out / RECORD_FILE).is_file():
+            raise explain_failure(layout, folder.path, codes, Predict.files)
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from securevfl.errors import ConfigError
@@ -69,10 +72,52 @@ def rank_context() -> Any:
     return ctx
 
 
+#: the pid of the process a fork server ends with (its parent), for securevfl.app.rank_preload
+SERVER_LIFELINE_ENV = "SECUREVFL_SERVER_ENDS_WITH"
+
+
+@contextlib.contextmanager
+def _ends_with_this_process() -> Iterator[None]:
+    """Within the block, a fork server started ends with this process
+    (:mod:`securevfl.app.rank_preload`: Linux's parent-death signal), when it is
+    started from the main thread: the signal comes when the *thread* that started
+    the server ends, and a server started from another thread (``api.run`` in a
+    worker thread) must outlive it, for the ranks of that process's other launches."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    os.environ[SERVER_LIFELINE_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        os.environ.pop(SERVER_LIFELINE_ENV, None)
+
+
+def ensure_server() -> None:
+    """Start this process's fork server unless it runs, with SIGINT blocked while it
+    starts: the server's interpreter inherits the blocked signal, so a Ctrl-C while
+    it starts up cannot interrupt it (with a traceback on the terminal) before
+    :mod:`securevfl.app.rank_preload` ignores SIGINT and unblocks it. A Ctrl-C that
+    reaches this process meanwhile waits until the server is started, and is raised
+    then."""
+    with safe_children(), _ends_with_this_process():
+        # multiprocessing's resource tracker, which the server needs, is started first: its
+        # start-up unblocks SIGINT in this thread (rather than restoring the mask it found)
+        multiprocessing.resource_tracker.ensure_running()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def start_processes(procs: Iterable[Any]) -> None:
-    """Start rank processes of :func:`rank_context` (the fork server with the first
-    of them, when it is not running yet), each without the working directory on
-    its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
+    """Start rank processes of :func:`rank_context` (the fork server first, when it
+    is not running yet: :func:`ensure_server`), each without the working directory
+    on its import path (:func:`~securevfl.runtime.safepath.safe_children`)."""
+    procs = list(procs)
+    if any(isinstance(p, multiprocessing.context.ForkServerProcess) for p in procs):
+        ensure_server()
     with safe_children():
         for p in procs:
             p.start()
@@ -83,8 +128,7 @@ def start_rank_server() -> None:
     once they are done); nothing under ``spawn``. A later :func:`rank_context`
     gets the same server."""
     if rank_context().get_start_method() == "forkserver":
-        with safe_children():
-            multiprocessing.forkserver.ensure_running()
+        ensure_server()
 
 
 def stop_rank_server() -> None:

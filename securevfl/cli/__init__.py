@@ -278,8 +278,15 @@ class Terminated(KeyboardInterrupt):
     as on Ctrl-C, and the launcher stops every rank it started (no orphaned ranks)."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+def _on_stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM or Ctrl-C to a command that started ranks: stop it, once. Later
+    signals of either kind are ignored while it stops (a stop takes moments:
+    :func:`_stopped`); raised again inside the stop, they would cut it short with a
+    traceback, and one that came after the handler is put back would end the
+    command by the signal itself (exit -15 rather than 143)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def _stopped(command: str, code: int, *, program: bool) -> int:
@@ -322,10 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         # needs torch loads it after this line) and in the ranks the local launcher
         # spawns, which inherit it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    # the commands that start ranks themselves stop them on SIGTERM; elsewhere (one
-    # `party` rank, which may sit in a transport call) SIGTERM keeps its default action
+    # the commands that start ranks themselves stop them on SIGTERM and Ctrl-C, once
+    # (_on_stop); elsewhere (one `party` rank, which may sit in a transport call) SIGTERM
+    # keeps its default action
     stops_ranks = args.command in LAUNCHING and threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if stops_ranks else None
+    stops = (signal.SIGTERM, signal.SIGINT) if stops_ranks else ()
+    previous = {sig: signal.signal(sig, _on_stop) for sig in stops}
     try:
         if args.command in LAUNCHING:  # the ranks' fork server imports while the command does
             start_rank_server()
@@ -346,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         print("securevfl: interrupted", file=sys.stderr)
         return _stopped(args.command, 130, program=argv is None)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

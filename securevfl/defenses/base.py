@@ -46,6 +46,7 @@ each hook is the identity, so a defense implements only what it changes:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -62,6 +63,7 @@ from securevfl.errors import CheckpointError, ProtocolError
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.runtime.layout import Layout
 from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
+from securevfl.usercall import is_user_code, user_call
 
 
 class DefenseOptions(BaseModel):
@@ -280,30 +282,45 @@ class DefenseStack:
     def __init__(self, defenses: list[Defense[Any]]):
         self.defenses = defenses
         self._public = {d.name: d.public_report() for d in defenses}
+        # a plugin's defense is user code: its hooks run under the rank's marker (securevfl.usercall)
+        self._own = {
+            id(d): f"defense '{d.name}' of party '{d.ctx.party}'" for d in defenses if is_user_code(d)
+        }
+
+    def _in(self, d: Defense[Any], hook: str) -> contextlib.AbstractContextManager[None]:
+        """Where the rank is while ``d``'s ``hook`` runs: a plugin defense's call is
+        marked as user code, a built-in one's is securevfl's own."""
+        what = self._own.get(id(d))
+        return contextlib.nullcontext() if what is None else user_call(f"{what}, hook '{hook}'")
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         for d in self.defenses:
-            x, columns = d.select_features(x, columns)
+            with self._in(d, "select_features"):
+                x, columns = d.select_features(x, columns)
         return x, columns
 
     def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         for d in self.defenses:
-            y = d.labels(y, classes=classes)
+            with self._in(d, "labels"):
+                y = d.labels(y, classes=classes)
         return y
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         for d in self.defenses:
-            h = d.embed(h, train=train)
+            with self._in(d, "embed"):
+                h = d.embed(h, train=train)
         return h
 
     def embed_local(self, h: torch.Tensor) -> torch.Tensor:
         for d in self.defenses:
-            h = d.embed_local(h)
+            with self._in(d, "embed_local"):
+                h = d.embed_local(h)
         return h
 
     def grad(self, g: torch.Tensor) -> torch.Tensor:
         for d in self.defenses:
-            g = d.grad(g)
+            with self._in(d, "grad"):
+                g = d.grad(g)
         return g
 
     def _sum(self, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -311,7 +328,11 @@ class DefenseStack:
         return sum(real[1:], real[0]) if real else None
 
     def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
-        return self._sum([d.local_loss(x, h) for d in self.defenses])
+        parts = []
+        for d in self.defenses:
+            with self._in(d, "local_loss"):
+                parts.append(d.local_loss(x, h))
+        return self._sum(parts)
 
     def top_loss(
         self,
@@ -320,17 +341,23 @@ class DefenseStack:
         y: torch.Tensor,
         embeddings: list[torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
-        return self._sum([d.top_loss(z, logits, y, embeddings) for d in self.defenses])
+        parts = []
+        for d in self.defenses:
+            with self._in(d, "top_loss"):
+                parts.append(d.top_loss(z, logits, y, embeddings))
+        return self._sum(parts)
 
     def begin_eval(self) -> None:
         for d in self.defenses:
-            d.begin_eval()
+            with self._in(d, "begin_eval"):
+                d.begin_eval()
 
     def observe_eval(
         self, logits: torch.Tensor, y: torch.Tensor, embeddings: list[torch.Tensor] | None
     ) -> None:
         for d in self.defenses:
-            d.observe_eval(logits, y, embeddings)
+            with self._in(d, "observe_eval"):
+                d.observe_eval(logits, y, embeddings)
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for d in self.defenses for m in d.modules()]

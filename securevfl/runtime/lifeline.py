@@ -26,6 +26,7 @@ whose origin ended while it started ends too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -56,7 +57,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _parent_death_signal(sig: int) -> bool:
+def parent_death_signal(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent ends; False where
     that is not available."""
     if not sys.platform.startswith("linux"):
@@ -93,7 +94,82 @@ def die_with(origin: int, sig: int = signal.SIGKILL) -> None:
     """End this process with ``sig`` when process ``origin`` ends: the process
     that started it, directly (its parent) or through a fork server (see the
     module docstring)."""
-    if origin != os.getppid() or not _parent_death_signal(sig):
+    if origin != os.getppid() or not parent_death_signal(sig):
         _watch(origin, sig)
     if not alive(origin):
         os.kill(os.getpid(), sig)  # it ended before the request was in place
+
+
+# -- the rank's own descendants ------------------------------------------------------------
+#
+# User code a rank runs (a model factory, a plugin) may start processes of its own. A
+# rank started by the local launcher adopts every process started under it
+# (:func:`adopt_descendants`: Linux's child subreaper, so that one whose parent ended is
+# re-parented to the rank rather than to init), and ends them all as it ends
+# (:func:`end_descendants`), however its run ended: finished, failed, or stopped by its
+# watchdog. A rank killed by a signal (SIGKILL) cannot: what it started is then orphaned.
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+DESCENDANT_GRACE_S = 1.0  # a descendant's time to end on SIGTERM before SIGKILL
+
+_adopting = False
+
+
+def adopt_descendants() -> bool:
+    """Make this process the reaper of every process started under it (Linux; False
+    elsewhere) and have :func:`end_descendants` end them."""
+    global _adopting
+    _adopting = True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children, their children, ...), from ``/proc``;
+    none where there is no ``/proc``."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":  # a zombie has ended already
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        out.extend(children)
+        todo.extend(children)
+    return out
+
+
+def end_descendants(grace_s: float = DESCENDANT_GRACE_S) -> list[int]:
+    """End the processes started under this one (after :func:`adopt_descendants`;
+    nothing otherwise): SIGTERM, then SIGKILL for those alive ``grace_s`` later.
+    Returns their pids."""
+    if not _adopting:
+        return []
+    pids = descendants(os.getpid())
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return pids

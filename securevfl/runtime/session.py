@@ -145,7 +145,9 @@ class Session:
             world_size=self.layout.world_size,
             timeout=timedelta(seconds=self.rt.op_timeout_s),
         )
-        self._watchdog = Watchdog(self.seat, self._watch_client, self.rt.peer_timeout_s, self.report)
+        self._watchdog = Watchdog(
+            self.seat, self._watch_client, self.rt.peer_timeout_s, self.report, self.rt.user_code_timeout_s
+        )
         self._watchdog.start()
         return self
 

@@ -8,6 +8,13 @@ that do not verify for this run (:class:`~securevfl.runtime.seat.Seat`) are
 ignored, so a forged heartbeat or ``done`` flag cannot hide a dead or stalled
 peer. A lost peer ends this rank with a :class:`PartyFailure` naming it, even
 while the main thread is blocked in a receive (SECURITY.md §5).
+
+A heartbeat says the process lives, not that it gets anywhere: a rank whose main
+thread blocks in its owner's code (a model factory, a defense hook) keeps
+beating while its peers wait in their receives. So the watchdog also reads where
+the rank is in user code (:mod:`securevfl.usercall`): once one call has lasted
+``runtime.user_code_timeout_s``, it reports this rank stuck there (its peers
+hear of it through the store and end too) and ends the process.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from securevfl.errors import PartyFailure
+from securevfl.runtime.lifeline import end_descendants
 from securevfl.runtime.notes import EXIT_PARTY_FAILURE
 from securevfl.runtime.rendezvous import native_message
 from securevfl.runtime.seat import Seat
+from securevfl.usercall import stuck_for
 
 HEARTBEAT_S = 0.5
 DECLARE_GRACE_S = 3.0  # the main thread's time to raise a declared loss itself
@@ -31,7 +40,8 @@ DECLARE_GRACE_S = 3.0  # the main thread's time to raise a declared loss itself
 class Watchdog:
     """Watches the peers of ``seat`` through its own store ``client`` (connected
     within the start-up deadline). ``report`` publishes this rank's error before
-    the watchdog ends a process whose main thread is blocked."""
+    the watchdog ends a process whose main thread is blocked. ``user_code_timeout_s``:
+    how long one call into user code may last (None: unbounded)."""
 
     def __init__(
         self,
@@ -39,10 +49,12 @@ class Watchdog:
         client: dist.TCPStore,
         peer_timeout_s: float,
         report: Callable[[BaseException], None],
+        user_code_timeout_s: float | None = None,
     ):
         self.seat = seat
         self.client = client
         self.peer_timeout_s = peer_timeout_s
+        self.user_code_timeout_s = user_code_timeout_s
         self.report = report
         self.lost: PartyFailure | None = None
         self._lost_event = threading.Event()
@@ -67,6 +79,7 @@ class Watchdog:
         beat = 0
         while not self._stop.is_set():
             now = time.monotonic()
+            self._check_user_code(now)
             try:
                 beat += 1
                 client.set(f"hb/{seat.rank}", seat.signed(str(beat), "hb"))
@@ -107,6 +120,27 @@ class Watchdog:
                 return
             self._stop.wait(HEARTBEAT_S)
 
+    def _check_user_code(self, now: float) -> None:
+        """End this rank when its main thread has been in one user code call for
+        ``user_code_timeout_s`` (:mod:`securevfl.usercall`): it reports itself stuck
+        there, naming the call, and exits at once (its main thread is the one stuck)."""
+        if self.user_code_timeout_s is None:
+            return
+        stuck = stuck_for(self.user_code_timeout_s, now)
+        if stuck is None:
+            return
+        what, waited = stuck
+        failure = PartyFailure(
+            f"{self.seat.who(self.seat.rank)} stuck {waited:.0f} s in {what} (one call into user code "
+            f"lasts at most runtime.user_code_timeout_s = {self.user_code_timeout_s:g} s)",
+            rank=self.seat.rank,
+        )
+        self.lost = failure
+        self._lost_event.set()
+        self.report(failure)
+        end_descendants()
+        os._exit(EXIT_PARTY_FAILURE)
+
     def declare(self, failure: PartyFailure) -> None:
         """Record a lost peer; if the main thread has not picked it up within a
         grace period (it may be blocked in a receive), end the process."""
@@ -115,6 +149,7 @@ class Watchdog:
         if self._stop.wait(DECLARE_GRACE_S):
             return
         self.report(failure)
+        end_descendants()
         os._exit(EXIT_PARTY_FAILURE)
 
     def diagnose(self, peer: int, exc: Exception) -> PartyFailure:

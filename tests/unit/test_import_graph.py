@@ -83,6 +83,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.records",
     "securevfl.snapshot",
     "securevfl.registry",
+    "securevfl.usercall",
     "securevfl.usercode",
     "securevfl.errors",
     "securevfl.seeding",

@@ -91,3 +91,42 @@ def test_a_local_ranks_failure_reaches_the_terminal_once(tmp_path, capsys):
     Session(proto, LAYOUT, 1, "tcp://127.0.0.1:29500", tmp_path / "party").report(root)
     err = capsys.readouterr().err
     assert err.count(says) == 1 and "for its owner only: ValueError: no model (line 3)" in err
+
+
+def test_a_rank_that_ended_by_itself_is_the_cause_with_its_exit_code(tmp_path):
+    """A rank that exited without a report with a code of its own (user code's
+    ``os._exit(7)``), or with 0 before its summary was written, is named with its code,
+    before the peers' reports naming it; a rank that says why it ended comes first."""
+    _note(tmp_path, 0, "rank 1 (passive 'left') stopped responding", lost=1)
+    text = str(explain_failure(LAYOUT, tmp_path, {0: 3, 1: 7, 2: None}))
+    assert text.startswith(
+        "rank 1 (passive 'left') exited with code 7 by itself, without reporting an error"
+    ), text
+    assert text.endswith("the launcher stopped the other ranks"), text
+    (tmp_path / "ranks" / "rank0.error.json").unlink()
+    text = str(explain_failure(LAYOUT, tmp_path, {0: 0, 1: 0, 2: 0}))
+    assert text.startswith(
+        "rank 0 (active 'active') exited with code 0 before finishing its work, without reporting an error "
+        "(so did rank 1 (passive 'left'), rank 2 (passive 'right'))"
+    ), text
+    (tmp_path / "ranks" / "rank1.summary.json").write_text("{}")  # rank 1 finished
+    assert "(so did rank 2 (passive 'right'))" in str(explain_failure(LAYOUT, tmp_path, {0: 0, 1: 0, 2: 0}))
+    text = str(explain_failure(LAYOUT, tmp_path, {0: RANK_CRASHED, 1: 0, 2: 0}))
+    assert text.startswith("rank 0 (active 'active') failed with an internal error"), text
+
+
+def test_a_rank_that_reports_itself_stuck_comes_before_the_peers_naming_it(tmp_path):
+    _note(
+        tmp_path,
+        0,
+        "rank 2 (passive 'right') stuck 3 s in ... (reported by rank 2 (passive 'right'))",
+        lost=2,
+    )
+    _note(
+        tmp_path,
+        2,
+        "rank 2 (passive 'right') stuck 3 s in defense 'd' of party 'right', hook 'embed'",
+        lost=2,
+    )
+    text = str(explain_failure(LAYOUT, tmp_path, {0: 3, 1: 3, 2: 3}))
+    assert text == "rank 2 (passive 'right') stuck 3 s in defense 'd' of party 'right', hook 'embed'", text
