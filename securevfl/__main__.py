@@ -3,12 +3,10 @@ directory first on the import path; it is dropped before anything else is
 imported, and the processes the command spawns start without it
 (:mod:`securevfl.runtime.safepath`)."""
 
-import sys
-
 from securevfl.runtime.safepath import safe_command_line
 
 safe_command_line()
 
-from securevfl.cli import main  # noqa: E402  (imported once the path is safe)
+from securevfl.cli import entry  # noqa: E402  (imported once the path is safe)
 
-sys.exit(main())
+entry()

@@ -11,6 +11,7 @@ module of this package (:data:`COMMANDS`), imported when that command runs, so
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -318,6 +319,25 @@ def _error(exc: SecureVFLError, code: int) -> int:
     if detail:  # the user code's own exception, on this machine's terminal
         print(f"securevfl: {detail}", file=sys.stderr)
     return code
+
+
+#: commands whose process runs a rank itself (torch.distributed's native objects live in it)
+RANK_COMMANDS = frozenset({"party"})
+
+
+def entry() -> None:
+    """The ``securevfl`` console command: :func:`main`, then the end of the process. A process
+    that ran a rank (``securevfl party``) ends as soon as its files are written and its exit
+    handlers have run: the interpreter's own teardown of torch.distributed's native objects
+    (the rendezvous store, gloo's threads) kept each party process alive 5-7 s after its
+    "done" line, which ``os._exit`` skips. Other commands exit as usual."""
+    code = main()
+    if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
