@@ -346,17 +346,21 @@ def test_the_former_width_options_are_refused(field, value):
 
 
 def test_check_refuses_overflowing_slots():
-    """paillier.yaml (batch 64, 16-wide embeddings and z): sigma 71, the widest
-    protocol slot (the weight gradient's) 139 bits; at batch 512, 145."""
+    """paillier.yaml (batch 64, 16-wide embeddings and z, run_steps 1,024): sigma 64,
+    the widest protocol slot (the weight gradient's) 132 bits; at batch 512, 138; at
+    the default run_steps (131,072 passes) sigma 71 and 139 bits."""
     with pytest.raises(ConfigError) as info:
         load_protocol_dict(paillier_doc(slot_bits=100))
     assert info.value.path == "exchange.params.slot_bits"
     assert "overflow" in str(info.value) and "batch_size 64" in str(info.value)
-    load_protocol_dict(paillier_doc(slot_bits=139))
+    load_protocol_dict(paillier_doc(slot_bits=132))
     with pytest.raises(ConfigError, match="slot_bits"):
-        load_protocol_dict(paillier_doc(slot_bits=138))
+        load_protocol_dict(paillier_doc(slot_bits=131))
     with pytest.raises(ConfigError, match="slot_bits"):  # a larger batch needs wider slots
-        load_protocol_dict({**paillier_doc(slot_bits=139), "training": {"batch_size": 512}})
+        load_protocol_dict({**paillier_doc(slot_bits=132), "training": {"batch_size": 512}})
+    with pytest.raises(ConfigError, match="slot_bits"):  # a longer run needs wider masks
+        load_protocol_dict(paillier_doc(slot_bits=138, run_steps=1 << 17))
+    load_protocol_dict(paillier_doc(slot_bits=139, run_steps=1 << 17))
 
 
 def test_options_reject_unknown_keys():
