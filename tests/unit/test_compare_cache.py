@@ -73,16 +73,16 @@ def test_execute_runs_only_what_is_missing(tmp_path, monkeypatch) -> None:
     said: list[str] = []
     p = _plan(tmp_path, seeds=(0, 1, 2))
     _finish(p.runs[1])
-    done = execute(p, tmp_path, progress=False, say=said.append)
+    done = execute(p, tmp_path, progress=False, say=said.append, warn=said.append)
     assert [s for s, _ in launched] == [0, 2]
     assert len(done) == 3 and all(res["digest"] == r.digest for r, res in done)
     assert said[0] == "t: 3 runs, 1 already done in " + str(tmp_path) + ", 2 to run"
     assert said[1].startswith("[2/3] plain seed 0") and said[2].startswith("[3/3] plain seed 2")
     assert "left" in said[2]  # an estimate once one run is timed
     launched.clear()
-    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, progress=False, say=said.append)
+    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, progress=False, say=said.append, warn=said.append)
     assert launched == []
-    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, rerun=True, progress=False, say=said.append)
+    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, rerun=True, progress=False, say=said.append, warn=said.append)
     assert len(launched) == 3
 
 
@@ -121,7 +121,7 @@ def test_a_result_edited_after_its_run_is_run_again_saying_why(tmp_path, monkeyp
     again = _plan(tmp_path, seeds=(0,))
     assert cached(again.runs[0]) is None
     said: list[str] = []
-    done = execute(again, tmp_path, progress=False, say=said.append)
+    done = execute(again, tmp_path, progress=False, say=said.append, warn=said.append)
     assert launched == [0, 0]
     assert done[0][1]["test_accuracy"] == 0.54  # what the run measured, not the edit
     assert said[0] == f"plain seed 0: not reused: {result} was changed after the run wrote it; it runs again"
@@ -136,7 +136,7 @@ def test_a_marker_without_the_results_digest_is_not_trusted(tmp_path, monkeypatc
     del mark["result_tag"]
     marker.write_text(json.dumps(mark))
     said: list[str] = []
-    execute(_plan(tmp_path, seeds=(0,)), tmp_path, progress=False, say=said.append)
+    execute(_plan(tmp_path, seeds=(0,)), tmp_path, progress=False, say=said.append, warn=said.append)
     assert launched == [0]
     assert said[0] == (
         f"plain seed 0: not reused: {marker} holds no keyed digest of result.json (an older securevfl "
