@@ -22,9 +22,14 @@ def kind_of(value: object) -> str:
 
 
 def path_arg(value: object, name: str) -> Path:
-    """A path argument: a string or an ``os.PathLike``."""
+    """A path argument: a string or an ``os.PathLike``, without a NUL character
+    (no file system takes one; ``open`` would raise a bare ValueError)."""
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
-        return Path(value)
+        text = os.fspath(value)
+        if isinstance(text, str) and "\0" in text:
+            raise ConfigError(f"{name} holds a NUL character, which no path may hold", path=name)
+        if isinstance(text, str):
+            return Path(text)
     raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {kind_of(value)}", path=name)
 
 
@@ -37,6 +42,13 @@ def check_flags(**flags: object) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise ConfigError(f"{name} is True or False, not {kind_of(value)}", path=name)
+
+
+def callback_arg(value: object, name: str) -> None:
+    """An optional callback argument (``on_epoch``): None or a callable, checked
+    before the run starts rather than when the first epoch ends."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{name} is a function (or None), not {kind_of(value)}", path=name)
 
 
 def seed_list(seeds: object) -> list[int] | None:
