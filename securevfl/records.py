@@ -28,9 +28,8 @@ Real = int | float
 
 
 class _Record(BaseModel):
-    # an unbounded privacy loss is epsilon = inf, and stays inf in result.json
-    # (Python's json writes and reads it as Infinity), not the null pydantic's
-    # JSON mode would make of it
+    # an unbounded privacy loss is epsilon = inf, and stays inf: result.json spells it
+    # "Infinity" (securevfl.jsonfile), not the null pydantic's JSON mode would make of it
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from securevfl import jsonfile
 from securevfl.app.cache_key import cache_key
 from securevfl.app.comparison import MARKER, Plan, Run, say_stderr
 from securevfl.app.launcher import launch
@@ -60,7 +61,7 @@ def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
     if not hmac.compare_digest(result_tag(cache_key(), run, raw), tag):
         return None, f"{result} was changed after the run wrote it"
     try:
-        res = json.loads(raw)
+        res = jsonfile.loads(raw)
     except ValueError:
         return None, f"{result} is not JSON"
     if not isinstance(res, dict) or res.get("digest") != run.digest:
@@ -143,7 +144,7 @@ def execute(
         spent.append(seconds)
         done += 1
         # re-read: the attack harness completes result.json after the ranks end
-        have[id(run)] = json.loads((run.folder / RESULT_FILE).read_text())
+        have[id(run)] = jsonfile.loads((run.folder / RESULT_FILE).read_text())
     if todo:
         say(f"{len(todo)} runs in {fmt_duration(sum(spent))}; {total} of {total} done")
     return [(r, have[id(r)]) for r in runs]  # type: ignore[misc]

@@ -29,6 +29,7 @@ from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
+from securevfl import jsonfile
 from securevfl.app.checkpoints import check_one_run
 from securevfl.app.epochs import EpochStream
 from securevfl.app.failures import RANK_CRASHED, explain_failure
@@ -433,7 +434,7 @@ def _watch(
     if all(c == 0 for c in codes.values()):
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
             run_attacks(proto, layout, out_dir)
-        return json.loads((out_dir / "result.json").read_text())
+        return jsonfile.loads((out_dir / "result.json").read_text())
     if all(c in (0, EXIT_INTERRUPTED) for c in codes.values()):
         # every rank stopped on a Ctrl-C to the terminal's group: this process got the same
         # signal, whose handler may not have run yet when the ranks' exits are seen. Give it a

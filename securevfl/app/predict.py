@@ -37,7 +37,6 @@ starts. ``prediction.json`` and the command give each party's figure and total.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 import weakref
@@ -50,6 +49,7 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from securevfl import jsonfile
 from securevfl.app import prediction_ledger
 from securevfl.app.checkpoints import load_model
 from securevfl.app.failures import explain_failure
@@ -327,7 +327,7 @@ class Predict(Phase):
             wall_time_s=time.time() - started,
             privacy={p.party: p.prediction_privacy for p in parts if p.prediction_privacy},
         )
-        (self.out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
+        (self.out_dir / RECORD_FILE).write_text(jsonfile.dumps(record.model_dump(mode="json"), indent=1))
 
 
 # -- every rank locally -----------------------------------------------------------------------
@@ -378,7 +378,7 @@ def predict_local(
         raise
     folder.commit()
     out = Path(out_dir)
-    record = PredictionRecord.model_validate_json((out / RECORD_FILE).read_text())
+    record = PredictionRecord.model_validate(jsonfile.loads((out / RECORD_FILE).read_text()))
     return record, out / PREDICTIONS_FILE
 
 

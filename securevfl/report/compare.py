@@ -11,7 +11,6 @@ them. Per-run rows: :mod:`securevfl.report.rows`; over seeds:
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from securevfl import jsonfile
 from securevfl.csvfile import write_dicts
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.plots import (
@@ -159,7 +159,7 @@ def write_comparison(
         "protocols": [g.to_json() for g in summary.groups],
         "runs": summary.runs,
     }
-    paths["json"].write_text(json.dumps(doc, indent=2, default=str))
+    paths["json"].write_text(jsonfile.dumps(doc, indent=2, default=str))
     write_dicts(paths["csv"], [g.flat() for g in summary.groups])
     write_dicts(
         paths["runs_csv"],
