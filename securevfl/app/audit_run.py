@@ -79,7 +79,7 @@ def audit_run(
         spec = proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
         if not spec.defenses:
             continue
-        saved = load_model(run_dir, role.rank, protocol_digest=proto.digest())
+        saved = load_model(run_dir, role.rank, protocol_digest=proto.digest_mismatch)
         fresh = [SecretStream.fresh().state() for _ in spec.defenses]  # never the run's keys
         stack = build_stack(proto, spec.name, role.kind, spec.defenses, noise_keys=fresh)
         try:

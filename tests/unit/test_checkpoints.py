@@ -367,3 +367,35 @@ def test_a_forged_state_file_does_not_advise_loading_it_unsafely(tmp_path: Path)
     assert "(Unsupported global: GLOBAL print was not an allowed global by default)" in text, text
     assert "changed after it was written" in text
     assert "weights_only" not in text and "trusted source" not in text, text
+
+
+def test_a_checkpoint_an_older_securevfl_wrote_is_read_and_an_incompatible_one_refused(tmp_path):
+    """Saved digests are checked by the protocol: one written before the schema
+    version is accepted when it matches, one of another schema is refused as
+    incompatible, naming the field."""
+    proto = load_protocol_dict(small_digits())
+    for name, digest, refused in [
+        ("older", proto.legacy_digest(), None),
+        ("now", proto.digest(), None),
+        ("newer", "v99-" + proto.digest()[-16:], "protocol schema v99, incompatible"),
+        ("edited", load_protocol_dict(small_digits(epochs=7)).digest(), "different protocol"),
+    ]:
+        dest = tmp_path / name
+        write_state(
+            dest,
+            tensors={"models": {"w": torch.zeros(2)}},
+            docs={"loop": {"epoch": 1}},
+            kind="checkpoint",
+            protocol_digest=digest,
+            run_id="run-a",
+            rank=1,
+            role="passive",
+            party="left",
+            epoch=1,
+            step=3,
+        )
+        if refused is None:
+            assert read_state(dest, rank=1, kind="checkpoint", protocol_digest=proto.digest_mismatch)
+        else:
+            with pytest.raises(CheckpointError, match=f"field 'protocol_digest'.*{refused}"):
+                read_state(dest, rank=1, kind="checkpoint", protocol_digest=proto.digest_mismatch)
