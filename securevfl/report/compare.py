@@ -23,6 +23,7 @@ from rich.table import Table
 
 from securevfl import jsonfile
 from securevfl.csvfile import write_dicts
+from securevfl.report import markdown
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.plots import (
     plot_cost,
@@ -110,10 +111,10 @@ def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None
     print_summary(summarize(records_of(results)), title=title)
 
 
-def md_cell(text: str) -> str:
-    """A table cell's text in markdown: a ``|`` (a grid value may hold one) is
-    escaped and a line break becomes a space, so the cell stays one cell."""
-    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").splitlines())
+def md_cell(value: str) -> str:
+    """A table cell's text in markdown, shown literally (:func:`securevfl.report.markdown.cell`):
+    a ``|`` (a grid value may hold one) escaped, a line break written as ``\\n``."""
+    return markdown.cell(value)
 
 
 def markdown_summary(summary: Summary) -> str:
@@ -175,7 +176,7 @@ def write_comparison(
     }
     paths.update({k: v for k, v in figures.items() if v is not None})
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    body = [f"# {title} ({stamp})", "", markdown_summary(summary), ""]
+    body = [f"# {markdown.text(title)} ({stamp})", "", markdown_summary(summary), ""]
     body += [
         "- **test acc / AUC**: the model's main performance (MP) on the held-out rows; **majority**: "
         "the share of the most common test label, the accuracy of always predicting it (a result "
