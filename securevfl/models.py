@@ -96,9 +96,12 @@ def _construct(
     *,
     what: str,
     path: str,
+    trainable: bool = True,
 ) -> nn.Module:
     """Call a model factory under ``rng`` and check it returned a module on the
-    CPU. A factory may raise securevfl's own errors (a :class:`ConfigError` for a
+    CPU, with a parameter to train when ``trainable`` (a bottom model: the only
+    thing its party trains; a top model may have none, the interactive layer below
+    it trains). A factory may raise securevfl's own errors (a :class:`ConfigError` for a
     bad option): they pass as they are; anything else it raises is a
     :class:`UserCodeError`, its text kept for the owner."""
     try:
@@ -122,6 +125,12 @@ def _construct(
                 "training.device)",
                 path=path,
             )
+    if trainable and not any(p.requires_grad for p in module.parameters()):
+        raise UserCodeError(
+            f"{what} returned a module with no trainable parameter (it has none, or every one has "
+            "requires_grad=False): a party trains its model, so at least one parameter must require grad",
+            path=path,
+        )
     return module
 
 
@@ -178,7 +187,8 @@ def build_top(
     fn, what = _factory(
         spec.factory, None, code or CodePolicy(), what=f"top model of party '{party}':", path="top"
     )
-    return _construct(fn, in_features, classes, dict(spec.params), seeded(seed, "top"), what=what, path="top")
+    rng, params = seeded(seed, "top"), dict(spec.params)
+    return _construct(fn, in_features, classes, params, rng, what=what, path="top", trainable=False)
 
 
 def check_output(module: nn.Module, x: torch.Tensor, width: int, *, what: str, path: str) -> None:

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+import securevfl.defenses.contract as contract
 from securevfl._compat import import_crypten
 from securevfl.components import components_of
 from securevfl.config import ComponentSpec, Protocol
@@ -283,27 +284,29 @@ class DefenseStack:
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         for d in self.defenses:
-            x, columns = d.select_features(x, columns)
+            x, columns = contract.features_like(
+                d, contract.call(d, "select_features", d.select_features, x, columns), x
+            )
         return x, columns
 
     def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         for d in self.defenses:
-            y = d.labels(y, classes=classes)
+            y = contract.labels_like(d, contract.call(d, "labels", d.labels, y, classes=classes), y, classes)
         return y
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         for d in self.defenses:
-            h = d.embed(h, train=train)
+            h = contract.tensor_like(d, "embed", contract.call(d, "embed", d.embed, h, train=train), h)
         return h
 
     def embed_local(self, h: torch.Tensor) -> torch.Tensor:
         for d in self.defenses:
-            h = d.embed_local(h)
+            h = contract.tensor_like(d, "embed_local", contract.call(d, "embed_local", d.embed_local, h), h)
         return h
 
     def grad(self, g: torch.Tensor) -> torch.Tensor:
         for d in self.defenses:
-            g = d.grad(g)
+            g = contract.tensor_like(d, "grad", contract.call(d, "grad", d.grad, g), g)
         return g
 
     def _sum(self, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -311,7 +314,12 @@ class DefenseStack:
         return sum(real[1:], real[0]) if real else None
 
     def local_loss(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
-        return self._sum([d.local_loss(x, h) for d in self.defenses])
+        return self._sum(
+            [
+                contract.loss_like(d, "local_loss", contract.call(d, "local_loss", d.local_loss, x, h))
+                for d in self.defenses
+            ]
+        )
 
     def top_loss(
         self,
@@ -320,7 +328,14 @@ class DefenseStack:
         y: torch.Tensor,
         embeddings: list[torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
-        return self._sum([d.top_loss(z, logits, y, embeddings) for d in self.defenses])
+        return self._sum(
+            [
+                contract.loss_like(
+                    d, "top_loss", contract.call(d, "top_loss", d.top_loss, z, logits, y, embeddings)
+                )
+                for d in self.defenses
+            ]
+        )
 
     def begin_eval(self) -> None:
         for d in self.defenses:

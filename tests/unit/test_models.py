@@ -64,6 +64,19 @@ def flat(in_features, out):
 def on_meta(in_features, out):
     return nn.Linear(in_features, out, device="meta")
 
+class Fixed(nn.Module):
+    def __init__(self, in_features, out):
+        super().__init__()
+        self.register_buffer("w", torch.ones(in_features, out))
+    def forward(self, x):
+        return x @ self.w
+
+def no_parameters(in_features, out):
+    return Fixed(in_features, out)
+
+def frozen(in_features, out):
+    return nn.Linear(in_features, out).requires_grad_(False)
+
 def top(in_features, classes, *, hidden=4):
     return nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
 
@@ -150,6 +163,8 @@ def test_a_factory_is_refused_without_the_policy_allowing_it(factories):
         ("NOT_CALLABLE", "is not callable"),
         ("missing", "module '{name}' has no 'missing'"),
         ("on_meta", "built 'weight' on meta: build the module on the CPU"),
+        ("no_parameters", "factory '{name}:no_parameters' returned a module with no trainable parameter"),
+        ("frozen", "factory '{name}:frozen' returned a module with no trainable parameter"),
     ],
 )
 def test_a_factory_that_cannot_build_is_named_with_its_party(factories, fn, message):
