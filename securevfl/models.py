@@ -43,6 +43,7 @@ from securevfl.csprng import SecretStream
 from securevfl.errors import SecureVFLError, UserCodeError
 from securevfl.model_kinds import MODELS as MODELS
 from securevfl.model_kinds import ModelFactory
+from securevfl.model_limits import BYTES_PER_PARAMETER, gib, over_limit, physical_memory
 from securevfl.private_init import private_rng
 from securevfl.seeding import seeded
 from securevfl.usercode import CodePolicy, explain
@@ -125,6 +126,7 @@ def _construct(
                 "training.device)",
                 path=path,
             )
+    check_built_size(module, what=what, path=path)
     if trainable and not any(p.requires_grad for p in module.parameters()):
         raise UserCodeError(
             f"{what} returned a module with no trainable parameter (it has none, or every one has "
@@ -132,6 +134,23 @@ def _construct(
             path=path,
         )
     return module
+
+
+def check_built_size(module: nn.Module, *, what: str, path: str, memory: int | None = None) -> int:
+    """The trainable parameters of a model as its rank built it, refused beyond the
+    per-party limits that :mod:`securevfl.sizing` applies at load to the models it
+    can count from their shapes (:mod:`securevfl.model_limits`; ``memory``: default
+    this machine's). A factory's model is counted here alone, in its owner's rank,
+    the only process that runs its code."""
+    n = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    limit = over_limit(n, physical_memory() if memory is None else memory)
+    if limit is not None:
+        raise UserCodeError(
+            f"{what} built a module of {n:,} trainable parameters (about {gib(n * BYTES_PER_PARAMETER)} "
+            f"with gradients and optimizer state); {limit}: make it smaller",
+            path=path,
+        )
+    return n
 
 
 def bottom_label(spec: ModelSpec, party: str) -> str:

@@ -254,3 +254,38 @@ def test_an_attack_rebuilding_a_partys_factory_model_imports_it_under_the_harnes
         assert torch.equal(embed(x), trained(x))
     with pytest.raises(UserCodeError, match="not allowed"):
         own_embedding(view, load_protocol(f), sent=False)  # a policy that allows nothing
+
+
+def test_a_factory_built_model_is_held_to_the_per_party_limits(factories, monkeypatch):
+    """A factory's module is counted in its owner's rank against the limits the
+    built-in models are held to at load (securevfl.model_limits): beyond the stated
+    parameter count, or a training state beyond the machine's memory, it is refused
+    naming the party, the factory and the field."""
+    from securevfl import model_limits
+
+    name, policy = factories
+    built = build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy)
+    n = sum(p.numel() for p in built.parameters())  # 6*8+8 + 8*4+4 = 92
+    monkeypatch.setattr(model_limits, "MAX_PARAMETERS", n - 1)
+    with pytest.raises(UserCodeError) as err:
+        build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy, path="parties.passive[0].model")
+    text = str(err.value)
+    assert (
+        f"factory '{name}:good' built a module of {n:,} trainable parameters" in text and "party 'p1'" in text
+    )
+    assert (
+        f"a party trains at most {n - 1:,} parameters" in text
+        and err.value.path == "parties.passive[0].model"
+    )
+    monkeypatch.setattr(model_limits, "MAX_PARAMETERS", n)
+    monkeypatch.setattr("securevfl.models.physical_memory", lambda: n * model_limits.BYTES_PER_PARAMETER - 1)
+    with pytest.raises(UserCodeError, match=r"this machine has 0\.0 GiB of memory"):
+        build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy)
+    monkeypatch.setattr("securevfl.models.physical_memory", lambda: n * model_limits.BYTES_PER_PARAMETER)
+    assert (
+        sum(
+            p.numel()
+            for p in build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy).parameters()
+        )
+        == n
+    )
