@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,12 @@ import numpy as np
 import torch
 
 from securevfl.app.threads import rank_threads
+from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.errors import ConfigError, SecureVFLError, UserCodeError
+from securevfl.defenses.base import replaced_warning
+from securevfl.errors import ConfigError, SecureVFLError, SecurityWarning, UserCodeError
 from securevfl.records import OwnView
 from securevfl.report.result import read_result, write_result
 from securevfl.runtime.layout import Layout
@@ -102,10 +105,13 @@ def run_attacks(proto: Protocol, layout: Layout, out_dir: Path) -> dict[str, Any
     finally:
         torch.set_num_threads(threads)
     result = read_result(Path(out_dir))
-    update = {
+    update: dict[str, Any] = {
         "attacks": {**result.attacks, **results},
         "phase_s": {**result.phase_s, "attacks": round(time.perf_counter() - t0, 4)},
     }
+    replaced = {e["attack"]: e["replaced_builtin"] for e in results.values() if "replaced_builtin" in e}
+    if replaced:
+        update["replaced_builtins"] = {**result.replaced_builtins, "attacks": replaced}
     write_result(Path(out_dir), result.model_copy(update=update))
     return results
 
@@ -129,6 +135,11 @@ def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
         scores = hook.call("score", attack.score, guess, world)
         entry = {"attack": spec.name, "adversary": adversary, **_checked_scores(scores, hook)}
         entry["used"] = guess.get("used", {})
+        replaced = ATTACKS.replaced(spec.name)
+        if replaced is not None:
+            entry["replaced_builtin"] = replaced
+            said = replaced_warning(None, "attack", spec.name, replaced)
+            warnings.warn(SecurityWarning(said), stacklevel=2)
         entry["seconds"] = time.perf_counter() - t0
         results[key] = _jsonable(entry)
     return results

@@ -46,6 +46,7 @@ each hook is the identity, so a defense implements only what it changes:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -59,7 +60,7 @@ from securevfl.components import components_of
 from securevfl.config import ComponentSpec, Protocol
 from securevfl.csprng import SecretStream
 from securevfl.defenses.names import DEFENSES as DEFENSES
-from securevfl.errors import CheckpointError, ProtocolError
+from securevfl.errors import CheckpointError, ProtocolError, SecurityWarning
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.runtime.layout import Layout
 from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
@@ -281,6 +282,8 @@ class DefenseStack:
     def __init__(self, defenses: list[Defense[Any]]):
         self.defenses = defenses
         self._public = {d.name: d.public_report() for d in defenses}
+        #: each defense whose built-in name user code took with ``force=True``: where that code lives
+        self.replaced = {d.name: r for d in defenses if (r := DEFENSES.replaced(d.name)) is not None}
 
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         for d in self.defenses:
@@ -456,4 +459,17 @@ def build_stack(
                 ) from None
         ctx = DefenseContext(proto, party, side, proto.training.seed, noise)
         out.append(d.cls(d.options, ctx))
-    return DefenseStack(out)
+    stack = DefenseStack(out)
+    for name, origin in stack.replaced.items():
+        warnings.warn(SecurityWarning(replaced_warning(party, "defense", name, origin)), stacklevel=2)
+    return stack
+
+
+def replaced_warning(party: str | None, kind: str, name: str, origin: str) -> str:
+    """The warning for a run that uses user code registered with ``force=True``
+    under the name of one of securevfl's own components."""
+    who = f"party '{party}': " if party else ""
+    return (
+        f"{who}{kind} '{name}' is not securevfl's built-in: {origin} was registered in its place "
+        f"(force=True), so what securevfl documents and tests of '{name}' does not hold for this run"
+    )

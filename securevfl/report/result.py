@@ -76,6 +76,7 @@ def build_result(
             "privacy": _privacy(proto, parts, steps),
             "attacks": {},  # filled by the attack harness after the run
             "defense_report": {p.party: p.defense_report for p in parts if p.defense_report},
+            "replaced_builtins": {p.party: p.replaced_builtins for p in parts if p.replaced_builtins},
             "noise_seed_pinned": proto.privacy.noise_seed is not None,
             "defenses": {
                 lay_name: [d.name for d in specs]
