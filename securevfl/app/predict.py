@@ -70,6 +70,7 @@ from securevfl.errors import ConfigError, SecureVFLError
 from securevfl.parties.predict import ActivePredictor
 from securevfl.privacy.prediction_budget import PredictionSpend
 from securevfl.records import OwnView, RankSummary
+from securevfl.report.result import RESULT_FILE
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 
@@ -331,6 +332,34 @@ class Predict(Phase):
 
 
 # -- every rank locally -----------------------------------------------------------------------
+def check_finished(run_dir: Path, proto: Protocol) -> None:
+    """Refuse the models of a training run that did not finish: every rank saves
+    its model before rank 0 writes ``result.json``, so a run that failed after that
+    (a full disk as rank 0 wrote its result, a rank that died at the end) leaves
+    verified models without one. A run finished when ``result.json`` is there, reads
+    as a result and names the protocol the models were saved under."""
+    path = run_dir / RESULT_FILE
+    why = None
+    try:
+        doc = jsonfile.loads(path.read_bytes())
+    except FileNotFoundError:
+        why = f"holds no {RESULT_FILE}"
+    except (OSError, ValueError) as exc:
+        why = f"holds a {RESULT_FILE} that cannot be read ({type(exc).__name__})"
+    else:
+        digest = doc.get("digest") if isinstance(doc, dict) else None
+        if not isinstance(digest, str):
+            why = f"holds a {RESULT_FILE} that is not a run's result"
+        elif (mismatch := proto.digest_mismatch(digest)) is not None:
+            why = f"holds a {RESULT_FILE} of another protocol than its models ({mismatch})"
+    if why is not None:
+        raise ConfigError(
+            f"{run_dir} {why}: that training run did not finish (it failed or was stopped after "
+            "saving its models), so its models are not used; run it again (or --resume it)",
+            path="run",
+        )
+
+
 def predict_local(
     run_dir: Path,
     out_dir: Path,
@@ -346,6 +375,7 @@ def predict_local(
     rank_threads()  # a bad SECUREVFL_THREADS is refused here, not in every rank
     run_dir = Path(run_dir)
     proto = run_protocol(run_dir)
+    check_finished(run_dir, proto)
     files = parse_data_overrides(data or [], proto)
     layout = layout_of(proto)
     for role in layout.roles:  # every rank's model, verified before any rank starts
@@ -388,6 +418,7 @@ __all__ = [
     "Predict",
     "PredictionRecord",
     "check_budgets",
+    "check_finished",
     "check_out",
     "parse_data_overrides",
     "predict_local",
