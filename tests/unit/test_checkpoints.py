@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -399,3 +400,32 @@ def test_a_checkpoint_an_older_securevfl_wrote_is_read_and_an_incompatible_one_r
         else:
             with pytest.raises(CheckpointError, match=f"field 'protocol_digest'.*{refused}"):
                 read_state(dest, rank=1, kind="checkpoint", protocol_digest=proto.digest_mismatch)
+
+
+def test_ranks_of_incompatible_securevfl_versions_are_told_apart_from_a_changed_protocol() -> None:
+    """Two ranks whose protocol digests carry different schema versions run
+    incompatible securevfl versions, and the start-up says so; the same version
+    with another digest is another protocol, as before."""
+    from types import SimpleNamespace
+
+    from securevfl.runtime.admission import check_hellos
+
+    proto = load_protocol_dict(small_digits())
+    layout = SimpleNamespace(
+        world_size=2,
+        roles=[SimpleNamespace(party="p0", kind="active"), SimpleNamespace(party="p1", kind="passive")],
+    )
+    seat = SimpleNamespace(layout=layout, who=lambda r: f"rank {r}")
+
+    def announced(rank: int, digest: str) -> Hello:
+        role = "active" if rank == 0 else "passive"
+        return hello(rank, None, role).model_copy(update={"world_size": 2, "digest": digest})
+
+    me = announced(0, proto.digest())
+    for other, said in [
+        (proto.legacy_digest(), "protocol schema (v1) is incompatible with this rank's (v2)"),
+        ("v3-" + proto.digest()[-16:], "protocol schema (v3) is incompatible"),
+        (load_protocol_dict(small_digits(epochs=7)).digest(), "runs a different protocol"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            check_hellos(seat, {0: me, 1: announced(1, other)}, me)  # type: ignore[arg-type]
