@@ -1,6 +1,6 @@
 """Strict JSON for the files a run writes (``result.json``, ``compare.json``,
-``prediction.json``, each rank's summary and own report): one rule for numbers
-that JSON has no spelling for, in one place.
+``prediction.json``, a model's prediction ledger, each rank's summary and own
+report): one rule for numbers that JSON has no spelling for, in one place.
 
 Python's :mod:`json` writes ``Infinity`` and ``NaN``, which no JSON parser but
 Python's and JavaScript's ``eval`` accepts (RFC 8259 §6). Here a float that is
