@@ -32,11 +32,12 @@ from securevfl.report.result import RESULT_FILE
 _TAG_LABEL = b"securevfl compare cache v1\n"
 
 
-def result_tag(key: bytes, run: Run, raw: bytes) -> str:
+def result_tag(key: bytes, run: Run, raw: bytes, *, digest: str | None = None) -> str:
     """The marker's tag of a run's ``result.json`` bytes ``raw``: HMAC-SHA256 under
-    ``key`` of the run's protocol digest and seed and the bytes, so that a result is
-    vouched for only in its own run's place."""
-    head = json.dumps({"digest": run.digest, "seed": run.seed}, sort_keys=True).encode()
+    ``key`` of the run's protocol digest (``digest``: the one the marker holds, when
+    an older, compatible securevfl wrote it) and seed and the bytes, so that a result
+    is vouched for only in its own run's place."""
+    head = json.dumps({"digest": digest or run.digest, "seed": run.seed}, sort_keys=True).encode()
     return hmac.new(key, _TAG_LABEL + head + b"\n" + raw, hashlib.sha256).hexdigest()
 
 
@@ -53,18 +54,22 @@ def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
         raw = result.read_bytes()
     except (OSError, ValueError):
         return None, None
-    if not isinstance(mark, dict) or mark.get("digest") != run.digest or mark.get("seed") != run.seed:
+    if not isinstance(mark, dict) or mark.get("seed") != run.seed:
+        return None, None
+    # the digest this run's protocol has now, or the one a compatible older securevfl gave it
+    saved = mark.get("digest")
+    if not isinstance(saved, str) or run.proto.digest_mismatch(saved) is not None:
         return None, None
     tag = mark.get("result_tag")
     if not isinstance(tag, str):
         return None, f"{marker} holds no keyed digest of {RESULT_FILE} (an older securevfl wrote it)"
-    if not hmac.compare_digest(result_tag(cache_key(), run, raw), tag):
+    if not hmac.compare_digest(result_tag(cache_key(), run, raw, digest=saved), tag):
         return None, f"{result} was changed after the run wrote it"
     try:
         res = jsonfile.loads(raw)
     except ValueError:
         return None, f"{result} is not JSON"
-    if not isinstance(res, dict) or res.get("digest") != run.digest:
+    if not isinstance(res, dict) or res.get("digest") != saved:
         return None, f"{result} is not this protocol's result"
     return res, None
 
