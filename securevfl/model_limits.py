@@ -1,4 +1,4 @@
-"""The stated limits on what one party trains (README, "bounded at load"), in one
+"""The stated limits on what one party trains (README, "Runs and output folders"), in one
 place for the two places that count: :mod:`securevfl.sizing` at load, from the
 shapes of the built-in models (no model built, torch not imported), and
 :mod:`securevfl.models` in the owner's rank, for a model user code built (a

@@ -11,7 +11,7 @@ Every such value goes into the report through one of these functions (CommonMark
 - :func:`code`: an inline code span, which shows its text literally (HTML
   included): its fence is longer than any run of backticks inside;
 - :func:`text`: running text, every markdown and HTML character backslash-escaped
-  (CommonMark §2.4: an escaped character is a literal character);
+  (CommonMark, section 2.4: an escaped character is a literal character);
 - :func:`cell`: a table cell's text (:func:`text`, whose ``\\|`` keeps the cell one cell).
 
 In all three a control character (a line break among them) is written as its
@@ -24,7 +24,7 @@ import re
 import unicodedata
 
 #: characters that mean something to markdown or HTML inside a line. ``_`` is left as it is:
-#: inside a word (``label_norm``) it starts no emphasis (CommonMark §6.2), and at a word's
+#: inside a word (``label_norm``) it starts no emphasis (CommonMark, section 6.2), and at a word's
 #: edge it can only italicize, never link, run or break anything
 _SPECIAL = re.compile(r"([\\`*\[\]<>&#|!~$])")
 _BACKTICKS = re.compile(r"`+")
