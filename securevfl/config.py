@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -571,13 +571,37 @@ class Protocol(Strict):
 
     def digest(self) -> str:
         """Stable hash of what the parties must agree on; every rank checks it at
-        start-up so that ranks started on different hosts run the same protocol.
+        start-up so that ranks started on different hosts run the same protocol,
+        and a checkpoint or a saved model is used only under the protocol it was
+        written for.
+
+        It covers the protocol as the user gave it: every field that differs from
+        its schema default (pydantic's ``exclude_defaults``), so a later securevfl
+        that adds a field whose default keeps the old behaviour reads the same
+        digest, and saved runs stay usable. The schema's version
+        (:data:`SCHEMA_VERSION`) is part of it (``v<N>-<hex>``): a change that makes
+        a saved run mean something else bumps it, and such a run is then refused
+        as saved by an incompatible securevfl (:meth:`digest_mismatch`).
 
         Where each party keeps its own file (``source.path``) is that party's
         business, not something to agree on: it is left out, so identical
         protocol files kept in different folders (relative paths resolve per
         host) agree. So is a party's ``prediction_budget``: its own limit, which it
         alone enforces, and which it may change without retraining."""
+        doc = self.model_dump(mode="json", exclude_defaults=True)
+        parties = doc.get("parties", {})
+        for entry in [parties.get("active") or {}, *(parties.get("passive") or [])]:
+            if entry.get("source"):
+                entry["source"].pop("path", None)
+            entry.pop("prediction_budget", None)
+        blob = json.dumps(doc, sort_keys=True).encode()
+        return f"v{SCHEMA_VERSION}-{hashlib.sha256(blob).hexdigest()[:16]}"
+
+    def legacy_digest(self) -> str:
+        """The digest securevfl wrote before :data:`SCHEMA_VERSION` (16 hex digits
+        over every field, defaults included, but for the few listed below). A run
+        saved then is still used when this matches: the protocol has not changed
+        and this securevfl's schema has no field that securevfl lacked."""
         doc = self.model_dump(mode="json")
         for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
             if entry.get("source"):
@@ -597,6 +621,41 @@ class Protocol(Strict):
             doc["privacy"].pop("audit")  # the default audit leaves digests as they were
         blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def digest_mismatch(self, saved: str) -> str | None:
+        """Why a run whose files carry the protocol digest ``saved`` may not be used
+        under this protocol, in words for the user; None when it may."""
+        return digest_mismatch(saved, self.digest(), self.legacy_digest)
+
+
+#: The protocol schema's version, part of every digest (:meth:`Protocol.digest`). Bump it
+#: when a change makes a run saved under the old schema mean something else under the new
+#: one: a default changed, a field's meaning changed, a field removed or renamed. A new
+#: field whose default keeps the old behaviour needs no bump (the digest leaves defaults out).
+SCHEMA_VERSION = 2
+
+
+def digest_mismatch(saved: str, current: str, legacy: Callable[[], str]) -> str | None:
+    """Why a saved digest ``saved`` does not vouch for the protocol whose digest is
+    ``current`` (``legacy``: its digest as securevfl wrote it before the schema
+    version), or None when it does."""
+    if saved == current:
+        return None
+    version = re.fullmatch(r"v(\d+)-[0-9a-f]{16}", saved)
+    if version is None:
+        if re.fullmatch(r"[0-9a-f]{16}", saved) and saved == legacy():
+            return None
+        return (
+            "saved by an older securevfl, whose digest covers every protocol field: the protocol was "
+            "changed after the run, or this securevfl's protocol schema is incompatible with the one "
+            "that saved it"
+        )
+    if int(version.group(1)) != SCHEMA_VERSION:
+        return (
+            f"saved by a securevfl with protocol schema v{version.group(1)}, incompatible with this "
+            f"one's v{SCHEMA_VERSION}: train again, or use the securevfl that saved it"
+        )
+    return "written for a different protocol (the protocol was changed after the run)"
 
 
 #: Model fields whose default leaves a protocol's digest as it was before they existed.

@@ -43,6 +43,7 @@ from securevfl.csprng import SecretStream
 from securevfl.errors import SecureVFLError, UserCodeError
 from securevfl.model_kinds import MODELS as MODELS
 from securevfl.model_kinds import ModelFactory
+from securevfl.model_limits import BYTES_PER_PARAMETER, gib, over_limit, physical_memory
 from securevfl.private_init import private_rng
 from securevfl.seeding import seeded
 from securevfl.usercall import is_user_code, user_call
@@ -97,9 +98,12 @@ def _construct(
     *,
     what: str,
     path: str,
+    trainable: bool = True,
 ) -> nn.Module:
     """Call a model factory under ``rng`` and check it returned a module on the
-    CPU. A factory may raise securevfl's own errors (a :class:`ConfigError` for a
+    CPU, with a parameter to train when ``trainable`` (a bottom model: the only
+    thing its party trains; a top model may have none, the interactive layer below
+    it trains). A factory may raise securevfl's own errors (a :class:`ConfigError` for a
     bad option): they pass as they are; anything else it raises is a
     :class:`UserCodeError`, its text kept for the owner."""
     # a factory of the user's runs under the rank's marker (securevfl.usercall)
@@ -125,7 +129,31 @@ def _construct(
                 "training.device)",
                 path=path,
             )
+    check_built_size(module, what=what, path=path)
+    if trainable and not any(p.requires_grad for p in module.parameters()):
+        raise UserCodeError(
+            f"{what} returned a module with no trainable parameter (it has none, or every one has "
+            "requires_grad=False): a party trains its model, so at least one parameter must require grad",
+            path=path,
+        )
     return module
+
+
+def check_built_size(module: nn.Module, *, what: str, path: str, memory: int | None = None) -> int:
+    """The trainable parameters of a model as its rank built it, refused beyond the
+    per-party limits that :mod:`securevfl.sizing` applies at load to the models it
+    can count from their shapes (:mod:`securevfl.model_limits`; ``memory``: default
+    this machine's). A factory's model is counted here alone, in its owner's rank,
+    the only process that runs its code."""
+    n = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    limit = over_limit(n, physical_memory() if memory is None else memory)
+    if limit is not None:
+        raise UserCodeError(
+            f"{what} built a module of {n:,} trainable parameters (about {gib(n * BYTES_PER_PARAMETER)} "
+            f"with gradients and optimizer state); {limit}: make it smaller",
+            path=path,
+        )
+    return n
 
 
 def bottom_label(spec: ModelSpec, party: str) -> str:
@@ -181,7 +209,8 @@ def build_top(
     fn, what = _factory(
         spec.factory, None, code or CodePolicy(), what=f"top model of party '{party}':", path="top"
     )
-    return _construct(fn, in_features, classes, dict(spec.params), seeded(seed, "top"), what=what, path="top")
+    rng, params = seeded(seed, "top"), dict(spec.params)
+    return _construct(fn, in_features, classes, params, rng, what=what, path="top", trainable=False)
 
 
 def check_output(module: nn.Module, x: torch.Tensor, width: int, *, what: str, path: str) -> None:

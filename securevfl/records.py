@@ -28,9 +28,8 @@ Real = int | float
 
 
 class _Record(BaseModel):
-    # an unbounded privacy loss is epsilon = inf, and stays inf in result.json
-    # (Python's json writes and reads it as Infinity), not the null pydantic's
-    # JSON mode would make of it
+    # an unbounded privacy loss is epsilon = inf, and stays inf: result.json spells it
+    # "Infinity" (securevfl.jsonfile), not the null pydantic's JSON mode would make of it
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
@@ -53,6 +52,8 @@ class RankSummary(_Record):
     allowed_steps: int | None = None
     privacy: dict[str, Any] | None = None
     defense_report: dict[str, Any] | None = None
+    # defenses whose built-in name user code took with force=True: name -> module:qualname
+    replaced_builtins: dict[str, str] | None = None
     # the active party's task, metrics and schedule (ActiveParty.run_summary)
     task: str | None = None
     positive_class: str | None = None  # a binary task's: what test_auc and a prediction's score are about
@@ -285,6 +286,9 @@ class ResultRecord(_Record):
     # privacy.noise_seed was pinned: every defense noise is reproducible by anyone who
     # knows the seed, so the run is not private (an experiment; SECURITY.md)
     noise_seed_pinned: bool = False
+    # components whose built-in name user code took with force=True (party -> name -> module:qualname;
+    # an attack's under "attacks"): what securevfl documents of that name does not hold for the run
+    replaced_builtins: dict[str, dict[str, str]] = {}
     digest: str
     wall_time_s: Real
     phase_s: dict[str, dict[str, Real] | Real]  # per rank, and "attacks" (the harness's seconds)

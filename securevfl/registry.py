@@ -42,6 +42,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
         self._paths: dict[str, str] = {}  # registered by path, not imported yet
+        self._replaced: dict[str, str] = {}  # a built-in name -> where its forced replacement lives
         # reentrant: importing a registered module may register more names here
         self._lock = threading.RLock()
 
@@ -57,6 +58,7 @@ class Registry(Generic[T]):
     def add(self, name: str, obj: T, *, force: bool = False) -> None:
         with self._lock:
             self._refuse_duplicate(name, force)
+            self._note_replacement(name, _origin(obj))
             self._paths.pop(name, None)
             self._items[name] = obj
 
@@ -67,6 +69,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} '{name}': {path!r} is not a 'package.module:attribute' path")
         with self._lock:
             self._refuse_duplicate(name, force)
+            self._note_replacement(name, path)
             self._items.pop(name, None)
             self._paths[name] = path
 
@@ -74,10 +77,31 @@ class Registry(Generic[T]):
         if name in self and not force:
             raise ValueError(f"{self.kind} '{name}' is already registered")
 
+    def _note_replacement(self, name: str, origin: str) -> None:
+        """Remember that ``force=True`` put user code (``origin``) in place of
+        securevfl's own entry ``name``, so that a run using the name says so."""
+        if name in self._replaced:
+            if _is_securevfl(origin):  # securevfl's own again: nothing replaced now
+                del self._replaced[name]
+            else:
+                self._replaced[name] = origin
+            return
+        current = self._paths.get(name) or (_origin(self._items[name]) if name in self._items else None)
+        if current is not None and _is_securevfl(current) and not _is_securevfl(origin):
+            self._replaced[name] = origin
+
+    def replaced(self, name: str) -> str | None:
+        """Where the user code lives that ``force=True`` registered in place of
+        securevfl's own ``name`` (``module:qualname``); None when ``name`` is securevfl's
+        own, or was never one."""
+        with self._lock:
+            return self._replaced.get(name)
+
     def remove(self, name: str) -> None:
         with self._lock:
             self._items.pop(name, None)
             self._paths.pop(name, None)
+            self._replaced.pop(name, None)
 
     def get(self, name: str, *, path: str | None = None) -> T:
         if name in self._items:
@@ -127,3 +151,14 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         with self._lock:
             return sorted({*self._items, *self._paths})
+
+
+def _origin(obj: object) -> str:
+    """``module:qualname`` of a registered object (its type's for an instance)."""
+    target = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
+
+
+def _is_securevfl(origin: str) -> bool:
+    module = origin.partition(":")[0]
+    return module == "securevfl" or module.startswith("securevfl.")

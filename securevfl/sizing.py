@@ -8,8 +8,9 @@ layers (pure arithmetic: no model is built and torch is not imported, so a
 fast; tests/unit/test_sizing.py compares every count with the module
 :mod:`securevfl.models` builds). User code is not run here: a model a factory or a plugin builds
 (:mod:`securevfl.usercode`) is its owner's, imported only in the owner's own rank
-under its policy, so its parameters are not counted and the party's count is a
-lower bound ("at least").
+under its policy, so its parameters are not counted here and the party's count is a
+lower bound ("at least"); that rank counts the module it built against the same
+limits (:mod:`securevfl.model_limits`, :func:`securevfl.models.check_built_size`).
 
 A party trains its bottom model (if it has one) and its part of the interactive
 layer: the active party the top model, the bias and every block W_i (under
@@ -29,7 +30,6 @@ its labels), so the count is then a lower bound ("at least").
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -37,11 +37,7 @@ from typing import Any
 
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError
-
-MAX_PARAMETERS = 1 << 31
-"""The most parameters one party trains (2,147,483,648: 8 GiB of float32
-weights, about 32 GiB to train): the stated limit, on any machine."""
-BYTES_PER_PARAMETER = 16
+from securevfl.model_limits import BYTES_PER_PARAMETER, gib, over_limit, physical_memory
 
 
 @dataclass
@@ -102,14 +98,6 @@ def _builtin_bottom(spec: ModelSpec, width: int) -> int | None:
     return BUILTIN_COUNTS[spec.kind](width, spec.out, **params)
 
 
-def physical_memory() -> int | None:
-    """This machine's physical memory in bytes (None where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def party_sizes(proto: Protocol, widths: dict[str, int | None]) -> list[PartySize]:
     """Every party's parameters, the active party first. ``widths``: each party's
     number of input columns (None: unknown)."""
@@ -146,10 +134,6 @@ def party_sizes(proto: Protocol, widths: dict[str, int | None]) -> list[PartySiz
     return sizes
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):,.1f} GiB"
-
-
 def check_sizes(
     proto: Protocol, widths: dict[str, int | None], *, source: str | None = None, memory: int | None = None
 ) -> list[PartySize]:
@@ -162,17 +146,14 @@ def check_sizes(
     for size in sizes:
         n = size.total
         need = n * BYTES_PER_PARAMETER
-        if n > MAX_PARAMETERS:
-            limit = f"a party trains at most {MAX_PARAMETERS:,} parameters"
-        elif memory is not None and need > memory:
-            limit = f"this machine has {_gib(memory)} of memory"
-        else:
+        limit = over_limit(n, memory)
+        if limit is None:
             continue
         at_least = "at least " if size.lower_bound else ""
         part = size.parts[size.largest()]
         share = f", {part:,} of them sized by this field" if part != n else ""
         raise ConfigError(
-            f"party '{size.party}' would train {at_least}{n:,} parameters (about {_gib(need)} with "
+            f"party '{size.party}' would train {at_least}{n:,} parameters (about {gib(need)} with "
             f"gradients and optimizer state){share}; {limit}: make its layers narrower",
             path=size.largest(),
             source=source,

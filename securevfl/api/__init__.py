@@ -39,6 +39,7 @@ import yaml
 
 from securevfl.api.arguments import (
     Overrides,
+    callback_arg,
     check_flags,
     data_list,
     kind_of,
@@ -145,7 +146,7 @@ def load_protocol(
     if isinstance(source, Mapping):
         return load_protocol_dict(dict(source), overrides=sets, allow=allow, rank=rank)
     if isinstance(source, (str, os.PathLike)):
-        return load_protocol_file(Path(source), sets, allow=allow, rank=rank)
+        return load_protocol_file(path_arg(source, "protocol"), sets, allow=allow, rank=rank)
     raise ConfigError(
         f"a protocol is a file path, a mapping or a Protocol, not {type(source).__name__}", path="protocol"
     )
@@ -214,6 +215,7 @@ def run(
     for a failed run the error of its root cause, naming the rank."""
     out_path, data_path = optional_path(out, "out"), optional_path(data_dir, "data_dir")
     check_flags(overwrite=overwrite, resume=resume, progress=progress)
+    callback_arg(on_epoch, "on_epoch")
     given, conv = _converted(protocol)
     with registered(conv.registrations):
         proto = _load(given, overrides)
@@ -256,8 +258,23 @@ def _axes(grid: Mapping[str, Sequence[Any]] | Sequence[str] | None) -> list[Axis
 
 
 def _items(sources: ProtocolLike | Sequence[ProtocolLike]) -> list[ProtocolLike]:
-    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)):
+    if isinstance(sources, (str, os.PathLike, Mapping, Protocol)) and not isinstance(sources, bytes):
         return [sources]
+    if not isinstance(sources, Sequence) or isinstance(sources, bytes):
+        raise ConfigError(
+            "sources are protocol files, folders or protocols (a path, a mapping, a Protocol or a list "
+            f"of them), not {kind_of(sources)}",
+            path="sources",
+        )
+    kinds = (str, os.PathLike, Mapping, Protocol)
+    bad = [s for s in sources if not isinstance(s, kinds) or isinstance(s, bytes)]
+    if bad:
+        raise ConfigError(
+            f"a source is a protocol file or folder, a mapping or a Protocol, not {kind_of(bad[0])}",
+            path="sources",
+        )
+    if not sources:
+        raise ConfigError("sources name no protocol to compare", path="sources")
     return list(sources)
 
 
@@ -306,7 +323,7 @@ def _source_paths(
     written: set[str] = set()
     for item in items:
         if isinstance(item, (str, os.PathLike)):
-            paths.append(Path(item))
+            paths.append(path_arg(item, "sources"))
             continue
         proto = _load(item, None)
         if proto.name in written:
@@ -421,7 +438,7 @@ def predict(
     if isinstance(run, RunResult):
         run_dir = run.folder
     elif isinstance(run, (str, os.PathLike)):
-        run_dir = Path(run)
+        run_dir = path_arg(run, "run")
     else:
         raise ConfigError(
             f"run is a training run's folder (a path) or its RunResult, not {kind_of(run)}", path="run"

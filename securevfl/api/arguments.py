@@ -59,12 +59,17 @@ def check_path_fits(path: Path, name: str) -> None:
 
 
 def path_arg(value: object, name: str) -> Path:
-    """A path argument: a string or an ``os.PathLike`` that its file system can
+    """A path argument: a string or an ``os.PathLike`` without a NUL character (no file
+    system takes one; ``open`` would raise a bare ValueError) that its file system can
     hold (:func:`check_path_fits`)."""
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
-        path = Path(value)
-        check_path_fits(path, name)
-        return path
+        text = os.fspath(value)
+        if isinstance(text, str) and "\0" in text:
+            raise ConfigError(f"{name} holds a NUL character, which no path may hold", path=name)
+        if isinstance(text, str):
+            path = Path(text)
+            check_path_fits(path, name)
+            return path
     raise ConfigError(f"{name} is a path (a string or a pathlib.Path), not {kind_of(value)}", path=name)
 
 
@@ -77,6 +82,13 @@ def check_flags(**flags: object) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise ConfigError(f"{name} is True or False, not {kind_of(value)}", path=name)
+
+
+def callback_arg(value: object, name: str) -> None:
+    """An optional callback argument (``on_epoch``): None or a callable, checked
+    before the run starts rather than when the first epoch ends."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{name} is a function (or None), not {kind_of(value)}", path=name)
 
 
 def seed_list(seeds: object) -> list[int] | None:

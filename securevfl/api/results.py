@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from securevfl import jsonfile
 from securevfl.app.predict import PredictionRecord, read_predictions
 from securevfl.records import PartyPrivacy, ResultRecord
 from securevfl.report.aggregate import RunRecord, Summary
@@ -29,8 +30,10 @@ class RunResult(ResultRecord):
     folder: Path
 
     def to_json(self) -> dict[str, Any]:
-        """``result.json`` as written (without ``folder``)."""
-        return self.model_dump(mode="json", exclude={"folder"})
+        """``result.json`` as written (without ``folder``): an infinity as the string
+        ``"Infinity"``, a NaN as None (:mod:`securevfl.jsonfile`)."""
+        out: dict[str, Any] = jsonfile.finite(self.model_dump(mode="json", exclude={"folder"}))
+        return out
 
 
 class Prediction(PredictionRecord):

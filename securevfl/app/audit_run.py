@@ -12,11 +12,11 @@ The local launcher's user holds every rank's folder, as ``securevfl predict`` as
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from securevfl import jsonfile
 from securevfl.app.checkpoints import load_model
 from securevfl.app.model_io import run_protocol
 from securevfl.app.rank_layout import layout_of
@@ -40,7 +40,7 @@ def _result(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{run_dir} is not a folder (securevfl audit reads a finished run's output folder)")
     path = run_dir / RESULT_FILE
     try:
-        doc = json.loads(path.read_text())
+        doc = jsonfile.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(
             f"{run_dir} holds no {RESULT_FILE}: not the output folder of a finished run"
@@ -79,7 +79,7 @@ def audit_run(
         spec = proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
         if not spec.defenses:
             continue
-        saved = load_model(run_dir, role.rank, protocol_digest=proto.digest())
+        saved = load_model(run_dir, role.rank, protocol_digest=proto.digest_mismatch)
         fresh = [SecretStream.fresh().state() for _ in spec.defenses]  # never the run's keys
         stack = build_stack(proto, spec.name, role.kind, spec.defenses, noise_keys=fresh)
         try:

@@ -29,7 +29,7 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -197,7 +197,22 @@ def _where(path: Path, rank: int) -> str:
     return path.name
 
 
-def read_manifest(path: Path, *, rank: int, kind: Kind, protocol_digest: str | None) -> Manifest:
+#: What a reader checks a saved protocol digest against: the digest itself (equal or
+#: refused), or a protocol's :meth:`~securevfl.config.Protocol.digest_mismatch` (which
+#: also accepts the digest an older, compatible securevfl wrote, and says why not).
+DigestCheck = str | Callable[[str], str | None]
+
+
+def digest_check(saved: str, want: DigestCheck | None) -> str | None:
+    """Why the saved digest ``saved`` is refused under ``want``; None when it is not."""
+    if want is None:
+        return None
+    if isinstance(want, str):
+        return None if saved == want else f"expected {want!r}: written for a different protocol"
+    return want(saved)
+
+
+def read_manifest(path: Path, *, rank: int, kind: Kind, protocol_digest: DigestCheck | None) -> Manifest:
     """The manifest of the state folder ``path``, checked against what this rank
     expects: its kind, its rank and (when given) the protocol digest."""
     f = Path(path) / MANIFEST
@@ -216,15 +231,16 @@ def read_manifest(path: Path, *, rank: int, kind: Kind, protocol_digest: str | N
         ("kind", manifest.kind, kind, f"not a {kind}"),
         ("rank", manifest.rank, rank, "written by another rank"),
     ]
-    if protocol_digest is not None:
-        checks.append(
-            ("protocol_digest", manifest.protocol_digest, protocol_digest, "written for a different protocol")
-        )
     for field, got, want, why in checks:
         if got != want:
             raise CheckpointError(
                 f"{who}: {_where(f, rank)}: field '{field}' is {got!r}, expected {want!r} ({why})"
             )
+    why_not = digest_check(manifest.protocol_digest, protocol_digest)
+    if why_not is not None:
+        raise CheckpointError(
+            f"{who}: {_where(f, rank)}: field 'protocol_digest' is {manifest.protocol_digest!r} ({why_not})"
+        )
     for name in manifest.files:
         if not _FILE_NAME.match(name):
             raise CheckpointError(f"{who}: {_where(f, rank)}: field 'files' names {name!r}, not a state file")
@@ -244,7 +260,7 @@ def verify_files(path: Path, manifest: Manifest, *, rank: int) -> None:
             )
 
 
-def read_state(path: Path, *, rank: int, kind: Kind, protocol_digest: str | None) -> SavedState:
+def read_state(path: Path, *, rank: int, kind: Kind, protocol_digest: DigestCheck | None) -> SavedState:
     """Verify and load a state folder: manifest, every file's digest, then the
     tensors (``weights_only``: no code runs) and the JSON documents."""
     path = Path(path)
@@ -298,7 +314,7 @@ def _why(exc: Exception) -> str:
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
 
 
-def list_checkpoints(out: Path, rank: int, *, protocol_digest: str) -> dict[int, Manifest]:
+def list_checkpoints(out: Path, rank: int, *, protocol_digest: DigestCheck) -> dict[int, Manifest]:
     """Rank R's complete checkpoints by epoch, every one verified (manifest and
     file digests). Temporary folders of an interrupted write are not listed; a
     folder under a final name that does not verify is an error, not skipped."""
@@ -321,7 +337,7 @@ def list_checkpoints(out: Path, rank: int, *, protocol_digest: str) -> dict[int,
     return found
 
 
-def check_one_run(out: Path, ranks: Iterable[int], *, protocol_digest: str) -> None:
+def check_one_run(out: Path, ranks: Iterable[int], *, protocol_digest: DigestCheck) -> None:
     """Before a local ``--resume`` starts any rank: the party ranks' checkpoints in
     ``out`` (one launcher sees every rank's folder) must hold an epoch of one and
     the same run. Checkpoints of two runs mixed in one folder (copied together by
@@ -350,7 +366,7 @@ def check_one_run(out: Path, ranks: Iterable[int], *, protocol_digest: str) -> N
     )
 
 
-def load_model(run_dir: Path, rank: int, *, protocol_digest: str | None = None) -> SavedState:
+def load_model(run_dir: Path, rank: int, *, protocol_digest: DigestCheck | None = None) -> SavedState:
     """Rank R's final model from a finished run's output folder, verified (and,
     with ``protocol_digest``, checked to belong to that protocol)."""
     return read_state(model_dir(run_dir, rank), rank=rank, kind="model", protocol_digest=protocol_digest)

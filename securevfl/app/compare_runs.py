@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from securevfl import jsonfile
 from securevfl.app.cache_key import cache_key
 from securevfl.app.comparison import MARKER, Plan, Run, say_stderr
 from securevfl.app.launcher import launch
@@ -31,11 +32,12 @@ from securevfl.report.result import RESULT_FILE
 _TAG_LABEL = b"securevfl compare cache v1\n"
 
 
-def result_tag(key: bytes, run: Run, raw: bytes) -> str:
+def result_tag(key: bytes, run: Run, raw: bytes, *, digest: str | None = None) -> str:
     """The marker's tag of a run's ``result.json`` bytes ``raw``: HMAC-SHA256 under
-    ``key`` of the run's protocol digest and seed and the bytes, so that a result is
-    vouched for only in its own run's place."""
-    head = json.dumps({"digest": run.digest, "seed": run.seed}, sort_keys=True).encode()
+    ``key`` of the run's protocol digest (``digest``: the one the marker holds, when
+    an older, compatible securevfl wrote it) and seed and the bytes, so that a result
+    is vouched for only in its own run's place."""
+    head = json.dumps({"digest": digest or run.digest, "seed": run.seed}, sort_keys=True).encode()
     return hmac.new(key, _TAG_LABEL + head + b"\n" + raw, hashlib.sha256).hexdigest()
 
 
@@ -52,18 +54,22 @@ def cache_entry(run: Run) -> tuple[dict[str, Any] | None, str | None]:
         raw = result.read_bytes()
     except (OSError, ValueError):
         return None, None
-    if not isinstance(mark, dict) or mark.get("digest") != run.digest or mark.get("seed") != run.seed:
+    if not isinstance(mark, dict) or mark.get("seed") != run.seed:
+        return None, None
+    # the digest this run's protocol has now, or the one a compatible older securevfl gave it
+    saved = mark.get("digest")
+    if not isinstance(saved, str) or run.proto.digest_mismatch(saved) is not None:
         return None, None
     tag = mark.get("result_tag")
     if not isinstance(tag, str):
         return None, f"{marker} holds no keyed digest of {RESULT_FILE} (an older securevfl wrote it)"
-    if not hmac.compare_digest(result_tag(cache_key(), run, raw), tag):
+    if not hmac.compare_digest(result_tag(cache_key(), run, raw, digest=saved), tag):
         return None, f"{result} was changed after the run wrote it"
     try:
-        res = json.loads(raw)
+        res = jsonfile.loads(raw)
     except ValueError:
         return None, f"{result} is not JSON"
-    if not isinstance(res, dict) or res.get("digest") != run.digest:
+    if not isinstance(res, dict) or res.get("digest") != saved:
         return None, f"{result} is not this protocol's result"
     return res, None
 
@@ -145,7 +151,7 @@ def execute(
         spent.append(seconds)
         done += 1
         # re-read: the attack harness completes result.json after the ranks end
-        have[id(run)] = json.loads((run.folder / RESULT_FILE).read_text())
+        have[id(run)] = jsonfile.loads((run.folder / RESULT_FILE).read_text())
     if todo:
         say(f"{len(todo)} runs in {fmt_duration(sum(spent))}; {total} of {total} done")
     return [(r, have[id(r)]) for r in runs]  # type: ignore[misc]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +30,16 @@ import numpy as np
 import torch
 
 from securevfl.app.threads import rank_threads
+from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World, plain_label
 from securevfl.components import components_of
 from securevfl.config import Protocol
-from securevfl.errors import ConfigError
+from securevfl.defenses.base import replaced_warning
+from securevfl.errors import ConfigError, SecureVFLError, SecurityWarning, UserCodeError
 from securevfl.records import OwnView
 from securevfl.report.result import read_result, write_result
 from securevfl.runtime.layout import Layout
+from securevfl.usercode import explain
 
 #: What a saved view may hold besides tensors and builtins: plain numpy arrays. Views are
 #: loaded with ``weights_only=True``, so a tampered file cannot run code in the launcher.
@@ -104,28 +109,86 @@ def run_attacks(proto: Protocol, layout: Layout, out_dir: Path) -> dict[str, Any
     finally:
         torch.set_num_threads(threads)
     result = read_result(Path(out_dir))
-    update = {
+    update: dict[str, Any] = {
         "attacks": {**result.attacks, **results},
         "phase_s": {**result.phase_s, "attacks": round(time.perf_counter() - t0, 4)},
     }
+    replaced = {e["attack"]: e["replaced_builtin"] for e in results.values() if "replaced_builtin" in e}
+    if replaced:
+        update["replaced_builtins"] = {**result.replaced_builtins, "attacks": replaced}
     write_result(Path(out_dir), result.model_copy(update=update))
     return results
 
 
 def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for spec, key in zip(components_of(proto).attacks, attack_keys(proto), strict=True):
+    for i, (spec, key) in enumerate(zip(components_of(proto).attacks, attack_keys(proto), strict=True)):
         attack = spec.cls(spec.options, key=key)  # options validated at load
+        hook = _Hooks(f"attack '{spec.name}' (result key '{key}')", f"attacks[{i}]")
         t0 = time.perf_counter()
-        adversary = attack.adversary_party(world)
+        adversary = hook.call("adversary_party", attack.adversary_party, world)
+        if adversary not in world.views:
+            raise hook.error("adversary_party", f"returned {adversary!r}, not a party of the run")
+        hook.what = f"attack '{spec.name}' (result key '{key}', adversary '{adversary}')"
         own = world.views[adversary]
-        view = View(own.rank, own.party, own.received, own.own, prior=attack.knowledge(world))
-        guess = attack.run(view)
-        entry = {"attack": spec.name, "adversary": adversary, **attack.score(guess, world)}
+        prior = hook.call("knowledge", attack.knowledge, world)
+        view = View(own.rank, own.party, own.received, own.own, prior=prior)
+        guess = hook.call("run", attack.run, view)
+        if not isinstance(guess, dict):
+            raise hook.error("run", f"returned a {type(guess).__name__}, not a dict (the guess)")
+        scores = hook.call("score", attack.score, guess, world)
+        entry = {"attack": spec.name, "adversary": adversary, **_checked_scores(scores, hook)}
         entry["used"] = guess.get("used", {})
+        replaced = ATTACKS.replaced(spec.name)
+        if replaced is not None:
+            entry["replaced_builtin"] = replaced
+            said = replaced_warning(None, "attack", spec.name, replaced)
+            warnings.warn(SecurityWarning(said), stacklevel=2)
         entry["seconds"] = time.perf_counter() - t0
         results[key] = _jsonable(entry)
     return results
+
+
+#: the metrics the comparison table reads as numbers: the attack's performance and its chance level
+NUMERIC_SCORES = ("ap", "chance")
+
+
+class _Hooks:
+    """Calls into one attack's own code (a plugin's, any code), so that what it
+    raises or returns wrong is the user's :class:`UserCodeError` naming the attack,
+    its hook and the adversary, exit code 2, before anything is written."""
+
+    def __init__(self, what: str, path: str):
+        self.what, self.path = what, path
+
+    def error(self, hook: str, problem: str, detail: str | None = None) -> UserCodeError:
+        return UserCodeError(f"{self.what}: its {hook} hook {problem}", path=self.path, detail=detail)
+
+    def call(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except SecureVFLError:
+            raise
+        except Exception as exc:
+            raise self.error(hook, f"raised {type(exc).__name__}", detail=explain(exc)) from None
+
+
+def _checked_scores(scores: Any, hook: _Hooks) -> dict[str, Any]:
+    """An attack's ``score`` output: a mapping of metric names whose ``ap`` and
+    ``chance`` (when given) are real numbers (NaN allowed: written as null), never
+    a string or an infinity the table cannot place."""
+    if not isinstance(scores, dict):
+        raise hook.error("score", f"returned a {type(scores).__name__}, not a dict of metrics")
+    for name in NUMERIC_SCORES:
+        value = scores.get(name)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        if not number:
+            raise hook.error("score", f"returned '{name}' as a {type(value).__name__}, not a number")
+        if math.isinf(float(value)):
+            raise hook.error("score", f"returned '{name}' = {float(value)}, not a finite number")
+    return scores
 
 
 def attack_results(proto: Protocol, world: World) -> dict[str, Any]:

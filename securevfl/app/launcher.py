@@ -31,6 +31,7 @@ from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
+from securevfl import jsonfile
 from securevfl.app.checkpoints import check_one_run
 from securevfl.app.epochs import EpochStream
 from securevfl.app.failures import RANK_CRASHED, ended_unreported, explain_failure
@@ -202,7 +203,7 @@ def launch(
         folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
         parties = [r.rank for r in layout.roles if r.kind != "helper"]
         try:
-            check_one_run(out_dir, parties, protocol_digest=proto.digest())
+            check_one_run(out_dir, parties, protocol_digest=proto.digest_mismatch)
         except BaseException:
             folder.release()
             raise
@@ -488,7 +489,7 @@ def _watch(
     if all(c == 0 for c in codes.values()) and (out_dir / "result.json").is_file():
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
             run_attacks(proto, layout, out_dir)
-        return json.loads((out_dir / "result.json").read_text())
+        return jsonfile.loads((out_dir / "result.json").read_text())
     if all(c in (0, EXIT_INTERRUPTED) for c in codes.values()) and EXIT_INTERRUPTED in codes.values():
         # every rank stopped on a Ctrl-C to the terminal's group: this process got the same
         # signal, whose handler may not have run yet when the ranks' exits are seen. Give it a

@@ -57,10 +57,11 @@ def run_protocol(run_dir: Path) -> Protocol:
     code_dir = model.get("code_dir")
     beside = Path(code_dir) if isinstance(code_dir, str) else None
     proto = load_protocol_dict(doc, source=str(saved.path / "model.json"), allow=OWN, beside=beside)
-    if proto.digest() != saved.manifest.protocol_digest:
+    why_not = proto.digest_mismatch(saved.manifest.protocol_digest)
+    if why_not is not None:
         raise CheckpointError(
             f"rank 0: {saved.path}/model.json: field 'protocol' does not match the manifest's "
-            "protocol digest (the file was changed after the run)"
+            f"protocol digest ({why_not})"
         )
     return proto
 
@@ -206,7 +207,7 @@ def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.d
     party; a missing, corrupted or mismatched model is a :class:`CheckpointError`
     naming the rank and the file or field."""
     rank = role.rank
-    saved = load_model(Path(run_dir), rank, protocol_digest=proto.digest())
+    saved = load_model(Path(run_dir), rank, protocol_digest=proto.digest_mismatch)
     spec = _spec(proto, role)
     state = PartyState(saved.manifest.epoch, saved.manifest.step, saved.tensors, saved.docs)
     info: ModelInfo = state.doc("model", ModelInfo, rank=rank)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -52,6 +51,7 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from securevfl import jsonfile
 from securevfl.app import prediction_ledger
 from securevfl.app.checkpoints import load_model
 from securevfl.app.failures import ended_unreported, explain_failure
@@ -73,6 +73,7 @@ from securevfl.parties.predict import ActivePredictor
 from securevfl.privacy.prediction_budget import PredictionSpend
 from securevfl.records import OwnView, RankSummary
 from securevfl.regular_files import what_is
+from securevfl.report.result import RESULT_FILE
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.layout import Layout, Role
 
@@ -337,10 +338,38 @@ class Predict(Phase):
             wall_time_s=time.time() - started,
             privacy={p.party: p.prediction_privacy for p in parts if p.prediction_privacy},
         )
-        (self.out_dir / RECORD_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1))
+        (self.out_dir / RECORD_FILE).write_text(jsonfile.dumps(record.model_dump(mode="json"), indent=1))
 
 
 # -- every rank locally -----------------------------------------------------------------------
+def check_finished(run_dir: Path, proto: Protocol) -> None:
+    """Refuse the models of a training run that did not finish: every rank saves
+    its model before rank 0 writes ``result.json``, so a run that failed after that
+    (a full disk as rank 0 wrote its result, a rank that died at the end) leaves
+    verified models without one. A run finished when ``result.json`` is there, reads
+    as a result and names the protocol the models were saved under."""
+    path = run_dir / RESULT_FILE
+    why = None
+    try:
+        doc = jsonfile.loads(path.read_bytes())
+    except FileNotFoundError:
+        why = f"holds no {RESULT_FILE}"
+    except (OSError, ValueError) as exc:
+        why = f"holds a {RESULT_FILE} that cannot be read ({type(exc).__name__})"
+    else:
+        digest = doc.get("digest") if isinstance(doc, dict) else None
+        if not isinstance(digest, str):
+            why = f"holds a {RESULT_FILE} that is not a run's result"
+        elif (mismatch := proto.digest_mismatch(digest)) is not None:
+            why = f"holds a {RESULT_FILE} of another protocol than its models ({mismatch})"
+    if why is not None:
+        raise ConfigError(
+            f"{run_dir} {why}: that training run did not finish (it failed or was stopped after "
+            "saving its models), so its models are not used; run it again (or --resume it)",
+            path="run",
+        )
+
+
 def predict_local(
     run_dir: Path,
     out_dir: Path,
@@ -356,11 +385,12 @@ def predict_local(
     rank_threads()  # a bad SECUREVFL_THREADS is refused here, not in every rank
     run_dir = Path(run_dir)
     proto = run_protocol(run_dir)
+    check_finished(run_dir, proto)
     files = parse_data_overrides(data or [], proto)
     layout = layout_of(proto)
     for role in layout.roles:  # every rank's model, verified before any rank starts
         if role.kind != "helper":
-            load_model(run_dir, role.rank, protocol_digest=proto.digest())
+            load_model(run_dir, role.rank, protocol_digest=proto.digest_mismatch)
     check_budgets(proto, run_dir)  # a prediction over a party's budget: refused, nothing written
     check_out(Path(out_dir), run_dir)
     with contextlib.ExitStack() as scratch:
@@ -400,7 +430,7 @@ def _predict(
         raise
     folder.commit()
     out = Path(out_dir)
-    record = PredictionRecord.model_validate_json((out / RECORD_FILE).read_text())
+    record = PredictionRecord.model_validate(jsonfile.loads((out / RECORD_FILE).read_text()))
     return record, out / PREDICTIONS_FILE
 
 
@@ -410,6 +440,7 @@ __all__ = [
     "Predict",
     "PredictionRecord",
     "check_budgets",
+    "check_finished",
     "check_out",
     "parse_data_overrides",
     "predict_local",

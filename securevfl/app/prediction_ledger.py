@@ -20,7 +20,6 @@ check on the same total.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from securevfl import jsonfile
 from securevfl.app.checkpoints import model_dir
 from securevfl.config import PartySpec, Protocol
 from securevfl.config_errors import format_loc
@@ -75,8 +75,13 @@ def read_ledger(run_dir: Path, rank: int, party: str) -> Ledger:
     if not path.exists():
         return Ledger(party=party)
     try:
-        ledger = Ledger.model_validate_json(path.read_bytes())
-    except ValidationError as exc:
+        ledger = Ledger.model_validate(jsonfile.loads(path.read_bytes()))
+    except ValueError as exc:
+        if not isinstance(exc, ValidationError):
+            raise CheckpointError(
+                f"{where} is corrupted: not JSON (it holds what this party's predictions of the model "
+                "have spent: restore it rather than delete it)"
+            ) from None
         e = exc.errors()[0]
         raise CheckpointError(
             f"{where} is corrupted: field '{format_loc(tuple(e['loc']))}': {e['msg']} (it holds what this "
@@ -96,7 +101,7 @@ def write_ledger(run_dir: Path, rank: int, ledger: Ledger) -> None:
     path = ledger_path(run_dir, rank)
     tmp = path.with_name(f".{LEDGER_FILE}.{os.getpid()}.tmp")
     with open_private(tmp) as fh:
-        fh.write(json.dumps(ledger.model_dump(mode="json"), indent=1).encode())
+        fh.write(jsonfile.dumps(ledger.model_dump(mode="json"), indent=1).encode())
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -26,7 +26,6 @@ A failure at any step is reported as :func:`failure_exit` says.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -46,6 +45,7 @@ import torch
 import torch.fx.experimental.symbolic_shapes
 from pydantic import ValidationError
 
+from securevfl import jsonfile
 from securevfl.app.checkpoints import save_tensors
 from securevfl.app.outdir import output_error
 from securevfl.app.threads import rank_threads
@@ -229,7 +229,8 @@ def write_summary(
     summary["phase_cpu_s"] = setup.clock.rounded_cpu()
     summary["peak_rss_mib"] = round(peak_rss_mib(), 1)
     mine = RankSummary(**summary).to_json()  # a misnamed field fails here, on its writer
-    write_private(setup.ranks_dir / f"rank{setup.rank}.{phase.files}summary.json", json.dumps(mine, indent=1))
+    path = setup.ranks_dir / f"rank{setup.rank}.{phase.files}summary.json"
+    write_private(path, jsonfile.dumps(mine, indent=1))
     return mine
 
 

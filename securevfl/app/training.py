@@ -77,7 +77,7 @@ class Train(Phase):
         if role.kind == "helper":
             return ResumeOffer(checkpoints={})
         try:
-            found = list_checkpoints(self.out_dir, role.rank, protocol_digest=proto.digest())
+            found = list_checkpoints(self.out_dir, role.rank, protocol_digest=proto.digest_mismatch)
         except CheckpointError as exc:
             return ResumeOffer(checkpoints={}, error=str(exc))
         return ResumeOffer(checkpoints={e: m.run_id for e, m in found.items()})

@@ -4,12 +4,11 @@ and compare (imported when one of them runs)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from securevfl import api
+from securevfl import api, jsonfile
 from securevfl.app.predict import PREDICTIONS_FILE
 from securevfl.app.rank_layout import layout_of
 from securevfl.cli.audit import warn_after_run
@@ -79,7 +78,7 @@ def _own_summary(out: Path, rank: int, files: str = "") -> dict[str, Any]:
     """The summary this rank wrote of its run (``files``: the phase's file prefix),
     or nothing where it cannot be read."""
     try:
-        summary = json.loads((out / "ranks" / f"rank{rank}.{files}summary.json").read_text())
+        summary = jsonfile.loads((out / "ranks" / f"rank{rank}.{files}summary.json").read_text())
     except (OSError, ValueError):
         return {}
     return summary if isinstance(summary, dict) else {}

@@ -47,6 +47,7 @@ each hook is the identity, so a defense implements only what it changes:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -54,12 +55,13 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+import securevfl.defenses.contract as contract
 from securevfl._compat import import_crypten
 from securevfl.components import components_of
 from securevfl.config import ComponentSpec, Protocol
 from securevfl.csprng import SecretStream
 from securevfl.defenses.names import DEFENSES as DEFENSES
-from securevfl.errors import CheckpointError, ProtocolError
+from securevfl.errors import CheckpointError, ProtocolError, SecurityWarning
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.runtime.layout import Layout
 from securevfl.snapshot import ComponentState, capture_attributes, restore_attributes
@@ -286,6 +288,8 @@ class DefenseStack:
         self._own = {
             id(d): f"defense '{d.name}' of party '{d.ctx.party}'" for d in defenses if is_user_code(d)
         }
+        #: each defense whose built-in name user code took with ``force=True``: where that code lives
+        self.replaced = {d.name: r for d in defenses if (r := DEFENSES.replaced(d.name)) is not None}
 
     def _in(self, d: Defense[Any], hook: str) -> contextlib.AbstractContextManager[None]:
         """Where the rank is while ``d``'s ``hook`` runs: a plugin defense's call is
@@ -296,31 +300,37 @@ class DefenseStack:
     def select_features(self, x: np.ndarray, columns: list[str]) -> tuple[np.ndarray, list[str]]:
         for d in self.defenses:
             with self._in(d, "select_features"):
-                x, columns = d.select_features(x, columns)
+                x, columns = contract.features_like(
+                    d, contract.call(d, "select_features", d.select_features, x, columns), x
+                )
         return x, columns
 
     def labels(self, y: torch.Tensor, *, classes: int | None = None) -> torch.Tensor:
         for d in self.defenses:
             with self._in(d, "labels"):
-                y = d.labels(y, classes=classes)
+                y = contract.labels_like(
+                    d, contract.call(d, "labels", d.labels, y, classes=classes), y, classes
+                )
         return y
 
     def embed(self, h: torch.Tensor, *, train: bool) -> torch.Tensor:
         for d in self.defenses:
             with self._in(d, "embed"):
-                h = d.embed(h, train=train)
+                h = contract.tensor_like(d, "embed", contract.call(d, "embed", d.embed, h, train=train), h)
         return h
 
     def embed_local(self, h: torch.Tensor) -> torch.Tensor:
         for d in self.defenses:
             with self._in(d, "embed_local"):
-                h = d.embed_local(h)
+                h = contract.tensor_like(
+                    d, "embed_local", contract.call(d, "embed_local", d.embed_local, h), h
+                )
         return h
 
     def grad(self, g: torch.Tensor) -> torch.Tensor:
         for d in self.defenses:
             with self._in(d, "grad"):
-                g = d.grad(g)
+                g = contract.tensor_like(d, "grad", contract.call(d, "grad", d.grad, g), g)
         return g
 
     def _sum(self, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -331,7 +341,9 @@ class DefenseStack:
         parts = []
         for d in self.defenses:
             with self._in(d, "local_loss"):
-                parts.append(d.local_loss(x, h))
+                parts.append(
+                    contract.loss_like(d, "local_loss", contract.call(d, "local_loss", d.local_loss, x, h))
+                )
         return self._sum(parts)
 
     def top_loss(
@@ -344,7 +356,11 @@ class DefenseStack:
         parts = []
         for d in self.defenses:
             with self._in(d, "top_loss"):
-                parts.append(d.top_loss(z, logits, y, embeddings))
+                parts.append(
+                    contract.loss_like(
+                        d, "top_loss", contract.call(d, "top_loss", d.top_loss, z, logits, y, embeddings)
+                    )
+                )
         return self._sum(parts)
 
     def begin_eval(self) -> None:
@@ -468,4 +484,17 @@ def build_stack(
                 ) from None
         ctx = DefenseContext(proto, party, side, proto.training.seed, noise)
         out.append(d.cls(d.options, ctx))
-    return DefenseStack(out)
+    stack = DefenseStack(out)
+    for name, origin in stack.replaced.items():
+        warnings.warn(SecurityWarning(replaced_warning(party, "defense", name, origin)), stacklevel=2)
+    return stack
+
+
+def replaced_warning(party: str | None, kind: str, name: str, origin: str) -> str:
+    """The warning for a run that uses user code registered with ``force=True``
+    under the name of one of securevfl's own components."""
+    who = f"party '{party}': " if party else ""
+    return (
+        f"{who}{kind} '{name}' is not securevfl's built-in: {origin} was registered in its place "
+        f"(force=True), so what securevfl documents and tests of '{name}' does not hold for this run"
+    )

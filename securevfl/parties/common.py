@@ -258,6 +258,7 @@ class Party:
         return {
             "privacy": privacy,
             "defense_report": self.stack.public_report(),
+            "replaced_builtins": self.stack.replaced or None,
             "planned_steps": self.planned_steps,
             "allowed_steps": self.allowed_steps,
         }

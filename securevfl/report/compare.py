@@ -11,7 +11,6 @@ them. Per-run rows: :mod:`securevfl.report.rows`; over seeds:
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -22,7 +21,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from securevfl import jsonfile
 from securevfl.csvfile import write_dicts
+from securevfl.report import markdown
 from securevfl.report.aggregate import RunRecord, Summary, summarize
 from securevfl.report.plots import (
     plot_cost,
@@ -144,10 +145,10 @@ def print_table(results: list[dict[str, Any]], title: str = "securevfl") -> None
     print_summary(summarize(records_of(results)), title=title)
 
 
-def md_cell(text: str) -> str:
-    """A table cell's text in markdown: a ``|`` (a grid value may hold one) is
-    escaped and a line break becomes a space, so the cell stays one cell."""
-    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").splitlines())
+def md_cell(value: str) -> str:
+    """A table cell's text in markdown, shown literally (:func:`securevfl.report.markdown.cell`):
+    a ``|`` (a grid value may hold one) escaped, a line break written as ``\\n``."""
+    return markdown.cell(value)
 
 
 def markdown_summary(summary: Summary) -> str:
@@ -193,7 +194,7 @@ def write_comparison(
         "protocols": [g.to_json() for g in summary.groups],
         "runs": summary.runs,
     }
-    paths["json"].write_text(json.dumps(doc, indent=2, default=str))
+    paths["json"].write_text(jsonfile.dumps(doc, indent=2, default=str))
     write_dicts(paths["csv"], [g.flat() for g in summary.groups])
     write_dicts(
         paths["runs_csv"],
@@ -210,7 +211,7 @@ def write_comparison(
     paths.update({k: v for k, v in figures.items() if v is not None})
     refs = references(summary)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    body = [f"# {title} ({stamp})", "", markdown_summary(summary), ""]
+    body = [f"# {markdown.text(title)} ({stamp})", "", markdown_summary(summary), ""]
     body += [
         "- **test acc / AUC**: the model's main performance (MP) on the held-out rows; **majority**: "
         "the share of the most common test label, the accuracy of always predicting it (a result "

@@ -13,6 +13,7 @@ from typing import Any
 
 from securevfl.report.aggregate import Group, Summary
 from securevfl.report.audit import NO_DP
+from securevfl.report.markdown import code, text
 from securevfl.report.rows import BOUND
 from securevfl.report.stats import Interval
 
@@ -100,7 +101,7 @@ def _seeds_line(s: Summary) -> str:
 
 
 def _names(labels: list[str]) -> str:
-    return ", ".join(f"`{x}`" for x in labels)
+    return ", ".join(code(x) for x in labels)
 
 
 def attack_lines(s: Summary) -> list[str]:
@@ -114,20 +115,20 @@ def attack_lines(s: Summary) -> list[str]:
             iv = g.metrics.get(f"attack:{a}")
             if iv is None:
                 continue
-            parts.append(f"{show(iv)} under `{g.label}`")
+            parts.append(f"{show(iv)} under {code(g.label)}")
             side = "at" if near_chance(iv, chance) else ("above" if iv.mean > chance else "below")
             where[side].append(g.label)
             if lowest is None or iv.mean < lowest[0]:
                 lowest = (iv.mean, g.label)
         if not parts or lowest is None:
             continue
-        line = f"- **{a}** (chance {chance:.2f}): " + "; ".join(parts) + "."
+        line = f"- **{text(a)}** (chance {chance:.2f}): " + "; ".join(parts) + "."
         said = [
             f"{side} chance under {_names(where[side])}" for side in ("above", "at", "below") if where[side]
         ]
         line += " " + "; ".join(said)[0].upper() + "; ".join(said)[1:] + "."
         if not where["at"] and len(parts) > 1:
-            line += f" Closest to chance: `{lowest[1]}` ({lowest[0] - chance:+.2f})."
+            line += f" Closest to chance: {code(lowest[1])} ({lowest[0] - chance:+.2f})."
         crypto = _crypto_only_unchanged(s, a)
         if crypto:
             line += " " + crypto
@@ -144,7 +145,7 @@ def _crypto_only_unchanged(s: Summary, attack: str) -> str:
         plain = plain_of(g, s.groups)
         a, b = g.metrics.get(f"attack:{attack}"), plain.metrics.get(f"attack:{attack}") if plain else None
         if a is not None and b is not None and plain is not None and abs(a.mean - b.mean) <= NEAR_CHANCE:
-            same.append(f"`{g.label}` {a.mean:.2f} against `{plain.label}` {b.mean:.2f}")
+            same.append(f"{code(g.label)} {a.mean:.2f} against {code(plain.label)} {b.mean:.2f}")
     if not same:
         return ""
     return (
@@ -175,8 +176,9 @@ def utility_lines(s: Summary) -> list[str]:
             theirs = utility(plain)[0]
             if mine is not None and theirs is not None:
                 out.append(
-                    f"- `{g.label}` ({g.text.get('backend')}, no defense) reaches {show(mine, 3)} {name} "
-                    f"against `{plain.label}` {show(theirs, 3)}{resolved(mine, theirs)}."
+                    f"- {code(g.label)} ({text(g.text.get('backend'))}, no defense) "
+                    f"reaches {show(mine, 3)} {name} "
+                    f"against {code(plain.label)} {show(theirs, 3)}{resolved(mine, theirs)}."
                 )
             continue
         ref = reference(g, s.groups)
@@ -187,8 +189,9 @@ def utility_lines(s: Summary) -> list[str]:
         delta = mine.mean - theirs.mean
         verb = "costs" if delta < 0 else "gains"
         out.append(
-            f"- `{g.label}` ({g.text.get('defenses')}) {verb} {abs(delta) * 100:.1f} points of {name} "
-            f"against `{ref.label}` ({show(mine, 3)} vs {show(theirs, 3)}{resolved(mine, theirs)})."
+            f"- {code(g.label)} ({text(g.text.get('defenses'))}) {verb} "
+            f"{abs(delta) * 100:.1f} points of {name} "
+            f"against {code(ref.label)} ({show(mine, 3)} vs {show(theirs, 3)}{resolved(mine, theirs)})."
         )
     return out
 
@@ -203,16 +206,16 @@ def privacy_lines(s: Summary) -> list[str]:
         at = f" at delta {delta:g}" if isinstance(delta, float) else ""
         if math.isinf(eps.mean):
             out.append(
-                f"- `{g.label}`: eps inf{at}: a mechanism adds no noise, or noise the options give no bound "
-                "on (see its `notes` in result.json), so it guarantees nothing."
+                f"- {code(g.label)}: eps inf{at}: a mechanism adds no noise, or noise the options give "
+                "no bound on (see its `notes` in result.json), so it guarantees nothing."
             )
         elif eps.mean > EPS_MEANINGFUL * (1 + EPS_ROUNDING):
             out.append(
-                f"- `{g.label}`: composed eps {show(eps, 3)}{at} is above {EPS_MEANINGFUL:g}: "
+                f"- {code(g.label)}: composed eps {show(eps, 3)}{at} is above {EPS_MEANINGFUL:g}: "
                 "not a guarantee to rely on, whatever the attacks below it show."
             )
         else:
-            line = f"- `{g.label}`: composed eps {show(eps, 3)}{at}, within {EPS_MEANINGFUL:g}."
+            line = f"- {code(g.label)}: composed eps {show(eps, 3)}{at}, within {EPS_MEANINGFUL:g}."
             ref = reference(g, s.groups)
             mine, name = utility(g)
             theirs = utility(ref)[0] if ref else None
@@ -220,12 +223,13 @@ def privacy_lines(s: Summary) -> list[str]:
                 loss = (theirs.mean - mine.mean) * 100
                 if loss > RUINOUS_POINTS:
                     line += (
-                        f" A guarantee of this size costs {loss:.1f} points of {name} against `{ref.label}` "
+                        f" A guarantee of this size costs {loss:.1f} points of {name} "
+                        f"against {code(ref.label)} "
                         f"here ({mine.mean:.3f} vs {theirs.mean:.3f}): the noise that buys it drowns much of "
                         "what the model needs on a task this small."
                     )
                 else:
-                    line += f" It costs {loss:.1f} points of {name} against `{ref.label}`."
+                    line += f" It costs {loss:.1f} points of {name} against {code(ref.label)}."
             out.append(line)
     return out
 
@@ -248,8 +252,9 @@ def cost_lines(s: Summary) -> list[str]:
             continue
         what = g.text.get("backend") if undefended else f"{g.text.get('defenses')} on {g.text.get('backend')}"
         out.append(
-            f"- `{g.label}` ({what}): {t / t0:.1f}x the time and {b / b0:.1f}x the bytes per step of "
-            f"`{base.label}`."
+            f"- {code(g.label)} ({text(what)}): {t / t0:.1f}x the time and {b / b0:.1f}x the bytes "
+            "per step of "
+            f"{code(base.label)}."
         )
     return out
 
@@ -267,23 +272,24 @@ def _mechanism_sentence(recs: list[dict[str, Any]], delta: Any) -> str:
     claims = sorted({_eps(r["per_release"]) for r in recs})
     if first.get("method") == "none":
         mechs = {r["mechanism"]: _eps(r["per_release"]) for r in recs}
-        named = ", ".join(f"`{m}` (eps {e}{at})" for m, e in mechs.items())
-        who = ", ".join(dict.fromkeys(r["party"] for r in recs))
-        why = f" ({first['reason']})" if first.get("reason") else ""
+        named = ", ".join(f"{code(m)} (eps {e}{at})" for m, e in mechs.items())
+        who = ", ".join(dict.fromkeys(text(r["party"]) for r in recs))
+        why = f" ({text(first['reason'])})" if first.get("reason") else ""
         return f"{named} at {who}: not audited{why}"
-    bounds = ", ".join(f"{_eps(r['epsilon_lower'])} ({r['party']})" for r in recs)
+    bounds = ", ".join(f"{_eps(r['epsilon_lower'])} ({text(r['party'])})" for r in recs)
     conf = first.get("confidence")
     how = f"{first.get('method')}, {first.get('trials')} trials" + (
         f", {conf:.0%} confidence" if isinstance(conf, float) else ""
     )
     how += f", {first['basis']}" if first.get("basis") else ""
-    violated = [r["party"] for r in recs if r.get("verdict") == "violated"]
+    violated = [text(r["party"]) for r in recs if r.get("verdict") == "violated"]
     if first.get("claim") == "nominal":
         head = (
-            f"the paper's own (nominal) claim for `{first['mechanism']}`, eps {'/'.join(claims)} per release"
+            f"the paper's own (nominal) claim for {code(first['mechanism'])}, "
+            f"eps {'/'.join(claims)} per release"
         )
     else:
-        head = f"`{first['mechanism']}` claims eps {'/'.join(claims)} per release{composed}{at}"
+        head = f"{code(first['mechanism'])} claims eps {'/'.join(claims)} per release{composed}{at}"
     line = f"{head}; the audit measured eps ≥ {bounds} ({how})"
     if not violated:
         return line + ": consistent"
@@ -302,7 +308,7 @@ def _attack_bounds(g: Group, s: Summary) -> list[str]:
     for a in s.attacks:
         iv = g.metrics.get(f"{BOUND}{a}")
         if iv is not None:
-            out.append(f"`{a}`'s counts imply eps ≥ {show(iv, 3)} on the labels it guessed")
+            out.append(f"{code(a)}'s counts imply eps ≥ {show(iv, 3)} on the labels it guessed")
     return out
 
 
@@ -329,14 +335,15 @@ def audit_lines(s: Summary) -> list[str]:
         bounds = _attack_bounds(g, s)
         if g.text.get("audit") == NO_DP:
             aps = [
-                f"{a} {show(g.metrics[f'attack:{a}'])} (chance {s.chance.get(a, 0.0):.2f})"
+                f"{text(a)} {show(g.metrics[f'attack:{a}'])} (chance {s.chance.get(a, 0.0):.2f})"
                 for a in s.attacks
                 if g.metrics.get(f"attack:{a}") is not None
             ]
             if not aps and not bounds:
-                out.append(f"- `{g.label}`: no DP mechanism, so no epsilon is claimed (eps inf).")
+                out.append(f"- {code(g.label)}: no DP mechanism, so no epsilon is claimed (eps inf).")
                 continue
-            line = f"- `{g.label}`: no DP mechanism, so no epsilon is claimed (eps inf); the attacks measured"
+            line = f"- {code(g.label)}: no DP mechanism, so no epsilon is claimed (eps inf); "
+            line += "the attacks measured"
             line += " " + "; ".join(aps + bounds) + "."
             out.append(line)
             continue
@@ -347,7 +354,7 @@ def audit_lines(s: Summary) -> list[str]:
             parts = ["DP mechanisms ran but no audit record was kept"]
         n = len(g.seeds)
         seeds = f" (first of {n} seeds; the table's eps lower is the mean)" if n > 1 else ""
-        line = f"- `{g.label}`{seeds}: " + "; ".join(parts) + "."
+        line = f"- {code(g.label)}{seeds}: " + "; ".join(parts) + "."
         if bounds:
             line += " " + "; ".join(bounds)[0].upper() + "; ".join(bounds)[1:] + "."
             sound = [r for r in records if r.get("claim") == "sound" and r.get("method") != "none"]
@@ -360,7 +367,7 @@ def audit_lines(s: Summary) -> list[str]:
             ]
             if tightest is not None and above:
                 line += (
-                    f" Above the smallest claim per release, `{tightest['mechanism']}`'s "
+                    f" Above the smallest claim per release, {code(tightest['mechanism'])}'s "
                     f"{_eps(tightest['per_release'])}, for {_names(above)}: either that mechanism does not "
                     "protect what the attack guesses, what the attacker holds besides its output (its "
                     "own features) predicts the labels, or the claim does not hold; the audit's verdict, "
@@ -385,12 +392,12 @@ def baseline_lines(s: Summary) -> list[str]:
         also = f", test AUC {show(auc, 3)}" if auc is not None else ""
         if acc.mean <= maj.mean + NEAR_MAJORITY:
             out.append(
-                f"- `{g.label}`: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
+                f"- {code(g.label)}: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
                 f"{also}: no better than predicting the majority class."
             )
         else:
             out.append(
-                f"- `{g.label}`: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
+                f"- {code(g.label)}: test accuracy {show(acc, 3)} against a majority rate of {show(maj, 3)}"
                 f"{also} ({(acc.mean - maj.mean) * 100:+.1f} points)."
             )
     return out

@@ -5,7 +5,6 @@ that party's rank alone)."""
 
 from __future__ import annotations
 
-import json
 import platform
 import socket
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from securevfl import jsonfile
 from securevfl.config import Protocol
 from securevfl.exchange.base import ExchangeBackend
 from securevfl.private_files import write_private
@@ -77,6 +77,7 @@ def build_result(
             "privacy": _privacy(proto, parts, steps),
             "attacks": {},  # filled by the attack harness after the run
             "defense_report": {p.party: p.defense_report for p in parts if p.defense_report},
+            "replaced_builtins": {p.party: p.replaced_builtins for p in parts if p.replaced_builtins},
             "noise_seed_pinned": proto.privacy.noise_seed is not None,
             "defenses": {
                 lay_name: [d.name for d in specs]
@@ -128,13 +129,13 @@ def _or(value: int | None, default: int) -> int:
 
 def read_result(out_dir: Path) -> ResultRecord:
     """``out_dir/result.json`` as its record."""
-    return ResultRecord.model_validate_json((Path(out_dir) / RESULT_FILE).read_text())
+    return ResultRecord.model_validate(jsonfile.loads((Path(out_dir) / RESULT_FILE).read_text()))
 
 
 def write_result(out_dir: Path, result: ResultRecord) -> Path:
     path = Path(out_dir) / RESULT_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_json(), indent=2))
+    tmp.write_text(jsonfile.dumps(result.to_json(), indent=2))
     tmp.replace(path)
     return path
 
@@ -146,7 +147,7 @@ def own_report_path(out_dir: Path, rank: int) -> Path:
 
 def write_own_report(out_dir: Path, report: OwnReport) -> Path:
     path = own_report_path(out_dir, report.rank)
-    return write_private(path, json.dumps(report.to_json(), indent=1))  # its owner's alone
+    return write_private(path, jsonfile.dumps(report.to_json(), indent=1))  # its owner's alone
 
 
 def read_own_reports(out_dir: Path) -> dict[str, OwnReport]:
@@ -155,6 +156,6 @@ def read_own_reports(out_dir: Path) -> dict[str, OwnReport]:
     one ``securevfl party`` rank's folder."""
     out: dict[str, OwnReport] = {}
     for path in sorted((Path(out_dir) / "ranks").glob("rank*.defense_report.json")):
-        rep = OwnReport.model_validate_json(path.read_text())
+        rep = OwnReport.model_validate(jsonfile.loads(path.read_text()))
         out[rep.party] = rep
     return out

@@ -198,6 +198,12 @@ def check_hellos(seat: Seat, hellos: dict[int, Hello], me: Hello) -> None:
                 "securevfl predict"
             )
         if h.digest != me.digest:
+            theirs, mine = _schema(h.digest), _schema(me.digest)
+            if theirs != mine:
+                raise ConfigError(
+                    f"{seat.who(r)} runs a securevfl whose protocol schema ({theirs}) is incompatible with "
+                    f"this rank's ({mine}): run the same securevfl version on every host"
+                )
             raise ConfigError(
                 f"{seat.who(r)} runs a different protocol (digest {h.digest}, mine {me.digest}): "
                 "start every rank with the same protocol file and --set overrides"
@@ -283,3 +289,10 @@ def verify_peer(seat: Seat, r: int, raw: bytes, t: bytes, prk: bytes) -> None:
             f"{seat.who(r)} failed the handshake: its key confirmation does not match (its hello's "
             "ephemeral key was replaced in the rendezvous store); refused at start-up"
         )
+
+
+def _schema(digest: str) -> str:
+    """The protocol schema version a digest was made under (``v2-...``: "v2"; a
+    digest without one: "v1", the digest of a securevfl before schema versions)."""
+    head, sep, _ = digest.partition("-")
+    return head if sep else "v1"

@@ -238,3 +238,43 @@ def test_a_public_key_file_given_as_key_says_so(tmp_path, capsys):
     )  # fmt: skip
     assert_clean_user_error(proc, "at '--key'", f"{pub} is a public key file", "left.key")
     assert "chmod" not in proc.stderr
+
+
+def test_a_plugin_attack_scoring_a_word_exits_2_and_writes_no_such_score(tmp_path):
+    """A plugin attack whose score is no number ('ap': 'high') ends the run with one
+    paragraph naming the attack, its hook and the adversary; result.json stays strict
+    JSON without the attack's entry (the comparison table would fail on it)."""
+    from tests.support.protocols import small_digits
+
+    (tmp_path / "word_attack.py").write_text(
+        "from securevfl.plugins import Attack, AttackOptions, register_attack\n\n"
+        "@register_attack\n"
+        "class Word(Attack[AttackOptions]):\n"
+        "    name = 'word_score'\n"
+        "    def run(self, view):\n"
+        "        return {'used': {}}\n"
+        "    def score(self, guess, world):\n"
+        "        return {'ap': 'high'}\n"
+    )
+    doc = small_digits(epochs=1, max_steps=2)
+    doc["plugins"] = ["word_attack"]
+    doc["attacks"] = [{"name": "word_score"}]
+    proto = write_yaml(tmp_path / "p.yaml", doc)
+    proc = subprocess.run(
+        [sys.executable, "-m", "securevfl", "run", str(proto), "--out", str(tmp_path / "run"), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    text = one_paragraph(proc)
+    assert (
+        "attack 'word_score' (result key 'word_score', adversary 'active'): its score hook returned 'ap' as "
+        "a str, not a number" in text
+    ), text
+
+    def refuse(token: str) -> None:
+        raise ValueError(token)
+
+    result = json.loads((tmp_path / "run" / "result.json").read_text(), parse_constant=refuse)
+    assert result["attacks"] == {}

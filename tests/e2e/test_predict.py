@@ -265,6 +265,24 @@ def test_corrupted_missing_or_mismatched_models_exit_2(
     assert "rank 1" in err and "digest" in _flat(err), err[-2000:]
 
 
+def test_the_models_of_a_run_that_did_not_finish_are_refused(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Every rank saves its model before rank 0 writes result.json: a run that failed
+    after that (a full disk as rank 0 wrote its result) leaves verified models, which
+    predict refuses, saying the run did not finish, with nothing written."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / "result.json").unlink()  # rank 0's write failed: no result
+    code, err = _predict_in_process(capsys, str(run), "--out", str(tmp_path / "a"))
+    assert code == 2 and "holds no result.json: that training run did not finish" in _flat(err), err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "a").exists()
+    (run / "result.json").write_text('{"protocol": "churn", "dig')  # cut short by the full disk
+    code, err = _predict_in_process(capsys, str(run), "--out", str(tmp_path / "b"))
+    assert code == 2 and "cannot be read (JSONDecodeError)" in _flat(err), err[-2000:]
+    assert not (tmp_path / "b").exists()
+
+
 def test_output_folder_is_never_overwritten_unasked(
     trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

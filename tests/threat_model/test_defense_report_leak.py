@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from securevfl import jsonfile
 from securevfl.app.launcher import free_port
 from securevfl.app.loader import load_protocol
 from securevfl.defenses.base import build_stack
@@ -249,7 +250,7 @@ def test_a_receives_no_defense_statistic_of_a_passive_party(run: dict[str, Any])
 def test_what_a_learns_of_the_parties_privacy_follows_from_the_protocol(run: dict[str, Any]):
     """The accounting and the declared reports A receives are what the protocol file
     and the step count give, computed here without any party's data."""
-    result = json.loads((run["root"] / "host0" / "result.json").read_text())
+    result = jsonfile.loads((run["root"] / "host0" / "result.json").read_text())  # "Infinity": inf
     proto = load_protocol(run["proto"])
     assert result["train_steps"] == STEPS
     n_train = result["rows"]["train"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -367,3 +368,64 @@ def test_a_forged_state_file_does_not_advise_loading_it_unsafely(tmp_path: Path)
     assert "(Unsupported global: GLOBAL print was not an allowed global by default)" in text, text
     assert "changed after it was written" in text
     assert "weights_only" not in text and "trusted source" not in text, text
+
+
+def test_a_checkpoint_an_older_securevfl_wrote_is_read_and_an_incompatible_one_refused(tmp_path):
+    """Saved digests are checked by the protocol: one written before the schema
+    version is accepted when it matches, one of another schema is refused as
+    incompatible, naming the field."""
+    proto = load_protocol_dict(small_digits())
+    for name, digest, refused in [
+        ("older", proto.legacy_digest(), None),
+        ("now", proto.digest(), None),
+        ("newer", "v99-" + proto.digest()[-16:], "protocol schema v99, incompatible"),
+        ("edited", load_protocol_dict(small_digits(epochs=7)).digest(), "different protocol"),
+    ]:
+        dest = tmp_path / name
+        write_state(
+            dest,
+            tensors={"models": {"w": torch.zeros(2)}},
+            docs={"loop": {"epoch": 1}},
+            kind="checkpoint",
+            protocol_digest=digest,
+            run_id="run-a",
+            rank=1,
+            role="passive",
+            party="left",
+            epoch=1,
+            step=3,
+        )
+        if refused is None:
+            assert read_state(dest, rank=1, kind="checkpoint", protocol_digest=proto.digest_mismatch)
+        else:
+            with pytest.raises(CheckpointError, match=f"field 'protocol_digest'.*{refused}"):
+                read_state(dest, rank=1, kind="checkpoint", protocol_digest=proto.digest_mismatch)
+
+
+def test_ranks_of_incompatible_securevfl_versions_are_told_apart_from_a_changed_protocol() -> None:
+    """Two ranks whose protocol digests carry different schema versions run
+    incompatible securevfl versions, and the start-up says so; the same version
+    with another digest is another protocol, as before."""
+    from types import SimpleNamespace
+
+    from securevfl.runtime.admission import check_hellos
+
+    proto = load_protocol_dict(small_digits())
+    layout = SimpleNamespace(
+        world_size=2,
+        roles=[SimpleNamespace(party="p0", kind="active"), SimpleNamespace(party="p1", kind="passive")],
+    )
+    seat = SimpleNamespace(layout=layout, who=lambda r: f"rank {r}")
+
+    def announced(rank: int, digest: str) -> Hello:
+        role = "active" if rank == 0 else "passive"
+        return hello(rank, None, role).model_copy(update={"world_size": 2, "digest": digest})
+
+    me = announced(0, proto.digest())
+    for other, said in [
+        (proto.legacy_digest(), "protocol schema (v1) is incompatible with this rank's (v2)"),
+        ("v3-" + proto.digest()[-16:], "protocol schema (v3) is incompatible"),
+        (load_protocol_dict(small_digits(epochs=7)).digest(), "runs a different protocol"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            check_hellos(seat, {0: me, 1: announced(1, other)}, me)  # type: ignore[arg-type]

@@ -149,3 +149,33 @@ def test_the_terminal_table_keeps_the_grid_labels(capsys) -> None:
     print_summary(summarize(recs), title="t [x]")
     out = capsys.readouterr().out
     assert "ldp [epsilon=0.5]" in out and "ldp [epsilon=1]" in out, out
+
+
+def test_hostile_names_and_titles_reach_report_md_as_literal_text(tmp_path) -> None:
+    """A title, protocol, defense, attack or party name holding a line break, a
+    backtick, markdown or HTML is shown as what it is: report.md rendered (CommonMark,
+    markdown-it as rich ships it) has the one title heading and no tag of the sender's."""
+    from markdown_it import MarkdownIt
+
+    img = "<img src=x onerror=alert(1)>"
+    hostile = [
+        result("plain", "plain", 0.96, attacks={f"rec`on\n# pwn {img}": {"ap": 0.8}}),
+        result(
+            "dp`\n## owned\n<script>alert(2)</script>",
+            "plain",
+            0.90,
+            defenses={"left": [f"{img}|x", "*bold* [link](javascript:alert(3))"]},
+            eps=20.0,
+            attacks={f"rec`on\n# pwn {img}": {"ap": 0.1}},
+        ),
+    ]
+    paths = write_comparison(tmp_path, hostile, title="T\n# second title\n<script>alert(4)</script>")
+    md = paths["markdown"].read_text()
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert html.count("<h1>") == 1 and "<h1>T\\n# second title" in html.replace("&lt;", "<")
+    assert "<h2>owned" not in html and "<h1>pwn" not in html
+    for tag in ("<script", "<img src=x", "<a href", "<em>bold", "<strong>bold"):
+        assert tag not in html, tag
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html  # shown, not run
+    headings = [ln for ln in md.splitlines() if ln.startswith("#")]
+    assert headings[0].startswith(r"# T\\n\# second title") and all(h.startswith("## ") for h in headings[1:])

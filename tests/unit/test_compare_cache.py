@@ -49,6 +49,29 @@ def test_digest_change_invalidates(tmp_path) -> None:
     assert cached(changed.runs[0]) is None
 
 
+def test_a_run_an_older_compatible_securevfl_cached_is_reused_and_an_incompatible_one_runs_again(
+    tmp_path,
+) -> None:
+    """A run cached under the digest securevfl wrote before the schema version
+    (its marker, its result and the keyed tag all under that digest) is reused when
+    the protocol still matches it; one of another schema version runs again."""
+    p = _plan(tmp_path)
+    run = p.runs[0]
+    legacy = run.proto.legacy_digest()
+    run.folder.mkdir(parents=True, exist_ok=True)
+    raw = json.dumps({"digest": legacy, "protocol": run.base}).encode()
+    (run.folder / "result.json").write_bytes(raw)
+    tag = compare_runs.result_tag(cache_key(), run, raw, digest=legacy)
+    (run.folder / MARKER).write_text(json.dumps({"digest": legacy, "seed": run.seed, "result_tag": tag}))
+    assert cached(_plan(tmp_path).runs[0]) == {"digest": legacy, "protocol": "plain"}
+    other = "v9-" + run.digest[-16:]
+    raw = json.dumps({"digest": other, "protocol": run.base}).encode()
+    (run.folder / "result.json").write_bytes(raw)
+    tag = compare_runs.result_tag(cache_key(), run, raw, digest=other)
+    (run.folder / MARKER).write_text(json.dumps({"digest": other, "seed": run.seed, "result_tag": tag}))
+    assert cached(_plan(tmp_path).runs[0]) is None
+
+
 def test_missing_marker_or_other_seed_is_not_cached(tmp_path) -> None:
     p = _plan(tmp_path)
     _finish(p.runs[0])
@@ -82,7 +105,14 @@ def test_execute_runs_only_what_is_missing(tmp_path, monkeypatch) -> None:
     launched.clear()
     execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, progress=False, say=said.append, warn=said.append)
     assert launched == []
-    execute(_plan(tmp_path, seeds=(0, 1, 2)), tmp_path, rerun=True, progress=False, say=said.append, warn=said.append)
+    execute(
+        _plan(tmp_path, seeds=(0, 1, 2)),
+        tmp_path,
+        rerun=True,
+        progress=False,
+        say=said.append,
+        warn=said.append,
+    )
     assert len(launched) == 3
 
 

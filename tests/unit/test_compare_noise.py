@@ -12,6 +12,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from securevfl.report import markdown as literal
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import NOISY, cell, write_comparison
 from securevfl.report.plots import wrap_title
@@ -65,8 +66,8 @@ def test_the_comparison_files_hold_scores_within_their_range(tmp_path) -> None:
     csv = dict(zip(header.split(","), row.split(","), strict=True))
     assert float(csv["test_accuracy_hi"]) == 1.0 and float(csv["attack:label_leak_hi"]) == 1.0
     md = paths["markdown"].read_text()
-    assert "0.9800 [0.8939, 1.0000]" in md and "`mean [lo, hi]`" in md
-    assert NOISY + "0" not in md and "marks a noisy figure" not in md  # nothing here is noisy
+    assert literal.cell("0.9800 [0.8939, 1.0000]") in md and "`mean [lo, hi]`" in md
+    assert literal.cell(NOISY) + "0" not in md and "marks a noisy figure" not in md  # nothing here is noisy
 
 
 def test_a_figure_whose_interval_is_wider_than_itself_is_marked_noisy(tmp_path) -> None:
@@ -80,7 +81,7 @@ def test_a_figure_whose_interval_is_wider_than_itself_is_marked_noisy(tmp_path) 
     acc = g.metrics["test_accuracy"]
     assert acc is not None and not acc.noisy and not cell("test_accuracy", acc).startswith(NOISY)
     md = paths["markdown"].read_text()
-    assert f"{NOISY}10.00 ms [0.00 ms, 32.77 ms]" in md
+    assert literal.cell(f"{NOISY}10.00 ms [0.00 ms, 32.77 ms]") in md  # report.md shows cells literally
     assert "marks a noisy figure: its 95% interval over seeds is wider than the figure itself" in md
     doc = json.loads(paths["json"].read_text())["protocols"][0]["metrics"]
     assert doc["time_per_step_s"]["noisy"] is True and doc["test_accuracy"]["noisy"] is False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from securevfl.report import markdown as literal
 from securevfl.report.aggregate import RunRecord, summarize
 from securevfl.report.compare import markdown_summary, write_comparison
 from securevfl.report.rows import rows
@@ -53,7 +54,9 @@ def test_the_report_adds_cost_columns_and_names_the_reference_row(tmp_path) -> N
     table = markdown_summary(summary)
     head = table.splitlines()[0]
     assert "MP drop vs ref" in head and "s/step vs ref" in head and "bytes vs ref" in head
-    low = next(line for line in table.splitlines() if line.startswith("| ldp[epsilon=0.5]"))
+    low = next(
+        line for line in table.splitlines() if line.startswith("| " + literal.cell("ldp[epsilon=0.5]"))
+    )
     assert "15.0 pts" in low and "1.20x" in low
     md = write_comparison(tmp_path, recs)["markdown"].read_text()
     assert "Reference row: `base`." in md

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from securevfl.app.loader import load_protocol, load_protocol_dict
-from securevfl.config import Protocol
+from securevfl.config import SCHEMA_VERSION, Protocol
 from securevfl.errors import ConfigError
 from tests.support.protocols import load_yaml
 
@@ -382,7 +382,7 @@ def test_digest_is_stable_across_loads(doc, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(doc, sort_keys=True))
     assert load_protocol(f).digest() == a
-    assert len(a) == 16 and int(a, 16) >= 0
+    assert a.startswith(f"v{SCHEMA_VERSION}-") and len(a) == 19 and int(a[3:], 16) >= 0
 
 
 def test_digest_changes_with_any_field(doc):
@@ -398,6 +398,37 @@ def test_digest_changes_with_any_field(doc):
         d = load_protocol_dict(doc, overrides=[expr]).digest()
         assert d not in seen, expr
         seen.add(d)
+
+
+def test_a_field_a_later_securevfl_adds_with_its_default_keeps_the_digest(doc, monkeypatch):
+    """A run saved now stays usable (predict, --resume) under a securevfl whose
+    schema has one more field, set to the default that keeps today's behaviour."""
+    proto = load_protocol_dict(doc)
+    saved = proto.digest()
+    real = Protocol.model_dump
+
+    def upgraded(self: Protocol, **kw: Any) -> dict[str, Any]:  # the schema with training.new_knob: int = 0
+        out = real(self, **kw)
+        if not kw.get("exclude_defaults"):
+            out["training"]["new_knob"] = 0
+        return out
+
+    monkeypatch.setattr(Protocol, "model_dump", upgraded)
+    assert proto.digest() == saved
+    assert proto.digest_mismatch(saved) is None
+
+
+def test_a_digest_an_older_securevfl_saved_is_read_and_an_incompatible_one_said(doc):
+    proto = load_protocol_dict(doc)
+    assert proto.digest_mismatch(proto.legacy_digest()) is None  # saved before the schema version
+    changed = load_protocol_dict(doc, overrides=["training.epochs=11"])
+    older = proto.digest_mismatch(changed.legacy_digest())
+    assert older is not None and "older securevfl" in older and "incompatible" in older
+    other = proto.digest_mismatch(f"v{SCHEMA_VERSION + 1}-" + proto.digest()[-16:])
+    assert other is not None and "incompatible" in other and f"v{SCHEMA_VERSION + 1}" in other
+    edited = proto.digest_mismatch(changed.digest())
+    assert edited is not None and "different protocol" in edited and "incompatible" not in edited
+    assert proto.digest_mismatch("not a digest") is not None
 
 
 def test_digest_same_for_override_and_edit(doc):

@@ -74,6 +74,7 @@ LAYERS: tuple[str, ...] = (
     "securevfl.models",
     "securevfl.model_kinds",
     "securevfl.bottoms",
+    "securevfl.model_limits",
     "securevfl.runtime",
     "securevfl.schedule",
     "securevfl.metrics",

@@ -64,6 +64,19 @@ def flat(in_features, out):
 def on_meta(in_features, out):
     return nn.Linear(in_features, out, device="meta")
 
+class Fixed(nn.Module):
+    def __init__(self, in_features, out):
+        super().__init__()
+        self.register_buffer("w", torch.ones(in_features, out))
+    def forward(self, x):
+        return x @ self.w
+
+def no_parameters(in_features, out):
+    return Fixed(in_features, out)
+
+def frozen(in_features, out):
+    return nn.Linear(in_features, out).requires_grad_(False)
+
 def top(in_features, classes, *, hidden=4):
     return nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
 
@@ -150,6 +163,8 @@ def test_a_factory_is_refused_without_the_policy_allowing_it(factories):
         ("NOT_CALLABLE", "is not callable"),
         ("missing", "module '{name}' has no 'missing'"),
         ("on_meta", "built 'weight' on meta: build the module on the CPU"),
+        ("no_parameters", "factory '{name}:no_parameters' returned a module with no trainable parameter"),
+        ("frozen", "factory '{name}:frozen' returned a module with no trainable parameter"),
     ],
 )
 def test_a_factory_that_cannot_build_is_named_with_its_party(factories, fn, message):
@@ -239,3 +254,38 @@ def test_an_attack_rebuilding_a_partys_factory_model_imports_it_under_the_harnes
         assert torch.equal(embed(x), trained(x))
     with pytest.raises(UserCodeError, match="not allowed"):
         own_embedding(view, load_protocol(f), sent=False)  # a policy that allows nothing
+
+
+def test_a_factory_built_model_is_held_to_the_per_party_limits(factories, monkeypatch):
+    """A factory's module is counted in its owner's rank against the limits the
+    built-in models are held to at load (securevfl.model_limits): beyond the stated
+    parameter count, or a training state beyond the machine's memory, it is refused
+    naming the party, the factory and the field."""
+    from securevfl import model_limits
+
+    name, policy = factories
+    built = build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy)
+    n = sum(p.numel() for p in built.parameters())  # 6*8+8 + 8*4+4 = 92
+    monkeypatch.setattr(model_limits, "MAX_PARAMETERS", n - 1)
+    with pytest.raises(UserCodeError) as err:
+        build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy, path="parties.passive[0].model")
+    text = str(err.value)
+    assert (
+        f"factory '{name}:good' built a module of {n:,} trainable parameters" in text and "party 'p1'" in text
+    )
+    assert (
+        f"a party trains at most {n - 1:,} parameters" in text
+        and err.value.path == "parties.passive[0].model"
+    )
+    monkeypatch.setattr(model_limits, "MAX_PARAMETERS", n)
+    monkeypatch.setattr("securevfl.models.physical_memory", lambda: n * model_limits.BYTES_PER_PARAMETER - 1)
+    with pytest.raises(UserCodeError, match=r"this machine has 0\.0 GiB of memory"):
+        build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy)
+    monkeypatch.setattr("securevfl.models.physical_memory", lambda: n * model_limits.BYTES_PER_PARAMETER)
+    assert (
+        sum(
+            p.numel()
+            for p in build_bottom(_spec(name, "good"), 6, seed=0, party="p1", code=policy).parameters()
+        )
+        == n
+    )

@@ -331,3 +331,44 @@ def test_validate_refuses_a_misspelt_factory_with_exit_code_2(plugin, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "at 'parties.passive[1].model.factory'" in err and "has no 'tiny_botom'" in err
     assert "Traceback" not in err
+
+
+def test_a_built_in_replaced_with_force_is_said_in_the_output_and_the_result(recwarn):
+    """``force=True`` may put user code under a built-in's name; a run that uses the
+    name then says so: a SecurityWarning where the party builds its defenses, and the
+    replacement in its summary (``replaced_builtins``, merged into result.json)."""
+    from pydantic import Field
+
+    from securevfl.defenses.base import build_stack
+    from securevfl.errors import SecurityWarning
+    from securevfl.records import RankSummary
+    from tests.support.protocols import small_digits
+
+    class Opts(plugins.DefenseOptions):
+        epsilon: float = Field(default=1.0)
+
+    class Impostor(plugins.Defense[Opts]):
+        name = "label_dp"
+        options = Opts
+        sides = frozenset({"active"})
+
+    builtin = DEFENSES.get("label_dp")
+    assert DEFENSES.replaced("label_dp") is None
+    plugins.register_defense(force=True)(Impostor)
+    try:
+        origin = f"{Impostor.__module__}:{Impostor.__qualname__}"
+        assert DEFENSES.replaced("label_dp") == origin
+        doc = small_digits()
+        doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 2.0}}]
+        proto = load_protocol_dict(doc)
+        stack = build_stack(proto, proto.parties.active.name, "active")
+        said = [str(w.message) for w in recwarn if issubclass(w.category, SecurityWarning)]
+        assert said and "defense 'label_dp' is not securevfl's built-in" in said[0] and origin in said[0]
+        assert stack.replaced == {"label_dp": origin}
+        summary = RankSummary(rank=0, party="active", role="active", pid=1, replaced_builtins=stack.replaced)
+        assert summary.to_json()["replaced_builtins"] == {"label_dp": origin}
+        plugins.register_defense(force=True)(Impostor)  # replaced again: still user code
+        assert DEFENSES.replaced("label_dp") == origin
+    finally:
+        DEFENSES.add("label_dp", builtin, force=True)
+    assert DEFENSES.replaced("label_dp") is None and DEFENSES.get("label_dp") is builtin

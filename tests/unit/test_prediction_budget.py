@@ -244,3 +244,27 @@ def test_the_budget_is_typed_at_load_and_outside_the_digest():
         with pytest.raises(ConfigError) as err:
             load_protocol_dict(doc)
         assert "parties.passive[0].prediction_budget" in str(err.value)
+
+
+def test_an_unbounded_prediction_is_kept_in_strict_json_and_read_back(tmp_path: Path):
+    """A prediction that releases something no epsilon bounds (epsilon = inf) is
+    written as strict JSON ("Infinity", securevfl.jsonfile) and read back as inf."""
+    import json
+    import math
+
+    from securevfl.privacy.correlated import UnboundedRelease
+
+    folder = _model_dir(tmp_path, 1)
+    spend = spend_of("left", [UnboundedRelease(count=1)], [], 1e-5)
+    assert spend.epsilon == math.inf
+    prediction_ledger.record(tmp_path, 1, prediction_ledger.read_ledger(tmp_path, 1, "left"), spend, 5)
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    doc = json.loads((folder / prediction_ledger.LEDGER_FILE).read_text(), parse_constant=refuse)
+    assert doc["predictions"][0]["epsilon"] == "Infinity"
+    back = prediction_ledger.read_ledger(tmp_path, 1, "left")
+    assert back.predictions[0].epsilon == math.inf
+    again = spend_of("left", [UnboundedRelease(count=1)], [e.releases for e in back.predictions], 1e-5)
+    assert again.total_before == math.inf
