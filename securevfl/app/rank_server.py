@@ -19,6 +19,7 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -107,6 +108,15 @@ def ensure_server() -> None:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             multiprocessing.forkserver.ensure_running()
+        except OSError as exc:
+            if "AF_UNIX path too long" not in str(exc):
+                raise
+            raise ConfigError(
+                f"the ranks' fork server listens on a socket in the temporary folder "
+                f"{tempfile.gettempdir()}, whose path is too long for a Unix socket (at most 107 bytes "
+                "in all): set TMPDIR to a shorter folder, or SECUREVFL_START_METHOD=spawn",
+                path="TMPDIR",
+            ) from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 

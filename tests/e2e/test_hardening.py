@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -170,8 +171,9 @@ def test_predict_leaves_a_read_only_training_run_as_it_was(small_cli_run: CliRun
     before = _listing(run)
     for p in (run, *run.rglob("*")):  # read-only (root writes regardless: the listing tells)
         p.chmod(p.stat().st_mode & ~0o222)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    # a short temporary folder: the fork server's socket lives there, and a Unix socket's path
+    # holds at most 107 bytes (pytest's own folders under xdist come close)
+    scratch = Path(tempfile.mkdtemp(prefix="svfl-"))
     try:
         proc = cli("predict", str(run), "--out", str(tmp_path / "pred"), env={"TMPDIR": str(scratch)})
     finally:
@@ -183,3 +185,4 @@ def test_predict_leaves_a_read_only_training_run_as_it_was(small_cli_run: CliRun
     assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
     assert {k: v[1:] for k, v in after.items()} == {k: v[1:] for k, v in before.items()}
     assert not list(scratch.glob("securevfl-data-*"))  # the temporary dataset went with the prediction
+    shutil.rmtree(scratch)

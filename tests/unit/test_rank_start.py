@@ -4,6 +4,7 @@ environment of the launch."""
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from securevfl.app import rank_server
 from securevfl.app.launcher import START_METHOD_ENV, _rank_main, rank_context
 from securevfl.errors import ConfigError
 from tests.support.protocols import ROOT
@@ -89,3 +91,16 @@ def test_a_stopped_command_ends_its_fork_server_at_once():
     gone, took, fresh, fresh_alive = out.stdout.split()
     assert (gone, fresh, fresh_alive) == ("False", "True", "True"), out.stdout
     assert float(took) < 1.0, out.stdout
+
+
+def test_a_temporary_folder_too_long_for_the_servers_socket_is_said(monkeypatch: pytest.MonkeyPatch):
+    """The fork server's socket lives in the temporary folder; a Unix socket's path holds at
+    most 107 bytes, so a long TMPDIR is the user's to fix: said naming TMPDIR, no traceback."""
+
+    def too_long() -> None:
+        raise OSError("AF_UNIX path too long")
+
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", too_long)
+    with pytest.raises(ConfigError, match="set TMPDIR to a shorter folder") as err:
+        rank_server.ensure_server()
+    assert err.value.path == "TMPDIR"
