@@ -356,6 +356,7 @@ def compare(
     overwrite: bool = False,
     progress: bool = True,
     title: str | None = None,
+    status: bool | None = None,
 ) -> Comparison:
     """Run several protocols, per seed and grid point, and summarize them
     (``securevfl compare``); return the :class:`Comparison` (``.frame`` is the
@@ -379,9 +380,10 @@ def compare(
     continues where it stopped. Every run is validated before any starts. The
     comparison files (compare.json, compare.csv, runs.csv, report.md and figures)
     are written to ``out``, under ``title`` (default: a comparison file's title,
-    else "securevfl compare"). ``progress``: each run's progress display and the
-    comparison's status lines on stderr (``False``: nothing but a warning that a cached
-    run is not reused).
+    else "securevfl compare"). ``progress``: each run's progress display; ``status``: the
+    comparison's status lines on stderr (how many runs, which one runs now; default: as
+    ``progress``, so ``progress=False`` prints nothing but a warning that a cached run is not
+    reused; ``securevfl compare --quiet`` keeps them).
 
     Protocols given as mappings may hold classes and callables as for :func:`run`;
     their classes are registered for the comparison's runs (the protocol files
@@ -390,6 +392,8 @@ def compare(
     (``table.rows[0].privacy_of("left").epsilon``)."""
     folder = path_arg(out, "out")
     check_flags(overwrite=overwrite, progress=progress)
+    if status is not None:
+        check_flags(status=status)
     if title is not None and not isinstance(title, str):
         raise ConfigError(f"title is a string, not {kind_of(title)}", path="title")
     wanted = seed_list(seeds)
@@ -401,7 +405,7 @@ def compare(
         file_title, found, file_seeds = sources_from_paths(paths, sets, _axes(grid))
         title = title or file_title
         chosen = wanted if wanted is not None else file_seeds
-        say = say_stderr if progress else _silent
+        say = say_stderr if (progress if status is None else status) else _silent
         plan = make_plan(title, found, chosen, folder, say=say)  # every run validated before any starts
         done = execute(plan, folder, rerun=overwrite, progress=progress, say=say, registrations=regs)
         records = [

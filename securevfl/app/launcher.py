@@ -16,6 +16,8 @@ successful run it runs the protocol's attacks on the ranks' saved views
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures.thread
 import contextlib
 import json
 import multiprocessing as mp
@@ -319,6 +321,9 @@ def _end_rank(code: int | str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its work is over: a Ctrl-C now is the launcher's
     with contextlib.suppress(Exception):  # nothing to end is no reason to fail the rank's exit
         end_descendants()
+    # idle worker threads of thread pools (paillier's modexp pool) end as at the interpreter's exit
+    with contextlib.suppress(Exception):
+        getattr(concurrent.futures.thread, "_python_exit", lambda: None)()
     deadline = time.monotonic() + THREAD_GRACE_S
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
@@ -333,7 +338,9 @@ def _end_rank(code: int | str | None) -> None:
         file=sys.stderr,
         flush=True,
     )
+    atexit._run_exitfuncs()  # the exit handlers still run; only the threads are left behind
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 

@@ -136,6 +136,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         out=args.out,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        status=True,  # what the command does, said even under --quiet
     )
     print_summary(table.summary, title=table.title)
     print("wrote " + ", ".join(str(p) for p in table.files.values()))
