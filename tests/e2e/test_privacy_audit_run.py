@@ -6,9 +6,11 @@ completes; its result.json records 'left' ``violated`` and 'right' ``consistent`
 warns naming the party and the mechanism; ``securevfl audit RUN`` re-audits from the saved models
 and exits 1 naming the mechanism, and 2 for a folder that is not a run.
 
-Margins: at 20,000 trials the quartered mechanism (true multiplier 0.5) audits to eps 8.8-9.8
-against a claim of 1.99, the honest one to 1.37-1.89 (30 in-process runs each,
-tests/unit/test_privacy_audit.py)."""
+Margins, at 20,000 trials (60 in-process audits each, as tests/unit/test_privacy_audit.py builds
+them): at 99.9% confidence the quartered mechanism (true multiplier 0.5) audits to eps 8.56-9.53
+against a claim of 1.99 and the honest one to 1.08-1.64. The verdicts are asserted at 99.9%: at 95%
+the honest one read up to 1.97, and an exactly tight mechanism's 95% bound exceeds its claim in a few
+percent of honest audits (docs/privacy.md), which a CI run met once."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _bundle(folder: Path) -> Path:
         },
         "interactive": {"out": 8},
         "training": {"epochs": 1, "batch_size": 128, "max_steps": 3, "seed": 0},
-        "privacy": {"delta": 1e-5, "audit": {"trials": 20000, "confidence": 0.95}},
+        "privacy": {"delta": 1e-5, "audit": {"trials": 20000, "confidence": 0.999}},
     }
     return write_yaml(folder / "protocol.yaml", doc)
 
@@ -77,7 +79,7 @@ def test_a_run_audits_its_mechanisms_and_audit_run_flags_the_violated_one(tmp_pa
         assert rec["trials"] == 20000 and rec["method"] == "gdp" and rec["seconds"] >= 0
     assert left["epsilon_lower"] > 2 * left["epsilon_claimed"]["per_release"]
 
-    audited = cli("audit", str(out), "--trials", "20000")
+    audited = cli("audit", str(out), "--trials", "20000", "--confidence", "0.999")
     assert audited.returncode == 1, audited.stdout + audited.stderr
     assert "quartered_gaussian" in audited.stderr and "party 'left'" in audited.stderr
     rows = [line.split() for line in audited.stdout.splitlines()]
