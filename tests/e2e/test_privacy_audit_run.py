@@ -10,7 +10,7 @@ Margins, at 20,000 trials (60 in-process audits each, as tests/unit/test_privacy
 them): at 99.9% confidence the quartered mechanism (true multiplier 0.5) audits to eps 8.56-9.53
 against a claim of 1.99 and the honest one to 1.08-1.64. The verdicts are asserted at 99.9%: at 95%
 the honest one read up to 1.97, and an exactly tight mechanism's 95% bound exceeds its claim in a few
-percent of honest audits (docs/privacy.md), which a CI run met once."""
+percent of honest audits (docs/privacy.md)."""
 
 from __future__ import annotations
 

@@ -67,13 +67,17 @@ def test_label_dp_at_epsilon_1_audits_close_to_its_claim() -> None:
 
 def test_embedding_dp_gaussian_release_audits_within_15_percent() -> None:
     # vanilla VFL-AFE at eps 4 (delta 0.01, analytic): 30 runs of 100,000 trials read
-    # 0.93-0.98 of the per-release claim
+    # 0.907-0.990 of the per-release claim at 95% confidence, 0.899-0.967 at 99.9%
     stack, proto = _afe_stack(variant="vanilla", epsilon=4.0)
     plan = plan_for(100, 1400, proto.training)
     (rec,) = audit_stack(stack, plan, delta=0.01, trials=100_000, confidence=0.95)
     assert rec.method == "gdp" and rec.per_release == pytest.approx(4.0, rel=1e-6)
     assert rec.composed > rec.per_release  # the run's total composes many releases
-    assert rec.epsilon_lower >= 0.85 * rec.per_release and rec.verdict == "consistent"
+    assert rec.epsilon_lower >= 0.85 * rec.per_release
+    # an exact mechanism's 95% bound exceeds its claim in a few percent of honest audits
+    # (docs/privacy.md): the verdict is asserted at 99.9%
+    (strict,) = audit_stack(stack, plan, delta=0.01, trials=100_000, confidence=0.999)
+    assert strict.epsilon_lower <= strict.per_release and strict.verdict == "consistent"
 
 
 def test_the_shipped_paper_mode_variant_is_audited_at_its_boundary() -> None:
@@ -101,8 +105,10 @@ def _plugin_stack(cls: type, **params: Any) -> tuple[DefenseStack, Any]:
 
 
 def test_a_plugin_that_adds_a_quarter_of_its_noise_is_violated_and_the_honest_one_is_not() -> None:
-    # 30 runs each at 20,000 trials, z = 2 (per-release eps 1.99 at 1e-5): the quartered plugin
-    # (true multiplier 0.5, eps 10) read 8.8-9.8; the honest example 1.37-1.89
+    # 60 runs each at 20,000 trials, z = 2 (per-release eps 1.99 at 1e-5), at 99.9% confidence:
+    # the quartered plugin (true multiplier 0.5, eps 10) read 8.56-9.53, the honest example
+    # 1.08-1.64 (at 95% the honest one read up to 1.97: an exact claim's 95% bound exceeds it
+    # in a few percent of honest audits, docs/privacy.md)
     broken = _plugin(Path(__file__).parents[1] / "support" / "quartered_gaussian.py", "quartered")
     honest = _plugin(EXAMPLES / "gaussian_release.py", "honest")
     for cls, verdict in (
@@ -111,7 +117,7 @@ def test_a_plugin_that_adds_a_quarter_of_its_noise_is_violated_and_the_honest_on
     ):
         stack, proto = _plugin_stack(cls, clip=1.0, noise_multiplier=2.0)
         (rec,) = audit_stack(
-            stack, plan_for(30, 1400, proto.training), delta=1e-5, trials=20_000, confidence=0.95
+            stack, plan_for(30, 1400, proto.training), delta=1e-5, trials=20_000, confidence=0.999
         )
         assert rec.verdict == verdict, (cls.name, rec)
         assert rec.claim == "sound" and rec.method == "gdp"
