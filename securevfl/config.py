@@ -535,9 +535,16 @@ class Protocol(Strict):
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
-    # the components with validated options, set once by the checked loader
-    # (securevfl.components); not part of the document, its dump or its digest
-    _components: Any = PrivateAttr(default=None)
+    # the folder of the protocol file it was read from, where the file's own modules
+    # lie (set by securevfl.app.loader); not part of the document, its dump or its digest
+    _folder: str | None = PrivateAttr(default=None)
+
+    @property
+    def folder(self) -> str | None:
+        """The folder of the protocol file this was read from (None for a protocol
+        given as a mapping): the API checks a protocol given back to it again,
+        finding the file's own modules there (:mod:`securevfl.usercode`)."""
+        return self._folder
 
     @field_validator("name")
     @classmethod

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from securevfl.app.checkpoints import load_model
-from securevfl.app.loader import OWN, load_protocol_dict
-from securevfl.components import components_of
+from securevfl.app.loader import OWN, load_checked_dict
+from securevfl.components import CheckedProtocol, Components
 from securevfl.config import ModelSpec, PartySpec, Protocol
 from securevfl.data.fitted import apply_fitted, from_saved
 from securevfl.data.party_data import PartyData
@@ -43,7 +43,7 @@ def _spec(proto: Protocol, role: Role) -> PartySpec:
     return proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
 
 
-def run_protocol(run_dir: Path) -> Protocol:
+def run_protocol(run_dir: Path) -> CheckedProtocol:
     """The protocol a local run in ``run_dir`` was trained under, as the active
     rank saved it with its model (the local launcher's user holds every rank's
     folder); checked against the digest in that model's manifest. Its user
@@ -56,14 +56,14 @@ def run_protocol(run_dir: Path) -> Protocol:
         raise CheckpointError(f"rank 0: {saved.path}/model.json holds no protocol")
     code_dir = model.get("code_dir")
     beside = Path(code_dir) if isinstance(code_dir, str) else None
-    proto = load_protocol_dict(doc, source=str(saved.path / "model.json"), allow=OWN, beside=beside)
-    why_not = proto.digest_mismatch(saved.manifest.protocol_digest)
+    checked = load_checked_dict(doc, source=str(saved.path / "model.json"), allow=OWN, beside=beside)
+    why_not = checked.protocol.digest_mismatch(saved.manifest.protocol_digest)
     if why_not is not None:
         raise CheckpointError(
             f"rank 0: {saved.path}/model.json: field 'protocol' does not match the manifest's "
             f"protocol digest ({why_not})"
         )
-    return proto
+    return checked
 
 
 @dataclass
@@ -71,6 +71,7 @@ class PartyModel:
     """One party's trained model, loaded from its own model folder."""
 
     proto: Protocol
+    components: Components  # the protocol's, resolved at load
     role: Role
     spec: PartySpec
     info: ModelInfo
@@ -130,7 +131,7 @@ class PartyModel:
             width,
             seed=self.proto.training.seed,
             party=self.spec.name,
-            code=components_of(self.proto).code,
+            code=self.components.code,
             path=f"{path}.model",
         )
 
@@ -168,7 +169,7 @@ class PartyModel:
         if spec.model is not None and width:
             bottom = self._module("bottom", self._bottom(spec.model, width, "parties.active"), dev)
             own = self._module("own", build_interactive(spec.model.out, out, seed=seed, party=spec.name), dev)
-        code = components_of(proto).code
+        code = self.components.code
         top = build_top(proto.top, out, self.task.outputs, seed=seed, code=code, party=spec.name)
         top = self._module("top", top, dev)
         saved_bias = self.tensors.get("bias")
@@ -201,12 +202,13 @@ def _task(info: ModelInfo, rank: int) -> Task:
         raise CheckpointError(f"rank {rank}: model.json: field 'task' is malformed ({exc})") from None
 
 
-def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.device) -> PartyModel:
+def load_party_model(checked: CheckedProtocol, role: Role, run_dir: Path, device: torch.device) -> PartyModel:
     """Rank ``role.rank``'s model from ``run_dir`` (its own folder only), verified
     file by file and checked to be a model of this protocol (digest) and of this
     party; a missing, corrupted or mismatched model is a :class:`CheckpointError`
     naming the rank and the file or field."""
     rank = role.rank
+    proto, components = checked.protocol, checked.components
     saved = load_model(Path(run_dir), rank, protocol_digest=proto.digest_mismatch)
     spec = _spec(proto, role)
     state = PartyState(saved.manifest.epoch, saved.manifest.step, saved.tensors, saved.docs)
@@ -217,7 +219,9 @@ def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.d
             f"but this rank is {role.kind} '{spec.name}'"
         )
     pre: PreprocessState = state.doc("preprocess", PreprocessState, rank=rank)
-    stack = build_stack(proto, spec.name, role.kind, spec.defenses)  # fresh noise keys: this prediction's
+    stack = build_stack(
+        proto, components, spec.name, role.kind, spec.defenses
+    )  # fresh noise keys: this prediction's
     stack.restore_trained(
         join_components(state.tensor("defenses", rank=rank), state.docs.get("defenses", []))
     )
@@ -226,4 +230,4 @@ def load_party_model(proto: Protocol, role: Role, run_dir: Path, device: torch.d
         m.load_state_dict(sd)
     exchange = ComponentState.from_parts(state.tensor("exchange", rank=rank), state.docs.get("exchange", {}))
     task = _task(info, rank) if role.kind == "active" else None
-    return PartyModel(proto, role, spec, info, pre, models, exchange, stack, task)
+    return PartyModel(proto, components, role, spec, info, pre, models, exchange, stack, task)

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from securevfl.components import components_of
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.spec import SEEDED_WARNING, ExchangeBackend, check_weight_init
@@ -78,9 +77,8 @@ class Mpc(ExchangeBackend):
     description = "CrypTen secret sharing; z revealed to A only; dealer-provided triples"
 
     @classmethod
-    def helper_names(cls, proto: Protocol) -> list[str]:
-        opts = components_of(proto).exchange_options(MpcOptions)  # validated at load
-        return ["dealer"] if opts is not None and opts.provider == "TTP" else []
+    def helper_names(cls, options: BaseModel) -> list[str]:
+        return ["dealer"] if isinstance(options, MpcOptions) and options.provider == "TTP" else []
 
     @classmethod
     def check(cls, proto: Protocol, options: BaseModel) -> None:

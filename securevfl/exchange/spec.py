@@ -66,7 +66,8 @@ class ExchangeBackend:
     description: ClassVar[str] = ""
 
     @classmethod
-    def helper_names(cls, proto: Protocol) -> list[str]:
+    def helper_names(cls, options: BaseModel) -> list[str]:
+        """The helper ranks (a dealer, say) the backend needs with these validated options."""
         return []
 
     @classmethod

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from securevfl import optim
-from securevfl.components import components_of
 from securevfl.exchange.base import ActiveExchange
 from securevfl.models import (
     PROBE_ROWS,
@@ -50,7 +49,7 @@ class ActiveParty(Party):
         out = proto.interactive.out
         modules: list[torch.nn.Module] = []
         self.bottom = self.own = None
-        code = components_of(proto).code  # a factory is called here, in this rank alone
+        code = self.components.code  # a factory is called here, in this rank alone
         if spec.model is not None and self.x_train.shape[1]:
             path = "parties.active.model"
             self.bottom = build_bottom(

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from securevfl import optim
-from securevfl.components import components_of
 from securevfl.exchange.base import PassiveExchange
 from securevfl.models import PROBE_ROWS, bottom_label, build_bottom, check_output, make_optimizer
 from securevfl.parties.common import Party, Prepared
@@ -38,7 +37,7 @@ class PassiveParty(Party):
             self.x_train.shape[1],
             seed=proto.training.seed,
             party=spec.name,
-            code=components_of(proto).code,
+            code=self.components.code,
             path=path,
         ).to(self.device)
         probe = self.x_train[:PROBE_ROWS].to(self.device)
