@@ -24,16 +24,15 @@ import torch
 from securevfl.app.checkpoints import load_model
 from securevfl.app.loader import OWN, load_checked_dict
 from securevfl.components import CheckedProtocol, Components
-from securevfl.config import ModelSpec, PartySpec, Protocol
+from securevfl.config import PartySpec, Protocol
 from securevfl.data.fitted import apply_fitted, from_saved
 from securevfl.data.party_data import PartyData
 from securevfl.defenses.base import DefenseStack, build_stack
-from securevfl.errors import CheckpointError, ConfigError, DataError
+from securevfl.errors import CheckpointError, DataError
 from securevfl.exchange.base import ExchangeBackend, ExchangeContext
-from securevfl.models import build_bias, build_bottom, build_interactive, build_top
 from securevfl.parties.predict import ActivePredictor, PassivePredictor
+from securevfl.parties.split_model import ActiveModel, PassiveModel, restore_task
 from securevfl.parties.state import ModelInfo, PartyState, PreprocessState, join_components
-from securevfl.parties.task_kinds import TASKS
 from securevfl.parties.tasks import Task
 from securevfl.runtime.layout import Role
 from securevfl.snapshot import ComponentState
@@ -68,7 +67,9 @@ def run_protocol(run_dir: Path) -> CheckedProtocol:
 
 @dataclass
 class PartyModel:
-    """One party's trained model, loaded from its own model folder."""
+    """One party's trained model, loaded from its own model folder: its files
+    checked and its defense stack restored; :meth:`split_model` puts its weights
+    into the split-model class training runs."""
 
     proto: Protocol
     components: Components  # the protocol's, resolved at load
@@ -76,7 +77,7 @@ class PartyModel:
     spec: PartySpec
     info: ModelInfo
     preprocess: PreprocessState
-    tensors: dict[str, Any]  # models.pt: state dicts of bottom / own / top, the bias
+    tensors: dict[str, Any]  # models.pt, as ActiveModel / PassiveModel.tensors saved it
     exchange_state: ComponentState
     stack: DefenseStack
     task: Task | None  # the active party's
@@ -113,93 +114,34 @@ class PartyModel:
             )
         return np.asarray(x, dtype=np.float32)
 
-    def _module(self, name: str, module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        try:
-            module.load_state_dict(self.tensors[name])
-        except (KeyError, RuntimeError) as exc:
-            raise CheckpointError(
-                f"rank {self.role.rank} ({self.spec.name}): models.pt: field '{name}' does not fit "
-                f"the protocol's model ({type(exc).__name__})"
-            ) from None
-        return module.to(device)
-
-    def _bottom(self, spec: ModelSpec, width: int, path: str) -> torch.nn.Module:
-        """This party's bottom model rebuilt for its saved weights: a factory is
-        called again, under this process's user code policy, in this rank alone."""
-        return build_bottom(
-            spec,
-            width,
-            seed=self.proto.training.seed,
-            party=self.spec.name,
-            code=self.components.code,
-            path=f"{path}.model",
-        )
+    def split_model(self, device: torch.device) -> ActiveModel | PassiveModel:
+        """This party's model built as training built it (:meth:`ActiveModel.build`,
+        :meth:`PassiveModel.build`: a factory is called again, under this process's
+        user code policy, in this rank alone) on its saved input columns, holding
+        its saved weights; a ``models.pt`` that does not fit is a CheckpointError."""
+        code, width = self.components.code, len(self.preprocess.columns)
+        model: ActiveModel | PassiveModel
+        if self.role.kind == "passive":
+            model = PassiveModel.build(self.proto, code, self.role, self.stack, width, device)
+        else:
+            assert self.task is not None
+            model = ActiveModel.build(self.proto, code, self.role, self.task, self.stack, width, device)
+        model.load(self.tensors, exact=False)
+        return model
 
     def predictor(
         self, backend: type[ExchangeBackend], ctx: ExchangeContext, *, keep_sent: bool = False
     ) -> ActivePredictor | PassivePredictor:
-        """Build this side's exchange role (a collective step with the other ranks,
-        as at training set-up), restore its trained state, and return the predictor.
-        ``keep_sent``: keep what the wire audits read (the h'_i a passive party sends,
-        the z the active party is revealed)."""
-        if self.role.kind == "passive":
-            return self._passive(backend, ctx, keep_sent)
-        return self._active(backend, ctx, keep_sent)
-
-    def _passive(self, backend: type[ExchangeBackend], ctx: ExchangeContext, keep: bool) -> PassivePredictor:
-        spec, dev = self.spec, ctx.device
-        assert spec.model is not None
-        width = len(self.preprocess.columns)
-        bottom = self._module(
-            "bottom", self._bottom(spec.model, width, f"parties.passive[{self.role.index}]"), dev
-        )
-        exchange = backend.passive(ctx)
-        exchange.restore(self.exchange_state)
-        return PassivePredictor(
-            exchange, bottom, self.stack, dev, self.proto.training.batch_size, keep_sent=keep
-        )
-
-    def _active(self, backend: type[ExchangeBackend], ctx: ExchangeContext, keep: bool) -> ActivePredictor:
-        proto, spec, dev, seed = self.proto, self.spec, ctx.device, self.proto.training.seed
-        assert self.task is not None
-        out = proto.interactive.out
-        width = len(self.preprocess.columns)
-        bottom: torch.nn.Module | None = None
-        own: torch.nn.Module | None = None
-        if spec.model is not None and width:
-            bottom = self._module("bottom", self._bottom(spec.model, width, "parties.active"), dev)
-            own = self._module("own", build_interactive(spec.model.out, out, seed=seed, party=spec.name), dev)
-        code = self.components.code
-        top = build_top(proto.top, out, self.task.outputs, seed=seed, code=code, party=spec.name)
-        top = self._module("top", top, dev)
-        saved_bias = self.tensors.get("bias")
-        if not isinstance(saved_bias, torch.Tensor) or saved_bias.shape != build_bias(out).shape:
-            raise CheckpointError(
-                f"rank {self.role.rank} ({spec.name}): models.pt: field 'bias' does not fit "
-                "the protocol's model"
-            )
-        exchange = backend.active(ctx)
-        exchange.restore(self.exchange_state)
-        return ActivePredictor(
-            self.task,
-            exchange,
-            top,
-            saved_bias.to(dev),
-            bottom,
-            own,
-            dev,
-            proto.training.batch_size,
-            keep_z=keep,
-        )
-
-
-def _task(info: ModelInfo, rank: int) -> Task:
-    t = info.task or {}
-    try:
-        cls = TASKS.get(str(t.get("kind")))
-        return cls.restore(t.get("classes"), str(t.get("loss_name", "mse")), t)
-    except (KeyError, TypeError, ValueError, ConfigError) as exc:
-        raise CheckpointError(f"rank {rank}: model.json: field 'task' is malformed ({exc})") from None
+        """Build this side's model and exchange role (a collective step with the
+        other ranks, as at training set-up), restore their trained state, and return
+        the predictor. ``keep_sent``: keep what the wire audits read (the h'_i a
+        passive party sends, the z the active party is revealed)."""
+        model, batch = self.split_model(ctx.device), self.proto.training.batch_size
+        if isinstance(model, PassiveModel):
+            exchange = model.open_exchange(backend, ctx, self.exchange_state)
+            return PassivePredictor(model, exchange, batch, keep_sent=keep_sent)
+        active_role = model.open_exchange(backend, ctx, self.exchange_state)
+        return ActivePredictor(model, active_role, batch, keep_z=keep_sent)
 
 
 def load_party_model(checked: CheckedProtocol, role: Role, run_dir: Path, device: torch.device) -> PartyModel:
@@ -226,8 +168,6 @@ def load_party_model(checked: CheckedProtocol, role: Role, run_dir: Path, device
         join_components(state.tensor("defenses", rank=rank), state.docs.get("defenses", []))
     )
     models = state.tensor("models", rank=rank)
-    for m, sd in zip(stack.modules(), models.get("defense_modules", []), strict=False):
-        m.load_state_dict(sd)
     exchange = ComponentState.from_parts(state.tensor("exchange", rank=rank), state.docs.get("exchange", {}))
-    task = _task(info, rank) if role.kind == "active" else None
+    task = restore_task(info, rank) if role.kind == "active" else None
     return PartyModel(proto, components, role, spec, info, pre, models, exchange, stack, task)
