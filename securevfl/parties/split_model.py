@@ -87,12 +87,16 @@ def _load(module: nn.Module, saved: dict[str, Any], name: str, where: str) -> No
         ) from None
 
 
-def _load_defense_modules(stack: DefenseStack, saved: dict[str, Any], *, exact: bool) -> None:
+def _load_defense_modules(stack: DefenseStack, saved: dict[str, Any], *, exact: bool, where: str) -> None:
     """The defenses' trainable modules, in stack order. ``exact`` (a checkpoint):
-    one state per module; a saved model from before the defenses had modules may
-    hold fewer."""
-    states = saved["defense_modules"] if exact else saved.get("defense_modules", [])
-    for m, sd in zip(stack.modules(), states, strict=exact):
+    one state per module; a saved model (prediction) may hold fewer, as models
+    saved before the defenses had modules do."""
+    states = saved.get("defense_modules", None if exact else [])
+    if exact and (not isinstance(states, list) or len(states) != len(stack.modules())):
+        raise CheckpointError(
+            f"{where}: models.pt: field 'defense_modules' does not hold one state per defense module"
+        )
+    for m, sd in zip(stack.modules(), states or [], strict=False):
         m.load_state_dict(sd)
 
 
@@ -163,7 +167,7 @@ class PassiveModel:
     def load(self, saved: dict[str, Any], *, exact: bool = True) -> None:
         """Put a ``models.pt`` back (``exact``: a checkpoint's, see :func:`_load_defense_modules`)."""
         _load(self.bottom, saved, "bottom", self.where)
-        _load_defense_modules(self.stack, saved, exact=exact)
+        _load_defense_modules(self.stack, saved, exact=exact, where=self.where)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The bottom's weights by name (``bottom.<param>``), for the run's result."""
@@ -268,7 +272,7 @@ class ActiveModel:
             raise CheckpointError(f"{self.where}: models.pt: field 'bias' does not fit the protocol's model")
         with torch.no_grad():
             self.bias.copy_(bias.to(self.device))
-        _load_defense_modules(self.stack, saved, exact=exact)
+        _load_defense_modules(self.stack, saved, exact=exact, where=self.where)
 
     def state(self) -> dict[str, torch.Tensor]:
         """Top, bias and, with features, bottom and own block (``interactive.<party>``):
