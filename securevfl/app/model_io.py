@@ -4,12 +4,14 @@ Every rank saves its own final model at the end of a run
 (:mod:`securevfl.app.checkpoints`, ``OUT/ranks/rank<R>/model/``; what is in it:
 :mod:`securevfl.parties.state`). This module loads one rank's, and only one
 rank's, verified model folder and puts it back to work: the fitted input
-transform, the bottom (and, at the active party, own block, bias and top)
-models, the defense stack in its trained state under fresh noise keys (every
-prediction draws new noise: a saved key would repeat it), the task of the active party,
-and the exchange role restored to its trained interactive layer (A's plain
-blocks under ``plain``, this party's shares under ``mpc``/``ckks``/``paillier``).
-Nothing here reads another party's files or learns anything of theirs.
+transform, the defense stack in its trained state under fresh noise keys (every
+prediction draws new noise: a saved key would repeat it), the task of the active
+party, the party's model built and loaded by the class training uses
+(:mod:`securevfl.parties.split_model`: the bottom and, at the active party, own
+block, bias and top), and the exchange role restored to its trained interactive
+layer (A's plain blocks under ``plain``, this party's shares under
+``mpc``/``ckks``/``paillier``). Nothing here reads another party's files or
+learns anything of theirs.
 """
 
 from __future__ import annotations

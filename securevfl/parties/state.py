@@ -12,7 +12,8 @@ RNG streams, position in the shared schedule, ledger and fitted preprocessing.
 Files of a checkpoint (``kind: checkpoint``):
 
 * ``models.pt``: ``bottom``, ``own`` (A's own block), ``top``, ``bias``,
-  ``defense_modules`` (state dicts), ``held_at_start``, ``trace`` (A);
+  ``defense_modules`` (state dicts, as the party's split model writes and reads
+  them: :mod:`securevfl.parties.split_model`), ``held_at_start``, ``trace`` (A);
 * ``optimizer.pt``: the party optimizer's state dict;
 * ``exchange.pt`` / ``exchange.json``: its exchange role object's state;
 * ``defenses.pt`` / ``defenses.json``: one entry per defense, in stack order;
