@@ -88,9 +88,10 @@ def _load(module: nn.Module, saved: dict[str, Any], name: str, where: str) -> No
 
 
 def _load_defense_modules(stack: DefenseStack, saved: dict[str, Any], *, exact: bool, where: str) -> None:
-    """The defenses' trainable modules, in stack order. ``exact`` (a checkpoint):
-    one state per module; a saved model (prediction) may hold fewer, as models
-    saved before the defenses had modules do."""
+    """The defenses' trainable modules, in stack order. ``exact`` (a checkpoint,
+    on resume): one state per module, or a CheckpointError; a saved model
+    (prediction) is read as prediction has always read it: the states it holds,
+    in order, none if it holds no such field."""
     states = saved.get("defense_modules", None if exact else [])
     if exact and (not isinstance(states, list) or len(states) != len(stack.modules())):
         raise CheckpointError(
@@ -112,8 +113,6 @@ class PassiveModel:
     stack: DefenseStack
     device: torch.device
     where: str  # "rank R (party)": how its load errors name it
-
-    side = "passive"
 
     @classmethod
     def build(
@@ -188,8 +187,6 @@ class ActiveModel:
     device: torch.device
     where: str
     name: str  # the party's
-
-    side = "active"
 
     @classmethod
     def build(

@@ -131,9 +131,9 @@ def _saved(
 @pytest.mark.parametrize("init", ["seeded", "private"])
 def test_a_model_saved_by_training_loads_for_prediction_with_the_same_outputs(role: Role, init: str):
     """The model a training party saves (``tensors``) is rebuilt by the prediction
-    loader into the same class and gives bit-identical outputs; with ``private``
-    initial weights a fresh build differs (fresh secret randomness) until the saved
-    weights are loaded."""
+    loader into the same class and gives bit-identical outputs, with ``private``
+    initial weights too (the rebuild's fresh secret weights are all replaced by
+    the saved ones)."""
     checked = _checked(init)
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
     trained = _trained(checked, role, x)
