@@ -9,7 +9,7 @@ crypto library, and its ``roles`` module builds the role objects
 declaration, in the one registry EXCHANGES, and imported on first lookup
 (:meth:`~securevfl.registry.Registry.add_path`): loading a protocol reads the
 declaration, and only a rank that builds its role imports the backend's machinery.
-Adding a backend: docs/extending.md, "An exchange backend"."""
+Adding a backend: docs/extending.md, "Adding an exchange backend"."""
 
 from securevfl.exchange.spec import EXCHANGES
 

@@ -2,7 +2,7 @@
 a package ``securevfl/exchange/<name>/`` whose face declares it and names its role
 objects by path, registered in EXCHANGES; the registry refuses a second entry under
 a name, and anything that is not such a declaration, with a message naming the
-backend (docs/extending.md, "An exchange backend")."""
+backend (docs/extending.md, "Adding an exchange backend")."""
 
 from __future__ import annotations
 
