@@ -1,10 +1,10 @@
 """The exchange-backend seam: the role objects a backend builds, one per rank.
 
-A backend is one class registered by name; what it declares (capabilities,
-options, helper ranks, load-time checks) is :mod:`securevfl.exchange.spec`,
-re-exported here. It builds one role object per rank. The party code only ever calls
-``forward``/``backward`` on those role objects, so the training loop never
-branches on a backend's name.
+A backend is one package whose face declares it (capabilities, options, helper
+ranks, load-time checks, where its role objects live: :mod:`securevfl.exchange.spec`,
+re-exported here) and whose ``roles`` module builds one role object per rank, with
+the interfaces below. The party code only ever calls ``forward``/``backward`` on
+those role objects, so the training loop never branches on a backend's name.
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ import torch
 from securevfl.app.loader import load_checked_dict
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeContext
-from securevfl.exchange.paillier import PaillierOptions, load_blob
+from securevfl.exchange.paillier import PaillierOptions
+from securevfl.exchange.paillier.wire import load_blob
 from securevfl.runtime.layout import Layout
 from tests.support.protocols import load_yaml
 

@@ -12,7 +12,7 @@ from securevfl.config import Protocol
 from securevfl.defenses.crdp import CrdpOptions
 from securevfl.defenses.hashvfl import HashOptions
 from securevfl.errors import ConfigError, UnsupportedCombination
-from securevfl.exchange.declared import MpcOptions
+from securevfl.exchange.mpc import MpcOptions
 from securevfl.validation import (
     check_attacks,
     check_checkpoints,

@@ -20,7 +20,7 @@ from securevfl.defenses.base import CollectiveContext, Defense, DefenseContext
 from securevfl.defenses.crdp.accounting import crdp_mechanisms, crdp_prediction_mechanisms
 from securevfl.defenses.crdp.options import CrdpOptions
 from securevfl.errors import ConfigError, DataError, ProtocolError, UnsupportedCombination
-from securevfl.exchange.declared import MpcOptions
+from securevfl.exchange.mpc import MpcOptions
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.privacy.correlated import (
     MergedSensitivity,
