@@ -18,7 +18,7 @@ from securevfl.components import Components, PartyComponents, Resolved, attach
 from securevfl.config import ComponentSpec, Protocol
 from securevfl.config_errors import validation_error
 from securevfl.data.catalog import DATASETS, feature_columns
-from securevfl.data.columns import party_layouts, resolve_partition
+from securevfl.data.columns import check_standardize, party_layouts, resolve_partition
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
@@ -128,6 +128,10 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
         if cols is not None:
             parts = resolve_partition(proto, cols)
             for lay in party_layouts(proto):
+                if lay.spec.preprocess is not None:
+                    check_standardize(
+                        lay.spec.preprocess, lay.name, parts[lay.name], path=lay.path, source=source
+                    )
                 m = lay.spec.model
                 if m is not None and m.factory is None and m.kind == "cnn" and m.input_shape is not None:
                     c, h, w = m.input_shape
@@ -137,6 +141,11 @@ def check_protocol(proto: Protocol, *, source: str | None = None) -> Components:
                             f"has {len(parts[lay.name])} columns",
                             f"{lay.path}.model.input_shape",
                         )
+
+    for lay in party_layouts(proto):  # a CSV party that lists its columns
+        src, pre = lay.spec.source, lay.spec.preprocess
+        if src is not None and src.feature_columns is not None and pre is not None:
+            check_standardize(pre, lay.name, src.feature_columns, path=lay.path, source=source)
 
     # what each party trains: refused beyond the stated limit or this machine's memory
     check_sizes(proto, input_widths(proto), source=source)

@@ -124,7 +124,8 @@ class PartyModel:
 
     def _bottom(self, spec: ModelSpec, width: int, path: str) -> torch.nn.Module:
         """This party's bottom model rebuilt for its saved weights: a factory is
-        called again, under this process's user code policy, in this rank alone."""
+        called again, under this process's user code policy, in this rank alone,
+        with the input layout of its saved preprocessing (the one it was trained with)."""
         return build_bottom(
             spec,
             width,
@@ -132,6 +133,7 @@ class PartyModel:
             party=self.spec.name,
             code=components_of(self.proto).code,
             path=f"{path}.model",
+            layout=self.preprocess.layout(self.spec.name),
         )
 
     def predictor(

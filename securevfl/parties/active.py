@@ -54,7 +54,13 @@ class ActiveParty(Party):
         if spec.model is not None and self.x_train.shape[1]:
             path = "parties.active.model"
             self.bottom = build_bottom(
-                spec.model, self.x_train.shape[1], seed=tr.seed, party=spec.name, code=code, path=path
+                spec.model,
+                self.x_train.shape[1],
+                seed=tr.seed,
+                party=spec.name,
+                code=code,
+                path=path,
+                layout=self.preprocess_state().layout(spec.name),
             )
             self.own = build_interactive(spec.model.out, out, seed=tr.seed, party=spec.name)
             modules += [self.bottom, self.own]

@@ -40,6 +40,7 @@ class PassiveParty(Party):
             party=spec.name,
             code=components_of(proto).code,
             path=path,
+            layout=self.preprocess_state().layout(spec.name),
         ).to(self.device)
         probe = self.x_train[:PROBE_ROWS].to(self.device)
         check_output(self.bottom, probe, spec.model.out, what=bottom_label(spec.model, spec.name), path=path)
@@ -129,7 +130,8 @@ class PassiveParty(Party):
         split (every party derives them), its own raw features, the gradient the
         exchange revealed to it at each training step (``grads``, one per entry of
         ``forwards``; row positions index the training rows), its model inputs
-        (``x_*``), its final bottom model and defense modules' states, and its final
+        (``x_*``) and their fitted preprocessing (``preprocess``, from which its bottom
+        model is rebuilt), its final bottom model and defense modules' states, and its final
         bottom outputs before (``h_*``) and after (``sent_*``) its embedding defenses."""
         view: dict[str, object] = {"embeddings": self.sent}
         if not self._keep_view:
@@ -146,6 +148,7 @@ class PassiveParty(Party):
             train_idx=np.asarray(prep.train_idx),
             test_idx=np.asarray(prep.test_idx),
             columns=list(prep.data.columns),
+            preprocess=self.preprocess_state().model_dump(),
             x_raw=torch.as_tensor(np.asarray(prep.data.x, dtype=np.float32)),
             forwards=self.forwards,
             grads=self.revealed_grads,
