@@ -20,6 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from securevfl.app.loader import load_protocol_dict
+from securevfl.attacks.views import own_layout
 from securevfl.config import CsvSource, ModelSpec, PreprocessSpec
 from securevfl.data.columns import check_standardize
 from securevfl.data.fitted import apply_fitted, from_saved
@@ -37,6 +38,7 @@ from securevfl.data.preprocess import fit_preprocessor
 from securevfl.errors import ConfigError, DataError, UserCodeError
 from securevfl.models import build_bottom
 from securevfl.parties.state import PreprocessState
+from securevfl.records import OwnView
 from securevfl.usercode import accepts_layout, check_factory, policy_of
 from tests.support.protocols import load_yaml
 
@@ -224,6 +226,25 @@ def test_a_standardize_list_is_checked_at_load_when_the_protocol_fixes_the_colum
     assert "party 'left'" in str(err.value) and "['px_0_4']" in str(err.value)
     doc["parties"]["passive"][0]["preprocess"] = {"standardize": ["px_0_0", "px_1_3"]}
     load_protocol_dict(doc)
+    # a CSV party that lists its feature columns: checked at load too; its categorical columns are not numeric
+    csv = {
+        "name": "csvcheck",
+        "dataset": {"name": "csv"},
+        "parties": {
+            "active": {"name": "bank", "source": {"path": "bank.csv", "label_column": "label"}},
+            "passive": [
+                {
+                    "name": "shop",
+                    "source": {"path": "shop.csv", "feature_columns": ["spend", "tier"]},
+                    "preprocess": {"categorical": {"columns": ["tier"]}, "standardize": ["spend", "visits"]},
+                    "model": {"out": 8},
+                }
+            ],
+        },
+    }
+    with pytest.raises(ConfigError) as err:
+        load_protocol_dict(csv)
+    assert err.value.path == "parties.passive[0].preprocess.standardize" and "['visits']" in str(err.value)
 
 
 def test_a_standardize_list_is_checked_when_the_party_reads_its_file(tmp_path: Path):
@@ -320,6 +341,13 @@ def test_the_load_time_signature_check_knows_a_bottom_factory_gets_its_layout(fa
     check_factory(policy, f"{name}:catch_all", {"layout": 1}, layout=True, **what)  # its own option
     with pytest.raises(UserCodeError, match="missing a required argument: 'layout'"):
         check_factory(policy, f"{name}:with_layout", {}, layout=False, **what)  # a top model gets none
+
+
+def test_an_attack_rebuilds_a_partys_bottom_model_with_the_layout_in_its_own_view():
+    pre, lay = fitted_layout(spec(**MIXED), frame())
+    state = PreprocessState(inputs=list(pre.inputs), columns=list(pre.columns), fitted=pre.fitted())
+    assert own_layout(OwnView({"preprocess": state.model_dump()}), "lab") == lay
+    assert own_layout(OwnView({}), "lab") is None
 
 
 def test_input_columns_are_immutable():
