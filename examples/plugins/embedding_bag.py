@@ -60,6 +60,8 @@ class PerCategoryEmbedding(nn.Module):
     in training, when the column has no "other" bucket) gets the extra row
     ``cardinality`` of its table, so it never poses as the first category."""
 
+    numeric: torch.Tensor  # the indices of the columns outside every block (a buffer)
+
     def __init__(self, layout: FeatureLayout, out: int, dim: int, hidden: int):
         super().__init__()
         self.blocks = [(b.start, b.stop) for b in layout.categorical]

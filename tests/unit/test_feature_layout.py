@@ -353,4 +353,4 @@ def test_an_attack_rebuilds_a_partys_bottom_model_with_the_layout_in_its_own_vie
 def test_input_columns_are_immutable():
     c = InputColumn(0, "a", "numeric", "a")
     with pytest.raises(AttributeError):
-        c.name = "b"  # type: ignore[misc]
+        setattr(c, "name", "b")  # noqa: B010
