@@ -17,7 +17,7 @@ from securevfl.components import Components, PartyComponents, Resolved
 from securevfl.config import ComponentSpec, Protocol
 from securevfl.config_errors import validation_error
 from securevfl.data.catalog import DATASETS, feature_columns
-from securevfl.data.columns import PartyLayout, party_layouts, resolve_partition
+from securevfl.data.columns import PartyLayout, check_standardize, party_layouts, resolve_partition
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UnsupportedCombination
 from securevfl.exchange import EXCHANGES
@@ -92,8 +92,9 @@ def check_checkpoints(proto: Protocol, source: str | None = None) -> None:
 
 
 def check_dataset(proto: Protocol, source: str | None = None) -> None:
-    """The dataset is known, each party's entry fits it (:func:`check_party`), and
-    a CNN's ``input_shape`` holds the party's columns."""
+    """The dataset is known, each party's entry fits it (:func:`check_party`), a
+    CNN's ``input_shape`` holds the party's columns, and a ``preprocess.standardize``
+    list names numeric columns of its party (:func:`check_standardize_lists`)."""
     builtin = proto.dataset.name != "csv"
     if builtin and proto.dataset.name not in DATASETS:
         raise _err(
@@ -107,6 +108,7 @@ def check_dataset(proto: Protocol, source: str | None = None) -> None:
         check_party(lay, builtin=builtin, source=source)
     if builtin:
         check_input_shapes(proto, source)
+    check_standardize_lists(proto, source)
 
 
 def check_party(lay: PartyLayout, *, builtin: bool, source: str | None = None) -> None:
@@ -184,6 +186,21 @@ def check_input_shapes(proto: Protocol, source: str | None = None) -> None:
                     f"{lay.path}.model.input_shape",
                     source,
                 )
+
+
+def check_standardize_lists(proto: Protocol, source: str | None = None) -> None:
+    """Each party's ``preprocess.standardize`` list names numeric feature columns
+    of its own (:func:`~securevfl.data.columns.check_standardize`, naming the
+    party), where the protocol fixes its columns: a built-in dataset's selected
+    columns or a CSV party's listed ``feature_columns``; otherwise its rank checks
+    the list against its file when it reads it."""
+    cols = feature_columns(proto.dataset.name, proto.dataset) if proto.dataset.name != "csv" else None
+    parts = resolve_partition(proto, cols) if cols is not None else {}
+    for lay in party_layouts(proto):
+        pre, src = lay.spec.preprocess, lay.spec.source
+        listed = parts.get(lay.name, src.feature_columns if src is not None else None)
+        if pre is not None and listed is not None:
+            check_standardize(pre, lay.name, listed, path=lay.path, source=source)
 
 
 def check_defenses(proto: Protocol, components: Components, source: str | None = None) -> None:

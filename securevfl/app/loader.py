@@ -333,7 +333,7 @@ def check_factories(proto: Protocol, code: CodePolicy, *, rank: int | None, sour
         if not code.allows(split_ref(e.ref)[0]):
             continue
         try:
-            check_factory(code, e.ref, e.params, what=e.what, path=f"{e.path}.factory")
+            check_factory(code, e.ref, e.params, what=e.what, path=f"{e.path}.factory", layout=not e.top)
         except UserCodeError as exc:
             if source is None:
                 raise

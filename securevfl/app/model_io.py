@@ -119,15 +119,19 @@ class PartyModel:
     def split_model(self, device: torch.device) -> ActiveModel | PassiveModel:
         """This party's model built as training built it (:meth:`ActiveModel.build`,
         :meth:`PassiveModel.build`: a factory is called again, under this process's
-        user code policy, in this rank alone) on its saved input columns, holding
-        its saved weights; a ``models.pt`` that does not fit is a CheckpointError."""
-        code, width = self.components.code, len(self.preprocess.columns)
+        user code policy, in this rank alone, with the input layout of its saved
+        preprocessing, the one it was trained with) on its saved input columns,
+        holding its saved weights; a ``models.pt`` that does not fit is a CheckpointError."""
+        code, pre = self.components.code, self.preprocess
+        width = len(pre.columns)
         model: ActiveModel | PassiveModel
         if self.role.kind == "passive":
-            model = PassiveModel.build(self.proto, code, self.role, self.stack, width, device)
+            model = PassiveModel.build(self.proto, code, self.role, self.stack, width, device, preprocess=pre)
         else:
             assert self.task is not None
-            model = ActiveModel.build(self.proto, code, self.role, self.task, self.stack, width, device)
+            model = ActiveModel.build(
+                self.proto, code, self.role, self.task, self.stack, width, device, preprocess=pre
+            )
         model.load(self.tensors, exact=False)
         return model
 

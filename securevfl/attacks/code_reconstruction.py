@@ -31,7 +31,7 @@ from pydantic import Field
 import securevfl.attacks.metrics as metrics
 from securevfl import optim
 from securevfl.attacks.base import Attack, AttackOptions, View, World
-from securevfl.attacks.views import per_row, received_per_forward
+from securevfl.attacks.views import own_layout, per_row, received_per_forward
 from securevfl.models import build_bottom
 from securevfl.runtime.messages import EMBEDDING
 
@@ -128,6 +128,7 @@ class CodeReconstruction(Attack[CodeReconstructionOptions]):
             party=victim,
             code=world.components.code,
             path=f"parties.passive[{idx}].model",
+            layout=own_layout(vv, victim),
         )
         bottom.load_state_dict(vv.bottom)
         bottom.eval()

@@ -52,7 +52,7 @@ import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_classifier
 from securevfl.attacks.mixmatch import fit_mixmatch
-from securevfl.attacks.views import steps_per_row
+from securevfl.attacks.views import own_layout, steps_per_row
 from securevfl.components import Components
 from securevfl.defenses.base import build_stack
 from securevfl.errors import ProtocolError
@@ -279,7 +279,10 @@ def own_embedding(view: View, proto: Any, components: Components, *, sent: bool)
     spec = next(s for s in proto.parties.passive if s.name == view.party)
     # a factory is imported under the harness's policy (the local launcher's: the file's own)
     code = components.code
-    bottom = build_bottom(spec.model, view.own.x_train.shape[1], seed=0, party=view.party, code=code)
+    layout = own_layout(view.own, view.party)
+    bottom = build_bottom(
+        spec.model, view.own.x_train.shape[1], seed=0, party=view.party, code=code, layout=layout
+    )
     bottom.load_state_dict(view.own.bottom)
     bottom.eval()
     stack = build_stack(proto, components, view.party, "passive", spec.defenses)

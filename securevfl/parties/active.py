@@ -45,6 +45,7 @@ class ActiveParty(Party):
             self.stack,
             self.x_train.shape[1],
             self.device,
+            preprocess=self.preprocess_state(),
             probe=self.x_train,
         )
         self.opt = make_optimizer(self.model.parameters(), tr)

@@ -36,6 +36,7 @@ class PassiveParty(Party):
             self.stack,
             self.x_train.shape[1],
             self.device,
+            preprocess=self.preprocess_state(),
             probe=self.x_train,
         )
         self.opt = make_optimizer(self.model.parameters(), proto.training)
@@ -119,7 +120,8 @@ class PassiveParty(Party):
         split (every party derives them), its own raw features, the gradient the
         exchange revealed to it at each training step (``grads``, one per entry of
         ``forwards``; row positions index the training rows), its model inputs
-        (``x_*``), its final bottom model and defense modules' states, and its final
+        (``x_*``) and their fitted preprocessing (``preprocess``, from which its bottom
+        model is rebuilt), its final bottom model and defense modules' states, and its final
         bottom outputs before (``h_*``) and after (``sent_*``) its embedding defenses."""
         view: dict[str, object] = {"embeddings": self.sent}
         if not self._keep_view:
@@ -136,6 +138,7 @@ class PassiveParty(Party):
             train_idx=np.asarray(prep.train_idx),
             test_idx=np.asarray(prep.test_idx),
             columns=list(prep.data.columns),
+            preprocess=self.preprocess_state().model_dump(),
             x_raw=torch.as_tensor(np.asarray(prep.data.x, dtype=np.float32)),
             forwards=self.forwards,
             grads=self.revealed_grads,

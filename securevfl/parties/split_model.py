@@ -16,7 +16,11 @@ party's model from the one :meth:`build` of its side, save and load it through
 :meth:`tensors` / :meth:`load` (``models.pt``, :mod:`securevfl.parties.state`) and
 run its forward pass, so a saved model is put back exactly as it was trained.
 Randomness and user code follow :mod:`securevfl.models`: a factory is called in
-this process alone (its owner's rank), under the process's code policy; a
+this process alone (its owner's rank), under the process's code policy, and one
+that declares ``layout`` gets the party's
+:class:`~securevfl.data.layout.FeatureLayout`, built here by :meth:`build` from the
+party's fitted preprocessing (the same document at training and at prediction,
+so the same layout); a
 bottom's ``private`` initial weights come from fresh secret randomness (replaced
 by the saved ones when a model is loaded), the top model and W_A are seeded.
 """
@@ -42,7 +46,7 @@ from securevfl.models import (
     build_top,
     check_output,
 )
-from securevfl.parties.state import ModelInfo, module_states
+from securevfl.parties.state import ModelInfo, PreprocessState, module_states
 from securevfl.parties.task_kinds import TASKS
 from securevfl.parties.tasks import Task
 from securevfl.runtime.layout import Role
@@ -56,13 +60,28 @@ def model_path(role: Role) -> str:
 
 
 def _bottom(
-    proto: Protocol, spec: PartySpec, role: Role, width: int, code: CodePolicy, device: torch.device
+    proto: Protocol,
+    spec: PartySpec,
+    role: Role,
+    width: int,
+    code: CodePolicy,
+    device: torch.device,
+    preprocess: PreprocessState | None,
 ) -> nn.Module:
     """The party's bottom model on ``width`` input columns, on ``device``: its
-    factory or built-in, called here (this rank alone)."""
+    factory or built-in, called here (this rank alone). ``preprocess``: the
+    party's fitted preprocessing, whose input layout a factory that declares
+    ``layout`` is given (never sent: it names the party's own columns)."""
     assert spec.model is not None
+    layout = None if preprocess is None else preprocess.layout(spec.name)
     return build_bottom(
-        spec.model, width, seed=proto.training.seed, party=spec.name, code=code, path=model_path(role)
+        spec.model,
+        width,
+        seed=proto.training.seed,
+        party=spec.name,
+        code=code,
+        path=model_path(role),
+        layout=layout,
     ).to(device)
 
 
@@ -124,14 +143,18 @@ class PassiveModel:
         width: int,
         device: torch.device,
         *,
+        preprocess: PreprocessState | None = None,
         probe: torch.Tensor | None = None,
     ) -> PassiveModel:
         """The model of passive ``role`` on ``width`` input columns (after its
-        defenses' feature selection). ``probe``: training rows to check the bottom's
-        output on (training set-up; a loaded model was checked when it was trained)."""
+        defenses' feature selection). ``preprocess``: the party's fitted
+        preprocessing (training's, or the saved one at prediction), from which its
+        bottom's factory gets its input layout. ``probe``: training rows to check
+        the bottom's output on (training set-up; a loaded model was checked when it
+        was trained)."""
         spec = proto.parties.passive[role.index]
         assert spec.model is not None
-        bottom = _bottom(proto, spec, role, width, code, device)
+        bottom = _bottom(proto, spec, role, width, code, device, preprocess)
         if probe is not None:
             _check_bottom(bottom, spec, role, probe, device)
         for m in stack.modules():
@@ -199,15 +222,17 @@ class ActiveModel:
         width: int,
         device: torch.device,
         *,
+        preprocess: PreprocessState | None = None,
         probe: torch.Tensor | None = None,
     ) -> ActiveModel:
         """The active party's model on ``width`` own input columns (none: a
-        label-only party, no bottom) for ``task``. ``probe``: training rows to
-        check the bottom's and the top's outputs on (training set-up only)."""
+        label-only party, no bottom) for ``task``. ``preprocess``: as for
+        :meth:`PassiveModel.build`, the bottom's input layout. ``probe``: training
+        rows to check the bottom's and the top's outputs on (training set-up only)."""
         spec, seed, out = proto.parties.active, proto.training.seed, proto.interactive.out
         bottom = own = None
         if spec.model is not None and width:
-            bottom = _bottom(proto, spec, role, width, code, device)
+            bottom = _bottom(proto, spec, role, width, code, device, preprocess)
             own = build_interactive(spec.model.out, out, seed=seed, party=spec.name).to(device)
             if probe is not None:
                 _check_bottom(bottom, spec, role, probe, device)

@@ -40,6 +40,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from securevfl.config_errors import format_loc
+from securevfl.data.fitted import from_saved
+from securevfl.data.layout import FeatureLayout, feature_layout
 from securevfl.errors import CheckpointError
 from securevfl.snapshot import ComponentState
 
@@ -86,6 +88,14 @@ class PreprocessState(_Doc):
     fitted: dict[str, Any] | None = None
     mean: list[float] | None = None
     scale: list[float] | None = None
+
+    def layout(self, party: str) -> FeatureLayout:
+        """What the party's bottom model receives, column by column
+        (:class:`~securevfl.data.layout.FeatureLayout`): a function of this saved
+        state alone, so training and prediction build the same layout. The
+        party's own: built in its rank for its own factory, never sent."""
+        fitted = None if self.fitted is None else from_saved(self.fitted, party)
+        return feature_layout(party, self.columns, fitted, standardized=self.mean is not None)
 
 
 class ModelInfo(_Doc):

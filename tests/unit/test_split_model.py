@@ -1,12 +1,17 @@
 """One split model per side (securevfl.parties.split_model) serves training and
 prediction: both paths get a party's model from its class, and a model saved by
 the one loads into the other with the same outputs; a ``models.pt`` that does not
-fit is refused naming the rank, party and field."""
+fit is refused naming the rank, party and field; a factory that declares
+``layout`` gets the same layout from both."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import sys
+import uuid
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +31,7 @@ from securevfl.parties.state import ModelInfo, PreprocessState
 from securevfl.parties.task_kinds import TASKS
 from securevfl.runtime.layout import Role
 from securevfl.snapshot import ComponentState
+from securevfl.usercode import policy_of
 from tests.support.protocols import small_digits
 
 ACTIVE = Role(0, "active", "active", 0)
@@ -103,16 +109,21 @@ def _trained(checked: CheckedProtocol, role: Role, x: torch.Tensor) -> ActiveMod
 
 
 def _saved(
-    checked: CheckedProtocol, role: Role, model: ActiveModel | PassiveModel, tensors: dict[str, Any]
+    checked: CheckedProtocol,
+    role: Role,
+    model: ActiveModel | PassiveModel,
+    tensors: dict[str, Any],
+    pre: PreprocessState | None = None,
 ) -> PartyModel:
-    """A party's saved model as securevfl.app.model_io loads it, holding ``tensors`` as its models.pt."""
+    """A party's saved model as securevfl.app.model_io loads it, holding ``tensors``
+    as its models.pt and ``pre`` (default: 8 raw columns) as its preprocess.json."""
     proto = checked.protocol
     spec = proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
     columns = [f"c{i}" for i in range(8)]
     task = model.task if isinstance(model, ActiveModel) else None
     info = ModelInfo(party=role.party, side=role.kind, task=None, columns=columns, protocol={})
     stack = build_stack(proto, checked.components, role.party, role.kind, [])
-    pre = PreprocessState(inputs=columns, columns=columns)
+    pre = pre if pre is not None else PreprocessState(inputs=columns, columns=columns)
     return PartyModel(
         proto,
         checked.components,
@@ -168,3 +179,41 @@ def test_a_models_file_that_does_not_fit_is_refused_naming_rank_party_and_field(
     with pytest.raises(CheckpointError, match=r"rank 0 \(active\): models.pt: field 'defense_modules'"):
         model.load(without)  # a checkpoint holds one state per defense module
     model.load(without, exact=False)  # a saved model of a stack without modules may not hold them
+
+
+LAYOUT_FACTORY = """
+from torch import nn
+
+SEEN = []
+
+def bottom(in_features, out, *, layout):
+    SEEN.append(layout)
+    return nn.Linear(in_features, out)
+"""
+
+
+def test_training_and_prediction_give_a_layout_factory_the_same_layout(tmp_path: Path):
+    """PassiveModel.build hands a bottom factory that declares ``layout`` the
+    layout of the party's fitted preprocessing: at training (the party's state)
+    and at prediction (split_model, from the saved preprocess.json) alike."""
+    name = f"svfl_split_layout_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(LAYOUT_FACTORY)
+    finders = list(sys.meta_path)
+    try:
+        doc = small_digits()
+        doc["parties"]["passive"][0]["model"] = {"factory": f"{name}:bottom", "out": 16}
+        loaded = load_checked_dict(doc)  # the factory is not imported: no policy allows it
+        code = policy_of([str(tmp_path / f"{name}.py")], str(tmp_path))
+        checked = CheckedProtocol(loaded.protocol, dataclasses.replace(loaded.components, code=code))
+        columns = [f"c{i}" for i in range(8)]
+        pre = PreprocessState(inputs=columns, columns=columns, mean=[0.0] * 8, scale=[1.0] * 8)
+        stack = build_stack(checked.protocol, checked.components, LEFT.party, LEFT.kind, [])
+        x, cpu = torch.zeros(4, 8), torch.device("cpu")
+        trained = PassiveModel.build(checked.protocol, code, LEFT, stack, 8, cpu, preprocess=pre, probe=x)
+        _saved(checked, LEFT, trained, trained.tensors(), pre).split_model(cpu)
+        seen = sys.modules[name].SEEN
+    finally:
+        sys.modules.pop(name, None)
+        sys.meta_path[:] = finders
+    want = pre.layout(LEFT.party)
+    assert want.width == 8 and seen == [want, want]

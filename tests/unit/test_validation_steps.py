@@ -21,6 +21,7 @@ from securevfl.validation import (
     check_exchange,
     check_input_shapes,
     check_protocol,
+    check_standardize_lists,
     resolve_attacks,
     resolve_components,
     resolve_defenses,
@@ -77,6 +78,19 @@ def test_a_cnn_input_shape_must_hold_the_partys_columns():
     with pytest.raises(ConfigError) as err:
         check_input_shapes(_schema(doc))
     assert err.value.path == "parties.passive[0].model.input_shape"
+
+
+def test_a_standardize_list_must_name_numeric_columns_of_its_party():
+    """Part of the dataset step: checked where the protocol fixes the party's columns."""
+    doc = small_digits()
+    doc["parties"]["passive"][0]["preprocess"] = {"standardize": ["px_0_0", "px_0_4"]}  # px_0_4: not left's
+    with pytest.raises(ConfigError, match="party 'left'") as err:
+        check_standardize_lists(_schema(doc))
+    assert err.value.path == "parties.passive[0].preprocess.standardize"
+    with pytest.raises(ConfigError):
+        check_dataset(_schema(doc))
+    doc["parties"]["passive"][0]["preprocess"] = {"standardize": ["px_0_0"]}
+    check_standardize_lists(_schema(doc))
 
 
 def test_defenses_and_attacks_resolve_per_party_in_file_order():
