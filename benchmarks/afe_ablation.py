@@ -61,14 +61,14 @@ def run_one(doc: dict[str, Any], out: Path) -> dict[str, Any]:
     ``result.json``; its "sound" column is the closed-form composition at the
     multiplier of the largest s observed, from each party's own report in ``out``."""
     from securevfl.app.launcher import launch
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
     from securevfl.privacy.gaussian import gdp_composed_epsilon
     from securevfl.report.result import read_own_reports
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        proto = load_protocol_dict(copy.deepcopy(doc))
-    res = launch(proto, out, progress=False, overwrite=True)
+        checked = load_checked_dict(copy.deepcopy(doc))
+    res = launch(checked, out, progress=False, overwrite=True)
     own = {p: r.defenses.get("embedding_dp", {}) for p, r in read_own_reports(out).items()}
     sound, claim, eff = [], [], []
     for name, party in (res.get("privacy") or {}).get("parties", {}).items():
@@ -76,7 +76,7 @@ def run_one(doc: dict[str, Any], out: Path) -> dict[str, Any]:
         (rel,) = m["releases"][:1]
         z = own[name].get("noise_multiplier_at_s_max")
         if rel["kind"] == "unbounded" and z is not None:  # at the observed s: not a worst-case bound
-            sound.append(gdp_composed_epsilon(z, rel["count"], proto.privacy.delta))
+            sound.append(gdp_composed_epsilon(z, rel["count"], checked.protocol.privacy.delta))
         else:
             # below the accountant's multiplier floor the record states the exact closed-form figure
             exact = [float(n.rsplit(": ", 1)[1]) for n in m.get("notes", []) if "exact GDP eps" in n]

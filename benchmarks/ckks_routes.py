@@ -43,10 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # The benchmark runs from a checkout without installing: securevfl is importable
 # once the repository root is on the path.
-from securevfl.exchange.ckks import CkksKey, CkksOptions, CkksPeer  # noqa: E402
+from securevfl.exchange.ckks import CkksOptions  # noqa: E402
 from securevfl.exchange.ckks._tenseal import sa  # noqa: E402
 from securevfl.exchange.ckks.counters import OpCounter, floor_seconds  # noqa: E402
 from securevfl.exchange.ckks.floor import unit_costs  # noqa: E402
+from securevfl.exchange.ckks.key import CkksKey  # noqa: E402
+from securevfl.exchange.ckks.peer import CkksPeer  # noqa: E402
 from securevfl.exchange.he.scheme import MATMUL  # noqa: E402
 
 B, H_DIM, O_DIM = 256, 64, 64

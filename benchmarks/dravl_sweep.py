@@ -50,11 +50,11 @@ def protocol(defense: dict[str, Any] | None, seed: int, epochs: int) -> dict[str
 def run_one(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The run's result and every party's own defense report (a local run's folder holds all)."""
     from securevfl.app.launcher import launch
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
     from securevfl.report.result import read_own_reports
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = launch(load_protocol_dict(doc), Path(tmp), progress=False)
+        result = launch(load_checked_dict(doc), Path(tmp), progress=False)
         return result, {p: r.defenses for p, r in read_own_reports(Path(tmp)).items()}
 
 

@@ -103,7 +103,7 @@ sys.path.insert(0, str(ROOT))
 # The benchmark runs from a checkout without installing: securevfl is importable
 # only once ROOT is on the path.
 from securevfl.app.launcher import START_METHOD_ENV, launch  # noqa: E402
-from securevfl.app.loader import load_protocol_dict  # noqa: E402
+from securevfl.app.loader import load_checked_dict  # noqa: E402
 from securevfl.exchange import EXCHANGES  # noqa: E402
 from securevfl.exchange.ckks import CkksOptions  # noqa: E402
 from securevfl.exchange.ckks.floor import report as ckks_report  # noqa: E402
@@ -251,7 +251,7 @@ def run(doc: dict[str, Any], data_dir: Path, *, unsealed: bool = False) -> dict[
     try:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            res = launch(load_protocol_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
+            res = launch(load_checked_dict(copy.deepcopy(doc)), Path(tmp), data_dir=data_dir, progress=False)
             res["_wall"] = time.perf_counter() - t0
     finally:
         os.environ.pop(UNSEALED_ENV, None)

@@ -102,9 +102,9 @@ def protocol(seed: int, bits: int, arm: str) -> dict[str, Any]:
 
 def run_one(doc: dict[str, Any], out: Path, data_dir: Path) -> dict[str, Any]:
     from securevfl.app.launcher import launch
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
 
-    return launch(load_protocol_dict(doc), out, data_dir=data_dir, progress=False, overwrite=True)
+    return launch(load_checked_dict(doc), out, data_dir=data_dir, progress=False, overwrite=True)
 
 
 def summarize(result: dict[str, Any], out: Path) -> dict[str, Any]:

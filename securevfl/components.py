@@ -5,11 +5,14 @@ The schema (:mod:`securevfl.config`) keeps each component's ``params`` as the
 mapping written in the protocol file: it sits below the registries and cannot
 know a component's options model. The checked loader
 (:mod:`securevfl.app.loader`) looks every component up once, validates its
-params with that component's own options model and attaches the result to the
-protocol (:func:`attach`). Everything else reads the typed options from here
-(:func:`components_of`): nothing validates a component's params a second time
-(not per defense stack, not per step of the budget's search), and no defense or
-attack reads another party's raw defense mapping by name; it asks
+params with that component's own options model and returns both together, a
+:class:`CheckedProtocol`. That value is passed down: the launcher, the rank
+pipeline, the parties, the defenses (their contexts carry the
+:class:`Components`), the attack harness and prediction take it, or the
+:class:`Components`, or the one typed option they need, as a parameter; nothing
+reads it back from the protocol object. Nothing validates a component's params a
+second time (not per defense stack, not per step of the budget's search), and no
+defense or attack reads another party's raw defense mapping by name; it asks
 :meth:`Components.options` for the options model it understands.
 
 A rank started by the local launcher receives the protocol as JSON and resolves
@@ -20,13 +23,13 @@ are validated exactly once per process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from securevfl.config import Protocol
-from securevfl.errors import ConfigError, ProtocolError
+from securevfl.errors import ConfigError
 from securevfl.usercode import CodePolicy
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
@@ -132,23 +135,24 @@ class Components:
         return opts if isinstance(opts, kind) else None
 
 
-def attach(proto: Protocol, components: Components) -> Protocol:
-    """Record ``components`` as ``proto``'s resolved components (the loader's job)."""
-    proto._components = components
-    return proto
+@dataclass(frozen=True)
+class CheckedProtocol:
+    """A protocol that went through the checked loader
+    (:mod:`securevfl.app.loader`): the schema-valid :class:`~securevfl.config.Protocol`
+    and its :class:`Components` (every component's validated options and the
+    process's user code policy). Whatever needs more than the schema takes one of
+    these, or its ``components``, as a parameter: a bare ``Protocol`` cannot be
+    mistaken for a checked one."""
 
+    protocol: Protocol
+    components: Components
 
-def is_resolved(proto: Protocol) -> bool:
-    return isinstance(proto._components, Components)
+    @property
+    def code(self) -> CodePolicy:
+        """The user code this process may import for the protocol."""
+        return self.components.code
 
-
-def components_of(proto: Protocol) -> Components:
-    """``proto``'s resolved components; a protocol that did not come through the
-    checked loader has none, which is a bug in the caller, not in the file."""
-    comps = proto._components
-    if not isinstance(comps, Components):
-        raise ProtocolError(
-            f"protocol '{proto.name}' has no resolved components: load it with "
-            "securevfl.app.loader (load_protocol, load_protocol_dict or resolve_protocol)"
-        )
-    return comps
+    def with_code(self, code: CodePolicy) -> CheckedProtocol:
+        """The same protocol under another user code policy (``securevfl party``
+        narrows the launcher's to what ``--allow-plugin`` allows)."""
+        return CheckedProtocol(self.protocol, replace(self.components, code=code))

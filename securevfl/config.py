@@ -246,8 +246,10 @@ class PreprocessSpec(Strict):
         description="numeric columns replaced by sign(x) log(1 + |x|) (heavy-tailed counts that can be "
         "negative, e.g. Criteo's I2)",
     )
-    standardize: bool = Field(
-        default=True, description="z-score the numeric columns (this replaces dataset.standardize)"
+    standardize: bool | list[str] = Field(
+        default=True,
+        description="z-score the numeric columns: true (all), false (none) or a list of the numeric "
+        "columns to z-score (this replaces dataset.standardize)",
     )
 
     @model_validator(mode="after")
@@ -261,7 +263,23 @@ class PreprocessSpec(Strict):
         twice = sorted(set(self.log1p) & set(self.signed_log1p))
         if twice:
             raise ValueError(f"columns {twice[:5]} are listed under both log1p and signed_log1p")
+        if isinstance(self.standardize, list):
+            scaled_cats = sorted(cats & set(self.standardize))
+            if scaled_cats:
+                raise ValueError(
+                    f"standardize lists categorical columns {scaled_cats[:5]}: it z-scores numeric columns"
+                )
+            repeated = sorted({c for c in self.standardize if self.standardize.count(c) > 1})
+            if repeated:
+                raise ValueError(f"standardize lists columns {repeated[:5]} more than once")
         return self
+
+    def standardized(self, numeric: list[str]) -> list[str]:
+        """The columns of ``numeric`` (a party's numeric feature columns) that are z-scored."""
+        if isinstance(self.standardize, bool):
+            return list(numeric) if self.standardize else []
+        chosen = set(self.standardize)
+        return [c for c in numeric if c in chosen]
 
 
 PIN_PATTERN = r"^(ed25519|sha256):[0-9a-f]{64}$"
@@ -535,9 +553,16 @@ class Protocol(Strict):
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
-    # the components with validated options, set once by the checked loader
-    # (securevfl.components); not part of the document, its dump or its digest
-    _components: Any = PrivateAttr(default=None)
+    # the folder of the protocol file it was read from, where the file's own modules
+    # lie (set by securevfl.app.loader); not part of the document, its dump or its digest
+    _folder: str | None = PrivateAttr(default=None)
+
+    @property
+    def folder(self) -> str | None:
+        """The folder of the protocol file this was read from (None for a protocol
+        given as a mapping): the API checks a protocol given back to it again,
+        finding the file's own modules there (:mod:`securevfl.usercode`)."""
+        return self._folder
 
     @field_validator("name")
     @classmethod

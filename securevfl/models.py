@@ -11,6 +11,13 @@ under the process's :class:`~securevfl.usercode.CodePolicy`, in its owner's rank
 alone. The top model is the built-in :class:`Top` or a factory called as
 ``factory(in_features, outputs, **params)``.
 
+A bottom factory that declares a keyword parameter ``layout``
+(:data:`LAYOUT_PARAM`) is also given its party's
+:class:`~securevfl.data.layout.FeatureLayout` (what each input column is, and
+the one-hot block of each categorical column); one without it is called as
+above. The layout names the party's own columns: it is built and passed in its
+owner's rank alone, where the factory runs.
+
 Initial weights: ``init: seeded`` builds a model under
 :func:`securevfl.seeding.seeded` with a label naming it, so every rank (and a
 centralized reference in the tests) builds bit-identical weights; ``private``,
@@ -30,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -47,7 +54,10 @@ from securevfl.model_limits import BYTES_PER_PARAMETER, gib, over_limit, physica
 from securevfl.private_init import private_rng
 from securevfl.seeding import seeded
 from securevfl.usercall import is_user_code, user_call
-from securevfl.usercode import CodePolicy, explain
+from securevfl.usercode import LAYOUT_PARAM, CodePolicy, accepts_layout, explain
+
+if TYPE_CHECKING:
+    from securevfl.data.layout import FeatureLayout
 
 PROBE_ROWS = 8  # rows of the probe batch a party checks its bottom model on at set-up
 
@@ -99,18 +109,30 @@ def _construct(
     what: str,
     path: str,
     trainable: bool = True,
+    layout: FeatureLayout | None = None,
 ) -> nn.Module:
     """Call a model factory under ``rng`` and check it returned a module on the
     CPU, with a parameter to train when ``trainable`` (a bottom model: the only
     thing its party trains; a top model may have none, the interactive layer below
-    it trains). A factory may raise securevfl's own errors (a :class:`ConfigError` for a
-    bad option): they pass as they are; anything else it raises is a
-    :class:`UserCodeError`, its text kept for the owner."""
+    it trains). ``layout``: the party's input layout, passed as ``layout=`` to a
+    factory that declares that parameter (:func:`accepts_layout`). A factory may
+    raise securevfl's own errors (a :class:`ConfigError` for a bad option): they
+    pass as they are; anything else it raises is a :class:`UserCodeError`, its
+    text kept for the owner."""
+    kwargs = dict(params)
+    if layout is not None and accepts_layout(fn):
+        if LAYOUT_PARAM in params:
+            raise UserCodeError(
+                f"{what} takes '{LAYOUT_PARAM}' (the party's input layout, which securevfl passes), so "
+                f"params must not set '{LAYOUT_PARAM}'",
+                path=f"{path}.params.{LAYOUT_PARAM}",
+            )
+        kwargs[LAYOUT_PARAM] = layout
     # a factory of the user's runs under the rank's marker (securevfl.usercall)
     where = user_call(what) if is_user_code(fn) else contextlib.nullcontext()
     try:
         with rng, where:
-            module = fn(in_features, out, **params)
+            module = fn(in_features, out, **kwargs)
     except SecureVFLError:
         raise
     except Exception as exc:
@@ -172,11 +194,14 @@ def build_bottom(
     code: CodePolicy | None = None,
     stream: SecretStream | None = None,
     path: str = "model",
+    layout: FeatureLayout | None = None,
 ) -> nn.Module:
     """A party's bottom model f_i on ``in_features`` columns, on the CPU.
     ``code``: the user code this process may import (a factory is refused
     without it); ``stream``: the secret randomness of ``init: private``
-    (default: a fresh key); ``path``: the YAML path of the model entry."""
+    (default: a fresh key); ``path``: the YAML path of the model entry;
+    ``layout``: the party's input layout, for a factory that declares it (built
+    in this rank from its own preprocessing, never sent)."""
     params = spec.builtin_params()
     params = dict(spec.params) if params is None else params
     fn, what = _factory(
@@ -187,7 +212,9 @@ def build_bottom(
         if spec.init == "seeded"
         else private_rng(stream if stream is not None else SecretStream.fresh())
     )
-    return _construct(fn, in_features, spec.out, params, rng, what=what, path=path)
+    if layout is not None and layout.width != in_features:
+        raise ValueError(f"a layout of {layout.width} columns for a model of {in_features} inputs")
+    return _construct(fn, in_features, spec.out, params, rng, what=what, path=path, layout=layout)
 
 
 def build_top(

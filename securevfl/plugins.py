@@ -86,6 +86,12 @@ What a plugin implements, and its contract:
   checked on a probe batch at set-up (shape, float32, finite). A factory may
   raise :class:`~securevfl.errors.ConfigError` for a bad option: its message
   reaches the user as it is (and the other parties: name no data in it).
+  A bottom factory that declares a keyword parameter ``layout`` also gets its
+  party's :class:`FeatureLayout`: each input column's source column and kind
+  (:class:`InputColumn`), and per categorical column its one-hot
+  :class:`CategoricalBlock` (cardinality, slice). It is built from the party's
+  fitted preprocessing in its owner's rank alone, the same at training and at
+  prediction, and is never sent: keep its names out of a ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ from securevfl.attacks.views import RowTable, per_row
 from securevfl.config import DatasetSpec
 from securevfl.data.catalog import DATASETS
 from securevfl.data.datasets import DatasetBuilder, Table
+from securevfl.data.layout import CategoricalBlock, FeatureLayout, InputColumn
 from securevfl.defenses.base import DEFENSES, Defense, DefenseContext, DefenseOptions
 from securevfl.models import MODELS, ModelFactory
 from securevfl.parties.task_kinds import TASKS
@@ -118,13 +125,16 @@ from securevfl.privacy.correlated import UnboundedRelease
 __all__ = [
     "Attack",
     "AttackOptions",
+    "CategoricalBlock",
     "DatasetSpec",
     "Defense",
     "DefenseContext",
     "DefenseOptions",
     "EmbeddingBoundary",
     "EpsDeltaRelease",
+    "FeatureLayout",
     "GaussianRelease",
+    "InputColumn",
     "LabelBoundary",
     "LaplaceRelease",
     "Mechanism",

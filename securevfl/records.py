@@ -439,6 +439,12 @@ class OwnView(Mapping[str, Any]):
         return self._get("columns")
 
     @property
+    def preprocess(self) -> dict[str, Any] | None:
+        """The party's fitted preprocessing (a ``PreprocessState`` document), from
+        which its bottom model's input layout is rebuilt; None in a view without it."""
+        return self._fields.get("preprocess")
+
+    @property
     def x_raw(self) -> torch.Tensor:
         return self._get("x_raw")
 

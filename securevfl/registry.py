@@ -13,6 +13,10 @@ the HE libraries, CrypTen's helpers, the DP accountants of defenses it does not
 run or the scikit-learn models of attacks it does not run. Listing the names
 (``securevfl list``, the "known: ..." of an error) imports nothing.
 
+A registry may check what it is given (``check``): the exchange backends' registry
+refuses anything but a backend's declaration, whether it is added as an object or
+found at its path on the first lookup.
+
 A registry may be used from several threads at once (two ``api.run`` calls in
 one script): every change and every first lookup of a path entry holds the
 registry's lock, so two threads looking up the same name both get the object.
@@ -38,8 +42,10 @@ class Registry(Generic[T]):
     """A name -> object mapping with strict registration and helpful lookups;
     entries registered by path are imported on first lookup."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, *, check: Callable[[str, T], None] | None = None):
         self.kind = kind
+        # raises (ValueError) for an object this registry does not take under a name
+        self._check = check
         self._items: dict[str, T] = {}
         self._paths: dict[str, str] = {}  # registered by path, not imported yet
         self._replaced: dict[str, str] = {}  # a built-in name -> where its forced replacement lives
@@ -58,6 +64,8 @@ class Registry(Generic[T]):
     def add(self, name: str, obj: T, *, force: bool = False) -> None:
         with self._lock:
             self._refuse_duplicate(name, force)
+            if self._check is not None:
+                self._check(name, obj)
             self._note_replacement(name, _origin(obj))
             self._paths.pop(name, None)
             self._items[name] = obj
@@ -118,28 +126,15 @@ class Registry(Generic[T]):
         raise ConfigError(f"unknown {self.kind} '{name}' (known: {known})", path=path)
 
     def _load(self, name: str, target: str, path: str | None) -> T:
-        """Import the object registered at ``target``. A third-party module that is
-        not installed (an optional extra) is the user's ConfigError; a securevfl
-        module or attribute that is missing, or an object whose own ``name`` is
-        not the one it is registered under, is a bug in the registration."""
-        module, _, attr = target.partition(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            missing = exc.name or "?"
-            if missing == "securevfl" or missing.startswith("securevfl."):
-                raise
-            raise ConfigError(
-                f"{self.kind} '{name}' needs the Python package '{missing.partition('.')[0]}', which is "
-                "not installed (the optional extras: pip install 'securevfl[crypto,dp]')",
-                path=path,
-            ) from exc
-        obj = getattr(mod, attr, None)
-        if obj is None:
-            raise LookupError(f"{self.kind} '{name}' is registered at {target}, which does not exist")
+        """Import the object registered at ``target`` (:func:`load_path`); an
+        object whose own ``name`` is not the one it is registered under, or one
+        the registry's ``check`` refuses, is a bug in the registration."""
+        obj = load_path(self.kind, name, target, path)
         own = getattr(obj, "name", name)
         if isinstance(own, str) and own != name:
             raise LookupError(f"{self.kind} '{name}' is registered at {target}, which is named '{own}'")
+        if self._check is not None:
+            self._check(name, cast(T, obj))
         return cast(T, obj)
 
     def __contains__(self, name: object) -> bool:
@@ -151,6 +146,31 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         with self._lock:
             return sorted({*self._items, *self._paths})
+
+
+def load_path(kind: str, name: str, target: str, path: str | None = None, *, what: str = "") -> object:
+    """Import the object at ``target`` (``"package.module:attribute"``), which
+    ``kind`` ``name`` names (as its ``what``, or as itself). A third-party module that
+    is not installed (an optional extra) is the user's ConfigError (at ``path`` of the
+    protocol); a securevfl module or attribute that is missing is a bug in the
+    registration."""
+    module, _, attr = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "?"
+        if missing == "securevfl" or missing.startswith("securevfl."):
+            raise
+        raise ConfigError(
+            f"{kind} '{name}' needs the Python package '{missing.partition('.')[0]}', which is "
+            "not installed (the optional extras: pip install 'securevfl[crypto,dp]')",
+            path=path,
+        ) from exc
+    obj = getattr(mod, attr, None)
+    if obj is None:
+        at = f"names its {what} at" if what else "is registered at"
+        raise LookupError(f"{kind} '{name}' {at} {target}, which does not exist")
+    return obj
 
 
 def _origin(obj: object) -> str:

@@ -460,13 +460,33 @@ class CodePolicy:
         return obj
 
 
-def check_factory(code: CodePolicy, ref: str, params: Mapping[str, Any], *, what: str, path: str) -> None:
+LAYOUT_PARAM = "layout"  # the keyword a bottom factory declares to receive its party's FeatureLayout
+
+
+def accepts_layout(fn: Any) -> bool:
+    """Whether the model factory ``fn`` declares a parameter named ``layout``
+    that it can take by keyword (a ``**params`` catch-all does not count: such
+    a factory is called exactly as one without it). A callable without a
+    readable signature does not."""
+    try:
+        p = inspect.signature(fn).parameters.get(LAYOUT_PARAM)
+    except (TypeError, ValueError):
+        return False
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return p is not None and p.kind in by_keyword
+
+
+def check_factory(
+    code: CodePolicy, ref: str, params: Mapping[str, Any], *, what: str, path: str, layout: bool = False
+) -> None:
     """Refuse a model factory that cannot be called as securevfl calls it,
     ``factory(in_features, out, **params)``, before any rank starts: ``ref``,
     imported under ``code``, must name a callable whose signature accepts two
     positional arguments and the keywords of ``params`` (a misspelt module,
     attribute or option is named at load rather than in the owner's rank, after
-    start-up and ID matching). A callable without a readable signature (a
+    start-up and ID matching). ``layout``: the call passes a bottom model's
+    input layout to a factory that declares ``layout`` (:func:`accepts_layout`),
+    so ``params`` must not set it. A callable without a readable signature (a
     builtin) is left to the call itself. Nothing is called."""
     fn = code.load(ref, what=what, path=path)
     if not callable(fn):
@@ -475,8 +495,17 @@ def check_factory(code: CodePolicy, ref: str, params: Mapping[str, Any], *, what
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
+    given = dict(params)
+    if layout and accepts_layout(fn):
+        if LAYOUT_PARAM in params:
+            raise UserCodeError(
+                f"{what} takes '{LAYOUT_PARAM}' (the party's input layout, which securevfl passes), so "
+                f"params must not set '{LAYOUT_PARAM}'",
+                path=path.removesuffix(".factory") + f".params.{LAYOUT_PARAM}",
+            )
+        given[LAYOUT_PARAM] = None
     try:
-        signature.bind(0, 0, **params)
+        signature.bind(0, 0, **given)
     except TypeError as exc:
         keys = f"params {sorted(params)}" if params else "no params"
         raise UserCodeError(

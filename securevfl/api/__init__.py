@@ -29,7 +29,6 @@ nothing here exits the interpreter.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -54,12 +53,11 @@ from securevfl.app.comparison import folder_name, say_stderr, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.grid import Axis, make_axis, parse_axis
 from securevfl.app.launcher import launch
-from securevfl.app.loader import OWN, Allow, allowed_modules, load_protocol_dict, needed_code
-from securevfl.app.loader import load_protocol as load_protocol_file
+from securevfl.app.loader import OWN, Allow, allowed_modules, load_checked, load_checked_dict, needed_code
 from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
 from securevfl.app.predict import predict_local
-from securevfl.components import attach, components_of, is_resolved
+from securevfl.components import CheckedProtocol
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.records import EpochRecord, MechanismPrivacy, PartyPrivacy, PrivacyReport
@@ -119,9 +117,23 @@ def load_protocol(
     allows those modules alone, as ``securevfl party --allow-plugin`` does, and
     any other module the protocol would make this process import is refused
     before anything is imported. ``rank``: the rank this process will run, whose
-    model factories are checked with the plugins."""
-    sets = set_list(overrides)
+    model factories are checked with the plugins.
+
+    A :class:`~securevfl.config.Protocol` given to this or any function below is
+    checked again, as given (its own modules still found beside the file it was
+    read from): what a function runs is always what it checked itself."""
     allow: Allow = OWN if allow_plugins is None else allowed_modules(allow_plugins)
+    return _check(source, overrides, allow, rank).protocol
+
+
+def _check(
+    source: ProtocolLike, overrides: Overrides | None, allow: Allow, rank: int | None
+) -> CheckedProtocol:
+    """The one check at the API's boundary: whatever the caller gave (a file, a
+    mapping, a Protocol), loaded and checked by the checked loader, with its
+    resolved components (:class:`~securevfl.components.CheckedProtocol`), which
+    the function that called this passes down."""
+    sets = set_list(overrides)
     if isinstance(source, Mapping):
         converted = convert(source)
         if converted.registrations:
@@ -133,20 +145,17 @@ def load_protocol(
             )
         source = converted.doc
     if isinstance(source, Protocol):
-        if not sets and is_resolved(source):
-            return source
-        beside = components_of(source).code.beside if is_resolved(source) else None
-        return load_protocol_dict(
+        return load_checked_dict(
             source.model_dump(mode="json"),
             overrides=sets,
             allow=allow,
             rank=rank,
-            beside=Path(beside) if beside else None,
+            beside=Path(source.folder) if source.folder else None,
         )
     if isinstance(source, Mapping):
-        return load_protocol_dict(dict(source), overrides=sets, allow=allow, rank=rank)
+        return load_checked_dict(dict(source), overrides=sets, allow=allow, rank=rank)
     if isinstance(source, (str, os.PathLike)):
-        return load_protocol_file(path_arg(source, "protocol"), sets, allow=allow, rank=rank)
+        return load_checked(path_arg(source, "protocol"), sets, allow=allow, rank=rank)
     raise ConfigError(
         f"a protocol is a file path, a mapping or a Protocol, not {type(source).__name__}", path="protocol"
     )
@@ -161,12 +170,11 @@ def _converted(protocol: ProtocolLike) -> tuple[ProtocolLike, Converted]:
     return protocol, Converted({})
 
 
-def _load(protocol: ProtocolLike, overrides: Overrides | None) -> Protocol:
-    """:func:`load_protocol` of what :func:`_converted` gave (its classes registered)."""
-    sets = set_list(overrides)
+def _load(protocol: ProtocolLike, overrides: Overrides | None) -> CheckedProtocol:
+    """:func:`_check` of what :func:`_converted` gave (its classes registered)."""
     if isinstance(protocol, Mapping):  # the caller's own: its modules are allowed (OWN)
-        return load_protocol_dict(dict(protocol), overrides=sets, allow=OWN)
-    return load_protocol(protocol, sets)
+        return load_checked_dict(dict(protocol), overrides=set_list(overrides), allow=OWN)
+    return _check(protocol, overrides, OWN, None)
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -218,10 +226,10 @@ def run(
     callback_arg(on_epoch, "on_epoch")
     given, conv = _converted(protocol)
     with registered(conv.registrations):
-        proto = _load(given, overrides)
-        folder = out_path if out_path is not None else Path("runs") / proto.name
+        checked = _load(given, overrides)
+        folder = out_path if out_path is not None else Path("runs") / checked.protocol.name
         result = launch(
-            proto,
+            checked,
             folder,
             data_dir=data_path,
             progress=progress,
@@ -325,7 +333,7 @@ def _source_paths(
         if isinstance(item, (str, os.PathLike)):
             paths.append(path_arg(item, "sources"))
             continue
-        proto = _load(item, None)
+        proto = _load(item, None).protocol
         if proto.name in written:
             raise ConfigError(
                 f"two protocols are both named '{proto.name}': protocol names must be distinct to "
@@ -495,8 +503,8 @@ def party(
     never makes this process import it (SECURITY.md §4b). Anything the rank
     would import that is not allowed is refused before anything is imported,
     with :class:`~securevfl.errors.UserCodeError` naming each. A
-    :class:`~securevfl.config.Protocol` given loaded has had its plugins imported
-    by its loader; its model factories are still held to ``allow_plugins``.
+    :class:`~securevfl.config.Protocol` given loaded is checked again under
+    ``allow_plugins``, as a file would be.
 
     This process becomes the rank: it runs until the protocol ends. A failed rank
     reports its error itself (stderr, its error file, its peers) and this raises
@@ -509,13 +517,11 @@ def party(
         )
     check_flags(overwrite=overwrite, resume=resume, progress=progress)
     allowed = allowed_modules(allow_plugins)
-    proto = load_protocol(protocol, overrides, allow_plugins=allowed, rank=rank)
-    beside = components_of(proto).code.beside
-    code = policy_of(allowed, beside)
-    code.check(needed_code(proto, rank))
-    proto = attach(proto, dataclasses.replace(components_of(proto), code=code))
+    checked = _check(protocol, overrides, allowed, rank)
+    code = policy_of(allowed, checked.code.beside)
+    code.check(needed_code(checked.protocol, rank))
     return run_party(
-        proto,
+        checked.with_code(code),
         rank,
         rendezvous,
         out=optional_path(out, "out"),

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from securevfl.app.harness import attack_keys, attack_results, load_world
-from securevfl.app.loader import OWN, load_protocol_dict
+from securevfl.app.loader import OWN, load_checked_dict
 from securevfl.app.model_io import run_protocol
 from securevfl.app.rank_layout import layout_of
-from securevfl.components import components_of
+from securevfl.components import CheckedProtocol
 from securevfl.errors import ConfigError
 from securevfl.private_files import write_private
 
@@ -30,10 +30,10 @@ from securevfl.private_files import write_private
 RESULTS_DIR = "attacks"
 
 
-def attack_protocol(run_dir: Path, name: str, params: dict[str, Any], plugins: list[str]) -> Any:
+def attack_protocol(run_dir: Path, name: str, params: dict[str, Any], plugins: list[str]) -> CheckedProtocol:
     """The run's protocol with ``name`` (options ``params``) as its one attack; ``plugins``:
     modules of the caller's own that register it, imported in this process only."""
-    proto = run_protocol(run_dir)
+    proto = run_protocol(run_dir).protocol
     doc = proto.model_dump(mode="json", exclude_unset=True)
     doc["attacks"] = [{"name": name, "params": dict(params)}]
     doc["plugins"] = [*doc.get("plugins", []), *plugins]
@@ -41,7 +41,7 @@ def attack_protocol(run_dir: Path, name: str, params: dict[str, Any], plugins: l
     runtime["dump_views"] = True  # the views were saved; an attack needs nothing more of the run
     training = doc.setdefault("training", {})
     training.pop("checkpoint_every", None)
-    return load_protocol_dict(doc, source=f"{run_dir} (--attack {name})", allow=OWN)
+    return load_checked_dict(doc, source=f"{run_dir} (--attack {name})", allow=OWN)
 
 
 def attack_run(
@@ -52,8 +52,8 @@ def attack_run(
     run_dir = Path(run_dir)
     if not (run_dir / "result.json").is_file():
         raise ConfigError(f"{run_dir} holds no result.json: not the output folder of a finished run")
-    proto = attack_protocol(run_dir, name, params or {}, [str(p) for p in plugins or []])
-    layout = layout_of(proto)
+    checked = attack_protocol(run_dir, name, params or {}, [str(p) for p in plugins or []])
+    layout = layout_of(checked)
     missing = [
         r.rank
         for r in layout.roles
@@ -66,10 +66,10 @@ def attack_run(
             "with --set runtime.dump_views=true",
             path="--attack",
         )
-    world = load_world(proto, layout, run_dir)
-    (key,) = attack_keys(proto)
-    (spec,) = components_of(proto).attacks
-    entry = attack_results(proto, world)[key]
+    world = load_world(checked, layout, run_dir)
+    (key,) = attack_keys(checked.components)
+    (spec,) = checked.components.attacks
+    entry = attack_results(world)[key]
     path = run_dir / RESULTS_DIR / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, json.dumps({"attack": spec.name, "params": params or {}, **entry}, indent=1))

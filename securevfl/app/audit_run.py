@@ -59,7 +59,8 @@ def audit_run(
     ``trials`` / ``confidence`` default to the run's ``privacy.audit``."""
     run_dir = Path(run_dir)
     result = _result(run_dir)
-    proto = run_protocol(run_dir)
+    checked = run_protocol(run_dir)
+    proto = checked.protocol
     opts = proto.privacy.audit
     trials = opts.trials if trials is None else trials
     confidence = opts.confidence if confidence is None else confidence
@@ -71,7 +72,7 @@ def audit_run(
     if not isinstance(n_train, int):
         raise ConfigError(f"{run_dir / RESULT_FILE}: field 'rows.train' is missing")
     plan = plan_for(int(result["train_steps"]), n_train, proto.training)
-    layout = layout_of(proto)
+    layout = layout_of(checked)
     out = []
     for role in layout.roles:
         if role.kind == "helper":
@@ -81,7 +82,7 @@ def audit_run(
             continue
         saved = load_model(run_dir, role.rank, protocol_digest=proto.digest_mismatch)
         fresh = [SecretStream.fresh().state() for _ in spec.defenses]  # never the run's keys
-        stack = build_stack(proto, spec.name, role.kind, spec.defenses, noise_keys=fresh)
+        stack = build_stack(proto, checked.components, spec.name, role.kind, spec.defenses, noise_keys=fresh)
         try:
             states = join_components(saved.tensors.get("defenses", []), saved.docs.get("defenses", []))
             stack.restore_trained(states)

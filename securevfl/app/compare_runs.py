@@ -139,7 +139,7 @@ def execute(
         (run.folder / MARKER).unlink(missing_ok=True)
         t0 = time.monotonic()
         launch(
-            run.proto,
+            run.checked,
             run.folder,
             data_dir=out / "data",
             progress=progress,

@@ -37,8 +37,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from securevfl.app.grid import Axis, check_axis, make_axis, missing_element, parse_axis, point_label, points
-from securevfl.app.loader import OWN, Allow, apply_override, load_protocol, override_expr, parse_override
+from securevfl.app.loader import (
+    OWN,
+    Allow,
+    apply_override,
+    load_checked,
+    load_protocol,
+    override_expr,
+    parse_override,
+)
 from securevfl.app.yamldoc import load_yaml
+from securevfl.components import CheckedProtocol
 from securevfl.config import Protocol
 from securevfl.config_errors import validation_error
 from securevfl.errors import ConfigError
@@ -85,8 +94,12 @@ class Run:
     base: str  # protocol name
     point: dict[str, Any]  # grid key -> value
     seed: int
-    proto: Protocol
+    checked: CheckedProtocol  # as the launcher runs it
     folder: Path
+
+    @property
+    def proto(self) -> Protocol:
+        return self.checked.protocol
 
     @property
     def digest(self) -> str:
@@ -283,7 +296,8 @@ def plan(
             label_pt = point_label(pt)
             sets = [override_expr(a.key, v) for a, v in pt]
             try:
-                base = load_protocol(src.path, [*src.overrides, *sets], allow=allow)
+                checked = load_checked(src.path, [*src.overrides, *sets], allow=allow)
+                base = checked.protocol
             except ConfigError as exc:
                 if pt:
                     exc.args = (f"{exc} (grid point {label_pt})",)
@@ -292,12 +306,10 @@ def plan(
             if dropped and i == 0:
                 (say or say_stderr)(_unexpanded(base, dropped, bool(src.axes)))
             for seed in seeds if seeds is not None else [base.training.seed]:
-                proto = (
-                    base
+                seeded = (
+                    checked
                     if seeds is None
-                    else load_protocol(
-                        src.path, [*src.overrides, *sets, f"training.seed={seed}"], allow=allow
-                    )
+                    else load_checked(src.path, [*src.overrides, *sets, f"training.seed={seed}"], allow=allow)
                 )
                 folder = out / folder_name(base.name)
                 if pt:
@@ -308,7 +320,7 @@ def plan(
                         base=base.name,
                         point={a.key: v for a, v in pt},
                         seed=seed,
-                        proto=proto,
+                        checked=seeded,
                         folder=folder / f"seed{seed}",
                     )
                 )

@@ -32,8 +32,7 @@ import torch
 from securevfl.app.threads import rank_threads
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World, plain_label
-from securevfl.components import components_of
-from securevfl.config import Protocol
+from securevfl.components import CheckedProtocol, Components
 from securevfl.defenses.base import replaced_warning
 from securevfl.errors import ConfigError, SecureVFLError, SecurityWarning, UserCodeError
 from securevfl.records import OwnView
@@ -51,7 +50,7 @@ _VIEW_GLOBALS = [
 ]
 
 
-def load_world(proto: Protocol, layout: Layout, out_dir: Path) -> World:
+def load_world(checked: CheckedProtocol, layout: Layout, out_dir: Path) -> World:
     """Every non-helper rank's saved view (``layout``: the run's rank layout)."""
     views: dict[str, View] = {}
     for role in layout.roles:
@@ -63,13 +62,13 @@ def load_world(proto: Protocol, layout: Layout, out_dir: Path) -> World:
         with torch.serialization.safe_globals(_VIEW_GLOBALS):  # tensors and numpy arrays only
             blob = torch.load(path, weights_only=True)
         views[role.party] = View(role.rank, role.party, blob["received"], OwnView(blob["own"]))
-    return World(proto, layout, views, Path(out_dir))
+    return World(checked.protocol, checked.components, layout, views, Path(out_dir))
 
 
-def attack_keys(proto: Protocol) -> list[str]:
+def attack_keys(components: Components) -> list[str]:
     """Result keys, one per listed attack: its label, else its name (``name#j``
     for the j-th entry when several unlabeled entries share a name)."""
-    attacks = components_of(proto).attacks
+    attacks = components.attacks
     labels = [getattr(a.options, "label", None) for a in attacks]
     unlabeled = [a.name for a, label in zip(attacks, labels, strict=True) if not label]
     keys = []
@@ -96,16 +95,16 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def run_attacks(proto: Protocol, layout: Layout, out_dir: Path) -> dict[str, Any]:
-    """Run every attack of ``proto`` on the views saved under ``out_dir`` (its ranks
+def run_attacks(checked: CheckedProtocol, layout: Layout, out_dir: Path) -> dict[str, Any]:
+    """Run every attack of ``checked`` on the views saved under ``out_dir`` (its ranks
     laid out as ``layout``) and merge the results into ``out_dir/result.json``;
     returns the attacks' entries."""
     t0 = time.perf_counter()
-    world = load_world(proto, layout, out_dir)
+    world = load_world(checked, layout, out_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(rank_threads())  # as the ranks do
     try:
-        results = _run_all(proto, world)
+        results = _run_all(world)
     finally:
         torch.set_num_threads(threads)
     result = read_result(Path(out_dir))
@@ -120,9 +119,10 @@ def run_attacks(proto: Protocol, layout: Layout, out_dir: Path) -> dict[str, Any
     return results
 
 
-def _run_all(proto: Protocol, world: World) -> dict[str, Any]:
+def _run_all(world: World) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for i, (spec, key) in enumerate(zip(components_of(proto).attacks, attack_keys(proto), strict=True)):
+    attacks = world.components.attacks
+    for i, (spec, key) in enumerate(zip(attacks, attack_keys(world.components), strict=True)):
         attack = spec.cls(spec.options, key=key)  # options validated at load
         hook = _Hooks(f"attack '{spec.name}' (result key '{key}')", f"attacks[{i}]")
         t0 = time.perf_counter()
@@ -191,7 +191,7 @@ def _checked_scores(scores: Any, hook: _Hooks) -> dict[str, Any]:
     return scores
 
 
-def attack_results(proto: Protocol, world: World) -> dict[str, Any]:
-    """Every attack of ``proto`` run on ``world``, by result key, without writing anything
-    (``securevfl attack``: :mod:`securevfl.app.attack_run`)."""
-    return _run_all(proto, world)
+def attack_results(world: World) -> dict[str, Any]:
+    """Every attack of the protocol of ``world`` run on it, by result key, without
+    writing anything (``securevfl attack``: :mod:`securevfl.app.attack_run`)."""
+    return _run_all(world)

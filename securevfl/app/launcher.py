@@ -47,7 +47,7 @@ from securevfl.app.rank_server import START_METHOD_ENV as START_METHOD_ENV
 from securevfl.app.rank_server import rank_context, start_processes
 from securevfl.app.threads import rank_threads
 from securevfl.app.training import Train
-from securevfl.components import components_of
+from securevfl.components import CheckedProtocol
 from securevfl.config import Protocol
 from securevfl.data.partition import materialize, materializing
 from securevfl.errors import (
@@ -133,10 +133,10 @@ def _child(
     component classes, by reference, loaded under that policy
     (:func:`~securevfl.app.objects.register_in_rank`); ``layout``: the launch's rank
     layout, derived once by the launcher."""
-    proto = rank_protocol(proto_json, rank, policy, Path(phase.out_dir), registrations)
+    checked = rank_protocol(proto_json, rank, policy, Path(phase.out_dir), registrations)
     identity = Identity.from_seed(seed)
     # the launcher reports the root cause of a failure once; its ranks do not print theirs too
-    sys.exit(run_rank(proto, layout, rank, rendezvous, phase, identity=identity, pins=pins, echo=False))
+    sys.exit(run_rank(checked, layout, rank, rendezvous, phase, identity=identity, pins=pins, echo=False))
 
 
 def rank_protocol(
@@ -145,7 +145,7 @@ def rank_protocol(
     code: CodePolicy,
     out_dir: Path,
     registrations: Sequence[tuple[str, str, str]] = (),
-) -> Protocol:
+) -> CheckedProtocol:
     """The protocol a rank receives from the local launcher, resolved in the rank
     under the launcher's user code policy (the caller's registered classes
     loaded and its plugins imported here, both under ``code``). User code that
@@ -161,7 +161,7 @@ def rank_protocol(
 
 
 def launch(
-    proto: Protocol,
+    checked: CheckedProtocol,
     out_dir: Path,
     *,
     data_dir: Path | None = None,
@@ -171,7 +171,8 @@ def launch(
     on_epoch: Callable[[EpochRecord], None] | None = None,
     registrations: tuple[Registration, ...] = (),
 ) -> dict[str, Any]:
-    """Run every rank locally; return the result record (also in out_dir/result.json).
+    """Run every rank of a checked protocol locally; return the result record
+    (also in out_dir/result.json).
 
     An ``out_dir`` that already holds results is refused unless ``overwrite``;
     then the new run is written aside and replaces securevfl's earlier files only
@@ -193,6 +194,7 @@ def launch(
         )
 
     rank_threads()  # a bad SECUREVFL_THREADS is refused here, not in every rank
+    proto = checked.protocol
     if proto.attacks and not proto.runtime.record_views:
         raise ConfigError(
             "attacks run on the views the ranks record; runtime.record_views is off",
@@ -200,7 +202,7 @@ def launch(
         )
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir else out_dir / "data"
-    layout = layout_of(proto)
+    layout = layout_of(checked)
     if resume:
         folder = resume_folder(out_dir, overwrite=overwrite, ranks=range(layout.world_size))
         parties = [r.rank for r in layout.roles if r.kind != "helper"]
@@ -212,7 +214,7 @@ def launch(
     else:
         folder = OutputFolder.open(out_dir, overwrite=overwrite, keep=(data_dir,))
     try:
-        result = _launch(proto, layout, folder.path, data_dir, progress, resume, on_epoch, registrations)
+        result = _launch(checked, layout, folder.path, data_dir, progress, resume, on_epoch, registrations)
     except BaseException as exc:
         failed = folder.abandon()
         if failed is not None and isinstance(exc, SecureVFLError):
@@ -225,7 +227,7 @@ def launch(
 
 
 def _launch(
-    proto: Protocol,
+    checked: CheckedProtocol,
     layout: Layout,
     out_dir: Path,
     data_dir: Path,
@@ -236,7 +238,8 @@ def _launch(
 ) -> dict[str, Any]:
     # the launcher's user code policy, for every rank: the file's own modules, and
     # the modules of the caller's own classes (the caller runs every party)
-    code = components_of(proto).code.allowing(r.module for r in registrations)
+    proto = checked.protocol
+    code = checked.code.allowing(r.module for r in registrations)
     regs = [r.for_rank() for r in registrations]
     reader, writer = mp.Pipe(duplex=False) if on_epoch is not None else (None, None)
     stream = None if reader is None or on_epoch is None else EpochStream(reader, on_epoch)
@@ -255,7 +258,7 @@ def _launch(
                 except BaseException:
                     stop_ranks(procs)
                     raise
-        return _watch(proto, layout, out_dir, procs, stream)
+        return _watch(checked, layout, out_dir, procs, stream)
     finally:
         if writer is not None:
             writer.close()
@@ -487,15 +490,20 @@ INTERRUPT_GRACE_S = 0.5
 
 
 def _watch(
-    proto: Protocol, layout: Layout, out_dir: Path, procs: list[Any], stream: EpochStream | None = None
+    checked: CheckedProtocol,
+    layout: Layout,
+    out_dir: Path,
+    procs: list[Any],
+    stream: EpochStream | None = None,
 ) -> dict[str, Any]:
     """The run's result once every rank has ended, or the root cause of its failure."""
+    proto = checked.protocol
     codes = watch_ranks(
         proto, procs, stream, unreported=lambda r, c: ended_unreported(out_dir, r, c, Train.files)
     )
     if all(c == 0 for c in codes.values()) and (out_dir / "result.json").is_file():
         if proto.attacks:  # docs/design.md §6: attacks run on the saved views once every rank is done
-            run_attacks(proto, layout, out_dir)
+            run_attacks(checked, layout, out_dir)
         return jsonfile.loads((out_dir / "result.json").read_text())
     if all(c in (0, EXIT_INTERRUPTED) for c in codes.values()) and EXIT_INTERRUPTED in codes.values():
         # every rank stopped on a Ctrl-C to the terminal's group: this process got the same

@@ -1,8 +1,12 @@
 """The checked protocol loader: a YAML file (or a parsed mapping) plus ``--set``
 overrides, both read by :mod:`securevfl.app.yamldoc`, validated against the
 schema (:mod:`securevfl.config`) and then cross-checked against the registries
-(:mod:`securevfl.validation`), which validates every component's options once
-and attaches them to the protocol (:mod:`securevfl.components`).
+(:mod:`securevfl.validation`), which validates every component's options once.
+The result is a :class:`~securevfl.components.CheckedProtocol`: the protocol with
+its resolved components, which the caller passes down to whatever needs them
+(:func:`load_checked`, :func:`load_checked_dict`, :func:`resolve_protocol`);
+:func:`load_protocol` and :func:`load_protocol_dict` run the same checks and
+return the bare protocol, for a caller that needs only the schema's fields.
 
 Between the two, the protocol's ``plugins`` are imported, under the user code
 policy of the process (:mod:`securevfl.usercode`): ``allow`` names what its
@@ -15,7 +19,7 @@ before any is imported. Once the file is checked, each model factory the
 process may import (every party's its policy allows, or given ``rank`` that
 rank's own) is imported and its signature matched against the call securevfl
 makes (:func:`check_factories`), so that a misspelt factory or option is
-refused at load, exit code 2, before any rank starts. The policy is attached with the components
+refused at load, exit code 2, before any rank starts. The policy travels with the components
 (:attr:`~securevfl.components.Components.code`), so the ranks import each
 party's factory under it later.
 
@@ -38,7 +42,7 @@ import yaml
 from pydantic import ValidationError
 
 from securevfl.app.yamldoc import load_yaml, parse_value
-from securevfl.components import attach, components_of, is_resolved
+from securevfl.components import CheckedProtocol
 from securevfl.config import Protocol
 from securevfl.config_errors import format_loc, validation_error
 from securevfl.errors import ConfigError, UserCodeError
@@ -177,7 +181,7 @@ def check_numbers(node: Any, loc: tuple[Any, ...] = (), *, source: str | None = 
         raise ConfigError(f"integer beyond int64's range (got {node})", path=format_loc(loc), source=source)
 
 
-def load_protocol_dict(
+def load_checked_dict(
     doc: Any,
     *,
     source: str | None = None,
@@ -185,12 +189,12 @@ def load_protocol_dict(
     allow: Allow = (),
     rank: int | None = None,
     beside: Path | None = None,
-) -> Protocol:
-    """Validate a protocol given as a parsed mapping (plus ``--set`` overrides).
-    ``allow``: the modules this process may import for it (:data:`OWN`: the ones
-    it names); ``rank``: the rank this process runs, whose model factories are
-    checked with the plugins before anything is imported; ``beside``: the
-    protocol file's folder, where its own modules are found."""
+) -> CheckedProtocol:
+    """Validate a protocol given as a parsed mapping (plus ``--set`` overrides) and
+    resolve its components. ``allow``: the modules this process may import for it
+    (:data:`OWN`: the ones it names); ``rank``: the rank this process runs, whose
+    model factories are checked with the plugins before anything is imported;
+    ``beside``: the protocol file's folder, where its own modules are found."""
     if not isinstance(doc, dict):
         raise ConfigError("a protocol file must be a YAML mapping", source=source)
     doc = copy.deepcopy(doc)
@@ -202,14 +206,32 @@ def load_protocol_dict(
         proto = Protocol.model_validate(doc)
     except ValidationError as exc:
         raise validation_error(exc, source=source) from None
+    if beside is not None:
+        proto._folder = str(Path(beside).resolve())
     code = code_policy(proto, allow, beside)
     import_plugins(proto, code, rank=rank, source=source)
-    # component-level checks (registries, capabilities, column layout); attaches the
+    # component-level checks (registries, capabilities, column layout); returns the
     # components with their validated options
-    check_protocol(proto, source=source)
+    components = check_protocol(proto, source=source)
     check_factories(proto, code, rank=rank, source=source)
     check_data_files(proto, beside or Path.cwd(), rank=rank, source=source)
-    return attach(proto, dataclasses.replace(components_of(proto), code=code))
+    return CheckedProtocol(proto, dataclasses.replace(components, code=code))
+
+
+def load_protocol_dict(
+    doc: Any,
+    *,
+    source: str | None = None,
+    overrides: list[str] | None = None,
+    allow: Allow = (),
+    rank: int | None = None,
+    beside: Path | None = None,
+) -> Protocol:
+    """:func:`load_checked_dict`'s protocol alone (every check run), for a caller
+    that reads the schema's fields only."""
+    return load_checked_dict(
+        doc, source=source, overrides=overrides, allow=allow, rank=rank, beside=beside
+    ).protocol
 
 
 def check_data_files(proto: Protocol, base: Path, *, rank: int | None, source: str | None = None) -> None:
@@ -311,7 +333,7 @@ def check_factories(proto: Protocol, code: CodePolicy, *, rank: int | None, sour
         if not code.allows(split_ref(e.ref)[0]):
             continue
         try:
-            check_factory(code, e.ref, e.params, what=e.what, path=f"{e.path}.factory")
+            check_factory(code, e.ref, e.params, what=e.what, path=f"{e.path}.factory", layout=not e.top)
         except UserCodeError as exc:
             if source is None:
                 raise
@@ -332,25 +354,33 @@ def import_plugins(proto: Protocol, code: CodePolicy, *, rank: int | None, sourc
         raise UserCodeError(exc.message, path=exc.path, source=source, detail=exc.detail) from None
 
 
-def resolve_protocol(proto: Protocol, code: CodePolicy | None = None, *, rank: int | None = None) -> Protocol:
-    """Attach resolved components to a protocol that was checked elsewhere (a rank
+def resolve_protocol(
+    proto: Protocol, code: CodePolicy | None = None, *, rank: int | None = None
+) -> CheckedProtocol:
+    """Resolve the components of a protocol that was checked elsewhere (a rank
     spawned by the local launcher receives it as JSON from the launcher, which
     loaded and checked the file, with the launcher's ``code`` policy): the
     plugins are imported under ``code`` (checked with ``rank``'s factories
-    first), then every component's options are validated, once in that process.
-    A protocol that already has them is returned as is."""
-    if is_resolved(proto):
-        return proto
+    first), then every component's options are validated, once in that process."""
     code = code or CodePolicy()
     import_plugins(proto, code, rank=rank, source=None)
-    return attach(proto, dataclasses.replace(resolve_components(proto), code=code))
+    return CheckedProtocol(proto, dataclasses.replace(resolve_components(proto), code=code))
 
 
 def load_protocol(
     path: str | Path, overrides: list[str] | None = None, *, allow: Allow = (), rank: int | None = None
 ) -> Protocol:
-    """Read, validate and cross-check one protocol file; its own modules are
-    looked up in its folder (``allow`` and ``rank`` as for :func:`load_protocol_dict`)."""
+    """:func:`load_checked`'s protocol alone (every check run), for a caller that
+    reads the schema's fields only."""
+    return load_checked(path, overrides, allow=allow, rank=rank).protocol
+
+
+def load_checked(
+    path: str | Path, overrides: list[str] | None = None, *, allow: Allow = (), rank: int | None = None
+) -> CheckedProtocol:
+    """Read, validate and cross-check one protocol file and resolve its components;
+    its own modules are looked up in its folder (``allow`` and ``rank`` as for
+    :func:`load_checked_dict`)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"protocol file not found: {p}")
@@ -363,21 +393,24 @@ def load_protocol(
     if "\x00" in text:
         raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
     doc = load_yaml(text, source=str(p))
-    proto = load_protocol_dict(
+    checked = load_checked_dict(
         doc, source=str(p), overrides=overrides, allow=allow, rank=rank, beside=p.parent
     )
-    return _resolve_paths(proto, p.parent)
+    return _resolve_paths(checked, p.parent)
 
 
-def _resolve_paths(proto: Protocol, base: Path) -> Protocol:
+def _resolve_paths(checked: CheckedProtocol, base: Path) -> CheckedProtocol:
     """Make CSV source paths absolute relative to the protocol file's folder."""
+    proto = checked.protocol
     parties = [proto.parties.active, *proto.parties.passive]
     if not any(p.source for p in parties):
-        return proto
+        return checked
     doc = proto.model_dump(mode="json")
     for entry in [doc["parties"]["active"], *doc["parties"]["passive"]]:
         src = entry.get("source")
         if src and not Path(src["path"]).is_absolute():
             src["path"] = str((base / src["path"]).resolve())
     # where a file lies changes no component's options: keep the ones validated above
-    return attach(Protocol.model_validate(doc), components_of(proto))
+    moved = Protocol.model_validate(doc)
+    moved._folder = proto.folder
+    return CheckedProtocol(moved, checked.components)

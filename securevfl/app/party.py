@@ -21,7 +21,7 @@ from securevfl.app.predict import Predict, check_out, parse_data_overrides
 from securevfl.app.rank import run_rank
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.training import Train
-from securevfl.config import Protocol
+from securevfl.components import CheckedProtocol
 from securevfl.data.partition import is_builtin, materialize_apart
 from securevfl.errors import ConfigError, RankFailed
 from securevfl.runtime.layout import Layout
@@ -29,7 +29,7 @@ from securevfl.runtime.secure.keys import Identity
 
 
 def run_party(
-    proto: Protocol,
+    checked: CheckedProtocol,
     rank: int,
     rendezvous: str,
     *,
@@ -48,8 +48,9 @@ def run_party(
     run's folder, to predict with this rank's saved model; ``data``: ``PARTY=PATH``
     items naming this party's file of new records (a prediction only)."""
     data = data or []
+    proto = checked.protocol
     check_rendezvous(rendezvous)
-    layout = layout_of(proto)
+    layout = layout_of(checked)
     role = layout.role(rank)
     identity = None
     if key is not None:
@@ -61,7 +62,7 @@ def run_party(
                 "--resume continues a training run; a prediction has nothing to resume", path="--resume"
             )
         return _predict_rank(
-            proto, layout, rank, rendezvous, predict, out, data_dir, data, identity, overwrite
+            checked, layout, rank, rendezvous, predict, out, data_dir, data, identity, overwrite
         )
     if data:
         raise ConfigError(
@@ -79,7 +80,7 @@ def run_party(
             # process never holds the other parties' columns
             materialize_apart(proto, data_path, role.party)
         phase = Train(folder.path, data_path, progress=progress, resume=resume)
-        code = run_rank(proto, layout, rank, rendezvous, phase, identity=identity)
+        code = run_rank(checked, layout, rank, rendezvous, phase, identity=identity)
         if code != 0:
             raise RankFailed(
                 f"rank {rank} ({role.party}) stopped with exit code {code}",
@@ -93,7 +94,7 @@ def run_party(
 
 
 def _predict_rank(
-    proto: Protocol,
+    checked: CheckedProtocol,
     layout: Layout,
     rank: int,
     rendezvous: str,
@@ -105,6 +106,7 @@ def _predict_rank(
     overwrite: bool,
 ) -> Path:
     """One rank of a prediction (:func:`run_party` with ``predict``)."""
+    proto = checked.protocol
     me = layout.role(rank).party
     files = parse_data_overrides(data, proto)
     others = sorted(set(files) - {me})
@@ -118,7 +120,7 @@ def _predict_rank(
     folder = OutputFolder.open(folder_path, overwrite=overwrite)
     try:
         phase = Predict(run_dir, folder.path, data_path, data=files.get(me))
-        code = run_rank(proto, layout, rank, rendezvous, phase, identity=identity)
+        code = run_rank(checked, layout, rank, rendezvous, phase, identity=identity)
         if code != 0:
             folder.abandon()
             raise RankFailed(f"rank {rank} ({me}) stopped with exit code {code}", exit_code=code)

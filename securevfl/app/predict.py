@@ -61,7 +61,7 @@ from securevfl.app.outdir import OutputFolder, holds_training_run
 from securevfl.app.rank import Phase, RankSetup
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.threads import rank_threads
-from securevfl.components import components_of
+from securevfl.components import CheckedProtocol
 from securevfl.config import CsvSource, Protocol
 from securevfl.csvfile import read_rows, typed, write_rows
 from securevfl.data.alignment import align_active, align_passive
@@ -164,13 +164,14 @@ def check_out(out: Path, run_dir: Path) -> None:
         )
 
 
-def check_budgets(proto: Protocol, run_dir: Path) -> None:
+def check_budgets(checked: CheckedProtocol, run_dir: Path) -> None:
     """Every party's prediction priced against its ledger in ``run_dir`` and its
     ``prediction_budget``: the first party over its budget is refused (exit code
     2), before any rank starts and before anything is written. The ranks check
     again (their own, under a lock) before they join any peer."""
-    mechanisms = prediction_mechanisms(proto)
-    for role in layout_of(proto).roles:
+    proto = checked.protocol
+    mechanisms = prediction_mechanisms(checked)
+    for role in layout_of(checked).roles:
         if role.kind != "helper":
             spec = proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
             prediction_ledger.price(proto, role, spec, mechanisms[spec.name], run_dir)
@@ -244,7 +245,7 @@ class Predict(Phase):
             with setup.clock.phase("load"):
                 proto = setup.proto
                 self.model = load_party_model(
-                    proto, setup.role, self.run_dir, torch.device(proto.training.device)
+                    setup.checked, setup.role, self.run_dir, torch.device(proto.training.device)
                 )
                 self._price(proto, setup.role)
 
@@ -384,14 +385,15 @@ def predict_local(
     ``overwrite`` (then the new files move in only once every rank has finished)."""
     rank_threads()  # a bad SECUREVFL_THREADS is refused here, not in every rank
     run_dir = Path(run_dir)
-    proto = run_protocol(run_dir)
+    checked = run_protocol(run_dir)
+    proto = checked.protocol
     check_finished(run_dir, proto)
     files = parse_data_overrides(data or [], proto)
-    layout = layout_of(proto)
+    layout = layout_of(checked)
     for role in layout.roles:  # every rank's model, verified before any rank starts
         if role.kind != "helper":
             load_model(run_dir, role.rank, protocol_digest=proto.digest_mismatch)
-    check_budgets(proto, run_dir)  # a prediction over a party's budget: refused, nothing written
+    check_budgets(checked, run_dir)  # a prediction over a party's budget: refused, nothing written
     check_out(Path(out_dir), run_dir)
     with contextlib.ExitStack() as scratch:
         if data_dir is None:
@@ -399,13 +401,20 @@ def predict_local(
             if is_builtin(proto) and not is_materialized(proto, data_dir):
                 # the run's folder is only read (it may be read-only): built afresh aside
                 data_dir = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="securevfl-data-")))
-        return _predict(proto, run_dir, Path(out_dir), Path(data_dir), files, overwrite=overwrite)
+        return _predict(checked, run_dir, Path(out_dir), Path(data_dir), files, overwrite=overwrite)
 
 
 def _predict(
-    proto: Protocol, run_dir: Path, out_dir: Path, data_dir: Path, files: dict[str, Path], *, overwrite: bool
+    checked: CheckedProtocol,
+    run_dir: Path,
+    out_dir: Path,
+    data_dir: Path,
+    files: dict[str, Path],
+    *,
+    overwrite: bool,
 ) -> tuple[PredictionRecord, Path]:
-    layout = layout_of(proto)
+    proto = checked.protocol
+    layout = layout_of(checked)
     if is_builtin(proto):
         materialize(proto, data_dir)
     folder = OutputFolder.open(out_dir, overwrite=overwrite)
@@ -416,7 +425,7 @@ def _predict(
         return Predict(run_dir, out, data_dir, data=files.get(party))
 
     try:
-        procs = start_ranks(proto, layout, out, phase, policy=components_of(proto).code)
+        procs = start_ranks(proto, layout, out, phase, policy=checked.code)
         codes = watch_ranks(proto, procs, unreported=lambda r, c: ended_unreported(out, r, c, Predict.files))
         if any(c != 0 for c in codes.values()) or not (out / RECORD_FILE).is_file():
             raise explain_failure(layout, folder.path, codes, Predict.files)

@@ -50,7 +50,7 @@ from securevfl.app.checkpoints import save_tensors
 from securevfl.app.outdir import output_error
 from securevfl.app.threads import rank_threads
 from securevfl.attacks.base import View
-from securevfl.components import components_of
+from securevfl.components import CheckedProtocol, Components
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError, OutputError, ProtocolError, SecureVFLError, show_warning
 from securevfl.exchange.base import ExchangeContext
@@ -94,11 +94,11 @@ def prepare_process() -> list[str] | None:
 
 @dataclass
 class RankSetup:
-    """What set-up gives a rank's phase: the protocol and layout, this rank and its
+    """What set-up gives a rank's phase: the checked protocol and layout, this rank and its
     role, its session, output folders and phase clock; and, once the session has
     started (:func:`set_up`), its ledger, channel, exchange backend and context."""
 
-    proto: Protocol
+    checked: CheckedProtocol
     layout: Layout
     rank: int
     session: Session
@@ -108,6 +108,14 @@ class RankSetup:
     channel: Channel | None = None
     backend: Any = None  # the registered exchange backend class
     ctx: ExchangeContext | None = None
+
+    @property
+    def proto(self) -> Protocol:
+        return self.checked.protocol
+
+    @property
+    def components(self) -> Components:
+        return self.checked.components
 
     @property
     def role(self) -> Role:
@@ -174,20 +182,22 @@ class Phase(ABC):
         time the rank started at)."""
 
 
-def exchange_context(proto: Protocol, layout: Layout, rank: int, channel: Channel) -> ExchangeContext:
+def exchange_context(
+    checked: CheckedProtocol, layout: Layout, rank: int, channel: Channel
+) -> ExchangeContext:
     """What the exchange backend's role objects of this rank use: the channel, the
     layout, the backend's validated options, every passive party's embedding
     size and wire form (codes or floats, :attr:`~securevfl.components.PartyComponents.sends_codes`)
     and the torch device, checked here."""
+    proto, comps = checked.protocol, checked.components
     device = torch.device(proto.training.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but no CUDA device is available", path="training.device")
-    comps = components_of(proto)  # validated once, at load
     return ExchangeContext(
         channel,
         layout,
         rank,
-        proto,
+        checked,
         comps.exchange.options,
         [p.model.out for p in proto.parties.passive if p.model],
         device,
@@ -209,8 +219,8 @@ def set_up(setup: RankSetup, phase: Phase) -> None:
     setup.channel = Channel(
         setup.rank, setup.layout.names(), setup.ledger, on_comm_error=session.diagnose, links=session.links
     )
-    setup.backend = components_of(proto).exchange.cls
-    setup.ctx = exchange_context(proto, setup.layout, setup.rank, setup.channel)
+    setup.backend = setup.components.exchange.cls
+    setup.ctx = exchange_context(setup.checked, setup.layout, setup.rank, setup.channel)
 
 
 def write_summary(
@@ -243,7 +253,7 @@ def peer_summary(session: Session, rank: int, raw: dict[str, Any]) -> RankSummar
 
 
 def run_rank(
-    proto: Protocol,
+    checked: CheckedProtocol,
     layout: Layout,
     rank: int,
     rendezvous: str,
@@ -253,10 +263,11 @@ def run_rank(
     pins: dict[int, str] | None = None,
     echo: bool = True,
 ) -> int:
-    """Run one rank of ``proto`` (its ranks laid out as ``layout``) through ``phase``
+    """Run one rank of ``checked`` (its ranks laid out as ``layout``) through ``phase``
     to completion; returns the process exit code. ``identity``, ``pins`` and
     ``echo`` go to the :class:`Session` (its identity key; the keys every rank
     must present, if not the protocol's; whether it prints its error itself)."""
+    proto = checked.protocol
     opened = prepare_process()
     out_dir = Path(phase.out_dir)
     private_dir(out_dir / "ranks")  # every rank file is its owner's alone (securevfl.private_files)
@@ -273,7 +284,7 @@ def run_rank(
         purpose=phase.purpose,
         echo=echo,
     )
-    setup = RankSetup(proto, layout, rank, session, out_dir, PhaseClock())
+    setup = RankSetup(checked, layout, rank, session, out_dir, PhaseClock())
     started = time.time()
     try:
         phase.before_start(setup)

@@ -1,17 +1,17 @@
 """A protocol's rank layout, with the helper ranks its exchange backend asks for.
 
 :class:`~securevfl.runtime.layout.Layout` is wire-level and takes the helper names
-as an argument; this is the one place that looks them up in the exchange registry.
+as an argument; this is the one place that asks the protocol's resolved exchange
+backend for them, with its validated options.
 """
 
 from __future__ import annotations
 
-from securevfl.config import Protocol
-from securevfl.exchange import EXCHANGES
+from securevfl.components import CheckedProtocol
 from securevfl.runtime.layout import Layout
 
 
-def layout_of(proto: Protocol) -> Layout:
+def layout_of(checked: CheckedProtocol) -> Layout:
     """Rank 0 the active party, then the passive parties, then the backend's helpers."""
-    backend = EXCHANGES.get(proto.exchange.backend, path="exchange.backend")
-    return Layout.from_protocol(proto, backend.helper_names(proto))
+    exchange = checked.components.exchange
+    return Layout.from_protocol(checked.protocol, exchange.cls.helper_names(exchange.options))

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from securevfl.attacks.names import ATTACKS as ATTACKS
+from securevfl.components import Components
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
 from securevfl.records import OwnView
@@ -93,6 +94,7 @@ class World:
     :meth:`Attack.run` never receives it."""
 
     proto: Protocol
+    components: Components  # the protocol's resolved components (what each party ran, and how)
     layout: Layout
     views: dict[str, View]  # party name -> that party's view
     out_dir: Path
@@ -142,6 +144,19 @@ class Attack(Generic[OptionsT]):
         protocol, as a defense's (``backend`` is the exchange backend class); raise
         a ConfigError or UnsupportedCombination naming ``path``. Refusing here, not
         after training, keeps a run from training for an attack that cannot run."""
+
+    @classmethod
+    def cross_check(
+        cls,
+        proto: Protocol,
+        components: Components,
+        params: BaseModel,
+        *,
+        path: str,
+        source: str | None = None,
+    ) -> None:
+        """Load-time checks against the protocol's other components (what each party
+        runs, with its validated options), run after :meth:`check`; raise as it does."""
 
     def adversary_party(self, world: World) -> str:
         """The party whose view the attack runs on (default: the active party)."""

@@ -50,7 +50,7 @@ from securevfl.attacks.code_reconstruction import class_codes as majority_codes
 from securevfl.attacks.server import received_test_embeddings, server_check, server_from_view
 from securevfl.attacks.targeted_pgd import hash_options, pick_rows, targeted_pgd, view_presign
 from securevfl.attacks.views import per_row, received_per_forward
-from securevfl.components import components_of
+from securevfl.components import Components
 from securevfl.config import Protocol
 from securevfl.defenses.hashvfl import ConsistencyOptions, HashOptions
 from securevfl.errors import ConfigError, ProtocolError, UnsupportedCombination
@@ -187,21 +187,7 @@ class CodeDetection(Attack[CodeDetectionOptions]):
                 path=path,
                 source=source,
             )
-        comps = components_of(proto)
-        for j, p in enumerate(passive):
-            hp = comps.options(p.name, HashOptions)
-            if hp is None or hp.dp == "code":
-                raise UnsupportedCombination(
-                    f"code_detection needs +-1 codes, but passive party '{p.name}' "
-                    + (
-                        "sends float embeddings (no 'hashvfl' defense)"
-                        if hp is None
-                        else "runs hashvfl dp: code"
-                    )
-                    + f" (parties.passive[{j}].defenses)",
-                    path=path,
-                    source=source,
-                )
+        for p in passive:
             if p.model is not None and p.model.out > MAX_BITS:
                 raise ConfigError(
                     f"code_detection enumerates 2^d codes; d = {p.model.out} > {MAX_BITS}",
@@ -215,12 +201,32 @@ class CodeDetection(Attack[CodeDetectionOptions]):
                 source=source,
             )
 
+    @classmethod
+    def cross_check(
+        cls, proto: Any, components: Components, params: BaseModel, *, path: str, source: str | None = None
+    ) -> None:
+        """Both passive parties run ``hashvfl`` and send +-1 codes (not ``dp: code``)."""
+        for j, p in enumerate(proto.parties.passive):
+            hp = components.options(p.name, HashOptions)
+            if hp is None or hp.dp == "code":
+                raise UnsupportedCombination(
+                    f"code_detection needs +-1 codes, but passive party '{p.name}' "
+                    + (
+                        "sends float embeddings (no 'hashvfl' defense)"
+                        if hp is None
+                        else "runs hashvfl dp: code"
+                    )
+                    + f" (parties.passive[{j}].defenses)",
+                    path=path,
+                    source=source,
+                )
+
     def _order(self, world: World) -> tuple[list[str], int]:
         names = [r.party for r in world.layout.passive]
         return names, names.index(world.passive(self.params.party).party)
 
     def _defense_codes(self, world: World) -> torch.Tensor | None:
-        opts = components_of(world.proto).options(world.proto.parties.active.name, ConsistencyOptions)
+        opts = world.components.options(world.proto.parties.active.name, ConsistencyOptions)
         if opts is None:
             return None
         seed = opts.code_seed if opts.code_seed is not None else world.proto.training.seed
@@ -238,7 +244,7 @@ class CodeDetection(Attack[CodeDetectionOptions]):
         if p.class_codes == "defense" and self._defense_codes(world) is None:
             raise ProtocolError("class_codes: defense, but the active party runs no hashvfl_consistency")
         codes = None if p.class_codes == "majority" else self._defense_codes(world)
-        server = server_from_view(world.proto, world.layout, world.active.own)
+        server = server_from_view(world.proto, world.layout, world.active.own, world.components.code)
         n_test = len(world.active.own.test_idx)
         d = _code_bits(world.proto, b_idx)
         g = torch.Generator().manual_seed(p.seed)
@@ -251,7 +257,7 @@ class CodeDetection(Attack[CodeDetectionOptions]):
         }
         if p.pgd:
             bv = world.views[names[b_idx]].own
-            hp = hash_options(world.proto, b_idx)
+            hp = hash_options(world.proto, world.components, b_idx)
             assert hp is not None  # check() refuses a party without hashvfl
             v = view_presign(bv, hp)
             rows = pick_rows(world.active.own.y_test.numpy(), p.target_class, p.samples, p.seed)
@@ -343,7 +349,7 @@ class CodeDetection(Attack[CodeDetectionOptions]):
             k: {"records": len(v["pred"]), "pair_flag_rate": v["pair"], "to_pred_flag_rate": v["to_pred"]}
             for k, v in guess["traffic"].items()
         }
-        server = server_from_view(world.proto, world.layout, world.active.own)
+        server = server_from_view(world.proto, world.layout, world.active.own, world.components.code)
         out: dict[str, Any] = {
             "party_a": names[a_idx],
             "party_b": names[1 - a_idx],

@@ -31,8 +31,7 @@ from pydantic import Field
 import securevfl.attacks.metrics as metrics
 from securevfl import optim
 from securevfl.attacks.base import Attack, AttackOptions, View, World
-from securevfl.attacks.views import per_row, received_per_forward
-from securevfl.components import components_of
+from securevfl.attacks.views import own_layout, per_row, received_per_forward
 from securevfl.models import build_bottom
 from securevfl.runtime.messages import EMBEDDING
 
@@ -127,8 +126,9 @@ class CodeReconstruction(Attack[CodeReconstructionOptions]):
             vv.x_train.shape[1],
             seed=0,
             party=victim,
-            code=components_of(world.proto).code,
+            code=world.components.code,
             path=f"parties.passive[{idx}].model",
+            layout=own_layout(vv, victim),
         )
         bottom.load_state_dict(vv.bottom)
         bottom.eval()

@@ -52,8 +52,8 @@ import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.learners import fit_classifier
 from securevfl.attacks.mixmatch import fit_mixmatch
-from securevfl.attacks.views import steps_per_row
-from securevfl.components import components_of
+from securevfl.attacks.views import own_layout, steps_per_row
+from securevfl.components import Components
 from securevfl.defenses.base import build_stack
 from securevfl.errors import ProtocolError
 from securevfl.models import build_bottom
@@ -209,6 +209,7 @@ class ModelCompletion(_PassiveAttack[ModelCompletionOptions]):
         known["classes"] = int(world.active.own.classes)
         if self.params.semi_supervised == "mixmatch" and self.params.augment == "input":
             known["protocol"] = world.proto  # public: the party's own architecture and defenses
+            known["components"] = world.components
         return known
 
     def run(self, view: View) -> dict[str, Any]:
@@ -245,7 +246,9 @@ class ModelCompletion(_PassiveAttack[ModelCompletionOptions]):
         if p.augment == "feature":
             scale = p.augment_std * x_tr.std(0, unbiased=False)
             return lambda r, g: x_tr[r] + scale * torch.randn(len(r), x_tr.shape[1], generator=g)
-        embed = own_embedding(view, view.prior["protocol"], sent=p.features == "sent")
+        embed = own_embedding(
+            view, view.prior["protocol"], view.prior["components"], sent=p.features == "sent"
+        )
         x_in = own.x_train.float()
         scale = p.augment_std * x_in.std(0, unbiased=False)
         return lambda r, g: embed(x_in[r] + scale * torch.randn(len(r), x_in.shape[1], generator=g))
@@ -269,17 +272,20 @@ class ModelCompletion(_PassiveAttack[ModelCompletionOptions]):
         return out
 
 
-def own_embedding(view: View, proto: Any, *, sent: bool):
+def own_embedding(view: View, proto: Any, components: Components, *, sent: bool):
     """The party's own frozen bottom model (and, with ``sent``, its embedding
     defenses in evaluation mode) rebuilt from the protocol's architecture and the
     weights in its own view: ``x -> h`` or ``x -> h'``, without gradients."""
     spec = next(s for s in proto.parties.passive if s.name == view.party)
     # a factory is imported under the harness's policy (the local launcher's: the file's own)
-    code = components_of(proto).code
-    bottom = build_bottom(spec.model, view.own.x_train.shape[1], seed=0, party=view.party, code=code)
+    code = components.code
+    layout = own_layout(view.own, view.party)
+    bottom = build_bottom(
+        spec.model, view.own.x_train.shape[1], seed=0, party=view.party, code=code, layout=layout
+    )
     bottom.load_state_dict(view.own.bottom)
     bottom.eval()
-    stack = build_stack(proto, view.party, "passive", spec.defenses)
+    stack = build_stack(proto, components, view.party, "passive", spec.defenses)
     modules = stack.modules()
     states = view.own.defense_modules
     if len(modules) != len(states):

@@ -33,7 +33,6 @@ from sklearn.ensemble import GradientBoostingClassifier
 import securevfl.attacks.metrics as metrics
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.views import per_row
-from securevfl.components import components_of
 from securevfl.models import build_bias, build_top, make_optimizer
 
 
@@ -85,7 +84,7 @@ class MembershipInference(Attack[MembershipOptions]):
         code the harness may import to rebuild A's top model (a factory of the
         file's own, in the local launcher)."""
         proto = world.proto
-        return {"top": proto.top, "training": proto.training, "code": components_of(proto).code}
+        return {"top": proto.top, "training": proto.training, "code": world.components.code}
 
     def _target(self, view: View):
         own = view.own

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from securevfl.attacks.views import per_row, received_per_forward
-from securevfl.components import components_of
 from securevfl.errors import ProtocolError
 from securevfl.metrics import classification_metrics
 from securevfl.models import build_top
 from securevfl.records import OwnView
 from securevfl.runtime.messages import EMBEDDING
 from securevfl.schedule import eval_batches
+from securevfl.usercode import CodePolicy
 
 
 class ServerModel(torch.nn.Module):
@@ -70,7 +70,7 @@ class ServerModel(torch.nn.Module):
         return self.top(z + self.bias)
 
 
-def server_from_view(proto: Any, layout: Any, active_own: OwnView) -> ServerModel:
+def server_from_view(proto: Any, layout: Any, active_own: OwnView, code: CodePolicy) -> ServerModel:
     """Rebuild the server function from the active party's own view (its top
     model, bias, the blocks W_i in passive-party order and its own part of z).
     Raises ProtocolError when the view lacks the blocks (a backend that shares or
@@ -90,7 +90,7 @@ def server_from_view(proto: Any, layout: Any, active_own: OwnView) -> ServerMode
         blocks[0].shape[0],
         int(active_own.classes),
         seed=proto.training.seed,
-        code=components_of(proto).code,  # the harness's policy (the local launcher's)
+        code=code,  # the harness's policy (the local launcher's)
     )
     top.load_state_dict(active_own.top)
     top.eval()

@@ -43,7 +43,7 @@ from pydantic import Field
 
 from securevfl.attacks.base import Attack, AttackOptions, View, World
 from securevfl.attacks.server import ServerModel, server_check, server_from_view
-from securevfl.components import components_of
+from securevfl.components import Components
 from securevfl.config import Protocol
 from securevfl.defenses.hashvfl import HashOptions
 from securevfl.errors import ProtocolError
@@ -138,10 +138,10 @@ class TargetedPGDOptions(AttackOptions):
     )
 
 
-def hash_options(proto: Protocol, index: int) -> HashOptions | None:
+def hash_options(proto: Protocol, components: Components, index: int) -> HashOptions | None:
     """The ``index``-th passive party's ``hashvfl`` options (validated at load), or
     None when it does not hash."""
-    return components_of(proto).options(proto.parties.passive[index].name, HashOptions)
+    return components.options(proto.parties.passive[index].name, HashOptions)
 
 
 def view_presign(own: OwnView, hp: HashOptions) -> torch.Tensor:
@@ -177,10 +177,10 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
         names = [r.party for r in world.layout.passive]
         return {
             "index": idx,
-            "server": server_from_view(world.proto, world.layout, a),
+            "server": server_from_view(world.proto, world.layout, a, world.components.code),
             "peers": {n: world.views[n].own.sent_test for n in names if n != names[idx]},
             "order": names,
-            "hash": hash_options(world.proto, idx),
+            "hash": hash_options(world.proto, world.components, idx),
             "rows": pick_rows(a.y_test.numpy(), p.target_class, p.samples, p.seed),
         }
 
@@ -273,4 +273,4 @@ class TargetedPGD(Attack[TargetedPGDOptions]):
 
     @staticmethod
     def knowledge_server(world: World) -> ServerModel:
-        return server_from_view(world.proto, world.layout, world.active.own)
+        return server_from_view(world.proto, world.layout, world.active.own, world.components.code)

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from securevfl.data.layout import FeatureLayout
 from securevfl.errors import ConfigError, ProtocolError
 from securevfl.exchange import EXCHANGES
+from securevfl.parties.state import PreprocessState
 from securevfl.runtime.messages import EMBEDDING
 
 
@@ -128,3 +130,11 @@ def active_tensors(view: Any, prior: dict[str, Any]) -> tuple[list[torch.Tensor]
         )
         return tensors, f"ledger '{EMBEDDING.name}' from {prior['victim']} (h'_i)"
     return view.own.z, "revealed z at A (own record of each exchange forward)"
+
+
+def own_layout(own: Any, party: str) -> FeatureLayout | None:
+    """The input layout of a party's bottom model, rebuilt from the fitted
+    preprocessing in its own view (``own.preprocess``), for a factory that takes
+    it; None when the view holds none."""
+    doc = getattr(own, "preprocess", None)
+    return None if doc is None else PreprocessState.model_validate(doc).layout(party)

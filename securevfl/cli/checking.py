@@ -12,7 +12,7 @@ from pathlib import Path
 
 from securevfl.app.comparison import plan as make_plan
 from securevfl.app.comparison import read_comparison_file, sources_from_args
-from securevfl.app.loader import allowed_modules, load_protocol
+from securevfl.app.loader import allowed_modules, load_checked
 from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.data.catalog import DATASETS
@@ -30,8 +30,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             runs = make_plan(title, sources, seeds, Path("runs/compare"), allow=args.allow_plugins).runs
             print(f"ok: {f}: comparison '{title}', {len(runs)} runs, every one validated")
             continue
-        proto = load_protocol(f, args.overrides, allow=allowed_modules(args.allow_plugins))
-        lay = layout_of(proto)
+        checked = load_checked(f, args.overrides, allow=allowed_modules(args.allow_plugins))
+        proto = checked.protocol
+        lay = layout_of(checked)
         print(
             f"ok: {f}: '{proto.name}' backend={proto.exchange.backend} dataset={proto.dataset.name} "
             f"ranks={lay.world_size} ({', '.join(r.label for r in lay.roles)}); "

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from securevfl import api, jsonfile
+from securevfl.app.loader import allowed_modules, load_checked
 from securevfl.app.predict import PREDICTIONS_FILE
 from securevfl.app.rank_layout import layout_of
 from securevfl.cli.audit import warn_after_run
@@ -34,10 +35,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_party(args: argparse.Namespace) -> int:
-    proto = api.load_protocol(args.file, args.overrides, allow_plugins=args.allow_plugins, rank=args.rank)
+    allowed = allowed_modules(args.allow_plugins)
+    checked = load_checked(args.file, args.overrides, allow=allowed, rank=args.rank)
     try:
         out = api.party(
-            proto,
+            checked.protocol,
             allow_plugins=args.allow_plugins,
             rank=args.rank,
             rendezvous=args.rendezvous,
@@ -58,7 +60,7 @@ def cmd_party(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return exc.exit_code
-    role = layout_of(proto).role(args.rank)
+    role = layout_of(checked).role(args.rank)
     if args.predict is not None:
         spent = _own_summary(out, args.rank, "predict_").get("prediction_privacy")
         if spent:  # this party's own prediction privacy, from its own summary

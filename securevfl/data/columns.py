@@ -1,7 +1,8 @@
 """Which feature columns each party holds, as pure functions of the protocol
 and a dataset's column names: the parties in order (:func:`party_layouts`), a
 column selection resolved (:func:`select_columns`), the whole partition checked
-for overlaps (:func:`resolve_partition`), and contiguous blocks from ratios as
+for overlaps (:func:`resolve_partition`), a ``preprocess.standardize`` list
+checked against them (:func:`check_standardize`), and contiguous blocks from ratios as
 HashVFL's code cuts them (:func:`block_sizes`, docs/methods/hashvfl.md §3.1).
 Used at load to check a protocol, before any data is read; materializing the
 per-party files is :mod:`securevfl.data.partition`.
@@ -13,7 +14,7 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from securevfl.config import ColumnSelect, PartySpec, Protocol
+from securevfl.config import ColumnSelect, PartySpec, PreprocessSpec, Protocol
 from securevfl.errors import ConfigError
 
 
@@ -110,3 +111,31 @@ def resolve_partition(proto: Protocol, all_cols: list[str]) -> dict[str, list[st
             owner[c] = lay.name
         out[lay.name] = cols
     return out
+
+
+def check_standardize(
+    spec: PreprocessSpec,
+    party: str,
+    columns: Sequence[str],
+    *,
+    path: str | None = None,
+    source: str | None = None,
+) -> None:
+    """A ``preprocess.standardize`` list must name numeric feature columns of the
+    party (``columns``: its feature columns; the categorical ones are not
+    numeric). Checked at load where the protocol fixes the party's columns (a
+    built-in dataset, or a CSV party's listed ``feature_columns``), else when its
+    rank reads its file. The message names the columns the protocol lists, never
+    another column of the party's."""
+    if not isinstance(spec.standardize, list):
+        return
+    cats = set(spec.categorical.columns) if spec.categorical is not None else set()
+    numeric = {c for c in columns if c not in cats}
+    unknown = [c for c in spec.standardize if c not in numeric]
+    if unknown:
+        raise ConfigError(
+            f"party '{party}': preprocess.standardize names {unknown[:5]}, which are not among its numeric "
+            "feature columns",
+            path=None if path is None else f"{path}.preprocess.standardize",
+            source=source,
+        )

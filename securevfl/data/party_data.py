@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from securevfl.config import CsvSource, PreprocessSpec, TaskKind
+from securevfl.data.columns import check_standardize
 from securevfl.data.preprocess import categorical_columns, check_declared, imputed_columns
 from securevfl.errors import DataError, DataWarning
 from securevfl.regular_files import NotRegularFile, open_regular
@@ -209,6 +210,7 @@ def load_party_data(
     ids = _check_ids(frame, source, party)
     if preprocess is not None:
         check_declared(preprocess, party, feats)
+        check_standardize(preprocess, party, feats)
     cats = categorical_columns(preprocess)
     numeric = [c for c in feats if c not in cats]
     x = frame[numeric]

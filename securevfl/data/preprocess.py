@@ -13,7 +13,12 @@ What a protocol declares (:class:`~securevfl.config.PreprocessSpec`) becomes one
 * numeric columns: ``log1p`` or ``signed_log1p`` (``FunctionTransformer``) where
   listed, then
   ``SimpleImputer`` (mean / median / constant, with ``add_indicator``) where
-  declared, then ``StandardScaler`` when ``standardize`` is on.
+  declared, then ``StandardScaler`` on the columns ``standardize`` selects
+  (``true``: all, ``false``: none, or a list of numeric columns).
+
+The output columns come in the order of the groups below (numeric groups by
+log transform, imputation and scaling, then the categorical columns);
+:mod:`securevfl.data.layout` describes them one by one for a model factory.
 
 Fitting only on training rows is what keeps the test rows honest: a test row's
 outlier or rare category changes nothing that was fitted (tested). Everything
@@ -93,7 +98,7 @@ def _log_kind(spec: PreprocessSpec, column: str) -> str | None:
     return None
 
 
-def _numeric_pipeline(spec: PreprocessSpec, *, log: str | None, impute: bool) -> Pipeline:
+def _numeric_pipeline(spec: PreprocessSpec, *, log: str | None, impute: bool, scale: bool) -> Pipeline:
     steps: list[tuple[str, Any]] = []
     if log is not None:
         steps.append((log, FunctionTransformer(LOG_TRANSFORMS[log], feature_names_out="one-to-one")))
@@ -111,22 +116,33 @@ def _numeric_pipeline(spec: PreprocessSpec, *, log: str | None, impute: bool) ->
                 ),
             )
         )
-    steps.append(("scale", StandardScaler() if spec.standardize else "passthrough"))
+    steps.append(("scale", StandardScaler() if scale else "passthrough"))
     return Pipeline(steps)
 
 
 def build_transformer(spec: PreprocessSpec, columns: list[str]) -> ColumnTransformer:
-    """The unfitted ``ColumnTransformer`` for a party's feature ``columns``."""
+    """The unfitted ``ColumnTransformer`` for a party's feature ``columns``:
+    numeric groups by log transform (``log1p``, ``signed_log1p``, none), then
+    imputed before complete columns, then standardized before unstandardized
+    ones (a split only a ``standardize`` list makes), each in file order; then
+    the categorical columns."""
     cats = categorical_columns(spec)
     numeric = [c for c in columns if c not in cats]
     imputed = set(imputed_columns(spec, numeric))
+    scaled = set(spec.standardized(numeric))
     parts: list[tuple[str, Any, list[str]]] = []
     for log in ("log1p", "signed_log1p", None):
         for imp in (True, False):
-            group = [c for c in numeric if _log_kind(spec, c) == log and (c in imputed) == imp]
-            if group:
-                name = f"{log + '_' if log else ''}{'imputed' if imp else 'numeric'}"
-                parts.append((name, _numeric_pipeline(spec, log=log, impute=imp), group))
+            for sc in (True, False):
+                group = [
+                    c
+                    for c in numeric
+                    if _log_kind(spec, c) == log and (c in imputed) == imp and (c in scaled) == sc
+                ]
+                if group:
+                    kind = f"{'imputed' if imp else 'numeric'}{'' if sc else '_raw'}"
+                    name = f"{log + '_' if log else ''}{kind}"
+                    parts.append((name, _numeric_pipeline(spec, log=log, impute=imp, scale=sc), group))
     if cats:
         assert spec.categorical is not None
         cat = spec.categorical

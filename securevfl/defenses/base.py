@@ -31,7 +31,8 @@ each hook is the identity, so a defense implements only what it changes:
   training step, for a defense that needs a computation across parties (e.g. a
   secure sum). Helper ranks (a dealer) take part only as the backend's helper.
 * load-time checks that depend on the options or the rest of the protocol:
-  :meth:`Defense.check`
+  :meth:`Defense.check`, and :meth:`Defense.cross_check` against the other
+  components' validated options (what another party runs, the exchange's options)
 * FedBCD local steps (``training.local_steps`` > 1): in a local step the passive
   party recomputes its own ``h`` with its current parameters and differentiates
   :meth:`Defense.embed_local`, the noise-free part of :meth:`Defense.embed` (e.g.
@@ -57,7 +58,7 @@ from pydantic import BaseModel, ConfigDict
 
 import securevfl.defenses.contract as contract
 from securevfl._compat import import_crypten
-from securevfl.components import components_of
+from securevfl.components import Components
 from securevfl.config import ComponentSpec, Protocol
 from securevfl.csprng import SecretStream
 from securevfl.defenses.names import DEFENSES as DEFENSES
@@ -87,6 +88,7 @@ class DefenseContext:
     the noise: such a run is marked as not private; SECURITY.md)."""
 
     proto: Protocol
+    components: Components  # every party's resolved defenses (what the others run, and how)
     party: str
     side: str  # "active" | "passive"
     seed: int
@@ -117,6 +119,7 @@ class CollectiveContext:
     the run, so a collective may run CrypTen operations (see :meth:`crypten`)."""
 
     proto: Protocol
+    components: Components
     layout: Layout
     rank: int
     party: str
@@ -247,8 +250,9 @@ class Defense(Generic[OptionsT]):
     # collective set-up and load-time checks: class-level, since ranks without the
     # defense take part too
     @classmethod
-    def joins_collective(cls, proto: Protocol) -> bool:
-        """Whether every party rank must enter :meth:`collective` for this protocol."""
+    def joins_collective(cls, proto: Protocol, components: Components) -> bool:
+        """Whether every party rank must enter :meth:`collective` for this protocol
+        (``components``: what every party runs, with its validated options)."""
         return False
 
     @classmethod
@@ -272,6 +276,21 @@ class Defense(Generic[OptionsT]):
         """Load-time checks that depend on the options or on the rest of the
         protocol (``backend`` is the exchange backend class); raise a ConfigError or
         UnsupportedCombination naming ``path``."""
+
+    @classmethod
+    def cross_check(
+        cls,
+        proto: Protocol,
+        components: Components,
+        params: BaseModel,
+        *,
+        path: str,
+        source: str | None = None,
+    ) -> None:
+        """Load-time checks against the protocol's other components, run after
+        :meth:`check` with every component resolved (``components``: the exchange's
+        and every party's validated options, :class:`~securevfl.components.Components`);
+        raise as :meth:`check` does."""
 
 
 class DefenseStack:
@@ -435,21 +454,22 @@ class DefenseStack:
             )
 
 
-def collective_defenses(proto: Protocol) -> list[type[Defense[Any]]]:
+def collective_defenses(proto: Protocol, components: Components) -> list[type[Defense[Any]]]:
     """The defense classes whose collective step this protocol needs, in one order
     every rank derives alike (sorted by name over every party's defenses)."""
-    classes = {d.name: d.cls for p in components_of(proto).parties for d in p.defenses}
-    return [classes[n] for n in sorted(classes) if classes[n].joins_collective(proto)]
+    classes = {d.name: d.cls for p in components.parties for d in p.defenses}
+    return [classes[n] for n in sorted(classes) if classes[n].joins_collective(proto, components)]
 
 
 def run_collectives(stack: DefenseStack, comm: CollectiveContext) -> None:
     """Enter every needed collective step, on this rank's side of it."""
-    for cls in collective_defenses(comm.proto):
+    for cls in collective_defenses(comm.proto, comm.components):
         cls.collective(comm, [d for d in stack.defenses if type(d) is cls])
 
 
 def build_stack(
     proto: Protocol,
+    components: Components,
     party: str,
     side: str,
     specs: list[ComponentSpec] | None = None,
@@ -463,7 +483,7 @@ def build_stack(
     (:meth:`DefenseStack.noise_keys`), when a run resumes; without them every
     defense gets a fresh key (:func:`private_noise_key`), as a new run and every
     prediction run must."""
-    resolved = components_of(proto).party(party).defenses
+    resolved = components.party(party).defenses
     if specs is not None and [s.name for s in specs] != [d.name for d in resolved]:
         raise ProtocolError(f"build_stack: the defenses given are not party '{party}'s own")
     if noise_keys is not None and len(noise_keys) != len(resolved):
@@ -482,7 +502,7 @@ def build_stack(
                 raise CheckpointError(
                     f"party '{party}': defense {i}'s noise key in the checkpoint: {exc}"
                 ) from None
-        ctx = DefenseContext(proto, party, side, proto.training.seed, noise)
+        ctx = DefenseContext(proto, components, party, side, proto.training.seed, noise)
         out.append(d.cls(d.options, ctx))
     stack = DefenseStack(out)
     for name, origin in stack.replaced.items():

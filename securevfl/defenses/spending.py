@@ -10,39 +10,42 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from securevfl.config import Protocol
+from securevfl.components import CheckedProtocol
 from securevfl.defenses.base import build_stack
 from securevfl.privacy import step_budget
 from securevfl.privacy.accountant import Mechanism, Plan, account
 
 
-def all_mechanisms(proto: Protocol, plan: Plan) -> dict[str, list[Mechanism]]:
+def all_mechanisms(checked: CheckedProtocol, plan: Plan) -> dict[str, list[Mechanism]]:
     """Every party's declared mechanisms for ``plan``."""
+    proto, comps = checked.protocol, checked.components
     out = {}
     parties = [("active", proto.parties.active)] + [("passive", p) for p in proto.parties.passive]
     for side, spec in parties:
-        out[spec.name] = build_stack(proto, spec.name, side, spec.defenses).mechanisms(plan)
+        out[spec.name] = build_stack(proto, comps, spec.name, side, spec.defenses).mechanisms(plan)
     return out
 
 
-def prediction_mechanisms(proto: Protocol) -> dict[str, list[Mechanism]]:
+def prediction_mechanisms(checked: CheckedProtocol) -> dict[str, list[Mechanism]]:
     """Every party's declared releases of one prediction of a saved model
     (:meth:`~securevfl.defenses.base.DefenseStack.prediction_mechanisms`)."""
+    proto, comps = checked.protocol, checked.components
     out = {}
     parties = [("active", proto.parties.active)] + [("passive", p) for p in proto.parties.passive]
     for side, spec in parties:
-        out[spec.name] = build_stack(proto, spec.name, side, spec.defenses).prediction_mechanisms()
+        out[spec.name] = build_stack(proto, comps, spec.name, side, spec.defenses).prediction_mechanisms()
     return out
 
 
-def spent(proto: Protocol, plan: Plan) -> dict[str, Any]:
+def spent(checked: CheckedProtocol, plan: Plan) -> dict[str, Any]:
     """Every party's ``(eps, delta)`` over ``plan``, per mechanism and composed."""
-    return account(all_mechanisms(proto, plan), proto.privacy.delta)
+    return account(all_mechanisms(checked, plan), checked.protocol.privacy.delta)
 
 
-def allowed_steps(proto: Protocol, n_train: int) -> int:
+def allowed_steps(checked: CheckedProtocol, n_train: int) -> int:
     """How many training steps every rank runs under ``privacy.budget`` (see
     :func:`securevfl.privacy.step_budget.allowed_steps`)."""
+    proto = checked.protocol
     return step_budget.allowed_steps(
-        functools.partial(all_mechanisms, proto), n_train, proto.training, proto.privacy
+        functools.partial(all_mechanisms, checked), n_train, proto.training, proto.privacy
     )

@@ -1,10 +1,10 @@
 """The exchange-backend seam: the role objects a backend builds, one per rank.
 
-A backend is one class registered by name; what it declares (capabilities,
-options, helper ranks, load-time checks) is :mod:`securevfl.exchange.spec`,
-re-exported here. It builds one role object per rank. The party code only ever calls
-``forward``/``backward`` on those role objects, so the training loop never
-branches on a backend's name.
+A backend is one package whose face declares it (capabilities, options, helper
+ranks, load-time checks, where its role objects live: :mod:`securevfl.exchange.spec`,
+re-exported here) and whose ``roles`` module builds one role object per rank, with
+the interfaces below. The party code only ever calls ``forward``/``backward`` on
+those role objects, so the training loop never branches on a backend's name.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
+from securevfl.components import CheckedProtocol, Components
 from securevfl.config import Protocol
 from securevfl.errors import CheckpointError
 from securevfl.exchange.spec import (
@@ -46,18 +47,27 @@ class RunPlan:
 
 @dataclass
 class ExchangeContext:
-    """What a role object may use: its channel, the layout, the protocol, the
-    embedding sizes d_i of every passive party and the torch device."""
+    """What a role object may use: its channel, the layout, the protocol and its
+    resolved components (passed down from the checked loader), the embedding
+    sizes d_i of every passive party and the torch device."""
 
     channel: Channel
     layout: Layout
     rank: int
-    proto: Protocol
+    checked: CheckedProtocol
     options: BaseModel
     embed_dims: list[int]
     device: torch.device
     # per passive party: whether everything it sends forward is +-1 (components.PartyComponents.sends_codes)
     sends_codes: list[bool] = field(default_factory=list)
+
+    @property
+    def proto(self) -> Protocol:
+        return self.checked.protocol
+
+    @property
+    def components(self) -> Components:
+        return self.checked.components
 
 
 class ActiveExchange(ABC):

@@ -9,21 +9,11 @@ import numpy as np
 import torch
 
 from securevfl import optim
-from securevfl.components import components_of
 from securevfl.exchange.base import ActiveExchange
-from securevfl.models import (
-    PROBE_ROWS,
-    bottom_label,
-    build_bias,
-    build_bottom,
-    build_interactive,
-    build_top,
-    check_output,
-    make_optimizer,
-)
+from securevfl.models import make_optimizer
 from securevfl.parties.common import Party, Prepared
 from securevfl.parties.progress import Progress
-from securevfl.parties.state import module_states
+from securevfl.parties.split_model import ActiveModel
 from securevfl.parties.task_kinds import TASKS
 from securevfl.records import EpochRecord, OwnView, PartyPrivacy
 from securevfl.schedule import eval_batches
@@ -36,7 +26,6 @@ class ActiveParty(Party):
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         proto = self.proto
         tr = proto.training
-        spec = self.spec
         data = prep.data
         assert data.y is not None and data.task is not None
         # the task kind (registered by name) owns the output width, loss and metrics
@@ -47,41 +36,20 @@ class ActiveParty(Party):
         self.y_test_raw = np.asarray(data.y[prep.test_idx])
         self.x_train = torch.as_tensor(prep.x_train)
         self.x_test = torch.as_tensor(prep.x_test)
-        out = proto.interactive.out
-        modules: list[torch.nn.Module] = []
-        self.bottom = self.own = None
-        code = components_of(proto).code  # a factory is called here, in this rank alone
-        if spec.model is not None and self.x_train.shape[1]:
-            path = "parties.active.model"
-            self.bottom = build_bottom(
-                spec.model, self.x_train.shape[1], seed=tr.seed, party=spec.name, code=code, path=path
-            )
-            self.own = build_interactive(spec.model.out, out, seed=tr.seed, party=spec.name)
-            modules += [self.bottom, self.own]
-            probe = self.x_train[:PROBE_ROWS].to(self.device)
-            check_output(
-                self.bottom.to(self.device),
-                probe,
-                spec.model.out,
-                what=bottom_label(spec.model, spec.name),
-                path=path,
-            )
-        self.bias = build_bias(out)
-        self.top = build_top(proto.top, out, self.task.outputs, seed=tr.seed, code=code, party=spec.name)
-        check_output(
-            self.top.to(self.device),
-            torch.zeros(PROBE_ROWS, out, device=self.device),
-            self.task.outputs,
-            what=f"top model of party '{spec.name}'",
-            path="top",
+        # the one model class prediction rebuilds too; a factory is called here, in this rank alone
+        self.model = ActiveModel.build(
+            proto,
+            self.components.code,
+            self.s.role,
+            self.task,
+            self.stack,
+            self.x_train.shape[1],
+            self.device,
+            preprocess=self.preprocess_state(),
+            probe=self.x_train,
         )
-        modules += [self.top, *self.stack.modules()]
-        for m in modules:
-            m.to(self.device)
-        self.bias.data = self.bias.data.to(self.device)
-        params = [p for m in modules for p in m.parameters()] + [self.bias]
-        self.opt = make_optimizer(params, tr)
-        self.exchange = self.backend.active(self.ctx)
+        self.opt = make_optimizer(self.model.parameters(), tr)
+        self.exchange = self.model.open_exchange(self.backend, self.ctx)
         self.held_at_start = {k: v.clone() for k, v in self.exchange.state().items()}
         self.n_train = len(prep.train_idx)
         self.trace: list[dict[str, torch.Tensor]] = []
@@ -127,11 +95,8 @@ class ActiveParty(Party):
             self.forwards.append({"phase": phase, "round": self.ctx.channel.round, "rows": np.array(idx)})
             self.revealed_z.append(zp.detach().cpu().clone())
         zp = zp.requires_grad_(train)
-        z = zp
-        if self.bottom is not None and self.own is not None:
-            z = z + self.own(self.bottom(x[idx].to(self.device)))
-        z = z + self.bias
-        return zp, z, self.top(z)
+        z, logits = self.model.forward(zp, x[idx])
+        return zp, z, logits
 
     def _forward_backward(
         self, idx: np.ndarray, *, local: int | None = None, record_grad: bool = False
@@ -257,8 +222,8 @@ class ActiveParty(Party):
             classes=self.classes,
             forwards=self.forwards,
             z=self.revealed_z,
-            top={k: v.detach().cpu() for k, v in self.top.state_dict().items()},
-            bias=self.bias.detach().cpu(),
+            top={k: v.detach().cpu() for k, v in self.model.top.state_dict().items()},
+            bias=self.model.bias.detach().cpu(),
             interactive={k: v for k, v in self.exchange.state().items() if k.startswith("interactive.")},
             own_z_test=self._own_z_test(),
         )
@@ -268,27 +233,18 @@ class ActiveParty(Party):
     def _own_z_test(self) -> torch.Tensor | None:
         """A's own contribution W_A f_A(x_A) to z on the test rows (None for a
         label-only active party)."""
-        if self.bottom is None or self.own is None:
-            return None
-        return self.own(self.bottom(self.x_test.to(self.device))).detach().cpu()
+        z = self.model.own_z(self.x_test)
+        return None if z is None else z.detach().cpu()
 
     # -- checkpoints and the saved model ----------------------------------------------
     def model_tensors(self) -> dict[str, Any]:
-        out = module_states({"bottom": self.bottom, "own": self.own, "top": self.top})
-        out["bias"] = self.bias.detach().cpu().clone()
-        out["defense_modules"] = [module_states({"m": m})["m"] for m in self.stack.modules()]
+        out = self.model.tensors()
         out["held_at_start"] = dict(self.held_at_start)
         out["trace"] = list(self.trace)
         return out
 
     def load_model_tensors(self, saved: dict[str, Any]) -> None:
-        for name, module in (("bottom", self.bottom), ("own", self.own), ("top", self.top)):
-            if module is not None:
-                module.load_state_dict(saved[name])
-        with torch.no_grad():
-            self.bias.copy_(saved["bias"].to(self.device))
-        for m, sd in zip(self.stack.modules(), saved["defense_modules"], strict=True):
-            m.load_state_dict(sd)
+        self.model.load(saved)
         self.held_at_start = dict(saved["held_at_start"])
         self.trace = list(saved["trace"])
 
@@ -298,17 +254,9 @@ class ActiveParty(Party):
     def task_info(self) -> dict[str, Any] | None:
         """The task kind, its classes and, for regression, the target's scaling
         (mean and scale of the training labels), as the task holds them."""
-        info: dict[str, Any] = {"kind": self.task.name, "classes": self.task.classes}
-        for key in ("mean", "scale", "loss_name"):
-            if hasattr(self.task, key):
-                info[key] = getattr(self.task, key)
-        return info
+        return self.model.task_info()
 
     def state(self) -> dict[str, torch.Tensor]:
-        out = {f"top.{k}": v.detach().cpu() for k, v in self.top.state_dict().items()}
-        out["bias"] = self.bias.detach().cpu()
-        if self.bottom is not None and self.own is not None:
-            out.update({f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()})
-            out[f"interactive.{self.proto.parties.active.name}"] = self.own.weight.detach().cpu()
+        out = self.model.state()
         out.update(self.exchange.state())
         return out

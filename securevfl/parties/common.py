@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from securevfl import optim
-from securevfl.components import components_of
 from securevfl.config import PartySpec, Protocol
 from securevfl.data.alignment import align_active, align_passive
 from securevfl.data.partition import dataset_standardize, party_source
@@ -173,13 +172,15 @@ class Party:
         self.on_epoch = on_epoch
         self.s = session
         self.proto = session.proto
+        self.checked = ctx.checked  # resolved at load, passed down with the exchange context
+        self.components = ctx.components
         self.ctx = ctx
         self.prep = prep
         self.device = ctx.device
         self.backend = backend
         self.spec = self._spec()
         self.stack = build_stack(
-            self.proto, self.spec.name, self.side, self.spec.defenses, noise_keys=noise_keys
+            self.proto, self.components, self.spec.name, self.side, self.spec.defenses, noise_keys=noise_keys
         )
         self.loop: LoopState | None = None  # where a resumed run starts (restore)
         n_train = len(prep.train_idx)
@@ -188,7 +189,7 @@ class Party:
         self.released_scales: dict[str, float] = {}  # per assumed mechanism, a power-of-two bucket
         self.train_cpu_s = 0.0  # CPU seconds of training (no evaluation), set by run()
         self.planned_steps = planned_steps(n_train, self.proto.training)
-        self.allowed_steps = allowed_steps(self.proto, n_train)
+        self.allowed_steps = allowed_steps(self.checked, n_train)
         self._setup(prep, progress=progress)
         self._collective(n_train)
 
@@ -198,6 +199,7 @@ class Party:
         self.ctx.channel.phase = "setup"
         comm = CollectiveContext(
             self.proto,
+            self.components,
             self.s.layout,
             self.s.rank,
             self.spec.name,
@@ -501,7 +503,7 @@ class Party:
             task=self.task_info(),
             columns=list(getattr(self, "columns", self.prep.data.columns)),
             protocol=self.proto.model_dump(mode="json"),
-            code_dir=components_of(self.proto).code.beside,
+            code_dir=self.components.code.beside,
         )
         docs["model"] = info.model_dump()
         if self.released_scales:  # power-of-two buckets only (securevfl audit RUN reads them)

@@ -8,11 +8,10 @@ import numpy as np
 import torch
 
 from securevfl import optim
-from securevfl.components import components_of
 from securevfl.exchange.base import PassiveExchange
-from securevfl.models import PROBE_ROWS, bottom_label, build_bottom, check_output, make_optimizer
+from securevfl.models import make_optimizer
 from securevfl.parties.common import Party, Prepared
-from securevfl.parties.state import module_states
+from securevfl.parties.split_model import PassiveModel
 from securevfl.privacy.audit import SCALE_ROWS
 from securevfl.records import OwnView
 from securevfl.schedule import eval_batches
@@ -24,30 +23,24 @@ class PassiveParty(Party):
 
     def _setup(self, prep: Prepared, *, progress: bool) -> None:
         proto = self.proto
-        spec = self.spec
         x_tr, cols = self.stack.select_features(prep.x_train, prep.data.columns)
         x_te, _ = self.stack.select_features(prep.x_test, prep.data.columns)
         self.columns = cols
         self.x_train = torch.as_tensor(x_tr)
         self.x_test = torch.as_tensor(x_te)
-        assert spec.model is not None
-        # the party's own bottom model: a factory is called here, in its owner's rank alone
-        path = f"parties.passive[{self.s.role.index}].model"
-        self.bottom = build_bottom(
-            spec.model,
+        # the one model class prediction rebuilds too; a factory is called here, in its owner's rank alone
+        self.model = PassiveModel.build(
+            proto,
+            self.components.code,
+            self.s.role,
+            self.stack,
             self.x_train.shape[1],
-            seed=proto.training.seed,
-            party=spec.name,
-            code=components_of(proto).code,
-            path=path,
-        ).to(self.device)
-        probe = self.x_train[:PROBE_ROWS].to(self.device)
-        check_output(self.bottom, probe, spec.model.out, what=bottom_label(spec.model, spec.name), path=path)
-        modules = [self.bottom, *self.stack.modules()]
-        for m in modules:
-            m.to(self.device)
-        self.opt = make_optimizer([p for m in modules for p in m.parameters()], proto.training)
-        self.exchange = self.backend.passive(self.ctx)
+            self.device,
+            preprocess=self.preprocess_state(),
+            probe=self.x_train,
+        )
+        self.opt = make_optimizer(self.model.parameters(), proto.training)
+        self.exchange = self.model.open_exchange(self.backend, self.ctx)
         self.n_train = len(prep.train_idx)
         self.n_test = len(prep.test_idx)
         self.sent: list[tuple[int, torch.Tensor]] = []
@@ -58,8 +51,7 @@ class PassiveParty(Party):
 
     def train_step(self, idx: np.ndarray) -> None:
         x = self.x_train[idx].to(self.device)
-        h = self.bottom(x)
-        h2 = self.stack.embed(h, train=True)
+        h, h2 = self.model.forward(x, train=True)
         if self.proto.runtime.dump_views:
             self.sent.append((self.ctx.channel.round, h2.detach().cpu().clone()))
         self.exchange.forward(h2, train=True)
@@ -76,7 +68,7 @@ class PassiveParty(Party):
         sent = []
         with torch.no_grad():
             for idx in batches:
-                h2 = self.stack.embed(self.bottom(self.x_train[idx].to(self.device)), train=True)
+                _, h2 = self.model.forward(self.x_train[idx], train=True)
                 if self.proto.runtime.dump_views:
                     self.sent.append((self.ctx.channel.round, h2.detach().cpu().clone()))
                 sent.append(h2)
@@ -84,7 +76,7 @@ class PassiveParty(Party):
         grads = self.exchange.receive_round_grads([len(b) for b in batches])
         for idx, revealed in zip(batches, grads, strict=True):
             x = self.x_train[idx].to(self.device)
-            h = self.bottom(x)
+            h = self.model.bottom(x)
             self._update(idx, x, h, self.stack.embed_local(h), revealed)
 
     def _update(
@@ -107,8 +99,7 @@ class PassiveParty(Party):
     @torch.no_grad()
     def evaluate(self) -> None:
         for idx in eval_batches(self.n_test, self.proto.training.batch_size):
-            h = self.bottom(self.x_test[idx].to(self.device))
-            self.exchange.forward(self.stack.embed(h, train=False), train=False)
+            self.exchange.forward(self.model.forward(self.x_test[idx], train=False)[1], train=False)
 
     @torch.no_grad()
     def released_rows(self) -> torch.Tensor:
@@ -116,12 +107,12 @@ class PassiveParty(Party):
         its final bottom model (the audit's released scale; never sent). In evaluation mode, so
         that a bottom with batch statistics saves them as training left them."""
         x = self.x_train[:SCALE_ROWS].to(self.device)
-        training = self.bottom.training
-        self.bottom.eval()
+        training = self.model.bottom.training
+        self.model.bottom.eval()
         try:
-            return self.stack.embed_local(self.bottom(x)).detach().cpu()
+            return self.stack.embed_local(self.model.bottom(x)).detach().cpu()
         finally:
-            self.bottom.train(training)
+            self.model.bottom.train(training)
 
     def own_view(self) -> OwnView:
         """What this party itself computed and sent (for wire audits), and, when
@@ -129,7 +120,8 @@ class PassiveParty(Party):
         split (every party derives them), its own raw features, the gradient the
         exchange revealed to it at each training step (``grads``, one per entry of
         ``forwards``; row positions index the training rows), its model inputs
-        (``x_*``), its final bottom model and defense modules' states, and its final
+        (``x_*``) and their fitted preprocessing (``preprocess``, from which its bottom
+        model is rebuilt), its final bottom model and defense modules' states, and its final
         bottom outputs before (``h_*``) and after (``sent_*``) its embedding defenses."""
         view: dict[str, object] = {"embeddings": self.sent}
         if not self._keep_view:
@@ -138,20 +130,21 @@ class PassiveParty(Party):
         with torch.no_grad():
             hs = {}
             for split, x in (("train", self.x_train), ("test", self.x_test)):
-                h = self.bottom(x.to(self.device))
+                h, h2 = self.model.forward(x, train=False)
                 hs[f"h_{split}"] = h.detach().cpu()
-                hs[f"sent_{split}"] = self.stack.embed(h, train=False).detach().cpu()
+                hs[f"sent_{split}"] = h2.detach().cpu()
         view.update(
             ids=list(prep.data.ids),
             train_idx=np.asarray(prep.train_idx),
             test_idx=np.asarray(prep.test_idx),
             columns=list(prep.data.columns),
+            preprocess=self.preprocess_state().model_dump(),
             x_raw=torch.as_tensor(np.asarray(prep.data.x, dtype=np.float32)),
             forwards=self.forwards,
             grads=self.revealed_grads,
             x_train=self.x_train.detach().cpu(),
             x_test=self.x_test.detach().cpu(),
-            bottom={k: v.detach().cpu() for k, v in self.bottom.state_dict().items()},
+            bottom={k: v.detach().cpu() for k, v in self.model.bottom.state_dict().items()},
             defense_modules=[
                 {k: v.detach().cpu() for k, v in m.state_dict().items()} for m in self.stack.modules()
             ],
@@ -161,19 +154,15 @@ class PassiveParty(Party):
 
     # -- checkpoints and the saved model ----------------------------------------------
     def model_tensors(self) -> dict[str, Any]:
-        out: dict[str, Any] = module_states({"bottom": self.bottom})
-        out["defense_modules"] = [module_states({"m": m})["m"] for m in self.stack.modules()]
-        return out
+        return self.model.tensors()
 
     def load_model_tensors(self, saved: dict[str, Any]) -> None:
-        self.bottom.load_state_dict(saved["bottom"])
-        for m, sd in zip(self.stack.modules(), saved["defense_modules"], strict=True):
-            m.load_state_dict(sd)
+        self.model.load(saved)
 
     def optimizer(self) -> optim.Optimizer:
         return self.opt
 
     def state(self) -> dict[str, torch.Tensor]:
-        out = {f"bottom.{k}": v.detach().cpu() for k, v in self.bottom.state_dict().items()}
+        out = self.model.state()
         out.update(self.exchange.state())
         return out

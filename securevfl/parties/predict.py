@@ -15,7 +15,9 @@ prediction is what it learns at evaluation:
   the z_i under ``ckks``/``paillier``), adds its own part and the bias, and turns
   the top model's outputs into the task's scores.
 
-Nothing here saves or loads models: the caller hands over the restored parts.
+Nothing here builds, saves or loads models: the caller hands over the party's
+model, loaded into the split-model class training uses
+(:mod:`securevfl.parties.split_model`), and its restored exchange role.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from securevfl.defenses.base import DefenseStack
 from securevfl.exchange.base import ActiveExchange, PassiveExchange, RunPlan
+from securevfl.parties.split_model import ActiveModel, PassiveModel
 from securevfl.parties.tasks import Task
 from securevfl.schedule import eval_batches
 
@@ -39,23 +41,22 @@ def _prediction_plan(n_rows: int, batch_size: int) -> RunPlan:
 
 @dataclass
 class ActivePredictor:
-    """A's trained parts: the task (its classes or target scale), the exchange's
-    active role restored to the trained interactive layer (or A's shares of it),
-    the bias, the top model and, for an active party with features, its bottom
-    model and own block."""
+    """A's trained model (:class:`~securevfl.parties.split_model.ActiveModel`, the
+    one training runs: task head, top model, bias and, with features, its bottom
+    model and own block) and the exchange's active role restored to the trained
+    interactive layer (or A's shares of it)."""
 
-    task: Task
+    model: ActiveModel
     exchange: ActiveExchange
-    top: torch.nn.Module
-    bias: torch.Tensor
-    bottom: torch.nn.Module | None
-    own: torch.nn.Module | None
-    device: torch.device
     batch_size: int
     keep_z: bool = False  # keep every z the exchange reveals (runtime.dump_views: wire audits)
 
     def __post_init__(self) -> None:
         self.revealed_z: list[torch.Tensor] = []
+
+    @property
+    def task(self) -> Task:
+        return self.model.task
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor, n_rows: int) -> np.ndarray:
@@ -65,25 +66,22 @@ class ActivePredictor:
         scores = []
         self.exchange.expect(_prediction_plan(n_rows, self.batch_size))
         for idx in eval_batches(n_rows, self.batch_size):
-            z = self.exchange.forward(len(idx), train=False).to(self.device)
+            z = self.exchange.forward(len(idx), train=False).to(self.model.device)
             if self.keep_z:
                 self.revealed_z.append(z.detach().cpu().clone())
-            if self.bottom is not None and self.own is not None:
-                z = z + self.own(self.bottom(x[idx].to(self.device)))
-            z = z + self.bias
-            scores.append(self.task.outputs_to_scores(self.top(z)).cpu())
+            _, logits = self.model.forward(z, x[idx])
+            scores.append(self.task.outputs_to_scores(logits).cpu())
         return torch.cat(scores).numpy()
 
 
 @dataclass
 class PassivePredictor:
-    """P_i's trained parts: its bottom model, its defense stack (restored to its
-    trained state) and the exchange's passive role with its trained share."""
+    """P_i's trained model (:class:`~securevfl.parties.split_model.PassiveModel`, the
+    one training runs: its bottom model and defense stack in their trained state)
+    and the exchange's passive role with its trained share."""
 
+    model: PassiveModel
     exchange: PassiveExchange
-    bottom: torch.nn.Module
-    stack: DefenseStack
-    device: torch.device
     batch_size: int
     keep_sent: bool = False  # keep every h'_i it sends (runtime.dump_views: wire audits)
 
@@ -95,8 +93,7 @@ class PassivePredictor:
         """Send h'_i of every aligned row, batch by batch, in row order."""
         self.exchange.expect(_prediction_plan(x.shape[0], self.batch_size))
         for b, idx in enumerate(eval_batches(x.shape[0], self.batch_size)):
-            h = self.bottom(x[idx].to(self.device))
-            h2 = self.stack.embed(h, train=False)
+            _, h2 = self.model.forward(x[idx], train=False)
             if self.keep_sent:
                 self.sent.append((b, h2.detach().cpu().clone()))
             self.exchange.forward(h2, train=False)

@@ -12,7 +12,8 @@ RNG streams, position in the shared schedule, ledger and fitted preprocessing.
 Files of a checkpoint (``kind: checkpoint``):
 
 * ``models.pt``: ``bottom``, ``own`` (A's own block), ``top``, ``bias``,
-  ``defense_modules`` (state dicts), ``held_at_start``, ``trace`` (A);
+  ``defense_modules`` (state dicts, as the party's split model writes and reads
+  them: :mod:`securevfl.parties.split_model`), ``held_at_start``, ``trace`` (A);
 * ``optimizer.pt``: the party optimizer's state dict;
 * ``exchange.pt`` / ``exchange.json``: its exchange role object's state;
 * ``defenses.pt`` / ``defenses.json``: one entry per defense, in stack order;
@@ -39,6 +40,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from securevfl.config_errors import format_loc
+from securevfl.data.fitted import from_saved
+from securevfl.data.layout import FeatureLayout, feature_layout
 from securevfl.errors import CheckpointError
 from securevfl.snapshot import ComponentState
 
@@ -85,6 +88,14 @@ class PreprocessState(_Doc):
     fitted: dict[str, Any] | None = None
     mean: list[float] | None = None
     scale: list[float] | None = None
+
+    def layout(self, party: str) -> FeatureLayout:
+        """What the party's bottom model receives, column by column
+        (:class:`~securevfl.data.layout.FeatureLayout`): a function of this saved
+        state alone, so training and prediction build the same layout. The
+        party's own: built in its rank for its own factory, never sent."""
+        fitted = None if self.fitted is None else from_saved(self.fitted, party)
+        return feature_layout(party, self.columns, fitted, standardized=self.mean is not None)
 
 
 class ModelInfo(_Doc):

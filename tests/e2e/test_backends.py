@@ -221,9 +221,10 @@ def test_he_public_material_only(crypto_run):
 
     backend, _, result, _, out = crypto_run
     cls = EXCHANGES.get(backend)
-    if not hasattr(cls, "scheme"):
+    roles = cls.role_objects()
+    if not hasattr(roles, "scheme"):
         pytest.skip("not a homomorphic backend")
-    scheme = cls.scheme(cls.options.model_validate(result["backend_params"]))
+    scheme = roles.scheme(cls.options.model_validate(result["backend_params"]))
     got = _view(out, 0)["received"]["he_public"]
     assert len(got) == 2
     for _, blob in got:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.config import Protocol
 from tests.support.protocols import small_digits
 from tests.support.reference import ReferenceSplit, split_state, training_rows
@@ -165,11 +165,12 @@ def test_crdp_noise_only_on_the_sent_copies_in_local_steps(tmp_path: Path):
         p["defenses"] = [copy.deepcopy(crdp)]
     doc["runtime"] = {"dump_views": True}
     result = run_doc(doc, tmp_path)
-    proto = load_protocol_dict(copy.deepcopy(doc))
+    checked = load_checked_dict(copy.deepcopy(doc))
+    proto = checked.protocol
     from securevfl.app.harness import load_world
     from securevfl.app.rank_layout import layout_of
 
-    world = load_world(proto, layout_of(proto), tmp_path)  # the saved views, loaded weights-only
+    world = load_world(checked, layout_of(checked), tmp_path)  # the saved views, loaded weights-only
     sent = [[t for _, t in world.views[p].own["embeddings"]] for p in ("left", "right")]
     assert [len(s) for s in sent] == [STEPS, STEPS]
     ref, clean = fedbcd_reference(

@@ -34,7 +34,7 @@ def test_budget_stops_training_at_the_last_step_within_it(tmp_path) -> None:
     """Vanilla embedding DP releases each training row once per epoch, so a
     budget between the cost of one and of two releases must stop the run after
     exactly one epoch (12 steps of 128 over 1437 rows), on every rank."""
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
     from securevfl.defenses.spending import spent
     from securevfl.privacy.step_budget import plan_for
 
@@ -42,9 +42,10 @@ def test_budget_stops_training_at_the_last_step_within_it(tmp_path) -> None:
     dp = {"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 2.0, "delta": 1e-2}}
     for p in doc["parties"]["passive"]:
         p["defenses"] = [dp]
-    proto = load_protocol_dict(doc)
-    one = spent(proto, plan_for(12, 1437, proto.training))["left"]["total"]["epsilon"]
-    two = spent(proto, plan_for(13, 1437, proto.training))["left"]["total"]["epsilon"]
+    checked = load_checked_dict(doc)
+    tr = checked.protocol.training
+    one = spent(checked, plan_for(12, 1437, tr))["left"]["total"]["epsilon"]
+    two = spent(checked, plan_for(13, 1437, tr))["left"]["total"]["epsilon"]
     assert one < two
     doc["privacy"] = {"budget": {"epsilon": (one + two) / 2}}
     run_doc(doc, tmp_path)

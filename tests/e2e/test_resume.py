@@ -173,7 +173,7 @@ def test_budget_limited_dp_run_stops_at_the_same_step_when_resumed(tmp_path, mon
     epoch 1 and resumed, the run stops at the same step, with the same epsilon and
     the same final model, as the run never interrupted: the releases before the
     interruption count after it."""
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
     from securevfl.defenses.spending import spent
     from securevfl.privacy.step_budget import plan_for
 
@@ -181,8 +181,11 @@ def test_budget_limited_dp_run_stops_at_the_same_step_when_resumed(tmp_path, mon
     dp = {"name": "embedding_dp", "params": {"variant": "vanilla", "epsilon": 2.0, "delta": 1e-2}}
     for p in doc["parties"]["passive"]:
         p["defenses"] = [dp]
-    proto = load_protocol_dict(copy.deepcopy(doc))
-    at = [spent(proto, plan_for(n, 1437, proto.training))["left"]["total"]["epsilon"] for n in (24, 25)]
+    checked = load_checked_dict(copy.deepcopy(doc))
+    at = [
+        spent(checked, plan_for(n, 1437, checked.protocol.training))["left"]["total"]["epsilon"]
+        for n in (24, 25)
+    ]
     assert at[0] < at[1]
     doc["privacy"]["budget"] = {"epsilon": sum(at) / 2}
     full = run_doc(doc, tmp_path / "full")

@@ -207,9 +207,9 @@ def test_launch_from_a_script_without_a_main_guard_says_so(tmp_path: Path):
     The ranks refuse, and the launcher's error points at the cause."""
     script = tmp_path / "unguarded.py"
     script.write_text(
-        "from securevfl.app.loader import load_protocol\n"
+        "from securevfl.app.loader import load_checked\n"
         "from securevfl.app.launcher import launch\n"
-        f"launch(load_protocol({str(ROOT / 'protocols' / 'plain.yaml')!r}), {str(tmp_path / 'out')!r}, "
+        f"launch(load_checked({str(ROOT / 'protocols' / 'plain.yaml')!r}), {str(tmp_path / 'out')!r}, "
         "progress=False)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from securevfl.app.loader import load_protocol, load_protocol_dict
+from securevfl.app.loader import load_checked, load_protocol, load_protocol_dict
 from securevfl.data.partition import ID_COLUMN, LABEL_COLUMN, dataset_key
 from tests.support.protocols import PROTOCOLS, small_digits
 from tests.support.reference import ReferenceSplit, split_state, training_rows
@@ -30,7 +30,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SECUREVFL_AUDIT_OPENS", "1")
     try:
-        result = launch(load_protocol(PROTOCOLS / "plain.yaml"), out, progress=False)
+        result = launch(load_checked(PROTOCOLS / "plain.yaml"), out, progress=False)
     finally:
         mp.undo()
     return out, result
@@ -119,7 +119,7 @@ def test_ledger_bytes_per_step_equal_embeddings_and_gradients(plain_run):
 def test_breast_cancer_three_passive_parties_auc(tmp_path: Path):
     from securevfl.app.launcher import launch
 
-    result = launch(load_protocol(PROTOCOLS / "breast_cancer.yaml"), tmp_path, progress=False)
+    result = launch(load_checked(PROTOCOLS / "breast_cancer.yaml"), tmp_path, progress=False)
     assert result["n_passive"] == 3 and len(set(result["party_pids"].values())) == 4
     assert result["test_auc"] >= 0.97, result["test_auc"]
 

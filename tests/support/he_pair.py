@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeContext
 from securevfl.runtime.layout import Layout
@@ -110,7 +110,7 @@ def protocol(backend: str, batch: int, dim: int, out: int) -> Any:
     doc["parties"]["passive"][0]["model"]["out"] = dim
     doc["interactive"] = {"out": out}
     doc["training"]["batch_size"] = batch
-    return load_protocol_dict(doc)
+    return load_checked_dict(doc)
 
 
 def run_pair(
@@ -127,8 +127,8 @@ def run_pair(
     ``errors`` (the other stops waiting); nothing is raised here."""
     b, d = hs[0].shape
     o = gs[0].shape[1]
-    proto = protocol(backend, b, d, o)
-    layout = Layout.from_protocol(proto, [])
+    checked = protocol(backend, b, d, o)
+    layout = Layout.from_protocol(checked.protocol, [])
     be = EXCHANGES.get(backend)
     boxes: dict[tuple[int, int, str], queue.Queue[Any]] = {}
     failed = threading.Event()
@@ -136,7 +136,7 @@ def run_pair(
 
     def ctx(rank: int) -> ExchangeContext:
         ch = MemoryChannel(rank, boxes, failed)
-        return ExchangeContext(ch, layout, rank, proto, options, [d], torch.device("cpu"))
+        return ExchangeContext(ch, layout, rank, checked, options, [d], torch.device("cpu"))
 
     def active() -> None:
         try:

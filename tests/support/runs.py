@@ -18,10 +18,9 @@ from tests.support.protocols import ROOT
 def run_doc(doc: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     """Validate a protocol mapping and run it with the real launcher."""
     from securevfl.app.launcher import launch
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
 
-    proto = load_protocol_dict(copy.deepcopy(doc))
-    return launch(proto, out, progress=False, **kw)
+    return launch(load_checked_dict(copy.deepcopy(doc)), out, progress=False, **kw)
 
 
 def own_reports(out: Path) -> dict[str, dict[str, Any]]:

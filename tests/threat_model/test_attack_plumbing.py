@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from securevfl.app.launcher import launch
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.errors import ConfigError
 from tests.support.protocols import small_digits
 from tests.support.runs import run_doc
@@ -22,7 +22,7 @@ def test_attacks_need_recorded_views(tmp_path: Path) -> None:
     doc["attacks"] = [{"name": "label_norm"}]
     doc["runtime"] = {"record_views": False}
     with pytest.raises(ConfigError) as err:
-        launch(load_protocol_dict(doc), tmp_path, progress=False)
+        launch(load_checked_dict(doc), tmp_path, progress=False)
     assert err.value.path == "runtime.record_views"
 
 

@@ -24,8 +24,9 @@ import pytest
 
 pytest.importorskip("tenseal")
 
-from securevfl.exchange.ckks import CkksOptions, CkksScheme
+from securevfl.exchange.ckks import CkksOptions
 from securevfl.exchange.ckks.packing import spread_layout
+from securevfl.exchange.ckks.scheme import CkksScheme
 from securevfl.exchange.ckks.wire import frame
 
 pytestmark = pytest.mark.timeout(300)

@@ -37,7 +37,7 @@ import pytest
 
 from securevfl import jsonfile
 from securevfl.app.launcher import free_port
-from securevfl.app.loader import load_protocol
+from securevfl.app.loader import load_checked
 from securevfl.defenses.base import build_stack
 from securevfl.privacy.accountant import account
 from securevfl.privacy.step_budget import plan_for
@@ -213,7 +213,7 @@ def test_a_receives_no_defense_statistic_of_a_passive_party(run: dict[str, Any])
 
     # each passive party's own report, in its own folder: its statistics, by value (less
     # the constants its options give, which the protocol declares to everyone)
-    proto = load_protocol(run["proto"])
+    checked = load_checked(run["proto"])
     for rank, party in ((1, "left"), (2, "right")):
         own = json.loads(
             (run["root"] / f"host{rank}" / "ranks" / f"rank{rank}.defense_report.json").read_text()
@@ -221,7 +221,7 @@ def test_a_receives_no_defense_statistic_of_a_passive_party(run: dict[str, Any])
         assert own["party"] == party
         report = next(iter(own["defenses"].values()))
         assert set(stats[party]) <= set(report), (party, sorted(report))
-        declared = build_stack(proto, party, "passive").public_report()
+        declared = build_stack(checked.protocol, checked.components, party, "passive").public_report()
         secret = _distinctive([leaf for _, leaf in _walk(report)]) - _distinctive(
             [leaf for _, leaf in _walk(declared)]
         )
@@ -251,11 +251,13 @@ def test_what_a_learns_of_the_parties_privacy_follows_from_the_protocol(run: dic
     """The accounting and the declared reports A receives are what the protocol file
     and the step count give, computed here without any party's data."""
     result = jsonfile.loads((run["root"] / "host0" / "result.json").read_text())  # "Infinity": inf
-    proto = load_protocol(run["proto"])
+    checked = load_checked(run["proto"])
+    proto = checked.protocol
     assert result["train_steps"] == STEPS
     n_train = result["rows"]["train"]
     stacks = {
-        spec.name: build_stack(proto, spec.name, "passive", spec.defenses) for spec in proto.parties.passive
+        spec.name: build_stack(proto, checked.components, spec.name, "passive", spec.defenses)
+        for spec in proto.parties.passive
     }
     for party, stack in stacks.items():
         plan = plan_for(STEPS, n_train, proto.training)

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.csprng import SecretStream
 from securevfl.defenses.base import build_stack
 from securevfl.seeding import derive_seed
@@ -57,7 +57,7 @@ def _protocol():
     for p in doc["parties"]["passive"]:
         params = {"variant": "vanilla", "epsilon": 2.0, "clip": 1.0}
         p["defenses"] = [{"name": "embedding_dp", "params": params}]
-    return load_protocol_dict(doc)
+    return load_checked_dict(doc)
 
 
 def _released(stack, h: torch.Tensor) -> torch.Tensor:
@@ -91,8 +91,8 @@ def test_torch_keeps_32_bits_of_a_seed():
 def test_positive_control_the_search_recovers_mt_noise():
     """Noise drawn as a seeded defense drew it: the search finds the seed and
     the clean rows come back exactly."""
-    proto = _protocol()
-    stack = build_stack(proto, "left", "passive")
+    checked = _protocol()
+    stack = build_stack(checked.protocol, checked.components, "left", "passive")
     d = stack.defenses[0]
     h = _clean_rows()
     secret = derive_seed(123456789, "embedding_dp", "noise")  # a 63-bit seed: torch keeps 32 bits
@@ -193,11 +193,14 @@ def _expected(way: str, stream: SecretStream, protocol_seed: int) -> tuple[str, 
 def test_the_receiver_finds_no_noise_seed_of_a_real_stack(
     planted: str | None, monkeypatch: pytest.MonkeyPatch
 ):
-    proto = _protocol()
+    checked = _protocol()
+    proto = checked.protocol
     if planted:  # the weakness put back: the search must then find the seed
         monkeypatch.setattr(SecretStream, "normal", SecretStream.normal)  # undone after the test
         plant_seeded_normal(planted, protocol_seed=proto.training.seed, labels=(PARTY, DEFENSE))
-    stack = build_stack(proto, PARTY, "passive")  # as the party builds it: fresh private noise
+    stack = build_stack(
+        proto, checked.components, PARTY, "passive"
+    )  # as the party builds it: fresh private noise
     d = stack.defenses[0]
     h = _clean_rows()
     released = _released(stack, h)

@@ -31,10 +31,11 @@ import numpy as np
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.base import ExchangeContext
-from securevfl.exchange.paillier import PaillierOptions, load_blob
+from securevfl.exchange.paillier import PaillierOptions
+from securevfl.exchange.paillier.wire import load_blob
 from securevfl.runtime.layout import Layout
 from tests.support.protocols import load_yaml
 
@@ -103,9 +104,9 @@ def one_step(old_grid: bool = False) -> dict[str, Any]:
     doc["parties"]["passive"][0]["model"]["out"] = DIM
     doc["interactive"] = {"out": OUT}
     doc["training"]["batch_size"] = BATCH
-    proto = load_protocol_dict(doc)
+    checked = load_checked_dict(doc)
     options = PaillierOptions(threads=1, precompute=False)
-    layout = Layout.from_protocol(proto, [])
+    layout = Layout.from_protocol(checked.protocol, [])
     backend = EXCHANGES.get("paillier")
     boxes: dict[tuple[int, int, str], queue.Queue[Any]] = {}
     rng = np.random.default_rng(0)  # the step's inputs (public test data)
@@ -116,7 +117,7 @@ def one_step(old_grid: bool = False) -> dict[str, Any]:
 
     def ctx(rank: int) -> ExchangeContext:
         ch = _Channel(rank, boxes)
-        return ExchangeContext(ch, layout, rank, proto, options, [DIM], torch.device("cpu"))
+        return ExchangeContext(ch, layout, rank, checked, options, [DIM], torch.device("cpu"))
 
     def active() -> None:
         try:

@@ -34,11 +34,11 @@ import pandas as pd
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.app.model_io import load_party_model
 from securevfl.app.predict import predict_local, records_source
 from securevfl.app.rank_layout import layout_of
-from securevfl.config import Protocol
+from securevfl.components import CheckedProtocol
 from securevfl.data.party_data import load_new_records
 from securevfl.defenses.base import build_stack
 from securevfl.defenses.dravl import GaussianNoise
@@ -78,7 +78,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("replay")
     doc = _doc()
     run_doc(doc, root / "run")
-    proto = load_protocol_dict(copy.deepcopy(doc))
+    checked = load_checked_dict(copy.deepcopy(doc))
     files = {p: next((root / "run" / "data").glob(f"*/{p}.csv")) for p in ("left", "right")}
     ids = sorted(pd.read_csv(files["left"], dtype={"id": str})["id"])[:ROWS]
     dropped = ids[DROP]
@@ -96,7 +96,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         predict_local(root / "run", root / name, data=data)
         preds[name] = _received(root / name)
     assert preds["first"]["ids"] == ids and preds["dropped"]["ids"] == ids[:DROP] + ids[DROP + 1 :]
-    return {"root": root, "proto": proto, "preds": preds, "data": {"left": same[0], "right": same[1]}}
+    return {"root": root, "checked": checked, "preds": preds, "data": {"left": same[0], "right": same[1]}}
 
 
 def _received(out: Path) -> dict[str, Any]:
@@ -114,11 +114,11 @@ def _received(out: Path) -> dict[str, Any]:
     return {"ids": ids, **rows}
 
 
-def _noise_std(proto: Protocol, party: str) -> float:
+def _noise_std(checked: CheckedProtocol, party: str) -> float:
     """The declared per-coordinate std of the party's evaluation noise."""
     if party == "right":
         return STD
-    stack = build_stack(proto, party, "passive")
+    stack = build_stack(checked.protocol, checked.components, party, "passive")
     (d,) = stack.defenses
     assert isinstance(d, EmbeddingDP)
     return 2.0 * d.sigma * d.t
@@ -127,9 +127,10 @@ def _noise_std(proto: Protocol, party: str) -> float:
 def _clean(runs: dict[str, Any], party: str, ids: list[str], data: str) -> torch.Tensor:
     """The party's noise-free releases of ``ids`` (aligned order), batch by batch as
     a prediction computes them: its saved model, its defenses with the noise scale 0."""
-    proto: Protocol = runs["proto"]
-    role = next(r for r in layout_of(proto).roles if r.party == party)
-    model = load_party_model(proto, role, runs["root"] / "run", torch.device("cpu"))
+    checked: CheckedProtocol = runs["checked"]
+    proto = checked.protocol
+    role = next(r for r in layout_of(checked).roles if r.party == party)
+    model = load_party_model(checked, role, runs["root"] / "run", torch.device("cpu"))
     source = records_source(proto, party, runs["root"] / "run" / "data", Path(data.split("=", 1)[1]))
     records = load_new_records(source, party, model.inputs, preprocess=model.spec.preprocess)
     where = {i: k for k, i in enumerate(records.ids)}
@@ -161,7 +162,7 @@ def test_two_predictions_of_the_same_records_release_fresh_noise(runs, party):
     the declared noise (the clean releases are the same: same model, same batches)."""
     a, b = runs["preds"]["first"][party], runs["preds"]["second"][party]
     equal = int((a == b).all(dim=1).sum())
-    ratio = _noise_ratio(a - b, _noise_std(runs["proto"], party))
+    ratio = _noise_ratio(a - b, _noise_std(runs["checked"], party))
     assert equal == 0 and LOW <= ratio <= HIGH, (
         f"party '{party}': {equal} of {a.shape[0]} rows released bit-identically by two predictions; "
         f"mean ||row difference||^2 / (2 d std^2) = {ratio:.4f} (fresh noise: 1)"
@@ -176,7 +177,7 @@ def test_one_id_dropped_gives_the_active_party_no_noise_free_difference(runs, pa
     minus itself, after it a record minus the next one. Scored against the
     noise-free releases, A's differences are off by fresh noise of the declared
     scale; a replay would make them exact."""
-    std = _noise_std(runs["proto"], party)
+    std = _noise_std(runs["checked"], party)
     full, less = runs["preds"]["first"], runs["preds"]["dropped"]
     n = 3 * 64  # the full batches (the last one's size differs between the runs)
     attack = full[party][:n] - less[party][:n]

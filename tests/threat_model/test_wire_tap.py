@@ -40,7 +40,7 @@ import torch.distributed as dist
 import securevfl.app.launcher as launcher
 from securevfl import __version__
 from securevfl.app.launcher import free_port, launch
-from securevfl.app.loader import load_protocol
+from securevfl.app.loader import load_checked, load_protocol
 from securevfl.runtime.ledger import SEAL_BYTES
 from securevfl.runtime.secure import handshake as hs
 from securevfl.runtime.secure.keys import Identity
@@ -347,8 +347,7 @@ def test_local_run_keeps_its_throwaway_keys_out_of_the_output(
         return ident
 
     monkeypatch.setattr(launcher.Identity, "generate", staticmethod(recording))
-    proto = load_protocol(str(_protocol(tmp_path)))
-    launch(proto, tmp_path / "out", progress=False)
+    launch(load_checked(str(_protocol(tmp_path))), tmp_path / "out", progress=False)
     assert len(seeds) == 3
     files = _everything_written([tmp_path / "out"])
     assert any(name.endswith("result.json") for name in files)

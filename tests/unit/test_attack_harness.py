@@ -14,7 +14,7 @@ import pytest
 
 from securevfl import plugins
 from securevfl.app.harness import _run_all
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View, World
@@ -44,10 +44,10 @@ def _world_with(behaviour: dict[str, Any]) -> tuple[Any, World, str]:
     plugins.register_attack(Flaky)
     doc = small_digits()
     doc["attacks"] = [{"name": Flaky.name}]
-    proto = load_protocol_dict(doc)
-    layout = layout_of(proto)
+    checked = load_checked_dict(doc)
+    layout = layout_of(checked)
     views = {r.party: View(r.rank, r.party, {}, {}) for r in layout.roles if r.kind != "helper"}
-    return proto, World(proto, layout, views, Path(".")), Flaky.name
+    return World(checked.protocol, checked.components, layout, views, Path(".")), Flaky.name
 
 
 @pytest.mark.parametrize(
@@ -64,10 +64,10 @@ def _world_with(behaviour: dict[str, Any]) -> tuple[Any, World, str]:
     ids=["knowledge-raises", "run-raises", "guess-list", "ap-string", "chance-bool", "ap-inf", "score-float"],
 )
 def test_a_plugin_attack_that_fails_is_named_with_its_hook(behaviour: dict[str, Any], said: str) -> None:
-    proto, world, name = _world_with(behaviour)
+    world, name = _world_with(behaviour)
     try:
         with pytest.raises(UserCodeError) as info:
-            _run_all(proto, world)
+            _run_all(world)
     finally:
         ATTACKS.remove(name)
     msg = str(info.value)
@@ -78,9 +78,9 @@ def test_a_plugin_attack_that_fails_is_named_with_its_hook(behaviour: dict[str, 
 
 
 def test_a_plugin_attack_that_scores_numbers_is_recorded() -> None:
-    proto, world, name = _world_with({"score": {"ap": 0.75, "chance": math.nan, "note": "fine"}})
+    world, name = _world_with({"score": {"ap": 0.75, "chance": math.nan, "note": "fine"}})
     try:
-        results = _run_all(proto, world)
+        results = _run_all(world)
     finally:
         ATTACKS.remove(name)
     entry = results[name]

@@ -212,7 +212,7 @@ def test_invert_recovers_the_input_of_an_invertible_map():
 
 def test_result_keys_label_or_name_and_index_for_repeats():
     from securevfl.app.harness import attack_keys
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
     from tests.support.protocols import small_digits
 
     doc = small_digits()
@@ -222,5 +222,5 @@ def test_result_keys_label_or_name_and_index_for_repeats():
         {"name": "membership_inference"},
         {"name": "membership_inference", "params": {"seed": 1}},
     ]
-    keys = attack_keys(load_protocol_dict(doc))
+    keys = attack_keys(load_checked_dict(doc).components)
     assert keys == ["label_norm", "norm_left", "membership_inference#2", "membership_inference#3"]

@@ -27,7 +27,7 @@ from securevfl.app.checkpoints import (
     write_state,
 )
 from securevfl.app.launcher import launch
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.app.outdir import OutputFolder, resume_folder
 from securevfl.errors import CheckpointError, ConfigError
 from securevfl.runtime.admission import Hello
@@ -333,16 +333,16 @@ def test_checkpoints_of_two_runs_mixed_are_refused_naming_the_run_ids(tmp_path: 
     """A local --resume in a folder whose ranks hold checkpoints of different runs
     (rank 2's copied from another run) is refused before any rank starts, saying
     that the run IDs differ."""
-    proto = load_protocol_dict(small_digits())
-    _checkpoints_of(tmp_path, proto, {0: "run-a1", 1: "run-a1", 2: "run-b2"})
+    checked = load_checked_dict(small_digits())
+    _checkpoints_of(tmp_path, checked.protocol, {0: "run-a1", 1: "run-a1", 2: "run-b2"})
     with pytest.raises(CheckpointError) as info:
-        launch(proto, tmp_path, progress=False, resume=True)
+        launch(checked, tmp_path, progress=False, resume=True)
     text = str(info.value)
     assert "come from 2 different runs (their run IDs differ" in text, text
     assert "rank 1: epoch 1 of run run-a1; rank 2: epoch 1 of run run-b2" in text, text
     assert not (tmp_path / "ranks" / "launcher_pids.json").exists()  # no rank started
     # one run: nothing to say here (the ranks agree at start-up)
-    check_one_run(tmp_path, [0, 1], protocol_digest=proto.digest())
+    check_one_run(tmp_path, [0, 1], protocol_digest=checked.protocol.digest())
 
 
 def test_a_forged_state_file_does_not_advise_loading_it_unsafely(tmp_path: Path) -> None:

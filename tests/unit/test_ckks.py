@@ -25,19 +25,17 @@ from tests.support.protocols import load_yaml, small_digits
 
 ts = pytest.importorskip("tenseal")
 
-from securevfl.exchange.ckks import (  # noqa: E402  (after the optional-dependency skip)
-    HEADER,
-    PUB_HEADER,
-    CkksOptions,
-    CkksScheme,
+from securevfl.exchange.ckks import CkksOptions  # noqa: E402  (after the optional-dependency skip)
+from securevfl.exchange.ckks.packing import (  # noqa: E402
     SlotLayout,
     matmul_map,
     simulate,
     standard_layout,
     tmatmul_map,
-    unframe,
 )
 from securevfl.exchange.ckks.params import GAUSS_MAX, flood_sigma, smudge_sigma  # noqa: E402
+from securevfl.exchange.ckks.scheme import CkksScheme  # noqa: E402
+from securevfl.exchange.ckks.wire import HEADER, PUB_HEADER, unframe  # noqa: E402
 
 OPTS = CkksOptions()
 TOL = 8 * float(np.hypot(flood_sigma(OPTS), smudge_sigma(OPTS))) + 2.0**-26

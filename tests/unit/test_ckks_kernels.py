@@ -13,15 +13,11 @@ import pytest
 pytest.importorskip("tenseal")
 
 from securevfl.csprng import SecretStream
-from securevfl.exchange.ckks import (
-    CkksOptions,
-    CkksScheme,
-    Worker,
-    chain_cost,
-    naf_weight,
-    signed_units,
-)
+from securevfl.exchange.ckks import CkksOptions
+from securevfl.exchange.ckks.kernels import chain_cost, naf_weight, signed_units
 from securevfl.exchange.ckks.params import flood_sigma, smudge_sigma
+from securevfl.exchange.ckks.scheme import CkksScheme
+from securevfl.exchange.ckks.worker import Worker
 
 OPTS = CkksOptions()
 TOL = 8 * float(np.hypot(flood_sigma(OPTS), smudge_sigma(OPTS))) + 2.0**-26

@@ -19,7 +19,7 @@ from tests.support.protocols import small_digits
 
 pytest.importorskip("tenseal")
 
-from securevfl.exchange.ckks import CkksOptions, CkksScheme, unframe
+from securevfl.exchange.ckks import CkksOptions
 from securevfl.exchange.ckks.params import (
     ERROR_MARGIN,
     error_model,
@@ -28,6 +28,8 @@ from securevfl.exchange.ckks.params import (
     primes,
     smudge_sigma,
 )
+from securevfl.exchange.ckks.scheme import CkksScheme
+from securevfl.exchange.ckks.wire import unframe
 
 OPTS = CkksOptions()
 SENDER = "rank 1 (left)"

@@ -79,7 +79,8 @@ def test_the_bindings_refuse_a_plaintext_given_by_coefficients():
     to NTT form, so coefficient encoding pays a slot encoding per plaintext; when a
     TenSEAL release allows it, this fails and §3.1's pricing is out of date."""
     pytest.importorskip("tenseal")
-    from securevfl.exchange.ckks import CkksKey, CkksOptions
+    from securevfl.exchange.ckks import CkksOptions
+    from securevfl.exchange.ckks.key import CkksKey
 
     r = _routes()
     refusal = r.coefficient_plaintext_refusal(CkksKey(CkksOptions()))

@@ -86,7 +86,8 @@ def test_missing_marker_or_other_seed_is_not_cached(tmp_path) -> None:
 def test_execute_runs_only_what_is_missing(tmp_path, monkeypatch) -> None:
     launched = []
 
-    def fake_launch(proto, folder, **kw):
+    def fake_launch(checked, folder, **kw):
+        proto = checked.protocol
         assert kw["overwrite"] is True
         launched.append((proto.training.seed, folder))
         folder.mkdir(parents=True, exist_ok=True)
@@ -124,7 +125,8 @@ def test_repeated_seeds_are_refused(tmp_path) -> None:
 def _recording_launch(monkeypatch) -> list[int]:
     launched: list[int] = []
 
-    def fake_launch(proto, folder, **kw):
+    def fake_launch(checked, folder, **kw):
+        proto = checked.protocol
         launched.append(proto.training.seed)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "result.json").write_text(

@@ -5,18 +5,23 @@ and nothing a rank does afterwards validates them again; the typed query answers
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
+import securevfl
+import securevfl.components as components_module
 from securevfl.app.harness import attack_keys
-from securevfl.app.loader import load_protocol_dict, resolve_protocol
+from securevfl.app.loader import load_checked, load_checked_dict, load_protocol_dict, resolve_protocol
 from securevfl.app.rank_layout import layout_of
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.targeted_pgd import hash_options
-from securevfl.components import components_of, is_resolved
+from securevfl.components import CheckedProtocol
 from securevfl.config import Protocol
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack, collective_defenses
@@ -75,27 +80,28 @@ ONCE = {
 }
 
 
-def _rank_work(proto: Protocol) -> None:
+def _rank_work(checked: CheckedProtocol) -> None:
     """What a rank and the launcher do with a loaded protocol after load: the layout,
     the wire form of each party's embedding, every party's defense stack, the
     budget's binary search over the planned steps, the collective steps, the
     accounting, and the attack harness's keys and hashvfl look-ups."""
-    layout_of(proto)
+    proto, comps = checked.protocol, checked.components
+    layout_of(checked)
     for p in proto.parties.passive:
-        _ = components_of(proto).party(p.name).sends_codes
-        build_stack(proto, p.name, "passive", p.defenses)
-    build_stack(proto, proto.parties.active.name, "active", proto.parties.active.defenses)
-    assert allowed_steps(proto, N_TRAIN) == 12  # of 24 planned: the binary search ran
-    spent(proto, plan_for(10, N_TRAIN, proto.training))
-    collective_defenses(proto)
-    attack_keys(proto)
-    assert hash_options(proto, 0) is not None
+        _ = comps.party(p.name).sends_codes
+        build_stack(proto, comps, p.name, "passive", p.defenses)
+    build_stack(proto, comps, proto.parties.active.name, "active", proto.parties.active.defenses)
+    assert allowed_steps(checked, N_TRAIN) == 12  # of 24 planned: the binary search ran
+    spent(checked, plan_for(10, N_TRAIN, proto.training))
+    collective_defenses(proto, comps)
+    attack_keys(comps)
+    assert hash_options(proto, comps, 0) is not None
 
 
 def test_options_are_validated_once_at_load_and_never_again(validations: Counter[str]) -> None:
-    proto = load_protocol_dict(_doc())
+    checked = load_checked_dict(_doc())
     assert dict(validations) == ONCE
-    _rank_work(proto)
+    _rank_work(checked)
     assert dict(validations) == ONCE  # the budget's search alone builds every stack many times
 
 
@@ -103,22 +109,45 @@ def test_a_spawned_rank_validates_the_options_it_receives_once(validations: Coun
     loaded = load_protocol_dict(_doc())
     validations.clear()
     # the launcher hands each rank the protocol as JSON; the rank resolves it once
-    proto = resolve_protocol(Protocol.model_validate_json(loaded.model_dump_json()))
+    checked = resolve_protocol(Protocol.model_validate_json(loaded.model_dump_json()))
     assert dict(validations) == ONCE
-    assert resolve_protocol(proto) is proto  # already resolved: nothing validated again
-    _rank_work(proto)
+    _rank_work(checked)
     assert dict(validations) == ONCE
 
 
-def test_an_unresolved_protocol_is_refused_by_name() -> None:
-    bare = Protocol.model_validate_json(load_protocol_dict(_doc()).model_dump_json())
-    assert not is_resolved(bare)
-    with pytest.raises(ProtocolError, match="no resolved components"):
-        build_stack(bare, "left", "passive")
+def test_the_checked_loader_returns_the_protocol_with_its_components(tmp_path) -> None:
+    """What the loader resolved travels with the protocol it checked: the same
+    parties, the file's own folder in its code policy, and nothing left on the
+    bare protocol for anything to read back."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(_doc()), encoding="utf-8")
+    checked = load_checked(path)
+    assert isinstance(checked, CheckedProtocol)
+    assert [p.name for p in checked.components.parties] == ["active", "left", "right"]
+    assert checked.components.exchange.name == checked.protocol.exchange.backend
+    assert checked.code.beside == str(tmp_path.resolve())
+    assert checked.protocol.folder == str(tmp_path.resolve())
+    assert not any(isinstance(v, type(checked.components)) for v in vars(checked.protocol).values())
+    assert checked.protocol.__pydantic_private__ == {"_folder": str(tmp_path.resolve())}
+    assert load_checked_dict(_doc()).protocol.folder is None  # a mapping has no file
+
+
+def test_nothing_reads_components_back_from_a_protocol() -> None:
+    """The checked protocol is passed down: no module of securevfl looks components
+    up on a protocol object (the former components_of / attach / _components)."""
+    root = Path(securevfl.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{i}"
+        for path in sorted(root.rglob("*.py"))
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\bcomponents_of\b|\b_components\b|\bis_resolved\b|\battach\(", line)
+    ]
+    assert found == []
+    assert not hasattr(components_module, "components_of")
 
 
 def test_what_a_party_runs_is_answered_with_typed_options() -> None:
-    comps = components_of(load_protocol_dict(_doc()))
+    comps = load_checked_dict(_doc()).components
     left = comps.options("left", HashOptions)
     assert isinstance(left, HashOptions) and left.dp == "rr" and left.epsilon == 4.0
     assert comps.options("active", HashOptions) is None
@@ -136,6 +165,7 @@ def test_build_stack_refuses_another_partys_entries() -> None:
     doc["parties"]["passive"][1]["defenses"] = []
     doc["parties"]["active"]["defenses"] = []
     doc["attacks"] = []
-    proto = load_protocol_dict(doc)
+    checked = load_checked_dict(doc)
+    proto = checked.protocol
     with pytest.raises(ProtocolError, match="not party 'right'"):
-        build_stack(proto, "right", "passive", proto.parties.passive[0].defenses)
+        build_stack(proto, checked.components, "right", "passive", proto.parties.passive[0].defenses)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from sklearn.datasets import load_breast_cancer
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import build_stack
 from securevfl.defenses.spending import spent
@@ -41,9 +41,10 @@ def _doc(*, noise_seed: int | None = 0, **params: Any) -> dict[str, Any]:
 
 
 def _stack(party: str = "p1", *, noise_seed: int | None = 0, **params: Any):
-    proto = load_protocol_dict(_doc(noise_seed=noise_seed, **params))
+    checked = load_checked_dict(_doc(noise_seed=noise_seed, **params))
+    proto = checked.protocol
     spec = next(p for p in proto.parties.passive if p.name == party)
-    return build_stack(proto, party, "passive", spec.defenses), proto
+    return build_stack(proto, checked.components, party, "passive", spec.defenses), proto
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +241,7 @@ def test_faithful_accounting_is_unbounded_with_the_paper_claim_alongside():
     assert claim["paper_total_epsilon"] == max(1.0, 10 * 1.0 + plan.steps * 1.0)
     assert claim["spec_sound_epsilon"] == 3 * 1.0 + 1.0 + plan.steps * 1.0
     assert claim["t"] == plan.steps and claim["N"] == 3
-    proto = load_protocol_dict(_doc())
-    out = spent(proto, plan)["p1"]
+    out = spent(load_checked_dict(_doc()), plan)["p1"]
     assert out["mechanisms"]["crdp.communication"]["epsilon"] == math.inf  # unit s: nothing bounds h
     # paper-mode Pearson: Lap(1/eps1) on 45 pairs with true sensitivity 2 each
     assert out["mechanisms"]["crdp.pearson"]["releases"] == [
@@ -253,8 +253,7 @@ def test_faithful_accounting_is_unbounded_with_the_paper_claim_alongside():
 
 def test_fixed_accounting_is_finite_and_matches_the_releases():
     plan = _plan()
-    proto = load_protocol_dict(_doc(variant="fixed", eps3=0.5))
-    out = spent(proto, plan)["p2"]
+    out = spent(load_checked_dict(_doc(variant="fixed", eps3=0.5)), plan)["p2"]
     mech = out["mechanisms"]
     assert mech["crdp.pearson"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
     assert mech["crdp.feature_optimization"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
@@ -283,8 +282,7 @@ def test_budget_stops_a_fixed_run():
 
     doc = _doc(variant="fixed", eps3=1.0)
     doc["privacy"] = {"budget": {"epsilon": 6.0}}
-    proto = load_protocol_dict(doc)
-    steps = allowed_steps(proto, 426)
+    steps = allowed_steps(load_checked_dict(doc), 426)
     assert 0 < steps < 14 * 15  # pearson 1 + EM 1 leave about 4 for the communication
 
 
@@ -409,10 +407,12 @@ def _merged_doc(backend: str = "mpc", **params: Any) -> dict[str, Any]:
 def test_merged_secure_loads_under_mpc_and_joins_the_collective():
     from securevfl.defenses.base import collective_defenses
 
-    assert collective_defenses(load_protocol_dict(_merged_doc())) == [DEFENSES.get("crdp")]
+    merged = load_checked_dict(_merged_doc())
+    assert collective_defenses(merged.protocol, merged.components) == [DEFENSES.get("crdp")]
     own = _doc()
     own["exchange"] = {"backend": "mpc"}
-    assert collective_defenses(load_protocol_dict(own)) == []  # default 'own': no collective step
+    mine = load_checked_dict(own)
+    assert collective_defenses(mine.protocol, mine.components) == []  # default 'own': no collective step
 
 
 @pytest.mark.parametrize("backend", ["plain", "ckks", "paillier"])
@@ -451,9 +451,9 @@ def test_merged_secure_needs_agreeing_parties_and_correlated_noise():
 def test_merged_secure_embed_waits_for_the_collective_and_then_uses_it(bc):
     from securevfl.privacy.correlated import MergedSensitivity
 
-    proto = load_protocol_dict(_merged_doc(variant="fixed", eps3=2.0))
-    spec = proto.parties.passive[0]
-    st = build_stack(proto, "p1", "passive", spec.defenses)
+    checked = load_checked_dict(_merged_doc(variant="fixed", eps3=2.0))
+    spec = checked.protocol.parties.passive[0]
+    st = build_stack(checked.protocol, checked.components, "p1", "passive", spec.defenses)
     d = st.defenses[0]
     st.select_features(bc[0], COLS)
     assert d._own_counts is not None and d._own_counts.shape == (400, 400)
@@ -497,7 +497,7 @@ def test_run_collectives_enters_each_needed_step_with_this_ranks_instances():
         sides = frozenset({"passive"})
 
         @classmethod
-        def joins_collective(cls, proto):
+        def joins_collective(cls, proto, components):
             return True
 
         @classmethod
@@ -508,15 +508,16 @@ def test_run_collectives_enters_each_needed_step_with_this_ranks_instances():
     try:
         doc = _doc()
         doc["parties"]["passive"][1]["defenses"] = [{"name": "collective_probe"}]
-        proto = load_protocol_dict(doc)
-        lay = layout_of(proto)
+        checked = load_checked_dict(doc)
+        proto, comps = checked.protocol, checked.components
+        lay = layout_of(checked)
         for rank, party, side, specs in [
             (0, "active", "active", []),
             (1, "p1", "passive", proto.parties.passive[0].defenses),
             (2, "p2", "passive", proto.parties.passive[1].defenses),
         ]:
-            st = build_stack(proto, party, side, specs)
-            run_collectives(st, CollectiveContext(proto, lay, rank, party, side, 10, frozenset()))
+            st = build_stack(proto, comps, party, side, specs)
+            run_collectives(st, CollectiveContext(proto, comps, lay, rank, party, side, 10, frozenset()))
     finally:
         DEFENSES.remove("collective_probe")
     assert calls == [("active", 0), ("p1", 0), ("p2", 1)]  # crdp here is 'own': no step of its own

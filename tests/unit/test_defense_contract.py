@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.csprng import SecretStream
 from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions, DefenseStack
 from securevfl.errors import UserCodeError
@@ -50,9 +50,10 @@ class Misbehaving(Defense[DefenseOptions]):
 def _stack(out: dict[str, Any]) -> DefenseStack:
     doc = small_digits()
     doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 2.0}}]
-    proto = load_protocol_dict(doc)
-    party = proto.parties.active.name
-    d = Misbehaving(DefenseOptions(), DefenseContext(proto, party, "active", 0, SecretStream.fresh()))
+    checked = load_checked_dict(doc)
+    party = checked.protocol.parties.active.name
+    ctx = DefenseContext(checked.protocol, checked.components, party, "active", 0, SecretStream.fresh())
+    d = Misbehaving(DefenseOptions(), ctx)
     d.out = out
     return DefenseStack([d])
 

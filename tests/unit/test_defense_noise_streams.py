@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from securevfl.app.loader import load_protocol
+from securevfl.app.loader import load_checked
 from securevfl.csprng import SecretStream
 from securevfl.defenses.base import DefenseContext, DefenseStack, build_stack
 from securevfl.snapshot import SECRET_STREAM
@@ -20,8 +20,10 @@ NOISY = {"embedding_dp", "gaussian_noise", "crdp", "hashvfl", "dravl"}
 
 
 def _ctx() -> DefenseContext:
-    proto = load_protocol(PROTOCOLS / "plain.yaml")
-    return DefenseContext(proto, "left", "passive", 0, SecretStream(bytes(range(32))))
+    checked = load_checked(PROTOCOLS / "plain.yaml")
+    return DefenseContext(
+        checked.protocol, checked.components, "left", "passive", 0, SecretStream(bytes(range(32)))
+    )
 
 
 def test_asking_twice_for_one_purpose_gives_the_same_live_stream():
@@ -42,9 +44,10 @@ def test_asking_twice_for_one_purpose_gives_the_same_live_stream():
 
 
 def _stacks(name: str) -> list[tuple[Any, str, str]]:
-    proto = load_protocol(PROTOCOLS / f"{name}.yaml")
+    checked = load_checked(PROTOCOLS / f"{name}.yaml")
+    proto = checked.protocol
     parties = [(proto.parties.active.name, "active"), *((p.name, "passive") for p in proto.parties.passive)]
-    return [(proto, party, side) for party, side in parties]
+    return [(checked, party, side) for party, side in parties]
 
 
 def _streams(stack: DefenseStack) -> dict[tuple[int, str], SecretStream]:
@@ -56,9 +59,9 @@ def _streams(stack: DefenseStack) -> dict[tuple[int, str], SecretStream]:
     }
 
 
-def _trained(proto: Any, party: str, side: str) -> DefenseStack:
+def _trained(checked: Any, party: str, side: str) -> DefenseStack:
     """A stack whose streams have drawn, as in training."""
-    stack = build_stack(proto, party, side)
+    stack = build_stack(checked.protocol, checked.components, party, side)
     for k, s in enumerate(_streams(stack).values()):
         s.bytes(40 + 8 * k)
     return stack
@@ -66,15 +69,19 @@ def _trained(proto: Any, party: str, side: str) -> DefenseStack:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_resume_rewinds_every_stream_and_prediction_draws_fresh_keys(name: str):
-    for proto, party, side in _stacks(name):
-        stack = _trained(proto, party, side)
+    for checked, party, side in _stacks(name):
+        stack = _trained(checked, party, side)
         saved = {k: s.state() for k, s in _streams(stack).items()}
 
-        resumed = build_stack(proto, party, side, noise_keys=stack.noise_keys())
+        resumed = build_stack(
+            checked.protocol, checked.components, party, side, noise_keys=stack.noise_keys()
+        )
         resumed.restore(stack.checkpoint_state())
         assert {k: s.state() for k, s in _streams(resumed).items()} == saved
 
-        predicting = build_stack(proto, party, side)  # as securevfl.app.model_io builds it
+        predicting = build_stack(
+            checked.protocol, checked.components, party, side
+        )  # as securevfl.app.model_io builds it
         predicting.restore_trained(stack.checkpoint_state())
         now = _streams(predicting)
         assert set(now) == set(saved)
@@ -87,8 +94,8 @@ def test_every_noisy_defense_keeps_a_stream_in_the_protocols_above():
     with_streams = {
         stack.defenses[i].name
         for n in SHIPPED
-        for proto, party, side in _stacks(n)
-        for stack in [build_stack(proto, party, side)]
+        for checked, party, side in _stacks(n)
+        for stack in [build_stack(checked.protocol, checked.components, party, side)]
         for i, _ in _streams(stack)
     }
     assert with_streams == NOISY
@@ -96,8 +103,8 @@ def test_every_noisy_defense_keeps_a_stream_in_the_protocols_above():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_a_saved_model_holds_no_noise_key(name: str):
-    for proto, party, side in _stacks(name):
-        stack = _trained(proto, party, side)
+    for checked, party, side in _stacks(name):
+        stack = _trained(checked, party, side)
         keys = [s.state()["key"] for s in _streams(stack).values()] + [k["key"] for k in stack.noise_keys()]
         states = stack.model_state()
         text = json.dumps([s.meta for s in states])

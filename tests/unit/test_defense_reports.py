@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_breast_cancer
 
-from securevfl.app.loader import load_protocol, load_protocol_dict
+from securevfl.app.loader import load_checked, load_checked_dict
 from securevfl.csprng import SecretStream
 from securevfl.defenses.base import Defense, DefenseContext, DefenseOptions, DefenseStack, build_stack
 from securevfl.records import RankSummary
@@ -41,8 +41,8 @@ class _Curious(Defense[DefenseOptions]):
 
 
 def test_the_public_part_is_taken_before_any_data():
-    proto = load_protocol_dict(small_digits())
-    ctx = DefenseContext(proto, "left", "passive", 0, SecretStream.fresh())
+    checked = load_checked_dict(small_digits())
+    ctx = DefenseContext(checked.protocol, checked.components, "left", "passive", 0, SecretStream.fresh())
     stack = DefenseStack([_Curious(DefenseOptions(), ctx)])
     stack.embed(torch.full((4, 2), 0.37), train=True)
     assert stack.report() == {"curious_test": {"seen": float(torch.full((4, 2), 0.37).sum())}}
@@ -53,9 +53,9 @@ def test_crdp_declares_its_options_and_keeps_its_statistics():
     doc = load_yaml("breast_cancer.yaml")
     for p in doc["parties"]["passive"]:
         p["defenses"] = [{"name": "crdp", "params": {"eps1": 1.0, "eps2": 1.0}}]
-    proto = load_protocol_dict(doc)
-    spec = proto.parties.passive[0]
-    stack = build_stack(proto, spec.name, "passive", spec.defenses)
+    checked = load_checked_dict(doc)
+    spec = checked.protocol.parties.passive[0]
+    stack = build_stack(checked.protocol, checked.components, spec.name, "passive", spec.defenses)
     before = json.dumps(stack.public_report())
     x = load_breast_cancer().data[:300, :10]
     stack.select_features((x - x.mean(0)) / x.std(0), [f"c{i}" for i in range(10)])
@@ -74,11 +74,12 @@ def test_every_shipped_defense_declares_json_from_the_protocol_alone():
     files = sorted(glob.glob(str(ROOT / "protocols" / "*.yaml")))
     seen = set()
     for path in files:
-        proto = load_protocol(path)
+        checked = load_checked(path)
+        proto = checked.protocol
         parties = [(proto.parties.active.name, "active", proto.parties.active.defenses)]
         parties += [(p.name, "passive", p.defenses) for p in proto.parties.passive]
         for name, side, specs in parties:
-            pub = build_stack(proto, name, side, specs).public_report()
+            pub = build_stack(proto, checked.components, name, side, specs).public_report()
             for d, spec in zip(specs, pub.values(), strict=True):
                 seen.add(d.name)
                 # the options, defaults added

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import DefenseContext, build_stack
@@ -38,8 +38,10 @@ D_X = 8
 
 
 def ctx(seed: int = 0) -> DefenseContext:
-    proto = load_protocol_dict(small_digits(seed=seed))
-    return DefenseContext(proto, "left", "passive", seed, SecretStream.from_seed(seed, "test"))
+    checked = load_checked_dict(small_digits(seed=seed))
+    return DefenseContext(
+        checked.protocol, checked.components, "left", "passive", seed, SecretStream.from_seed(seed, "test")
+    )
 
 
 def make(cls=Dravl, d_x: int = D_X, **params) -> Dravl:
@@ -363,8 +365,9 @@ def test_stack_builds_from_protocol():
         {"name": "dravl", "params": {"preset": "dravl"}},
         {"name": "gaussian_noise", "params": {"std": 0.1}},
     ]
-    proto = load_protocol_dict(doc)
-    stack = build_stack(proto, "left", "passive", proto.parties.passive[0].defenses)
+    checked = load_checked_dict(doc)
+    proto = checked.protocol
+    stack = build_stack(proto, checked.components, "left", "passive", proto.parties.passive[0].defenses)
     x = np.zeros((10, 32), dtype=np.float32)
     stack.select_features(x, [])
     assert len(stack.modules()) == 1

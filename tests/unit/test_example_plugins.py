@@ -13,14 +13,20 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import View
+from securevfl.config import PreprocessSpec
+from securevfl.data.fitted import from_saved
+from securevfl.data.layout import feature_layout
+from securevfl.data.preprocess import fit_preprocessor
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError
 from securevfl.records import OwnView
+from securevfl.seeding import seeded
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
@@ -137,3 +143,45 @@ def test_ridge_and_r2_on_exact_data(example):
     w, b = mod.ridge_fit(x, y, 1e-9)
     assert np.allclose(w, [1.0, -2.0, 0.5]) and b == pytest.approx(4.0)
     assert mod.r2(y, y) == 1.0 and mod.r2(np.full_like(y, y.mean()), y) == pytest.approx(0.0)
+
+
+def test_per_category_embeds_each_categorical_block_of_a_real_layout(example):
+    """The recipe of docs/extending.md: built from the layout of a real fitted
+    preprocessing, one embedding table per categorical column (its cardinality
+    plus a row for an empty block), indexed by the block's argmax."""
+    train = pd.DataFrame(
+        {
+            "age": np.linspace(20, 60, 12),
+            "region": ["north", "south", "east"] * 4,
+            "plan": ["a"] * 10 + ["b"] * 2,
+        }
+    )
+    spec = PreprocessSpec.model_validate({"categorical": {"columns": ["region", "plan"], "min_frequency": 3}})
+    pre = fit_preprocessor(spec, "lab", train)
+    layout = feature_layout("lab", pre.columns, from_saved(pre.fitted(), "lab"), standardized=False)
+    with seeded(0, "per_category"):  # a fixed model: the comparisons below cannot meet dead units by chance
+        m = example("embedding_bag").per_category(layout.width, 8, layout=layout, dim=3, hidden=32)
+    # region: 3 categories, no "other"; plan: "a" and the "other" bucket holding the rare "b"
+    assert [(t.num_embeddings, t.embedding_dim) for t in m.tables] == [(4, 3), (3, 3)]
+    x = torch.as_tensor(pre.transform(train))
+    out = m(x)
+    assert out.shape == (12, 8) and out.dtype == torch.float32 and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+    # a row's output depends on its numeric columns and on each block's category alone
+    region = layout.block("region")
+    assert region.categories == ("east", "north", "south") and not region.has_other
+    rows = x[[0, 3]]  # both "north", plan "a", different ages
+    same_age = rows.clone()
+    same_age[1, 0] = rows[0, 0]
+    y = m(same_age)
+    assert torch.equal(y[0], y[1])
+    other_region = same_age.clone()
+    other_region[1, region.columns] = torch.tensor([0.0, 0.0, 1.0])  # "south"
+    assert not torch.equal(m(other_region)[1], y[0])
+    # an empty block (an unseen category without "other") takes the extra row, not category 0
+    empty = same_age.clone()
+    empty[1, region.columns] = 0.0
+    first = same_age.clone()
+    first[1, region.columns] = torch.tensor([1.0, 0.0, 0.0])  # "east", index 0
+    assert not torch.equal(m(empty)[1], m(first)[1])

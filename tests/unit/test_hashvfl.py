@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.config import TopSpec
 from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
@@ -37,15 +37,15 @@ def _doc(hash_params=None, consistency_params=None, bits=BITS):
 
 
 def _passive(hash_params=None, bits=BITS):
-    proto = load_protocol_dict(_doc(hash_params, bits=bits))
-    spec = proto.parties.passive[0]
-    return build_stack(proto, spec.name, "passive", spec.defenses).defenses[0]
+    checked = load_checked_dict(_doc(hash_params, bits=bits))
+    spec = checked.protocol.parties.passive[0]
+    return build_stack(checked.protocol, checked.components, spec.name, "passive", spec.defenses).defenses[0]
 
 
 def _active(consistency_params=None, hash_params=None):
-    proto = load_protocol_dict(_doc(hash_params, consistency_params or {}))
-    spec = proto.parties.active
-    return build_stack(proto, spec.name, "active", spec.defenses).defenses[0]
+    checked = load_checked_dict(_doc(hash_params, consistency_params or {}))
+    spec = checked.protocol.parties.active
+    return build_stack(checked.protocol, checked.components, spec.name, "active", spec.defenses).defenses[0]
 
 
 # -- 1. codes are binary ---------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def test_a_hostile_embedding_and_gradient_never_reach_the_guards(backend):
 def _unbounded(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     """Take the clipping away (the scheme declares no bound): only the guards remain."""
     if backend == "ckks":
-        from securevfl.exchange.ckks import CkksScheme
+        from securevfl.exchange.ckks.scheme import CkksScheme
 
         monkeypatch.setattr(CkksScheme, "value_bound", lambda self: None)
     else:

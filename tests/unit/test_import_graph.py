@@ -176,6 +176,26 @@ def _registrations(tree: ast.AST) -> Iterator[tuple[ast.Call, str, str]]:
             yield node, module, attr
 
 
+def _role_paths(tree: ast.AST) -> Iterator[tuple[ast.Assign, str, str]]:
+    """Every ``roles = "module:attribute"`` in a class body (an exchange backend's
+    declaration naming its role objects, :mod:`securevfl.exchange.spec`), as
+    (assignment, module, attribute). Not an edge of the graph: the role objects
+    depend on their declaration (its options), and are imported after it, by the
+    rank that builds its role."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt in node.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and [t.id for t in stmt.targets if isinstance(t, ast.Name)] == ["roles"]
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
+                module, _, attr = stmt.value.value.partition(":")
+                yield stmt, module, attr
+
+
 def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
     """The absolute module names an import statement refers to."""
     if isinstance(node, ast.Import):
@@ -320,6 +340,8 @@ def test_the_builder_sees_imports_and_cycles() -> None:
     assert any(e.target == "securevfl.exchange.plain" and e.by_path for e in graph["securevfl.exchange"])
     tree = ast.parse('R.add_path("x", "securevfl.models:mlp")\nR.add("y", 1)\n')
     assert [(m, a) for _, m, a in _registrations(tree)] == [("securevfl.models", "mlp")]
+    tree = ast.parse('class B:\n    roles = "securevfl.x.roles:R"\n    name = "b"\nroles = "a:b"\n')
+    assert [(m, a) for _, m, a in _role_paths(tree)] == [("securevfl.x.roles", "R")]
 
 
 def _toy_package(root: Path, files: dict[str, str]) -> Path:
@@ -363,22 +385,27 @@ def test_a_circle_through_a_package_face_is_seen(tmp_path: Path) -> None:
 
 
 def test_registrations_by_path_name_existing_objects() -> None:
-    """Every ``add_path`` in securevfl names a module of the package and a name
-    that module defines at its top level (checked from the source, importing
-    nothing): a typo would otherwise surface only when a protocol names the entry."""
+    """Every ``add_path`` in securevfl, and every exchange backend's ``roles``, names
+    a module of the package and a name that module defines at its top level (checked
+    from the source, importing nothing): a typo would otherwise surface only when a
+    protocol names the entry, or a rank builds its role."""
     modules = _modules()
     bad = []
-    found = 0
+    found = roles = 0
     for module, path in modules.items():
-        for call, target, attr in _registrations(ast.parse(path.read_text(encoding="utf-8"))):
-            found += 1
-            where = f"{module}:{call.lineno}"
-            if target not in modules:
-                bad.append(f"{where} registers {target}:{attr}, but there is no module {target}")
-                continue
-            if attr not in _top_level_names(ast.parse(modules[target].read_text(encoding="utf-8"))):
-                bad.append(f"{where} registers {target}:{attr}, but {target} defines no '{attr}'")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for how, paths in (("registers", _registrations(tree)), ("names its roles at", _role_paths(tree))):
+            for node, target, attr in paths:
+                found += how == "registers"
+                roles += how != "registers"
+                where = f"{module}:{node.lineno}"
+                if target not in modules:
+                    bad.append(f"{where} {how} {target}:{attr}, but there is no module {target}")
+                    continue
+                if attr not in _top_level_names(ast.parse(modules[target].read_text(encoding="utf-8"))):
+                    bad.append(f"{where} {how} {target}:{attr}, but {target} defines no '{attr}'")
     assert found >= 20, f"only {found} registrations by path found: is the registration call still add_path?"
+    assert roles >= 4, f"only {roles} backends name their role objects: is the attribute still roles?"
     assert not bad, "registrations by path that name nothing:\n" + "\n".join(bad)
 
 

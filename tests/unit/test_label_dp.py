@@ -124,23 +124,24 @@ def test_same_seed_same_noise() -> None:
 
 
 def _proto(eps: float | None, budget: float | None = None):
-    from securevfl.app.loader import load_protocol_dict
+    from securevfl.app.loader import load_checked_dict
     from tests.support.protocols import small_digits
 
     doc = small_digits()
     doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": eps}}]
     if budget is not None:
         doc["privacy"] = {"budget": {"epsilon": budget}}
-    return load_protocol_dict(doc)
+    return load_checked_dict(doc)
 
 
 def test_accountant_reports_the_label_epsilon_once() -> None:
     from securevfl.defenses.spending import spent
     from securevfl.privacy.step_budget import plan_for
 
-    proto = _proto(0.7)
+    checked = _proto(0.7)
+    proto = checked.protocol
     for steps in (0, 5, 40):
-        parties = spent(proto, plan_for(steps, 1437, proto.training))
+        parties = spent(checked, plan_for(steps, 1437, proto.training))
         rec = parties["active"]["mechanisms"]["label_dp.randomized_response"]
         assert rec["epsilon"] == pytest.approx(0.7, abs=1e-3)  # reuse across epochs costs nothing more
         assert parties["active"]["total"]["epsilon"] == pytest.approx(0.7, abs=1e-3)
@@ -164,7 +165,7 @@ def test_options_refuse_negative_epsilon() -> None:
     from securevfl.validation import check_protocol
 
     with pytest.raises(ConfigError, match=r"defenses\[0\]"):
-        check_protocol(_proto(-1.0))
+        check_protocol(_proto(-1.0).protocol)
 
 
 def test_label_dp_at_a_passive_party_is_refused_at_load() -> None:

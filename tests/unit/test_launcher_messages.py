@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from securevfl.app.failures import RANK_CRASHED, explain_failure
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.app.rank_layout import layout_of
 from securevfl.errors import OutputError, PartyFailure, UserCodeError
 from securevfl.runtime.session import ErrorNote, Session, write_error_file
 from tests.support.protocols import load_yaml
 
-LAYOUT = layout_of(load_protocol_dict(load_yaml("plain.yaml")))
+LAYOUT = layout_of(load_checked_dict(load_yaml("plain.yaml")))
 
 
 def _note(out: Path, rank: int, message: str, lost: int | None = None) -> None:

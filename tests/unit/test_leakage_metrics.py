@@ -113,7 +113,7 @@ def test_code_reconstruction_score_reports_ssim_dcor_and_kld():
     victim = View(1, "left", {}, {"x_test": torch.as_tensor(x_te), "x_train": torch.as_tensor(x_te)})
     active = View(0, "active", {}, {"y_test": torch.tensor([0, 1])})
     layout = SimpleNamespace(passive=[SimpleNamespace(party="left")], active=SimpleNamespace(party="active"))
-    world = World(None, layout, {"left": victim, "active": active}, Path("."))  # type: ignore[arg-type]
+    world = World(None, None, layout, {"left": victim, "active": active}, Path("."))  # type: ignore[arg-type]
     attack = CodeReconstruction(CodeReconstructionOptions(image_shape=(8, 4)))
     perfect = attack.score({"recon": x_te.reshape(2, 8, 4), "binary": True}, world)
     assert perfect["ssim"] == pytest.approx(1.0) and perfect["dcor"] == pytest.approx(1.0)

@@ -36,6 +36,7 @@ def _heavy_imports(stderr: str) -> list[str]:
         (["list"], "exchange backends: "),
         (["validate", "protocols/plain.yaml"], "ok: protocols/plain.yaml"),
         (["validate", "protocols/mpc.yaml"], "ok: protocols/mpc.yaml"),
+        (["validate", "protocols/paillier.yaml"], "ok: protocols/paillier.yaml"),
     ],
 )
 def test_help_list_and_validate_import_nothing_heavy(args: list[str], says: str) -> None:

@@ -229,7 +229,7 @@ def test_an_attack_rebuilding_a_partys_factory_model_imports_it_under_the_harnes
     loads the party's trained weights into it."""
     import yaml
 
-    from securevfl.app.loader import OWN, load_protocol
+    from securevfl.app.loader import OWN, load_checked
     from securevfl.attacks.base import View
     from securevfl.attacks.label_inference import own_embedding
     from tests.support.protocols import load_yaml
@@ -249,11 +249,13 @@ def test_an_attack_rebuilding_a_partys_factory_model_imports_it_under_the_harnes
     own = {"x_train": torch.zeros(4, 32), "bottom": trained.state_dict(), "defense_modules": []}
     view = View(1, "left", {}, own)
     x = torch.randn(4, 32)
-    embed = own_embedding(view, load_protocol(f, allow=OWN), sent=False)
+    mine = load_checked(f, allow=OWN)
+    embed = own_embedding(view, mine.protocol, mine.components, sent=False)
     with torch.no_grad():
         assert torch.equal(embed(x), trained(x))
     with pytest.raises(UserCodeError, match="not allowed"):
-        own_embedding(view, load_protocol(f), sent=False)  # a policy that allows nothing
+        nothing = load_checked(f)  # a policy that allows nothing
+        own_embedding(view, nothing.protocol, nothing.components, sent=False)
 
 
 def test_a_factory_built_model_is_held_to_the_per_party_limits(factories, monkeypatch):

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.mpc.crypten.runtime import decode_obj, encode_obj
 from tests.support.protocols import small_digits
@@ -67,14 +67,14 @@ def test_tfp_allowed_with_flag_warns_and_has_no_dealer():
     from securevfl.app.rank_layout import layout_of
 
     with pytest.warns(UserWarning, match="TFP"):
-        proto = load_protocol_dict(_mpc(provider="TFP", insecure=True))
-    assert [r.kind for r in layout_of(proto).roles] == ["active", "passive", "passive"]
+        checked = load_checked_dict(_mpc(provider="TFP", insecure=True))
+    assert [r.kind for r in layout_of(checked).roles] == ["active", "passive", "passive"]
 
 
 def test_ttp_default_adds_a_dealer_rank():
     from securevfl.app.rank_layout import layout_of
 
-    lay = layout_of(load_protocol_dict(_mpc()))
+    lay = layout_of(load_checked_dict(_mpc()))
     assert [r.kind for r in lay.roles] == ["active", "passive", "passive", "helper"]
     assert lay.roles[-1].party == "dealer" and lay.world_size == 4
 

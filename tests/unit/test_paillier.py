@@ -19,23 +19,12 @@ from securevfl.errors import ConfigError, CryptoParameterError, ProtocolError
 from securevfl.exchange import EXCHANGES
 from securevfl.exchange.he.protocol import _Shares
 from securevfl.exchange.he.scheme import redraw_share
-from securevfl.exchange.paillier import (
-    BLOB_HEAD,
-    COLS,
-    ROWS,
-    SEC_HEAD,
-    SEC_LEN,
-    PaillierKey,
-    PaillierOptions,
-    PaillierScheme,
-    counting,
-    dump_public,
-    exact,
-    load_blob,
-    pack,
-    unpack,
-)
-from securevfl.exchange.paillier.encoding import unpack_ints
+from securevfl.exchange.paillier import PaillierOptions, exact
+from securevfl.exchange.paillier.backend import PaillierScheme
+from securevfl.exchange.paillier.counters import counting
+from securevfl.exchange.paillier.encoding import COLS, ROWS, pack, unpack, unpack_ints
+from securevfl.exchange.paillier.scheme import PaillierKey
+from securevfl.exchange.paillier.wire import BLOB_HEAD, SEC_HEAD, SEC_LEN, dump_public, load_blob
 from tests.support.protocols import load_yaml
 
 OPTS = PaillierOptions(precompute=False, threads=1)

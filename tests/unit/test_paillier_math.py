@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from phe import paillier as phe_paillier
 
-from securevfl.exchange.paillier import PaillierOptions, PaillierScheme, counting
+from securevfl.exchange.paillier import PaillierOptions
+from securevfl.exchange.paillier.backend import PaillierScheme
+from securevfl.exchange.paillier.counters import counting
 from securevfl.exchange.paillier.kernels import multiexp
 from securevfl.exchange.paillier.obfuscation import (
     TableShape,

@@ -14,10 +14,16 @@ import pytest
 import yaml
 
 from securevfl import plugins
-from securevfl.app.loader import OWN, load_protocol, load_protocol_dict, needed_code
+from securevfl.app.loader import (
+    OWN,
+    load_checked,
+    load_checked_dict,
+    load_protocol,
+    load_protocol_dict,
+    needed_code,
+)
 from securevfl.attacks import ATTACKS
 from securevfl.cli import main
-from securevfl.components import components_of
 from securevfl.data.catalog import DATASETS
 from securevfl.defenses import DEFENSES
 from securevfl.errors import ConfigError, UserCodeError
@@ -107,10 +113,12 @@ def test_a_plugin_not_allowed_is_refused_before_it_is_imported(plugin):
 
 
 def test_an_allowed_plugin_registers_what_the_protocol_uses(plugin):
-    proto = load_protocol_dict(copy.deepcopy(plugin["doc"]), allow=[plugin["file"]], beside=plugin["dir"])
+    comps = load_checked_dict(
+        copy.deepcopy(plugin["doc"]), allow=[plugin["file"]], beside=plugin["dir"]
+    ).components
     assert _imported(plugin) == 1
-    assert components_of(proto).party("left").names() == [plugin["defense"]]
-    assert components_of(proto).code.allows(plugin["name"])
+    assert comps.party("left").names() == [plugin["defense"]]
+    assert comps.code.allows(plugin["name"])
     assert plugin["model"] in MODELS
     # a second load imports nothing again (one registration per process)
     load_protocol_dict(copy.deepcopy(plugin["doc"]), allow=[plugin["file"]], beside=plugin["dir"])
@@ -122,8 +130,7 @@ def test_a_protocol_file_allows_its_own_modules_in_the_local_launcher(plugin):
     doc["parties"]["passive"][1]["model"] = {"factory": f"{plugin['name']}:tiny_bottom", "out": 16}
     f = plugin["dir"] / "p.yaml"
     f.write_text(yaml.safe_dump(doc))
-    proto = load_protocol(f, allow=OWN)
-    code = components_of(proto).code
+    code = load_checked(f, allow=OWN).code
     assert code.allows(plugin["name"]) and not code.allows("numpy")
     assert code.beside == str(plugin["dir"].resolve())
 
@@ -214,7 +221,7 @@ def test_registered_attacks_and_datasets_are_known_by_name(tmp_path):
     try:
         doc = load_yaml("plain.yaml")
         doc["attacks"] = [{"name": Probe.name}]
-        assert components_of(load_protocol_dict(doc)).attacks[0].cls is Probe
+        assert load_checked_dict(doc).components.attacks[0].cls is Probe
         doc["dataset"]["name"] = f"data_{tag}"
         load_protocol_dict(doc)  # a registered dataset's columns are checked when it is built
     finally:
@@ -360,8 +367,9 @@ def test_a_built_in_replaced_with_force_is_said_in_the_output_and_the_result(rec
         assert DEFENSES.replaced("label_dp") == origin
         doc = small_digits()
         doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 2.0}}]
-        proto = load_protocol_dict(doc)
-        stack = build_stack(proto, proto.parties.active.name, "active")
+        checked = load_checked_dict(doc)
+        proto = checked.protocol
+        stack = build_stack(proto, checked.components, proto.parties.active.name, "active")
         said = [str(w.message) for w in recwarn if issubclass(w.category, SecurityWarning)]
         assert said and "defense 'label_dp' is not securevfl's built-in" in said[0] and origin in said[0]
         assert stack.replaced == {"label_dp": origin}

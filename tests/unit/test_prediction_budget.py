@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from securevfl.app import prediction_ledger
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.defenses.spending import prediction_mechanisms
 from securevfl.errors import CheckpointError, ConfigError
 from securevfl.privacy.accountant import (
@@ -181,7 +181,7 @@ def _with_defense(defense: dict[str, Any], **privacy: Any) -> dict[str, list[Any
     doc = small_digits()
     doc["parties"]["passive"][0]["defenses"] = [defense]
     doc["privacy"].update(privacy)
-    return prediction_mechanisms(load_protocol_dict(doc))
+    return prediction_mechanisms(load_checked_dict(doc))
 
 
 def _releases(mechs: dict[str, list[Any]], party: str) -> list[Release]:
@@ -206,26 +206,26 @@ def test_embedding_dp_releases_each_row_once_per_prediction():
 
 def test_the_other_defenses_release_at_prediction_what_they_release_at_evaluation():
     doc = load_yaml("crdp_plain.yaml")
-    (r,) = _releases(prediction_mechanisms(load_protocol_dict(doc)), "p1")
+    (r,) = _releases(prediction_mechanisms(load_checked_dict(doc)), "p1")
     assert isinstance(r, UnboundedRelease)  # noise_at_eval off (the default): no noise at prediction
     for p in doc["parties"]["passive"]:
         p["defenses"][0]["params"].update(noise_at_eval=True, eps3=0.5, sensitivity="clipped")
-    (r,) = _releases(prediction_mechanisms(load_protocol_dict(doc)), "p1")
+    (r,) = _releases(prediction_mechanisms(load_checked_dict(doc)), "p1")
     assert r == LaplaceRelease(count=1, scale=2.0)  # one Laplace release at 1/eps3
     # HashVFL's DP add-on: each of a code's d bits once (no median threshold at evaluation)
     doc = load_yaml("hashvfl_plain.yaml")
     for p in doc["parties"]["passive"]:
         p["defenses"][0]["params"] = {"dp": "rr", "epsilon": 2.0}
-    (r,) = _releases(prediction_mechanisms(load_protocol_dict(doc)), "left")
+    (r,) = _releases(prediction_mechanisms(load_checked_dict(doc)), "left")
     assert r == RandomizedResponseRelease(count=4, epsilon=2.0, classes=2)
     for p in doc["parties"]["passive"]:
         p["defenses"][0]["params"]["dp_at_inference"] = False
-    (r,) = _releases(prediction_mechanisms(load_protocol_dict(doc)), "left")
+    (r,) = _releases(prediction_mechanisms(load_checked_dict(doc)), "left")
     assert isinstance(r, UnboundedRelease)
     # label DP perturbs the training labels once: nothing at prediction
     doc = small_digits()
     doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": 1.0}}]
-    assert prediction_mechanisms(load_protocol_dict(doc))["active"] == []
+    assert prediction_mechanisms(load_checked_dict(doc))["active"] == []
 
 
 # -- the budget field -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 import torch
 from sklearn.datasets import load_breast_cancer
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
 from securevfl.defenses.base import DefenseContext, DefenseStack, build_stack
@@ -37,8 +37,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 def _label_stack(eps: float, classes: int = 2) -> tuple[DefenseStack, Any]:
     doc = small_digits()
     doc["parties"]["active"]["defenses"] = [{"name": "label_dp", "params": {"epsilon": eps}}]
-    proto = load_protocol_dict(doc)
-    stack = build_stack(proto, "active", "active")
+    checked = load_checked_dict(doc)
+    proto = checked.protocol
+    stack = build_stack(proto, checked.components, "active", "active")
     stack.labels(torch.zeros(8, dtype=torch.long), classes=classes)  # as training does, once
     return stack, proto
 
@@ -47,8 +48,8 @@ def _afe_stack(**params: Any) -> tuple[DefenseStack, Any]:
     doc = load_yaml("vfl_afe_plain.yaml")
     for p in doc["parties"]["passive"]:
         p["defenses"][0]["params"].update(params)
-    proto = load_protocol_dict(doc)
-    return build_stack(proto, "left", "passive"), proto
+    checked = load_checked_dict(doc)
+    return build_stack(checked.protocol, checked.components, "left", "passive"), checked.protocol
 
 
 def test_label_dp_at_epsilon_1_audits_close_to_its_claim() -> None:
@@ -99,8 +100,9 @@ def _plugin(path: Path, name: str) -> Any:
 
 
 def _plugin_stack(cls: type, **params: Any) -> tuple[DefenseStack, Any]:
-    proto = load_protocol_dict(small_digits())
-    ctx = DefenseContext(proto, "left", "passive", 0, SecretStream.fresh())
+    checked = load_checked_dict(small_digits())
+    proto = checked.protocol
+    ctx = DefenseContext(proto, checked.components, "left", "passive", 0, SecretStream.fresh())
     return DefenseStack([cls(cls.options(**params), ctx)]), proto
 
 
@@ -150,8 +152,9 @@ def _crdp(variant: str, bc: tuple[np.ndarray, list[str]]) -> tuple[DefenseStack,
     doc = load_yaml("crdp_plain.yaml")
     for p in doc["parties"]["passive"]:
         p["defenses"][0]["params"]["variant"] = variant
-    proto = load_protocol_dict(doc)
-    stack = build_stack(proto, "p1", "passive")
+    checked = load_checked_dict(doc)
+    proto = checked.protocol
+    stack = build_stack(proto, checked.components, "p1", "passive")
     stack.select_features(*bc)
     return stack, proto
 
@@ -201,9 +204,10 @@ def test_a_merged_sensitivity_run_is_audited_at_the_scale_it_used(bc) -> None:
     """``delta_scope: merged_secure``: the copy the audit (and a saved model) works on keeps the
     merged sensitivity the collective step opened, so its release is audited, not refused."""
     doc = load_yaml("crdp_mpc_merged.yaml")
-    proto = load_protocol_dict(doc)
+    checked = load_checked_dict(doc)
+    proto = checked.protocol
     party = proto.parties.passive[0].name
-    stack = build_stack(proto, party, "passive")
+    stack = build_stack(proto, checked.components, party, "passive")
     stack.select_features(*bc)
     (d,) = stack.defenses
     d._use_merged(MergedSensitivity(delta_unit=3.0, n_features=12, mcd=0.4, threshold=0.4, parties=3), 0.0)

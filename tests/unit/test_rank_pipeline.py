@@ -11,12 +11,11 @@ from typing import Any, cast
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict
 from securevfl.app.predict import Predict
 from securevfl.app.rank import exchange_context
 from securevfl.app.rank_layout import layout_of
 from securevfl.app.training import Train
-from securevfl.components import components_of
 from securevfl.errors import ConfigError
 from securevfl.runtime.channel import Channel
 from securevfl.runtime.session import ResumeOffer
@@ -27,7 +26,7 @@ def _proto(**changes: Any) -> Any:
     doc = small_digits()
     doc["parties"]["passive"][0]["defenses"] = [{"name": "hashvfl"}]
     doc.update(changes)
-    return load_protocol_dict(doc)
+    return load_checked_dict(doc)
 
 
 def test_each_phase_names_its_purpose_and_files(tmp_path):
@@ -56,8 +55,9 @@ def test_phases_travel_to_a_rank_as_start_arguments(tmp_path):
 
 
 def test_only_a_resume_offers_checkpoints(tmp_path):
-    proto = _proto()
-    layout = layout_of(proto)
+    checked = _proto()
+    proto = checked.protocol
+    layout = layout_of(checked)
     assert Train(tmp_path, tmp_path).offer(proto, layout.role(1)) is None
     assert Predict(tmp_path, tmp_path, tmp_path).offer(proto, layout.role(1)) is None
     offer = Train(tmp_path, tmp_path, resume=True).offer(proto, layout.role(1))
@@ -67,10 +67,10 @@ def test_only_a_resume_offers_checkpoints(tmp_path):
 def test_the_exchange_context_takes_the_wire_form_from_the_components():
     """Both ends of the plain exchange decide from the protocol alone whether a
     party's embeddings are codes: the context lists it per passive party."""
-    proto = _proto()
-    layout = layout_of(proto)
-    ctx = exchange_context(proto, layout, 0, cast(Channel, None))
-    comps = components_of(proto)
+    checked = _proto()
+    proto, comps = checked.protocol, checked.components
+    layout = layout_of(checked)
+    ctx = exchange_context(checked, layout, 0, cast(Channel, None))
     assert ctx.sends_codes == [True, False] == [p.sends_codes for p in comps.passive]
     assert ctx.embed_dims == [p.model.out for p in proto.parties.passive if p.model]
     assert ctx.options is comps.exchange.options
@@ -81,7 +81,7 @@ def test_the_exchange_context_takes_the_wire_form_from_the_components():
 def test_the_exchange_context_refuses_a_missing_cuda_device():
     doc = small_digits()
     doc["training"]["device"] = "cuda"
-    proto = load_protocol_dict(doc)
+    checked = load_checked_dict(doc)
     with pytest.raises(ConfigError, match="no CUDA device") as err:
-        exchange_context(proto, layout_of(proto), 0, cast(Channel, None))
+        exchange_context(checked, layout_of(checked), 0, cast(Channel, None))
     assert err.value.path == "training.device"

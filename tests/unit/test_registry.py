@@ -133,12 +133,12 @@ def test_a_plain_protocol_loads_none_of_the_components_it_does_not_use():
     code = (
         "import sys\n"
         "import securevfl.cli, securevfl.app.launcher, securevfl.app.rank, securevfl.app.predict\n"
-        "from securevfl.app.loader import load_protocol\n"
+        "from securevfl.app.loader import load_checked\n"
         "from securevfl.app.rank_layout import layout_of\n"
-        "from securevfl.exchange import ROLES\n"
-        "proto = load_protocol('protocols/plain.yaml')\n"
+        "from securevfl.exchange import EXCHANGES\n"
+        "proto = load_checked('protocols/plain.yaml')\n"
         "assert layout_of(proto).world_size == 3\n"
-        "ROLES.get('plain')\n"
+        "EXCHANGES.get('plain').role_objects()\n"
         f"print(' '.join(m for m in {NOT_FOR_PLAIN!r} if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.attacks import ATTACKS
 from securevfl.attacks.base import Attack
 from securevfl.csprng import SecretStream
@@ -100,8 +100,10 @@ def test_unknown_defense_lists_known(registered):
 
 
 def test_stack_applies_hooks_in_order():
-    proto = load_protocol_dict(small_digits())
-    ctx = DefenseContext(proto, "left", "passive", 0, SecretStream.from_seed(0, "test"))
+    checked = load_checked_dict(small_digits())
+    ctx = DefenseContext(
+        checked.protocol, checked.components, "left", "passive", 0, SecretStream.from_seed(0, "test")
+    )
     a = Shift(Shift.options(by=1.0), ctx)
     b = Shift(Shift.options(by=10.0), ctx)
 
@@ -194,10 +196,8 @@ def test_crdp_local_step_form_clips_and_never_adds_noise():
 def test_a_party_sends_codes_only_when_its_last_embedding_change_emits_them(defenses, codes):
     """The plain exchange packs a party's embeddings into bits exactly when every
     value it sends is +-1 by construction (both ends derive this from the protocol)."""
-    from securevfl.components import components_of
-
     doc = small_digits()
     doc["parties"]["passive"][0]["defenses"] = defenses
-    comps = components_of(load_protocol_dict(doc))
+    comps = load_checked_dict(doc).components
     assert comps.party("left").sends_codes is codes
     assert comps.party("right").sends_codes is False

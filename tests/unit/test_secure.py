@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.app.rank_layout import layout_of
-from securevfl.config import Protocol
+from securevfl.components import CheckedProtocol
 from securevfl.errors import ConfigError, ProtocolError, SecurityWarning
 from securevfl.runtime.claims import pins_of, pins_required
 from securevfl.runtime.ledger import Ledger, merge_summaries
@@ -348,12 +348,12 @@ def test_pinned_keys_are_required_by_default_when_a_run_spans_hosts(setting, spa
     assert pins_required(setting, spans) is required
 
 
-def _unpinned(**security: object) -> Protocol:
+def _unpinned(**security: object) -> CheckedProtocol:
     doc = small_digits()
     doc["parties"]["passive"][0]["key"] = key_string(Identity.from_seed(SEED).public)
     if security:
         doc["security"] = security
-    return load_protocol_dict(doc)
+    return load_checked_dict(doc)
 
 
 def test_a_rank_across_hosts_needs_every_key_pinned_unless_the_protocol_opts_out(tmp_path: Path):
@@ -361,8 +361,9 @@ def test_a_rank_across_hosts_needs_every_key_pinned_unless_the_protocol_opts_out
     refuses a protocol that leaves ranks unpinned, naming them; on loopback it
     does not; an explicit ``false`` goes on across hosts with a warning naming
     the risk; the local launcher's own pins are never second-guessed."""
-    proto = _unpinned()
-    layout = layout_of(proto)
+    checked = _unpinned()
+    proto = checked.protocol
+    layout = layout_of(checked)
     with pytest.raises(
         ConfigError, match=r"spans hosts \(the rendezvous 10\.9\.8\.7 is not a loopback"
     ) as err:
@@ -377,7 +378,7 @@ def test_a_rank_across_hosts_needs_every_key_pinned_unless_the_protocol_opts_out
     )
     opted_out = _unpinned(require_pinned_keys=False)
     with pytest.warns(SecurityWarning, match="anyone who reaches the rendezvous can take their place") as w:
-        Session(opted_out, layout_of(opted_out), 1, "tcp://10.9.8.7:29500", tmp_path)
+        Session(opted_out.protocol, layout_of(opted_out), 1, "tcp://10.9.8.7:29500", tmp_path)
     assert "active 'active' (rank 0), passive 'right' (rank 2) present keys nobody pinned" in str(
         w[0].message
     )
@@ -413,7 +414,7 @@ def test_keygen_names_where_a_helper_key_is_pinned(tmp_path: Path):
     assert "security.helper_keys" in pin_instructions("dealer", pub)[0]
     assert pin_instructions("dealer", pub)[1] == f'    helper_keys: {{dealer: "{key_string(pub)}"}}'
     mpc = load_yaml("mpc.yaml")
-    helpers = {r.party for r in layout_of(load_protocol_dict(mpc)).helpers}
+    helpers = {r.party for r in layout_of(load_checked_dict(mpc)).helpers}
     assert helpers and helpers <= HELPER_RANKS
     made = cli("keygen", "--party", "dealer", "--out", str(tmp_path))
     assert made.returncode == 0, made.stderr

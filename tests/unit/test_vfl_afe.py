@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from securevfl.app.loader import load_protocol_dict
+from securevfl.app.loader import load_checked_dict, load_protocol_dict
 from securevfl.csprng import SecretStream
 from securevfl.defenses import DEFENSES
 from securevfl.defenses import _afe as afe
@@ -194,7 +194,7 @@ def test_kl_gaussian_vs_exponential_scale_invariant_finite_gradient():
 
 @pytest.fixture(scope="module")
 def proto():
-    return load_protocol_dict(small_digits())
+    return load_checked_dict(small_digits())
 
 
 NOISE = SecretStream.from_seed(0, "test")  # the defense's noise key, pinned for reproducibility
@@ -203,7 +203,10 @@ NOISE = SecretStream.from_seed(0, "test")  # the defense's noise key, pinned for
 def _defense(proto, **opts) -> EmbeddingDP:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return EmbeddingDP(EmbeddingDPOptions(**opts), DefenseContext(proto, "left", "passive", 0, NOISE))
+        return EmbeddingDP(
+            EmbeddingDPOptions(**opts),
+            DefenseContext(proto.protocol, proto.components, "left", "passive", 0, NOISE),
+        )
 
 
 def _step(d: EmbeddingDP, f: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -414,7 +417,7 @@ def test_analytic_accepts_large_eps():
 
 
 def test_budget_with_uncapped_paper_rescaling_refused():
-    proto = load_protocol_dict(_doc_with({"variant": "R"}, budget={"epsilon": 5.0}))
+    proto = load_checked_dict(_doc_with({"variant": "R"}, budget={"epsilon": 5.0}))
     with pytest.raises(ConfigError, match="s_max"):
         _defense(proto, variant="R")
     _defense(proto, variant="R", s_max=2.0)  # a cap gives a bound the budget can plan with
@@ -433,6 +436,8 @@ def test_tiny_effective_multiplier_is_accounted_exactly_and_fast(proto):
     (mech,) = d.mechanisms(Plan(steps=10, n_train=640, batch_size=64, record_releases=3, evaluations=1))
     assert mech.releases[0].noise_multiplier == pytest.approx(z)
     t0 = time.perf_counter()
-    rec = account({"left": [mech]}, proto.privacy.delta)["left"]["mechanisms"][mech.name]
+    rec = account({"left": [mech]}, proto.protocol.privacy.delta)["left"]["mechanisms"][mech.name]
     assert time.perf_counter() - t0 < 5.0
-    assert rec["epsilon"] == pytest.approx(gm.gdp_composed_epsilon(z, 3, proto.privacy.delta), rel=1e-9)
+    assert rec["epsilon"] == pytest.approx(
+        gm.gdp_composed_epsilon(z, 3, proto.protocol.privacy.delta), rel=1e-9
+    )

@@ -16,8 +16,7 @@ import time
 
 import torch
 
-from securevfl.components import components_of
-from securevfl.config import Protocol
+from securevfl.components import Components
 from securevfl.defenses.base import CollectiveContext
 from securevfl.defenses.crdp.options import CrdpOptions
 from securevfl.privacy.correlated import MergedSensitivity
@@ -27,21 +26,21 @@ from securevfl.privacy.secure_sum import secure_merged_sensitivity
 LocalCounts = tuple[torch.Tensor, int, float]
 
 
-def crdp_parties(proto: Protocol) -> list[tuple[int, str, CrdpOptions]]:
+def crdp_parties(components: Components) -> list[tuple[int, str, CrdpOptions]]:
     """(passive index, name, options) of every passive party running crdp, in
     protocol order (its first crdp entry)."""
-    return components_of(proto).running(CrdpOptions)
+    return components.running(CrdpOptions)
 
 
-def joins(proto: Protocol) -> bool:
+def joins(components: Components) -> bool:
     """Every party rank joins when some passive party runs crdp with ``merged_secure``."""
-    return any(o.delta_scope == "merged_secure" for _, _, o in crdp_parties(proto))
+    return any(o.delta_scope == "merged_secure" for _, _, o in crdp_parties(components))
 
 
 def merged_sensitivity(comm: CollectiveContext, local: LocalCounts | None) -> tuple[MergedSensitivity, float]:
     """Run the secure sum at one party rank (``local``: None where the party runs
     no crdp); returns the opened result and the seconds it took."""
-    parties = crdp_parties(comm.proto)
+    parties = crdp_parties(comm.components)
     sources = [comm.layout.passive[i].rank for i, _, _ in parties]
     w0 = parties[0][2].w0  # the same at every crdp party (checked at load)
     t0 = time.perf_counter()

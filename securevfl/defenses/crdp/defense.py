@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import securevfl.defenses.crdp.collective as collective
-from securevfl.components import components_of
+from securevfl.components import Components
 from securevfl.config import Protocol
 from securevfl.data.catalog import feature_columns
 from securevfl.data.partition import resolve_partition
@@ -20,7 +20,7 @@ from securevfl.defenses.base import CollectiveContext, Defense, DefenseContext
 from securevfl.defenses.crdp.accounting import crdp_mechanisms, crdp_prediction_mechanisms
 from securevfl.defenses.crdp.options import CrdpOptions
 from securevfl.errors import ConfigError, DataError, ProtocolError, UnsupportedCombination
-from securevfl.exchange.declared import MpcOptions
+from securevfl.exchange.mpc import MpcOptions
 from securevfl.privacy.accountant import Mechanism, Plan
 from securevfl.privacy.correlated import (
     MergedSensitivity,
@@ -140,9 +140,9 @@ class Crdp(Defense[CrdpOptions]):
 
     # -- the merged sensitivity (collective set-up, docs/methods/crdp-fl.md §2.5(f), §7.3) ---------------
     @classmethod
-    def joins_collective(cls, proto: Protocol) -> bool:
+    def joins_collective(cls, proto: Protocol, components: Components) -> bool:
         """Every party rank joins when some passive party runs crdp with ``merged_secure``."""
-        return collective.joins(proto)
+        return collective.joins(components)
 
     @classmethod
     def collective(cls, comm: CollectiveContext, mine: list[Defense[Any]]) -> None:
@@ -189,35 +189,18 @@ class Crdp(Defense[CrdpOptions]):
     def check(
         cls, proto: Protocol, params: Any, *, backend: Any, path: str, source: str | None = None
     ) -> None:
-        """``merged_secure`` needs CrypTen with a TTP dealer (the ``mpc`` backend,
-        provider TTP), the correlated noise, and every crdp party on the same
-        scope and ``w0`` (the merged data has one threshold)."""
+        """``merged_secure`` needs CrypTen (a backend offering ``mpc``) and the
+        correlated noise; what it needs of the other parties and of the backend's
+        options is checked by :meth:`cross_check`."""
         assert isinstance(params, CrdpOptions)
         if params.delta_scope != "merged_secure":
-            if any(o.delta_scope == "merged_secure" for _, _, o in collective.crdp_parties(proto)):
-                raise ConfigError(
-                    "every crdp party must use the same delta_scope: the merged data is made of all "
-                    "their columns",
-                    path=f"{path}.params.delta_scope",
-                    source=source,
-                )
             return
-        where = f"{path}.params.delta_scope"
         if "mpc" not in backend.capabilities:
             raise UnsupportedCombination(
                 f"crdp delta_scope 'merged_secure' sums the parties' match counts in CrypTen MPC, "
                 f"which backend '{backend.name}' does not run (no CrypTen communicator, no dealer rank); "
                 "use backend 'mpc', or delta_scope 'own'",
-                path=where,
-                source=source,
-            )
-        mpc = components_of(proto).exchange_options(MpcOptions)
-        if mpc is not None and mpc.provider != "TTP":
-            raise UnsupportedCombination(
-                "crdp delta_scope 'merged_secure' compares secret-shared counts, which needs a "
-                "trusted dealer's correlated randomness; under provider TFP rank 0 (the active "
-                "party) would generate it and could open every count: use provider TTP",
-                path=where,
+                path=f"{path}.params.delta_scope",
                 source=source,
             )
         if params.noise != "correlated":
@@ -227,7 +210,36 @@ class Crdp(Defense[CrdpOptions]):
                 path=f"{path}.params.noise",
                 source=source,
             )
-        w0s = {o.w0 for _, _, o in collective.crdp_parties(proto)}
+
+    @classmethod
+    def cross_check(
+        cls, proto: Protocol, components: Components, params: Any, *, path: str, source: str | None = None
+    ) -> None:
+        """Every crdp party on the same scope and, with ``merged_secure``, the same
+        ``w0`` (the merged data has one threshold) and the ``mpc`` backend's TTP
+        dealer (its correlated randomness)."""
+        assert isinstance(params, CrdpOptions)
+        crdp = collective.crdp_parties(components)
+        where = f"{path}.params.delta_scope"
+        if params.delta_scope != "merged_secure":
+            if any(o.delta_scope == "merged_secure" for _, _, o in crdp):
+                raise ConfigError(
+                    "every crdp party must use the same delta_scope: the merged data is made of all "
+                    "their columns",
+                    path=where,
+                    source=source,
+                )
+            return
+        mpc = components.exchange_options(MpcOptions)
+        if mpc is not None and mpc.provider != "TTP":
+            raise UnsupportedCombination(
+                "crdp delta_scope 'merged_secure' compares secret-shared counts, which needs a "
+                "trusted dealer's correlated randomness; under provider TFP rank 0 (the active "
+                "party) would generate it and could open every count: use provider TTP",
+                path=where,
+                source=source,
+            )
+        w0s = {o.w0 for _, _, o in crdp}
         if len(w0s) > 1:
             raise ConfigError(
                 f"with delta_scope 'merged_secure' every crdp party needs the same w0 (got {sorted(w0s)}): "
@@ -241,7 +253,7 @@ class Crdp(Defense[CrdpOptions]):
         """The three releases of docs/methods/crdp-fl.md §2.8 (:func:`.accounting.crdp_mechanisms`).
         The claim names the ``delta_scope``; the value used is in :meth:`report`
         (``delta_used``), since it depends on the data."""
-        n_orgs = len(collective.crdp_parties(self.ctx.proto))
+        n_orgs = len(collective.crdp_parties(self.ctx.components))
         return crdp_mechanisms(self.p, plan, width=self.width, s=self.s, n_orgs=n_orgs)
 
     def prediction_mechanisms(self) -> list[Mechanism]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from securevfl.components import components_of
+from securevfl.components import Components
 from securevfl.config import Protocol
 from securevfl.defenses.base import Defense, DefenseContext
 from securevfl.defenses.hashvfl.detector import Detector
@@ -40,6 +40,7 @@ class HashVFLConsistency(Defense[ConsistencyOptions]):
         super().__init__(params, ctx)
         j = [d.name for d in ctx.proto.parties.active.defenses].index(self.name)
         self.check(ctx.proto, params, backend=None, path=f"parties.active.defenses[{j}]")
+        self.cross_check(ctx.proto, ctx.components, params, path=f"parties.active.defenses[{j}]")
         self.bits = next(p.model.out for p in ctx.proto.parties.passive if p.model is not None)
         self.codes: torch.Tensor | None = None
         self.detector = Detector(self.threshold, params.window)
@@ -48,11 +49,10 @@ class HashVFLConsistency(Defense[ConsistencyOptions]):
     def check(
         cls, proto: Protocol, params: Any, *, backend: Any, path: str, source: str | None = None
     ) -> None:
-        """At load: every passive party runs ``hashvfl`` with one code length (the
-        loss compares each party's code with one class code). 2^d >= C is checked
-        when the rank knows C, before training."""
+        """At load: every passive party's code has one length (the loss compares
+        each party's code with one class code). 2^d >= C is checked when the rank
+        knows C, before training."""
         passive = proto.parties.passive
-        comps = components_of(proto)
         widths = {p.model.out for p in passive if p.model is not None}
         if len(widths) != 1:
             raise ConfigError(
@@ -61,6 +61,13 @@ class HashVFLConsistency(Defense[ConsistencyOptions]):
                 path=path,
                 source=source,
             )
+
+    @classmethod
+    def cross_check(
+        cls, proto: Protocol, components: Components, params: Any, *, path: str, source: str | None = None
+    ) -> None:
+        """At load: every passive party runs ``hashvfl`` and sends its +-1 codes."""
+        comps = components
         missing = [p.name for p in comps.passive if comps.options(p.name, HashOptions) is None]
         if missing:
             raise ConfigError(

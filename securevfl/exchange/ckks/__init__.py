@@ -82,7 +82,8 @@ the value and the bound; the norm that passed it stays in the owner's ``detail``
 Precision: every decrypted value carries sigma_f (7.4e-8) and the smudging
 (7.5e-9), plus float64 decoding (~|value| 2^-50).
 
-Modules, one job each:
+Modules, one job each (this face is the declaration alone, :class:`Ckks`: it imports
+neither torch nor TenSEAL):
 
 * :mod:`~securevfl.exchange.ckks.params`: options, the 128-bit and budget checks, the noise model,
   the context;
@@ -92,79 +93,34 @@ Modules, one job each:
   steps, Horner giant steps);
 * :mod:`~securevfl.exchange.ckks.worker`: one computation on a thread while the party waits;
 * :mod:`~securevfl.exchange.ckks.key` / :mod:`~securevfl.exchange.ckks.peer`: the key owner and the evaluator;
-* :mod:`~securevfl.exchange.ckks.counters`: primitive-operation counts for floors.
+* :mod:`~securevfl.exchange.ckks.counters`: primitive-operation counts for floors;
+* :mod:`~securevfl.exchange.ckks.scheme`: the scheme behind :mod:`securevfl.exchange.he.protocol`;
+* :mod:`~securevfl.exchange.ckks.roles`: the role objects.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel
 
 from securevfl.config import Protocol
-from securevfl.csprng import SecretStream
-from securevfl.exchange.ckks.counters import OPS, OpCounter, floor_seconds
-from securevfl.exchange.ckks.kernels import chain_cost, naf_weight, signed_units
-from securevfl.exchange.ckks.key import CkksKey
-from securevfl.exchange.ckks.packing import (
-    LinearMap,
-    SlotLayout,
-    matmul_map,
-    simulate,
-    standard_layout,
-    tmatmul_map,
-)
-from securevfl.exchange.ckks.params import (
-    MAX_BITS_128,
-    MAX_PRIME_BITS,
-    MIN_MASK_STD,
-    CkksOptions,
-    check,
-    describe,
-)
-from securevfl.exchange.ckks.peer import CkksPeer
-from securevfl.exchange.ckks.wire import HEADER, PUB_HEADER, frame, unframe
-from securevfl.exchange.ckks.worker import Worker
-from securevfl.exchange.he.backend import he_backend
-from securevfl.exchange.he.scheme import HEScheme
+from securevfl.exchange.ckks.params import CkksOptions, check, describe
+from securevfl.exchange.he.declaration import HEBackend
 
 
-class CkksScheme(HEScheme):
-    """CKKS behind the two-party HE protocol: keys, peers, masks, load-time checks."""
+class Ckks(HEBackend):
+    """The ``ckks`` backend's declaration (its role objects: :mod:`.roles`)."""
 
+    name = "ckks"
+    roles = "securevfl.exchange.ckks.roles:CkksRoles"
     options = CkksOptions
-
-    def __init__(self, options: BaseModel):
-        assert isinstance(options, CkksOptions)
-        super().__init__(options)
-        self.opts: CkksOptions = options
-
-    def new_key(self) -> CkksKey:
-        return CkksKey(self.opts)
-
-    def peer(self, public: bytes, *, sender: str) -> CkksPeer:
-        return CkksPeer(self.opts, public, sender)
-
-    def mask(self, stream: SecretStream, shape: tuple[int, ...]) -> np.ndarray:
-        """Gaussian masks of standard deviation mask_std (package docstring: why
-        Gaussian; |mask| <= 8.58 mask_std)."""
-        return self.opts.mask_std * stream.normal_np(shape)
-
-    def share_bits(self) -> int:
-        """P_i re-draws its weight share uniform in [-2^share_bits, 2^share_bits) every
-        step (:mod:`securevfl.exchange.he.protocol`), so the shares the evaluator multiplies stay
-        within the operand bound the guards and the flooding assume."""
-        return self.opts.share_bits
-
-    def value_bound(self) -> float:
-        """2^value_norm_bits: the l2 bound of an encrypted operand's rows (and dL/dz's
-        columns) that the exact decryption and the flooding are sized for; P_i clips
-        h'_i's rows and A scales dL/dz to it before encrypting (:mod:`securevfl.exchange.he.bounds`)."""
-        return 2.0**self.opts.value_norm_bits
+    description = (
+        "CKKS (TenSEAL) two-party interactive layer: batch-packed ciphertexts, shares of W_i, masked openings"
+    )
 
     @classmethod
-    def check(cls, proto: Protocol, options: BaseModel) -> None:
+    def check_scheme(cls, proto: Protocol, options: BaseModel) -> None:
         assert isinstance(options, CkksOptions)
         check(proto, options)
 
@@ -174,36 +130,4 @@ class CkksScheme(HEScheme):
         return describe(options)
 
 
-Ckks = he_backend(
-    "ckks",
-    CkksScheme,
-    "CKKS (TenSEAL) two-party interactive layer: batch-packed ciphertexts, shares of W_i, masked openings",
-)
-
-__all__ = [
-    "HEADER",
-    "MAX_BITS_128",
-    "MAX_PRIME_BITS",
-    "MIN_MASK_STD",
-    "OPS",
-    "PUB_HEADER",
-    "Ckks",
-    "CkksKey",
-    "CkksOptions",
-    "CkksPeer",
-    "CkksScheme",
-    "LinearMap",
-    "OpCounter",
-    "SlotLayout",
-    "Worker",
-    "chain_cost",
-    "floor_seconds",
-    "frame",
-    "matmul_map",
-    "naf_weight",
-    "signed_units",
-    "simulate",
-    "standard_layout",
-    "tmatmul_map",
-    "unframe",
-]
+__all__ = ["Ckks", "CkksOptions"]

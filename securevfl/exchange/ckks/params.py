@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from securevfl.config import ModelSpec, Protocol
 from securevfl.errors import ConfigError, CryptoParameterError
 from securevfl.exchange.ckks._tenseal import sa, ts
-from securevfl.exchange.he.scheme import HEWeightInit
+from securevfl.exchange.he.declaration import HEWeightInit
 
 # SEAL's HomomorphicEncryption.org table (native/src/seal/util/hestdparms.h):
 # the largest total coefficient-modulus size that still gives 128-bit security.

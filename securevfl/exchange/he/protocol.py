@@ -70,7 +70,8 @@ Secret keys never leave their owner: only :meth:`HEKey.public` is sent.
 A scheme (CKKS, Paillier) implements :class:`~securevfl.exchange.he.scheme.HEScheme`;
 the packing of values into ciphertexts is the scheme's own business, behind
 ``encrypt``/``matmul``/``tmatmul``. The messages are :mod:`securevfl.exchange.he.messages`;
-backends are one small class each, made by :func:`securevfl.exchange.he.backend.he_backend`.
+a backend is its declaration (:class:`~securevfl.exchange.he.declaration.HEBackend`) and
+one small class of role objects (:class:`~securevfl.exchange.he.roles.HERoles`).
 """
 
 from __future__ import annotations

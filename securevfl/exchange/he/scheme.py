@@ -8,19 +8,15 @@ exact integers)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel
 
-from securevfl.config import Protocol
 from securevfl.csprng import SecretStream
 from securevfl.exchange.base import ExchangeContext
 from securevfl.runtime.channel import Channel
-
-#: ``exchange.params.weight_init`` of the HE backends (module docstring, "Start")
-HEWeightInit = Literal["private", "seeded"]
 
 MATMUL, TMATMUL = "matmul", "tmatmul"
 BOTH_OPS = frozenset({MATMUL, TMATMUL})
@@ -206,15 +202,6 @@ class HEScheme(ABC):
         is brought within before encryption (:mod:`securevfl.exchange.he.bounds`): the
         bound the scheme's parameters are sized for. None (the default): no bound."""
         return None
-
-    @classmethod
-    def check(cls, proto: Protocol, options: BaseModel) -> None:
-        """Refuse insecure parameters at load (CryptoParameterError)."""
-        return None
-
-    @classmethod
-    def describe(cls, options: BaseModel) -> dict[str, Any]:
-        return {}
 
 
 def redraw_share(w: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -79,9 +79,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from securevfl.exchange.declared import KERNEL_ENV as KERNEL_ENV
-from securevfl.exchange.declared import KERNELS as KERNELS
-from securevfl.exchange.declared import forced_kernel
+from securevfl.exchange.mpc import KERNEL_ENV as KERNEL_ENV
+from securevfl.exchange.mpc import KERNELS as KERNELS
+from securevfl.exchange.mpc import forced_kernel
 
 LIMB_BITS = 22
 LIMBS = 3

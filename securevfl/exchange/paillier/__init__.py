@@ -14,7 +14,10 @@ nobody holds W_i; docs/design.md §4, SECURITY.md ``paillier``); this package is
 - :mod:`.peer`        the evaluator: products under the peer's key, masks, obfuscation;
 - :mod:`.wire`        the public key and blob formats (validated, no pickle);
 - :mod:`.counters`    counts of primitive operations per process;
-- :mod:`.backend`     the :class:`HEScheme` and the registered ``paillier`` backend.
+- :mod:`.checks`      the load-time checks and the security figures a result records;
+- :mod:`.backend`     the :class:`HEScheme` (keys, peers, arithmetic, sized for the run);
+- :mod:`.roles`       the role objects; this face is the declaration alone,
+  :class:`Paillier` (it imports neither torch nor gmpy2).
 
 Fixed point, one public scale per role, never a per-value exponent
     Every encrypted value x (an embedding h'_i or a gradient dL/dz) is the integer
@@ -175,37 +178,33 @@ Weight shares (re-drawn every step; he/protocol.py, SECURITY.md ``paillier``)
 
 from __future__ import annotations
 
-from securevfl.exchange.paillier.backend import PaillierBackend, PaillierScheme
-from securevfl.exchange.paillier.counters import OpCounts, counting
-from securevfl.exchange.paillier.encoding import COLS, ROWS, pack, unpack
-from securevfl.exchange.paillier.options import PaillierOptions
-from securevfl.exchange.paillier.peer import PaillierPeer
-from securevfl.exchange.paillier.scheme import PaillierKey
-from securevfl.exchange.paillier.wire import (
-    BLOB_HEAD,
-    SEC_HEAD,
-    SEC_LEN,
-    Section,
-    dump_public,
-    load_blob,
-)
+from typing import Any
 
-__all__ = [
-    "BLOB_HEAD",
-    "COLS",
-    "ROWS",
-    "SEC_HEAD",
-    "SEC_LEN",
-    "OpCounts",
-    "PaillierBackend",
-    "PaillierKey",
-    "PaillierOptions",
-    "PaillierPeer",
-    "PaillierScheme",
-    "Section",
-    "counting",
-    "dump_public",
-    "load_blob",
-    "pack",
-    "unpack",
-]
+from pydantic import BaseModel
+
+from securevfl.config import Protocol
+from securevfl.exchange.he.declaration import HEBackend
+from securevfl.exchange.paillier.checks import check, describe
+from securevfl.exchange.paillier.options import PaillierOptions
+
+
+class Paillier(HEBackend):
+    """The ``paillier`` backend's declaration (its role objects: :mod:`.roles`)."""
+
+    name = "paillier"
+    roles = "securevfl.exchange.paillier.roles:PaillierRoles"
+    options = PaillierOptions
+    description = "packed Paillier (phe keys, gmpy2); W_i shared between A and P_i; z_i revealed to A only"
+
+    @classmethod
+    def check_scheme(cls, proto: Protocol, options: BaseModel) -> None:
+        assert isinstance(options, PaillierOptions)
+        check(proto, options)
+
+    @classmethod
+    def describe(cls, options: BaseModel) -> dict[str, Any]:
+        assert isinstance(options, PaillierOptions)
+        return describe(options)
+
+
+__all__ = ["Paillier", "PaillierOptions"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from securevfl.errors import ConfigError
-from securevfl.exchange.he.scheme import HEWeightInit
+from securevfl.exchange.he.declaration import HEWeightInit
 
 MIN_KEY_BITS = 2048
 MAX_KEY_BITS = 16384

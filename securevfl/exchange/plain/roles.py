@@ -1,13 +1,5 @@
-"""``plain``: no protection. P_i sends h'_i; A holds every W_i and computes z.
-
-What each party learns (docs/design.md §4): A learns every h'_i and z; P_i learns
-dL/dh'_i. This is the baseline every other backend is measured against, and the
-setting in which feature-reconstruction attacks are strongest.
-
-It is the one backend with FedBCD rounds (``training.local_steps``): A holds every
-W_i in the clear, so it can recompute z from a round's embeddings alone. Under the
-backends that share or encrypt W_i each local step would be an interactive round.
-"""
+"""The role objects of ``plain`` (what it is and reveals: :mod:`securevfl.exchange.plain`):
+P_i sends h'_i; A holds every W_i, computes z and sends each P_i dL/dh'_i."""
 
 from __future__ import annotations
 
@@ -170,7 +162,7 @@ class PlainPassive(PassiveExchange):
 
 
 class PlainRoles(Roles):
-    """The role objects of ``plain`` (its declaration: :class:`~securevfl.exchange.declared.Plain`)."""
+    """The role objects of ``plain`` (its declaration: :class:`~securevfl.exchange.plain.Plain`)."""
 
     @classmethod
     def active(cls, ctx: ExchangeContext) -> ActiveExchange:
