@@ -346,13 +346,15 @@ def resolve_protocol(proto: Protocol, code: CodePolicy | None = None, *, rank: i
     return attach(proto, dataclasses.replace(resolve_components(proto), code=code))
 
 
-def load_protocol(
-    path: str | Path, overrides: list[str] | None = None, *, allow: Allow = (), rank: int | None = None
-) -> Protocol:
-    """Read, validate and cross-check one protocol file; its own modules are
-    looked up in its folder (``allow`` and ``rank`` as for :func:`load_protocol_dict`)."""
-    p = Path(path)
-    if not p.is_file():
+def read_protocol_file(p: Path) -> Any:
+    """The YAML document of the protocol file ``p``, refusing what is missing,
+    unreadable or not UTF-8 text (a ConfigError naming the file). Reads and
+    parses only: :func:`load_protocol_dict` checks the document."""
+    try:
+        found = p.is_file()
+    except OSError as exc:  # a name longer than its file system allows
+        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
+    if not found:
         raise ConfigError(f"protocol file not found: {p}")
     try:
         text = p.read_text(encoding="utf-8")
@@ -362,7 +364,16 @@ def load_protocol(
         raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
     if "\x00" in text:
         raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
-    doc = load_yaml(text, source=str(p))
+    return load_yaml(text, source=str(p))
+
+
+def load_protocol(
+    path: str | Path, overrides: list[str] | None = None, *, allow: Allow = (), rank: int | None = None
+) -> Protocol:
+    """Read, validate and cross-check one protocol file; its own modules are
+    looked up in its folder (``allow`` and ``rank`` as for :func:`load_protocol_dict`)."""
+    p = Path(path)
+    doc = read_protocol_file(p)
     proto = load_protocol_dict(
         doc, source=str(p), overrides=overrides, allow=allow, rank=rank, beside=p.parent
     )

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from securevfl.app.outdir import output_error
-from securevfl.app.rank_server import start_rank_server, stop_rank_server
+from securevfl.app.rank_server import stop_rank_server
 from securevfl.errors import PartyFailure, SecureVFLError, UserCodeError, show_warning
 from securevfl.registry import Registry
 
@@ -259,10 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``command -> "module:function"``: a command's module is imported when it runs, so
 #: ``securevfl --help``, ``list`` and ``validate`` load no torch, scikit-learn or plotting
 COMMANDS: Registry[Command] = Registry("command")
-COMMANDS.add_path("run", "securevfl.cli.training:cmd_run")
+COMMANDS.add_path("run", "securevfl.cli.launching:cmd_run")
 COMMANDS.add_path("party", "securevfl.cli.training:cmd_party")
-COMMANDS.add_path("predict", "securevfl.cli.training:cmd_predict")
-COMMANDS.add_path("compare", "securevfl.cli.training:cmd_compare")
+COMMANDS.add_path("predict", "securevfl.cli.launching:cmd_predict")
+COMMANDS.add_path("compare", "securevfl.cli.launching:cmd_compare")
 COMMANDS.add_path("keygen", "securevfl.cli.keys:cmd_keygen")
 COMMANDS.add_path("validate", "securevfl.cli.checking:cmd_validate")
 COMMANDS.add_path("list", "securevfl.cli.checking:cmd_list")
@@ -356,8 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     stops = (signal.SIGTERM, signal.SIGINT) if stops_ranks else ()
     previous = {sig: signal.signal(sig, _on_stop) for sig in stops}
     try:
-        if args.command in LAUNCHING:  # the ranks' fork server imports while the command does
-            start_rank_server()
         return COMMANDS.get(args.command)(args)
     except SecureVFLError as exc:
         if args.debug:
