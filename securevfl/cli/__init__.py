@@ -290,6 +290,58 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
     raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
+#: the exceptions :func:`_on_stop` raises, by the signal that raised them
+_STOP_SIGNALS: tuple[tuple[type[BaseException], signal.Signals], ...] = (
+    (Terminated, signal.SIGTERM),
+    (KeyboardInterrupt, signal.SIGINT),
+)
+
+
+def _stop_signal(exc_type: type[BaseException]) -> signal.Signals | None:
+    """The signal whose stop ``exc_type`` is (:func:`_on_stop`), or None."""
+    return next((sig for kind, sig in _STOP_SIGNALS if issubclass(exc_type, kind)), None)
+
+
+#: how long after a stop was swallowed (:func:`_stop_hook`) it is delivered again (seconds)
+REDELIVER_S = 0.01
+
+
+def _stop_hook(
+    previous: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], None]:
+    """A ``sys.unraisablehook`` for a command that stops on SIGTERM and Ctrl-C
+    (:func:`_on_stop`). A signal handler runs wherever the main thread happens to
+    be, and where that is a weakref callback (an import lock's), a ``__del__`` or
+    another place whose exceptions cannot propagate, the stop :func:`_on_stop`
+    raises there is swallowed: Python prints it as "Exception ignored in: ..."
+    with a traceback and goes on, the command not stopped. This hook prints
+    nothing for such a stop and delivers it again: it puts :func:`_on_stop` back
+    for that signal (which it had set to be ignored) and sends the signal to the
+    main thread :data:`REDELIVER_S` later, from a timer thread, so that the
+    handler raises it once the callback has returned, where the command's stop
+    path takes it (:func:`securevfl.app.launcher.stop_ranks`, :func:`_stopped`);
+    the signal wakes a main thread asleep in a system call (waiting on its ranks),
+    as the first one would have. Marking the signal pending at once instead would
+    run the handler inside this hook, itself a place whose exceptions cannot
+    propagate. One that lands in such a place again is delivered again.
+
+    Every other unraisable exception goes to ``previous`` unchanged, as does a
+    stop in another thread (no signal handler raised it there)."""
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        sig = _stop_signal(unraisable.exc_type)
+        main = threading.main_thread()
+        if sig is None or threading.current_thread() is not main or main.ident is None:
+            previous(unraisable)
+            return
+        signal.signal(sig, _on_stop)
+        timer = threading.Timer(REDELIVER_S, signal.pthread_kill, (main.ident, sig))
+        timer.daemon = True  # nothing to wait for at the command's exit
+        timer.start()
+
+    return hook
+
+
 def _stopped(command: str, code: int, *, program: bool) -> int:
     """The end of a command stopped by Ctrl-C or SIGTERM, once it has said so: a
     command that started ranks (the launcher has stopped them by now:
@@ -355,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     stops_ranks = args.command in LAUNCHING and threading.current_thread() is threading.main_thread()
     stops = (signal.SIGTERM, signal.SIGINT) if stops_ranks else ()
     previous = {sig: signal.signal(sig, _on_stop) for sig in stops}
+    unraisable = sys.unraisablehook
+    if stops_ranks:  # a stop landing where its exception cannot propagate is delivered again
+        sys.unraisablehook = _stop_hook(unraisable)
     try:
         return COMMANDS.get(args.command)(args)
     except SecureVFLError as exc:
@@ -373,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         print("securevfl: interrupted", file=sys.stderr)
         return _stopped(args.command, 130, program=argv is None)
     finally:
+        sys.unraisablehook = unraisable
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)
