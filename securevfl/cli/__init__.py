@@ -323,10 +323,15 @@ def _stop_hook(
     the signal wakes a main thread asleep in a system call (waiting on its ranks),
     as the first one would have. Marking the signal pending at once instead would
     run the handler inside this hook, itself a place whose exceptions cannot
-    propagate. One that lands in such a place again is delivered again.
+    propagate. One that lands in such a place again is delivered again; none is
+    sent once the command has ended (its hook put back).
 
     Every other unraisable exception goes to ``previous`` unchanged, as does a
     stop in another thread (no signal handler raised it there)."""
+
+    def redeliver(thread: int, sig: signal.Signals) -> None:
+        if sys.unraisablehook is hook:  # the command has not ended meanwhile
+            signal.pthread_kill(thread, sig)
 
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
         sig = _stop_signal(unraisable.exc_type)
@@ -335,7 +340,7 @@ def _stop_hook(
             previous(unraisable)
             return
         signal.signal(sig, _on_stop)
-        timer = threading.Timer(REDELIVER_S, signal.pthread_kill, (main.ident, sig))
+        timer = threading.Timer(REDELIVER_S, redeliver, (main.ident, sig))
         timer.daemon = True  # nothing to wait for at the command's exit
         timer.start()
 
