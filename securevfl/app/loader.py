@@ -367,6 +367,27 @@ def resolve_protocol(
     return CheckedProtocol(proto, dataclasses.replace(resolve_components(proto), code=code))
 
 
+def read_protocol_file(p: Path) -> Any:
+    """The YAML document of the protocol file ``p``, refusing what is missing,
+    unreadable or not UTF-8 text (a ConfigError naming the file). Reads and
+    parses only: :func:`load_checked_dict` checks the document."""
+    try:
+        found = p.is_file()
+    except OSError as exc:  # a name longer than its file system allows
+        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
+    if not found:
+        raise ConfigError(f"protocol file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("not a text file (protocol files are UTF-8 YAML)", source=str(p)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
+    if "\x00" in text:
+        raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
+    return load_yaml(text, source=str(p))
+
+
 def load_protocol(
     path: str | Path, overrides: list[str] | None = None, *, allow: Allow = (), rank: int | None = None
 ) -> Protocol:
@@ -382,17 +403,7 @@ def load_checked(
     its own modules are looked up in its folder (``allow`` and ``rank`` as for
     :func:`load_checked_dict`)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"protocol file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("not a text file (protocol files are UTF-8 YAML)", source=str(p)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(p)) from None
-    if "\x00" in text:
-        raise ConfigError("not a text file (it contains NUL bytes)", source=str(p))
-    doc = load_yaml(text, source=str(p))
+    doc = read_protocol_file(p)
     checked = load_checked_dict(
         doc, source=str(p), overrides=overrides, allow=allow, rank=rank, beside=p.parent
     )

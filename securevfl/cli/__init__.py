@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from securevfl.app.outdir import output_error
-from securevfl.app.rank_server import start_rank_server, stop_rank_server
+from securevfl.app.rank_server import stop_rank_server
 from securevfl.errors import PartyFailure, SecureVFLError, UserCodeError, show_warning
 from securevfl.registry import Registry
 
@@ -259,10 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``command -> "module:function"``: a command's module is imported when it runs, so
 #: ``securevfl --help``, ``list`` and ``validate`` load no torch, scikit-learn or plotting
 COMMANDS: Registry[Command] = Registry("command")
-COMMANDS.add_path("run", "securevfl.cli.training:cmd_run")
+COMMANDS.add_path("run", "securevfl.cli.launching:cmd_run")
 COMMANDS.add_path("party", "securevfl.cli.training:cmd_party")
-COMMANDS.add_path("predict", "securevfl.cli.training:cmd_predict")
-COMMANDS.add_path("compare", "securevfl.cli.training:cmd_compare")
+COMMANDS.add_path("predict", "securevfl.cli.launching:cmd_predict")
+COMMANDS.add_path("compare", "securevfl.cli.launching:cmd_compare")
 COMMANDS.add_path("keygen", "securevfl.cli.keys:cmd_keygen")
 COMMANDS.add_path("validate", "securevfl.cli.checking:cmd_validate")
 COMMANDS.add_path("list", "securevfl.cli.checking:cmd_list")
@@ -288,6 +288,63 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+#: the exceptions :func:`_on_stop` raises, by the signal that raised them
+_STOP_SIGNALS: tuple[tuple[type[BaseException], signal.Signals], ...] = (
+    (Terminated, signal.SIGTERM),
+    (KeyboardInterrupt, signal.SIGINT),
+)
+
+
+def _stop_signal(exc_type: type[BaseException]) -> signal.Signals | None:
+    """The signal whose stop ``exc_type`` is (:func:`_on_stop`), or None."""
+    return next((sig for kind, sig in _STOP_SIGNALS if issubclass(exc_type, kind)), None)
+
+
+#: how long after a stop was swallowed (:func:`_stop_hook`) it is delivered again (seconds)
+REDELIVER_S = 0.01
+
+
+def _stop_hook(
+    previous: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], None]:
+    """A ``sys.unraisablehook`` for a command that stops on SIGTERM and Ctrl-C
+    (:func:`_on_stop`). A signal handler runs wherever the main thread happens to
+    be, and where that is a weakref callback (an import lock's), a ``__del__`` or
+    another place whose exceptions cannot propagate, the stop :func:`_on_stop`
+    raises there is swallowed: Python prints it as "Exception ignored in: ..."
+    with a traceback and goes on, the command not stopped. This hook prints
+    nothing for such a stop and delivers it again: it puts :func:`_on_stop` back
+    for that signal (which it had set to be ignored) and sends the signal to the
+    main thread :data:`REDELIVER_S` later, from a timer thread, so that the
+    handler raises it once the callback has returned, where the command's stop
+    path takes it (:func:`securevfl.app.launcher.stop_ranks`, :func:`_stopped`);
+    the signal wakes a main thread asleep in a system call (waiting on its ranks),
+    as the first one would have. Marking the signal pending at once instead would
+    run the handler inside this hook, itself a place whose exceptions cannot
+    propagate. One that lands in such a place again is delivered again; none is
+    sent once the command has ended (its hook put back).
+
+    Every other unraisable exception goes to ``previous`` unchanged, as does a
+    stop in another thread (no signal handler raised it there)."""
+
+    def redeliver(thread: int, sig: signal.Signals) -> None:
+        if sys.unraisablehook is hook:  # the command has not ended meanwhile
+            signal.pthread_kill(thread, sig)
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        sig = _stop_signal(unraisable.exc_type)
+        main = threading.main_thread()
+        if sig is None or threading.current_thread() is not main or main.ident is None:
+            previous(unraisable)
+            return
+        signal.signal(sig, _on_stop)
+        timer = threading.Timer(REDELIVER_S, redeliver, (main.ident, sig))
+        timer.daemon = True  # nothing to wait for at the command's exit
+        timer.start()
+
+    return hook
 
 
 def _stopped(command: str, code: int, *, program: bool) -> int:
@@ -355,9 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     stops_ranks = args.command in LAUNCHING and threading.current_thread() is threading.main_thread()
     stops = (signal.SIGTERM, signal.SIGINT) if stops_ranks else ()
     previous = {sig: signal.signal(sig, _on_stop) for sig in stops}
+    unraisable = sys.unraisablehook
+    if stops_ranks:  # a stop landing where its exception cannot propagate is delivered again
+        sys.unraisablehook = _stop_hook(unraisable)
     try:
-        if args.command in LAUNCHING:  # the ranks' fork server imports while the command does
-            start_rank_server()
         return COMMANDS.get(args.command)(args)
     except SecureVFLError as exc:
         if args.debug:
@@ -375,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         print("securevfl: interrupted", file=sys.stderr)
         return _stopped(args.command, 130, program=argv is None)
     finally:
+        sys.unraisablehook = unraisable
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)

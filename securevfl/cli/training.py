@@ -1,5 +1,6 @@
 """``securevfl run | party | predict | compare``: the commands that train, predict
-and compare (imported when one of them runs)."""
+and compare (imported when one of them runs; ``run``, ``predict`` and ``compare``
+once :mod:`securevfl.cli.launching` has checked their files)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from securevfl.app.loader import allowed_modules, load_checked
 from securevfl.app.predict import PREDICTIONS_FILE
 from securevfl.app.rank_layout import layout_of
 from securevfl.cli.audit import warn_after_run
+from securevfl.config import Protocol
 from securevfl.errors import RankFailed
 from securevfl.report.compare import print_summary, print_table
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    proto = api.load_protocol(args.file, args.overrides)
+def launch_run(args: argparse.Namespace, proto: Protocol) -> int:
+    """``securevfl run`` with its protocol file loaded and checked
+    (:func:`securevfl.cli.launching.cmd_run`)."""
     result = api.run(
         proto,
         out=args.out,

@@ -3,6 +3,8 @@ securevfl.cli, securevfl.runtime.lifeline):
 
 * a launching command stops once on SIGTERM or Ctrl-C: a second signal during the
   stop is ignored (exit code 143 or 130, no traceback), not raised inside the stop;
+  one that lands in a weakref callback or a ``__del__`` (where its exception cannot
+  propagate) is delivered again, silently, and still stops the command;
 * the ranks' fork server starts with SIGINT blocked (a Ctrl-C while its interpreter
   starts prints no traceback), ignores it once ready, and ends the moment its
   launcher does, SIGKILL included;
@@ -76,6 +78,95 @@ def test_a_second_signal_during_a_stop_is_ignored(first: str, second: str, code:
     )
     assert out.returncode == code, out.stderr[-2000:]
     assert out.stderr.strip() == said, out.stderr[-2000:]
+
+
+STOP_IN_CALLBACK = """
+import os, signal, sys, time, weakref
+from securevfl import cli
+
+class Held:
+    def __del__(self):
+        if {where!r} == "__del__":
+            os.kill(os.getpid(), signal.{sig})  # its handler runs here, inside __del__
+
+def callback(ref):
+    if {where!r} == "weakref":
+        os.kill(os.getpid(), signal.{sig})  # its handler runs here, inside the callback
+
+def command(args):
+    held = Held()
+    ref = weakref.ref(held, callback)
+    del held  # __del__, then the weakref callback: exceptions there are "unraisable"
+    print("went on", file=sys.stderr)  # the stop was swallowed there
+    for _ in range(200):
+        time.sleep(0.05)
+    raise AssertionError("not stopped")
+
+cli.stop_rank_server = lambda: None
+cli.COMMANDS.get = lambda name: command
+sys.argv = ["securevfl", "run", "protocol.yaml", "--out", "out"]
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("where", ["weakref", "__del__"])
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [
+        ("SIGINT", 130, "securevfl: interrupted"),
+        ("SIGTERM", 143, "securevfl: terminated (SIGTERM); every rank this command started was stopped"),
+    ],
+)
+def test_a_stop_landing_where_it_cannot_propagate_still_stops_quietly(
+    where: str, sig: str, code: int, said: str
+) -> None:
+    """A stop whose handler runs inside a weakref callback (an import lock's) or a
+    ``__del__``: the exception ends the callback and is swallowed there, the command
+    goes on, and the stop is raised again in the command moments later. Before,
+    Python printed the swallowed stop ("Exception ignored in: ... Traceback ...
+    KeyboardInterrupt") and the command ran on, not stopped (here: to its
+    AssertionError, exit code 1)."""
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_IN_CALLBACK.format(where=where, sig=sig)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == code, out.stderr[-2000:]
+    assert out.stderr.strip() == f"went on\n{said}", out.stderr[-2000:]
+
+
+UNRAISABLE = """
+import signal, sys
+from securevfl import cli
+
+class Broken:
+    def __del__(self):
+        raise ValueError("a __del__ that fails")
+
+def command(args):
+    Broken()
+    return 0
+
+cli.COMMANDS.get = lambda name: command
+sys.argv = ["securevfl", "run", "protocol.yaml", "--out", "out"]
+code = cli.main()
+print("hook restored:", sys.unraisablehook is sys.__unraisablehook__, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_other_unraisable_exceptions_are_reported_as_before() -> None:
+    """The stop's hook passes every other unraisable exception on unchanged, and
+    is put back when the command ends."""
+    out = subprocess.run(
+        [sys.executable, "-c", UNRAISABLE], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Exception ignored in: <function Broken.__del__" in out.stderr
+    assert "ValueError: a __del__ that fails" in out.stderr
+    assert "hook restored: True" in out.stderr
 
 
 SERVER = """
