@@ -174,7 +174,9 @@ class ColumnProbe(Attack[ColumnProbeOptions]):
         own = world.passive(self.params.target).own
         n_train = len(own.train_idx)
         rng = np.random.default_rng(self.params.seed)  # the attack's randomness, not a secret
-        aux = np.sort(rng.choice(n_train, size=max(2, round(self.params.aux_fraction * n_train)), replace=False))
+        aux = np.sort(
+            rng.choice(n_train, size=max(2, round(self.params.aux_fraction * n_train)), replace=False)
+        )
         values = _column(world, self.params.target, self.params.column)
         return {"aux_rows": aux, "aux_values": values[torch.as_tensor(own.train_idx[aux])].numpy()}
 
@@ -182,7 +184,11 @@ class ColumnProbe(Attack[ColumnProbeOptions]):
         own, prior = view.own, view.prior
         table = per_row(own.forwards, own.z, len(own.train_idx), len(own.test_idx))
         seen = table.train_seen[prior["aux_rows"]]
-        w, b = ridge(table.train[prior["aux_rows"][seen]].double().numpy(), prior["aux_values"][seen], self.params.alpha)
+        w, b = ridge(
+            table.train[prior["aux_rows"][seen]].double().numpy(),
+            prior["aux_values"][seen],
+            self.params.alpha,
+        )
         rows = np.flatnonzero(table.test_seen)
         guess = table.test[rows].double().numpy() @ w + b
         return {"test_rows": rows, "guess": guess, "used": {"input": "z at A", "aux_rows": int(seen.sum())}}
