@@ -27,6 +27,7 @@ training (new IDs, no label at the bank), for ``securevfl predict``, and
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -115,4 +116,4 @@ if __name__ == "__main__":
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "data"
     for name, path in write(target).items():
         rows = len(pd.read_csv(path))
-        print(f"{name:>12}: {path} ({rows} rows)")
+        print(f"{name:>12}: {os.path.relpath(path)} ({rows} rows)")
