@@ -39,6 +39,9 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 EXCERPT = re.compile(r"^<!-- excerpt: (examples/tutorial/[\w.]+) -->$")
 KINDS = ("bash", "python", "yaml", "text")
 
+#: the whole page runs in the module fixture, under the first test that uses it
+pytestmark = pytest.mark.timeout(900)
+
 
 @dataclass(frozen=True)
 class Block:
@@ -155,9 +158,6 @@ def output_of(ran: list[Ran], fragment: str) -> Ran:
     return r
 
 
-pytestmark = pytest.mark.timeout(900)
-
-
 def test_every_command_block_exits_0(tutorial: tuple[Path, list[Ran]]):
     _, ran = tutorial
     commands = [b for b in blocks(TUTORIAL.read_text()) if b.kind == "bash"]
@@ -210,7 +210,9 @@ def test_prediction_scores_the_customers_every_party_knows(tutorial: tuple[Path,
     assert f"{len(pred)} rows aligned and predicted" in r.out
     assert set(pred["class"]) <= {"yes", "no"} and pred["customer"].str.startswith("N-").all()
     checked = output_of(ran, "answers.csv")
-    right, n = map(int, re.search(r"^(\d+) of (\d+) right$", checked.out, re.M).groups())  # type: ignore[union-attr]
+    m = re.search(r"^(\d+) of (\d+) right$", checked.out, re.M)
+    assert m is not None, checked.out
+    right, n = int(m.group(1)), int(m.group(2))
     assert n == len(pred) and right >= 0.6 * n
 
 
@@ -241,8 +243,9 @@ def test_the_study_script_prints_one_line_per_protocol(tutorial: tuple[Path, lis
 
 
 def test_attacks_rerun_on_the_finished_run(tutorial: tuple[Path, list[Ran]]):
-    """label_norm by the telco, from its gradients: above chance under mpc (one run
-    measured 0.78; 0.6 leaves room); the group's own attack reruns on another column."""
+    """label_norm by the telco, from its gradients: above chance under mpc (seven runs of
+    the tutorial's protocols measured 0.76 to 0.89; 0.6 leaves room); the group's own
+    attack reruns on another column; the run's result.json is left as it was."""
     work, ran = tutorial
     before = (work / "runs" / "mpc" / "result.json").read_text()
     assert "written to runs/mpc/attacks/label_norm.json" in output_of(ran, "--attack label_norm").out
