@@ -57,6 +57,7 @@ def blocks(markdown: str) -> list[Block]:
     out: list[Block] = []
     i = 0
     while i < len(lines):
+        assert not lines[i].lstrip().startswith("~~~"), f"line {i + 1}: a '~~~' fence (use ```)"
         if lines[i].lstrip().startswith("```"):
             m = FENCE.match(lines[i])
             assert m is not None, f"line {i + 1}: an indented or malformed fence: {lines[i]!r}"
