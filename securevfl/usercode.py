@@ -229,6 +229,15 @@ def policy_of(allow: Iterable[str], beside: str | None = None) -> CodePolicy:
     return CodePolicy(frozenset(names), beside, frozenset(files.values()))
 
 
+def allowed_module(text: str) -> str:
+    """The module an allowance names, to import it (``mylab``, ``./mylab.py`` and
+    ``mylab=sha256:HEX`` all name ``mylab``); ``text`` is one :func:`policy_of` took."""
+    pin = _PIN.match(text)
+    if pin:
+        return pin.group(1)
+    return _named_file(text).name if is_path(text) else text
+
+
 def own_policy(modules: Iterable[str], beside: str | None) -> CodePolicy:
     """The local launcher's policy for the modules its own protocol file names:
     one that lies beside the file is allowed by its path (a single file pinned to

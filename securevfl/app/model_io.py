@@ -22,11 +22,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from securevfl.app.checkpoints import load_model
 from securevfl.app.loader import OWN, load_checked_dict
 from securevfl.components import CheckedProtocol, Components
 from securevfl.config import PartySpec, Protocol
+from securevfl.config_errors import validation_error
 from securevfl.data.fitted import apply_fitted, from_saved
 from securevfl.data.party_data import PartyData
 from securevfl.defenses.base import DefenseStack, build_stack
@@ -44,27 +46,51 @@ def _spec(proto: Protocol, role: Role) -> PartySpec:
     return proto.parties.active if role.kind == "active" else proto.parties.passive[role.index]
 
 
-def run_protocol(run_dir: Path) -> CheckedProtocol:
-    """The protocol a local run in ``run_dir`` was trained under, as the active
-    rank saved it with its model (the local launcher's user holds every rank's
-    folder); checked against the digest in that model's manifest. Its user
-    ran it, so the modules it names are allowed (the local launcher's rule), and
-    found beside the protocol file it was loaded from."""
+@dataclass(frozen=True)
+class SavedProtocol:
+    """The protocol document a local run's active rank saved with its model
+    (``doc``), vouched for by the digest in that model's manifest; ``beside``: the
+    folder of the protocol file the run was loaded from, where its own modules were
+    found (None for a protocol given as data); ``source``: the file that holds it,
+    for messages."""
+
+    doc: dict[str, Any]
+    beside: Path | None
+    source: str
+
+
+def saved_protocol(run_dir: Path) -> SavedProtocol:
+    """The protocol a local run in ``run_dir`` was trained under, as the active rank
+    saved it with its model, read against the schema and checked against the digest
+    in that model's manifest, with nothing resolved or imported yet: the digest says
+    it is the run's protocol, whatever components and modules it names."""
     saved = load_model(Path(run_dir), 0)
     model = saved.docs.get("model", {})
     doc = model.get("protocol")
     if not isinstance(doc, dict):
         raise CheckpointError(f"rank 0: {saved.path}/model.json holds no protocol")
     code_dir = model.get("code_dir")
-    beside = Path(code_dir) if isinstance(code_dir, str) else None
-    checked = load_checked_dict(doc, source=str(saved.path / "model.json"), allow=OWN, beside=beside)
-    why_not = checked.protocol.digest_mismatch(saved.manifest.protocol_digest)
+    source = str(saved.path / "model.json")
+    try:
+        proto = Protocol.model_validate(doc)
+    except ValidationError as exc:
+        raise validation_error(exc, source=source) from None
+    why_not = proto.digest_mismatch(saved.manifest.protocol_digest)
     if why_not is not None:
         raise CheckpointError(
             f"rank 0: {saved.path}/model.json: field 'protocol' does not match the manifest's "
             f"protocol digest ({why_not})"
         )
-    return checked
+    return SavedProtocol(doc, Path(code_dir) if isinstance(code_dir, str) else None, source)
+
+
+def run_protocol(run_dir: Path) -> CheckedProtocol:
+    """The protocol a local run in ``run_dir`` was trained under (:func:`saved_protocol`),
+    checked and its components resolved. The local launcher's user holds every rank's
+    folder and ran it, so the modules it names are allowed (the local launcher's rule),
+    and found beside the protocol file it was loaded from."""
+    saved = saved_protocol(run_dir)
+    return load_checked_dict(saved.doc, source=saved.source, allow=OWN, beside=saved.beside)
 
 
 @dataclass

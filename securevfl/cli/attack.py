@@ -29,8 +29,7 @@ def _params(items: list[str]) -> dict[str, Any]:
 
 def cmd_attack(args: argparse.Namespace) -> int:
     """Print the attack's metrics and where they were written."""
-    plugins = [str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugins]
-    key, entry, path = attack_run(Path(args.run_dir), args.attack, _params(args.params), plugins)
+    key, entry, path = attack_run(Path(args.run_dir), args.attack, _params(args.params), args.plugins)
     shown = {k: v for k, v in entry.items() if k not in ("used",) and not isinstance(v, (dict, list))}
     width = max(map(len, shown))
     print(f"securevfl attack: {key} on {args.run_dir}")

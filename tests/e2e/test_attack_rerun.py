@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from securevfl import api
+from securevfl.attacks.base import ATTACKS
 from securevfl.cli import main
+from tests.support import user_components as uc
+from tests.support.protocols import small_digits
 
 
 def test_an_attack_reruns_on_a_finished_runs_views_and_leaves_its_result(
@@ -61,3 +68,104 @@ def test_an_unknown_attack_a_bad_option_or_a_run_without_views_is_refused(
     err = capsys.readouterr().err
     assert "runtime.dump_views" in err and "Traceback" not in err
     assert not (small_cli_run.out / "attacks").exists()
+
+
+PROBE = '''
+"""A user's attack module, named to `securevfl attack` by its path."""
+from securevfl.plugins import register_attack
+from tests.support.usercode.svfl_test_plugin import GradNorm as _GradNorm
+
+
+@register_attack
+class FileProbe(_GradNorm):
+    name = "{name}"
+'''
+
+
+@pytest.fixture
+def isolated() -> Iterator[None]:
+    """Undo what a test's imports leave behind in this process: the attacks its
+    plugins registered, the modules they imported and the finders installed."""
+    attacks, modules, finders = set(ATTACKS), set(sys.modules), list(sys.meta_path)
+    yield
+    for name in set(ATTACKS) - attacks:
+        ATTACKS.remove(name)
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+    sys.meta_path[:] = finders
+
+
+def _probe_file(folder: Path, attack: str) -> Path:
+    """A plugin file that registers attack ``attack``, under a fresh module name."""
+    path = folder / f"svfl_probe_{uuid.uuid4().hex[:10]}.py"
+    path.write_text(PROBE.format(name=attack))
+    return path
+
+
+def test_an_attack_of_a_file_given_by_plugin_reruns(
+    undefended_short_run: tuple[dict[str, Any], Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    isolated: None,
+) -> None:
+    """``--plugin ./file.py`` imports that very file (by path, as --allow-plugin
+    does), and the attack it registers runs; a bare name is looked up as an
+    installed module, never as a file beside the run."""
+    run = tmp_path / "run"
+    shutil.copytree(undefended_short_run[1], run)
+    plugin = _probe_file(tmp_path, "test_file_probe")
+    code = main(
+        ["attack", str(run), "--attack", "test_file_probe", "--plugin", str(plugin), "--param", "party=right"]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    entry = json.loads((run / "attacks" / "test_file_probe.json").read_text())
+    assert entry["attack"] == "test_file_probe" and 0.0 <= entry["auc"] <= 1.0
+    assert sys.modules[plugin.stem].__file__ == str(plugin)
+    # the same module by bare name, from a file beside the run: not imported
+    marker = tmp_path / "imported"
+    beside = run / "svfl_beside_run.py"
+    beside.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    assert main(["attack", str(run), "--attack", "label_norm", "--plugin", "svfl_beside_run"]) == 2
+    err = capsys.readouterr().err
+    assert "no module named 'svfl_beside_run'" in err and "--plugin" in err and "Traceback" not in err
+    assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def api_attack_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short plain run through :func:`api.run` whose protocol lists an attack
+    class of the caller's own (registered for that call only)."""
+    doc = small_digits(epochs=1, max_steps=3)
+    doc["attacks"] = [uc.Idle]
+    out = tmp_path_factory.mktemp("api_attack_run") / "run"
+    api.run(doc, out=out, progress=False)
+    assert "test_idle" not in ATTACKS  # the call's own registration is gone
+    return out
+
+
+def test_a_run_listing_the_callers_own_attack_class_can_be_attacked_again(
+    api_attack_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], isolated: None
+) -> None:
+    """The saved protocol names an attack this process does not know: another
+    attack reruns all the same (the saved attack is not rerun, and the saved
+    protocol is vouched for by its digest, not by resolving it); that attack
+    itself reruns once --plugin registers it (imported before the saved protocol
+    is checked), and without it is refused, naming it."""
+    run = tmp_path / "run"
+    shutil.copytree(api_attack_run, run)
+    assert main(["attack", str(run), "--attack", "label_norm", "--param", "party=right"]) == 0
+    assert json.loads((run / "attacks" / "label_norm.json").read_text())["adversary"] == "right"
+    capsys.readouterr()
+    assert main(["attack", str(run), "--attack", "test_idle"]) == 2
+    err = capsys.readouterr().err
+    assert "attacks[0].name" in err and "unknown attack 'test_idle'" in err and "Traceback" not in err
+    plugin = tmp_path / "idle_lab.py"
+    plugin.write_text(
+        "from securevfl.plugins import register_attack\n"
+        "from tests.support.user_components import Idle\n\n"
+        "register_attack(Idle)\n"
+    )
+    code = main(["attack", str(run), "--attack", "test_idle", "--plugin", str(plugin)])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((run / "attacks" / "test_idle.json").read_text())["attack"] == "test_idle"
