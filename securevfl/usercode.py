@@ -229,7 +229,7 @@ def policy_of(allow: Iterable[str], beside: str | None = None) -> CodePolicy:
     return CodePolicy(frozenset(names), beside, frozenset(files.values()))
 
 
-def allowed_module(text: str) -> str:
+def allowance_module(text: str) -> str:
     """The module an allowance names, to import it (``mylab``, ``./mylab.py`` and
     ``mylab=sha256:HEX`` all name ``mylab``); ``text`` is one :func:`policy_of` took."""
     pin = _PIN.match(text)

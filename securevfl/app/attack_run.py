@@ -29,7 +29,7 @@ from securevfl.app.rank_layout import layout_of
 from securevfl.components import CheckedProtocol
 from securevfl.errors import ConfigError, UserCodeError
 from securevfl.private_files import write_private
-from securevfl.usercode import FLAG, allowed_module, policy_of
+from securevfl.usercode import FLAG, allowance_module, policy_of
 
 #: where a rerun attack's entry is written, inside the run's folder
 RESULTS_DIR = "attacks"
@@ -51,7 +51,7 @@ def import_given_plugins(plugins: Sequence[str], beside: Path | None) -> None:
     try:
         code = policy_of(plugins, str(beside) if beside is not None else None)
         for text in plugins:
-            module = allowed_module(text)
+            module = allowance_module(text)
             code.import_module(module, what=f"plugin '{text}'", path=PLUGIN_FLAG)
     except UserCodeError as exc:
         # the policy's own words name the flag of `securevfl party`; this command's is --plugin

@@ -17,6 +17,7 @@ import torch
 from securevfl import api
 from securevfl.attacks.base import ATTACKS
 from securevfl.cli import main
+from securevfl.config import Protocol
 from tests.support import user_components as uc
 from tests.support.protocols import small_digits
 
@@ -127,7 +128,7 @@ def test_an_attack_of_a_file_given_by_plugin_reruns(
     beside = run / "svfl_beside_run.py"
     beside.write_text(f"open({str(marker)!r}, 'w').close()\n")
     assert main(["attack", str(run), "--attack", "label_norm", "--plugin", "svfl_beside_run"]) == 2
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # unwrapped
     assert "no module named 'svfl_beside_run'" in err and "--plugin" in err and "Traceback" not in err
     assert not marker.exists()
 
@@ -158,7 +159,7 @@ def test_a_run_listing_the_callers_own_attack_class_can_be_attacked_again(
     assert json.loads((run / "attacks" / "label_norm.json").read_text())["adversary"] == "right"
     capsys.readouterr()
     assert main(["attack", str(run), "--attack", "test_idle"]) == 2
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # unwrapped
     assert "attacks[0].name" in err and "unknown attack 'test_idle'" in err and "Traceback" not in err
     plugin = tmp_path / "idle_lab.py"
     plugin.write_text(
@@ -169,3 +170,15 @@ def test_a_run_listing_the_callers_own_attack_class_can_be_attacked_again(
     code = main(["attack", str(run), "--attack", "test_idle", "--plugin", str(plugin)])
     assert code == 0, capsys.readouterr().err
     assert json.loads((run / "attacks" / "test_idle.json").read_text())["attack"] == "test_idle"
+
+
+def test_the_saved_protocol_is_still_held_to_its_digest(
+    api_attack_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its attacks are not resolved, but the protocol a rerun works under is the one
+    the run's manifest vouches for: another digest is refused, naming the field."""
+    monkeypatch.setattr(Protocol, "digest", lambda self: "v2-0123456789abcdef")
+    assert main(["attack", str(api_attack_run), "--attack", "label_norm", "--param", "party=right"]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # unwrapped
+    assert "field 'protocol' does not match the manifest's protocol digest" in err and "Traceback" not in err
+    assert not (api_attack_run / "attacks").exists()
