@@ -237,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="MODULE|PATH",
-        help="your own module that registers the attack (an installed module or a .py file), "
-        "imported in this process only",
+        help="your own module that registers the attack, imported in this process only, before the "
+        "run's protocol is checked: an installed module, a .py file or package folder by its path, or "
+        "NAME=sha256:DIGEST for NAME.py beside the run's protocol file (as --allow-plugin; repeatable)",
     )
     atk.add_argument("--debug", action="store_true", help="show tracebacks")
 
