@@ -12,7 +12,7 @@ import pytest
 
 from securevfl.app.objects import reference_of
 from securevfl.errors import UserCodeError
-from securevfl.usercode import CodePolicy, FileModule, Needed, policy_of, split_ref
+from securevfl.usercode import CodePolicy, FileModule, Needed, allowance_module, policy_of, split_ref
 
 
 @pytest.fixture
@@ -195,3 +195,16 @@ def test_a_user_code_errors_text_stays_with_its_owner():
     assert note.kind == "UserCodeError" and note.detail == "row 17: 4.2"
     shared = note.public()
     assert shared.detail is None and "4.2" not in shared.model_dump_json()
+
+
+def test_each_allowance_names_the_module_it_allows(tmp_path):
+    """``securevfl attack --plugin`` imports the module each allowance names."""
+    (tmp_path / "mylab.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    assert allowance_module("mylab.models") == "mylab.models"
+    assert allowance_module(str(tmp_path / "mylab.py")) == "mylab"
+    assert allowance_module(str(tmp_path / "pkg")) == "pkg"
+    assert allowance_module("mylab=sha256:" + "a" * 64) == "mylab"
+    with pytest.raises(UserCodeError, match=r"neither a \.py file nor a package folder"):
+        allowance_module(str(tmp_path / "missing.py"))
