@@ -146,13 +146,18 @@ def api_attack_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_run_listing_the_callers_own_attack_class_can_be_attacked_again(
-    api_attack_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], isolated: None
+    api_attack_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    isolated: None,
 ) -> None:
     """The saved protocol names an attack this process does not know: another
     attack reruns all the same (the saved attack is not rerun, and the saved
     protocol is vouched for by its digest, not by resolving it); that attack
-    itself reruns once --plugin registers it (imported before the saved protocol
-    is checked), and without it is refused, naming it."""
+    itself reruns once --plugin registers it (an installed module, by name,
+    imported before the saved protocol is checked), and without it is refused,
+    naming it."""
     run = tmp_path / "run"
     shutil.copytree(api_attack_run, run)
     assert main(["attack", str(run), "--attack", "label_norm", "--param", "party=right"]) == 0
@@ -161,13 +166,16 @@ def test_a_run_listing_the_callers_own_attack_class_can_be_attacked_again(
     assert main(["attack", str(run), "--attack", "test_idle"]) == 2
     err = " ".join(capsys.readouterr().err.split())  # unwrapped
     assert "attacks[0].name" in err and "unknown attack 'test_idle'" in err and "Traceback" not in err
-    plugin = tmp_path / "idle_lab.py"
-    plugin.write_text(
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    module = f"svfl_idle_{uuid.uuid4().hex[:10]}"
+    (lib / f"{module}.py").write_text(
         "from securevfl.plugins import register_attack\n"
         "from tests.support.user_components import Idle\n\n"
         "register_attack(Idle)\n"
     )
-    code = main(["attack", str(run), "--attack", "test_idle", "--plugin", str(plugin)])
+    monkeypatch.syspath_prepend(str(lib))  # installed: on the Python path
+    code = main(["attack", str(run), "--attack", "test_idle", "--plugin", module])
     assert code == 0, capsys.readouterr().err
     assert json.loads((run / "attacks" / "test_idle.json").read_text())["attack"] == "test_idle"
 
