@@ -1,4 +1,5 @@
-"""securevfl from Python: load a protocol, run it, compare several, predict.
+"""securevfl from Python: load a protocol, run it, compare several, predict,
+attack a finished run again.
 
 The same code the command line runs (``securevfl run | compare | predict |
 party`` are thin layers over these functions), so a script gets the same checks,
@@ -13,6 +14,8 @@ the same output folders and the same results::
     print(table.frame)                                 # one row per protocol (pandas)
     pred = api.predict("runs/ckks", out="runs/ckks-pred")
     print(pred.frame.head())
+    again = api.attack("runs/ckks", "label_norm", params={"party": "left"})
+    print(again.score)                                 # RUN/attacks/<key>.json
 
 Every party is still its own OS process: :func:`run`, :func:`compare` and
 :func:`predict` start one process per rank (as ``securevfl run`` does) and wait for
@@ -44,10 +47,12 @@ from securevfl.api.arguments import (
     kind_of,
     optional_path,
     path_arg,
+    plugin_list,
     seed_list,
     set_list,
 )
-from securevfl.api.results import Comparison, ComparisonRow, Prediction, RunResult, run_result
+from securevfl.api.results import AttackRerun, Comparison, ComparisonRow, Prediction, RunResult, run_result
+from securevfl.app.attack_run import attack_run
 from securevfl.app.compare_runs import execute
 from securevfl.app.comparison import folder_name, say_stderr, sources_from_paths
 from securevfl.app.comparison import plan as make_plan
@@ -57,6 +62,7 @@ from securevfl.app.loader import OWN, Allow, allowed_modules, load_checked, load
 from securevfl.app.objects import Converted, Registration, convert, registered
 from securevfl.app.party import run_party
 from securevfl.app.predict import predict_local
+from securevfl.attacks.base import Attack
 from securevfl.components import CheckedProtocol
 from securevfl.config import Protocol
 from securevfl.errors import ConfigError
@@ -66,6 +72,7 @@ from securevfl.report.compare import write_comparison
 from securevfl.usercode import policy_of
 
 __all__ = [
+    "AttackRerun",
     "Comparison",
     "ComparisonRow",
     "EpochRecord",
@@ -76,6 +83,7 @@ __all__ = [
     "PrivacyReport",
     "ProtocolLike",
     "RunResult",
+    "attack",
     "compare",
     "load_protocol",
     "party",
@@ -465,6 +473,58 @@ def predict(
         overwrite=overwrite,
     )
     return Prediction.model_validate({**record.model_dump(), "folder": path.parent})
+
+
+def attack(
+    run: str | os.PathLike[str] | RunResult,
+    attack: str | type[Attack],
+    *,
+    params: Mapping[str, Any] | None = None,
+    plugins: Sequence[str] = (),
+) -> AttackRerun:
+    """Run an attack again on a finished run's saved views, in this process
+    (``securevfl attack RUN --attack NAME``; docs/attacks.md, "Attacking a finished
+    run"); return its :class:`AttackRerun`.
+
+    ``run``: the run's output folder (or its :class:`RunResult`); it must have saved
+    its views (its protocol listed attacks or set ``runtime.dump_views``). ``attack``:
+    a registered attack's name, or an :class:`~securevfl.attacks.base.Attack`
+    subclass of the caller's own (registered under its ``name`` for this call only,
+    as :func:`run` registers one). ``params``: the attack's options, validated as in
+    a protocol file. ``plugins``: modules of the caller's own to import first, each
+    allowed as ``--plugin`` allows it (an installed module by name, a file by its
+    path, ``NAME=sha256:HEX``). Nothing is trained; the views are loaded with
+    ``weights_only=True``; the run's ``result.json`` is left as it was and the
+    attack's entry goes to ``RUN/attacks/<key>.json``.
+
+    Raises :class:`~securevfl.errors.ConfigError` naming the field for an unknown
+    attack, a bad option or a run without saved views."""
+    if isinstance(run, RunResult):
+        run_dir = run.folder
+    elif isinstance(run, (str, os.PathLike)):
+        run_dir = path_arg(run, "run")
+    else:
+        raise ConfigError(
+            f"run is a finished run's folder (a path) or its RunResult, not {kind_of(run)}", path="run"
+        )
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(
+            f"params is a mapping of the attack's options, not {kind_of(params)}", path="params"
+        )
+    given = plugin_list(plugins)
+    if isinstance(attack, type):  # the caller's own class: registered under its name for this call
+        conv = convert({"attacks": [{"name": attack}]})
+        name: str = conv.doc["attacks"][0]["name"]
+    elif isinstance(attack, str):
+        conv, name = None, attack
+    else:
+        raise ConfigError(
+            f"attack is a registered attack's name or an Attack subclass, not {kind_of(attack)}",
+            path="attack",
+        )
+    with registered(conv.registrations if conv is not None else ()):
+        key, entry, path = attack_run(run_dir, name, dict(params or {}), given)
+    return AttackRerun(key, entry, path)
 
 
 def party(

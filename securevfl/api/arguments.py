@@ -139,6 +139,15 @@ def data_list(data: Mapping[str, str | os.PathLike[str]] | Sequence[str] | None)
     )
 
 
+def plugin_list(plugins: object) -> list[str]:
+    """``plugins``: the caller's own modules, as ``--plugin`` takes them (names,
+    paths, ``NAME=sha256:HEX``); one string is refused, not read letter by letter."""
+    shape = "plugins is a list of module names or paths"
+    if isinstance(plugins, str):
+        raise ConfigError(f"{shape}, not one string (write [{plugins!r}])", path="plugins")
+    return _strings(plugins, shape=shape, item="each plugin is a module name or a path", path="plugins")
+
+
 def _strings(value: object, *, shape: str, item: str, path: str) -> list[str]:
     """``value`` as a list of strings; else a ConfigError at ``path`` that says the
     ``shape`` expected of it, or what ``item`` each element must be."""

@@ -1,6 +1,7 @@
 """The Python API's typed results: a run's record (:class:`RunResult`), a
-prediction's (:class:`Prediction`) and a comparison's (:class:`Comparison`, one
-:class:`ComparisonRow` per compared protocol)."""
+prediction's (:class:`Prediction`), a comparison's (:class:`Comparison`, one
+:class:`ComparisonRow` per compared protocol) and an attack's run again on a
+finished run (:class:`AttackRerun`)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,23 @@ class Prediction(PredictionRecord):
         """The predictions, read from :attr:`path` (IDs kept as text, each cell as
         the run wrote it: :func:`~securevfl.app.predict.read_predictions`)."""
         return read_predictions(self.path)
+
+
+@dataclass(frozen=True)
+class AttackRerun:
+    """An attack run again on a finished run's saved views (``securevfl attack``):
+    its result key (``key``, as in ``result.json["attacks"]``), its entry
+    (``metrics``: the attack's scores and what it used, as ``result.json`` would
+    hold it) and the file it was written to (``path``, ``RUN/attacks/<key>.json``)."""
+
+    key: str
+    metrics: Mapping[str, Any]
+    path: Path
+
+    @property
+    def score(self) -> Any:
+        """The attack's headline score (its entry's ``ap``)."""
+        return self.metrics.get("ap")
 
 
 @dataclass(frozen=True)

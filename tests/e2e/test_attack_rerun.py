@@ -18,6 +18,7 @@ from securevfl import api
 from securevfl.attacks.base import ATTACKS
 from securevfl.cli import main
 from securevfl.config import Protocol
+from securevfl.errors import ConfigError
 from tests.support import user_components as uc
 from tests.support.protocols import small_digits
 
@@ -190,3 +191,31 @@ def test_the_saved_protocol_is_still_held_to_its_digest(
     err = " ".join(capsys.readouterr().err.split())  # unwrapped
     assert "field 'protocol' does not match the manifest's protocol digest" in err and "Traceback" not in err
     assert not (api_attack_run / "attacks").exists()
+
+
+def test_api_attack_reruns_by_name_and_by_the_callers_own_class(
+    api_attack_run: Path, tmp_path: Path, isolated: None
+) -> None:
+    """``api.attack``: the command's rerun from Python, by a registered name (the
+    run given as its folder or its RunResult) and by an Attack subclass of the
+    caller's own, registered for that call only; mistakes are ConfigErrors naming
+    the argument, and nothing is written for them."""
+    run = tmp_path / "run"
+    shutil.copytree(api_attack_run, run)
+    again = api.attack(run, "label_norm", params={"party": "right"})
+    assert again.key == "label_norm" and again.path == run / "attacks" / "label_norm.json"
+    assert again.metrics["adversary"] == "right" and 0.0 <= again.score <= 1.0
+    assert json.loads(again.path.read_text())["ap"] == again.score
+    own = api.attack(run, uc.Idle)
+    assert own.key == "test_idle" and own.path.is_file() and "test_idle" not in ATTACKS
+    for bad, field in (
+        ({"attack": 5}, "attack"),
+        ({"attack": "label_norm", "params": ["party=right"]}, "params"),
+        ({"attack": "label_norm", "plugins": "mylab"}, "plugins"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            api.attack(run, **bad)  # type: ignore[arg-type]
+        assert info.value.path == field
+    with pytest.raises(ConfigError, match="unknown attack 'nope'"):
+        api.attack(run, "nope")
+    assert sorted(p.name for p in (run / "attacks").iterdir()) == ["label_norm.json", "test_idle.json"]
