@@ -86,13 +86,13 @@ def accuracy_floors(tmp: Path) -> list[tuple[str, Protocol, Floor]]:
 
 
 def documented_line(label: str, lines: list[str]) -> str:
-    """floors.toml's line of an entry: ``"file" = {...}`` for a file, the comment
-    line naming a comparison's grid point for one of those."""
+    """floors.toml's line of an entry: its table's header ``["file"]`` for a file,
+    the comment line naming a comparison's grid point for one of those."""
     file, _, point = label.partition(" ")
     if point:
         found = [ln for ln in lines if ln.startswith("#") and point in ln]
     else:
-        found = [ln for ln in lines if ln.startswith(f'"{file}"')]
+        found = [ln for ln in lines if ln.startswith(f'["{file}"]')]
     assert len(found) == 1, f"protocols/{FLOORS_FILE.name} has {len(found)} lines for {label}, not one"
     return found[0]
 

@@ -76,6 +76,8 @@ class Floor:
     metric: str
     direction: str
     bound: float
+    #: the recorded results the bound was set from (tests/shipped/floor_rule.py)
+    runs: tuple[float, ...] = ()
 
     def holds(self, value: float) -> bool:
         return value >= self.bound if self.direction == "at_least" else value <= self.bound
@@ -89,8 +91,9 @@ Floors = Floor | dict[str, Floor]
 
 
 def read_floors() -> dict[str, Floors]:
-    """floors.toml: per file, ``metric`` and one of ``at_least`` / ``at_most``, a
-    number or (a comparison file) a table of run label -> number."""
+    """floors.toml: per file, ``metric``, one of ``at_least`` / ``at_most`` and
+    ``runs`` (the results the bound was set from): a number and a list, or (a
+    comparison file) tables of run label -> number and run label -> list."""
     doc = tomllib.loads(FLOORS_FILE.read_text())
     floors: dict[str, Floors] = {}
     for name, entry in doc.items():
@@ -99,13 +102,25 @@ def read_floors() -> dict[str, Floors]:
         assert entry.get("metric") in METRICS, f"{where}: metric must be one of {METRICS}"
         (direction, *more) = [d for d in ("at_least", "at_most") if d in entry] or [None]
         assert direction and not more, f"{where} needs exactly one of at_least, at_most"
-        assert set(entry) == {"metric", direction}, f"{where}: unknown keys {sorted(entry)}"
-        bound = entry[direction]
+        assert set(entry) == {"metric", direction, "runs"}, (
+            f"{where}: keys are metric, {direction} and runs, not {sorted(entry)}"
+        )
+        bound, runs = entry[direction], entry["runs"]
         bounds = bound if isinstance(bound, dict) else {"": bound}
+        samples = runs if isinstance(runs, dict) else {"": runs}
         assert bounds and all(isinstance(v, int | float) for v in bounds.values()), (
             f"{where}: {direction} is a number or a table of numbers"
         )
-        each = {label: Floor(entry["metric"], direction, float(v)) for label, v in bounds.items()}
+        assert sorted(samples) == sorted(bounds), (
+            f"{where}: runs name {sorted(samples)}, not {sorted(bounds)}"
+        )
+        assert all(
+            isinstance(r, list) and all(isinstance(v, int | float) for v in r) for r in samples.values()
+        ), f"{where}: runs is a list of numbers (or a table of them, as {direction} is)"
+        each = {
+            label: Floor(entry["metric"], direction, float(v), tuple(float(x) for x in samples[label]))
+            for label, v in bounds.items()
+        }
         floors[name] = each[""] if not isinstance(bound, dict) else each
     return floors
 
