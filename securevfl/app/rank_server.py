@@ -142,8 +142,10 @@ def start_rank_server() -> None:
 
 
 def stop_rank_server() -> None:
-    """End this process's fork server now, with SIGKILL, once a stopped command has
-    stopped its ranks (Ctrl-C, SIGTERM: :func:`securevfl.cli.main`).
+    """End this process's fork server now, with SIGKILL, once the command's ranks
+    have ended: at the end of every launching command (:func:`securevfl.cli.entry`),
+    and once a stopped command has stopped its ranks (Ctrl-C, SIGTERM:
+    :func:`securevfl.cli.main`).
 
     Left alone, the server ends only after the command itself has ended (it runs
     until every holder of its "alive" pipe has closed it), and then tears down a
