@@ -105,8 +105,8 @@ def test_four_csv_parties_train_with_declared_preprocessing(exports, tmp_path: P
     assert result["task"] == "multiclass"
     assert result["rows"]["aligned"] < 178  # partial overlap: PSI kept the common records
     # 40 test rows, a fresh secret start each run: 0.775-0.925 over ten runs on 2026-11-28 (0.85
-    # failed 3 of them); the floor by protocols/floors.toml's rule (lowest less half the spread)
-    assert result["test_accuracy"] >= 0.70, result["test_accuracy"]
+    # failed 3 of them); the floor by tests/shipped/floor_rule.py (lowest less the whole spread)
+    assert result["test_accuracy"] >= 0.625, result["test_accuracy"]
     ranks = tmp_path / "out" / "ranks"
     fitted = json.loads((ranks / "rank1.preprocess.json").read_text())
     assert "region_north" in fitted["outputs"] and "missingindicator_alcohol" in fitted["outputs"]
