@@ -34,8 +34,6 @@ import numpy as np
 
 #: the least margin below the lowest run, for rows whose runs barely differ
 LEAST_MARGIN = 0.05
-#: how much of the runs' spread the margin is
-SPREAD_SHARE = 1.0
 #: the fewest runs a floor may be set from
 FEWEST_RUNS = 5
 
@@ -46,7 +44,7 @@ def floor_from(runs: Sequence[float], direction: str = "at_least") -> float:
     if len(runs) < FEWEST_RUNS:
         raise ValueError(f"a floor needs at least {FEWEST_RUNS} runs, got {len(runs)}")
     lo, hi = min(runs), max(runs)
-    margin = max(LEAST_MARGIN, SPREAD_SHARE * (hi - lo))
+    margin = max(LEAST_MARGIN, hi - lo)
     if direction == "at_least":
         return math.floor(round((lo - margin) * 1000, 6)) / 1000
     if direction == "at_most":

@@ -19,11 +19,8 @@ def test_every_floor_is_the_rule_over_its_runs():
     assert len(floors) > 30, f"only {len(floors)} floors found"
     few = [f"{label}: {len(floor.runs)}" for label, floor in floors if len(floor.runs) < FEWEST_RUNS]
     assert not few, f"protocols/{FLOORS_FILE.name}: entries with fewer than {FEWEST_RUNS} runs: {few}"
-    off = [
-        f"{label}: {floor.bound} where its runs give {floor_from(floor.runs, floor.direction)}"
-        for label, floor in floors
-        if floor.bound != floor_from(floor.runs, floor.direction)
-    ]
+    given = [(label, floor.bound, floor_from(floor.runs, floor.direction)) for label, floor in floors]
+    off = [f"{label}: {bound} where its runs give {want}" for label, bound, want in given if bound != want]
     assert not off, f"protocols/{FLOORS_FILE.name}: floors off the rule (tests/shipped/floor_rule.py): {off}"
 
 
