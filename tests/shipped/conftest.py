@@ -1,5 +1,6 @@
 """The shipped-protocol tier's record: each test reports its file's metric, floor
-and wall time, and the terminal summary lists them (the CI log keeps the table)."""
+and wall time, and the terminal summary lists them (the CI log keeps the table;
+``python -m tests.shipped.add_runs LOG`` adds its values to protocols/floors.toml)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ class Outcome:
 OUTCOMES = pytest.StashKey[list[Outcome]]()
 
 
+def row(o: Outcome) -> str:
+    """One line of the summary (tests/shipped/add_runs.py reads these back)."""
+    value = "-" if o.value is None else f"{o.value:.4f}"
+    return f"{o.file:38} {o.metric:14} {value:>8} {o.floor:>9} {o.seconds:8.1f}  {o.how}"
+
+
 @pytest.fixture
 def record(request: pytest.FixtureRequest) -> Callable[..., None]:
     """``record(file=, metric=, floor=, value=, seconds=, how=)``: one line of the summary."""
@@ -39,7 +46,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     tr.write_sep("=", f"shipped protocols (load average now {load})")
     tr.write_line(f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8}  how")
     for o in outcomes:
-        value = "-" if o.value is None else f"{o.value:.4f}"
-        tr.write_line(f"{o.file:38} {o.metric:14} {value:>8} {o.floor:>9} {o.seconds:8.1f}  {o.how}")
+        tr.write_line(row(o))
     runs = {(o.how, o.seconds) for o in outcomes}  # a comparison's rows share one run
     tr.write_line(f"files' own wall times together: {sum(s for _, s in runs):.1f} s")
