@@ -4,7 +4,8 @@ field, its YAML path), no traceback, and nothing trained or written.
 
 The mutations are deterministic: types, signs, zeros, non-finite and huge numbers,
 missing and unknown keys, component parameters, binary and empty files, models
-and party counts beyond the stated limits. They run
+and party counts beyond the stated limits, attack labels that are paths, and data
+files that are no regular file. They run
 in-process through :func:`securevfl.cli.main` (the same code path as the
 console script, minus the interpreter start-up); a few also run as real
 subprocesses to check the exit code the shell sees.
@@ -38,6 +39,7 @@ NUMERIC_FIELDS: list[Path_] = [
     ["interactive", "out"],
     ["dataset", "test_fraction"],
     ["runtime", "peer_timeout_s"],
+    ["runtime", "user_code_timeout_s"],
     ["privacy", "delta"],
     ["parties", "passive", 0, "model", "out"],
 ]
@@ -68,13 +70,18 @@ def _delete(doc: dict[str, Any], path: Path_) -> None:
     del node[path[-1]]
 
 
+#: the shipped protocol files; a comparison file (the demo's) lists protocols, it is not one
+PROTOCOL_FILES = [
+    f
+    for f in sorted(PROTOCOLS.glob("*.yaml")) + sorted((PROTOCOLS / "demo").glob("*.yaml"))
+    if read_comparison_file(f) is None
+]
+
+
 def _mutations() -> list[tuple[str, str, Any]]:
     """(id, shipped protocol file, mutated document or raw bytes)."""
-    files = sorted(PROTOCOLS.glob("*.yaml")) + sorted((PROTOCOLS / "demo").glob("*.yaml"))
-    # protocol files only: a comparison file (the demo's) lists protocols, it is not one
-    files = [f for f in files if read_comparison_file(f) is None]
     out: list[tuple[str, str, Any]] = []
-    for i, f in enumerate(files):
+    for i, f in enumerate(PROTOCOL_FILES):
         base = yaml.safe_load(f.read_text())
         # spread the field x value grid over the files so every pair is covered
         for j, field in enumerate(NUMERIC_FIELDS):
@@ -137,6 +144,25 @@ def _loader_cases() -> list[tuple[str, str, Any]]:
         ),
         ("recursive", "-", b"name: &a [1, *a]\n"),
     ]
+    # an attack's label names OUT/attacks/<label>.npz (the victim's features and their
+    # reconstructions): a path, absolute or not, must not reach the file system
+    attacked = yaml.safe_load((PROTOCOLS / "demo" / "5_mpc_embedding_dp.yaml").read_text())
+    for label, text in (("parent", "../../../../tmp/x"), ("absolute", "/tmp/x"), ("sub", "sub/dir/x")):
+        doc = copy.deepcopy(attacked)
+        doc["attacks"][0]["params"]["label"] = text
+        out.append((f"attack_label_{label}", "5_mpc_embedding_dp.yaml", doc))
+    # a party's data file that is no regular file: read without end, or a folder
+    for label, path in (("dev_zero", "/dev/zero"), ("folder", "/")):
+        model = {"kind": "mlp", "hidden": [16], "out": 8}
+        doc = {
+            "name": "csv",
+            "dataset": {"name": "csv"},
+            "parties": {
+                "active": {"name": "bank", "source": {"path": path, "label_column": "label"}},
+                "passive": [{"name": "shop", "source": {"path": path}, "model": model}],
+            },
+        }
+        out.append((f"data_path_{label}", "-", doc))
     base = yaml.safe_load(plain)
     for label, name in (("parent", "../../x"), ("absolute", "/tmp/x"), ("hidden", ".x"), ("empty", "")):
         doc = copy.deepcopy(base)
@@ -180,6 +206,23 @@ def _loader_cases() -> list[tuple[str, str, Any]]:
 
 
 MUTATIONS = _mutations()
+#: what the message says besides the file, for cases whose refusal must name more
+SAYS = {
+    **{f"attack_label_{x}": "at 'attacks[0].params.label'" for x in ("parent", "absolute", "sub")},
+    "data_path_dev_zero": "party 'bank': /dev/zero is a character device, not a CSV file",
+    "data_path_folder": "party 'bank': / is a folder, not a CSV file",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def imported() -> None:
+    """Every shipped protocol file validates, once, before the timed cases. The first
+    file that names a defense, an attack or an HE backend imports their modules
+    (torch, scipy, TenSEAL: 11-15 s in-process at a load average of 9), a one-time
+    cost of the process and not what the 10 s bound on a refusal is about; the
+    console tests below bound a whole start-up."""
+    for f in PROTOCOL_FILES:
+        assert main(["validate", str(f)]) == 0, f
 
 
 def test_enough_mutations():
@@ -197,7 +240,7 @@ def _write(tmp_path: Path, content: Any) -> Path:
 
 @pytest.mark.parametrize("case", MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_mutated_protocol_is_refused_cleanly(tmp_path, capsys, case):
-    _, _, content = case
+    name, _, content = case
     f = _write(tmp_path, content)
     out = tmp_path / "out"
     t0 = time.monotonic()
@@ -208,6 +251,7 @@ def test_mutated_protocol_is_refused_cleanly(tmp_path, capsys, case):
     assert elapsed < 10, elapsed
     assert "Traceback" not in captured.err + captured.out
     assert f"securevfl: error: {f}" in captured.err.replace("\n", " ")
+    assert SAYS.get(name, "") in " ".join(captured.err.split())
     # nothing trained, nothing written
     assert not (out / "result.json").exists() and not (out / "ranks").exists()
 
