@@ -124,6 +124,11 @@ def _replace_value(lines: list[str], span: tuple[int, int], key: str, new: str) 
     lines[first : last + 1] = new.split("\n")
 
 
+def _direction(entry: dict) -> str:
+    """Which bound an entry holds: ``at_least`` (accuracy, R^2) or ``at_most`` (an error)."""
+    return "at_least" if "at_least" in entry else "at_most"
+
+
 def add_runs(text: str, results: Iterable[Result]) -> tuple[str, list[str]]:
     """floors.toml's ``text`` with each result added to its entry's runs and the
     bounds set again by the rule; and a line per floor that moved or result skipped."""
@@ -141,7 +146,7 @@ def add_runs(text: str, results: Iterable[Result]) -> tuple[str, list[str]]:
             raise FloorsFileError(f"{r.label}: the summary gives {r.metric}, floors.toml {entry['metric']}")
         if isinstance(entry["runs"], dict) != bool(r.point) or (r.point and r.point not in entry["runs"]):
             raise FloorsFileError(f"floors.toml's '{r.name}' has no floor for '{r.label}'")
-        direction = "at_least" if "at_least" in entry else "at_most"
+        direction = _direction(entry)
         runs = entry["runs"][r.point] if r.point else entry["runs"]
         bounds = entry[direction] if r.point else entry
         key = r.point or direction
@@ -161,7 +166,7 @@ def _write(text: str, doc: dict, touched: dict[tuple[str, str], bool]) -> str:
     lines = text.split("\n")
     for (name, point), moved in touched.items():
         entry = doc[name]
-        direction = "at_least" if "at_least" in entry else "at_most"
+        direction = _direction(entry)
         span = _table_span(lines, f'["{name}"]')
         if point:
             if moved:

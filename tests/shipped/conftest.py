@@ -22,6 +22,8 @@ class Outcome:
 
 
 OUTCOMES = pytest.StashKey[list[Outcome]]()
+#: the summary's column header (tests/shipped/add_runs.py skips it)
+HEADER = f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8}  how"
 
 
 def row(o: Outcome) -> str:
@@ -44,7 +46,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     tr = terminalreporter
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     tr.write_sep("=", f"shipped protocols (load average now {load})")
-    tr.write_line(f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8}  how")
+    tr.write_line(HEADER)
     for o in outcomes:
         tr.write_line(row(o))
     runs = {(o.how, o.seconds) for o in outcomes}  # a comparison's rows share one run

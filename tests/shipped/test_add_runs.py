@@ -13,7 +13,7 @@ import pytest
 
 from tests.shipped import add_runs
 from tests.shipped.add_runs import FloorsFileError, Result, parse_summary
-from tests.shipped.conftest import Outcome, row
+from tests.shipped.conftest import HEADER, Outcome, row
 from tests.shipped.floor_rule import floor_from
 
 FLOORS = """\
@@ -44,12 +44,11 @@ at_least = {"x[eps=1]" = 0.7, "x[eps=2]" = 0.75}
 
 def summary(*outcomes: Outcome) -> str:
     """A log with a tier's summary in it, printed by the tier's own code."""
-    head = f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8}  how"
     return "\n".join(
         [
             "...",
             "============= shipped protocols (load average now 4.03 4.53 4.52) ==============",
-            head,
+            HEADER,
             *map(row, outcomes),
             "files' own wall times together: 2352.5 s",
             "35 passed, 9 deselected in 1183.02s (0:19:43)",
