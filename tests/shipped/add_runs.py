@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.shipped.conftest import HEADER
 from tests.shipped.floor_rule import floor_from
 from tests.support.protocols import PROTOCOLS
 
@@ -71,7 +72,7 @@ def parse_summary(text: str) -> list[Result]:
         if SUMMARY_START.match(line):
             inside = True
             continue
-        if not inside or line.startswith("file ") or not line.strip():
+        if not inside or line.rstrip() == HEADER.rstrip() or not line.strip():
             continue
         if line.startswith(SUMMARY_END):
             inside = False

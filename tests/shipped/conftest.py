@@ -22,7 +22,7 @@ class Outcome:
 
 
 OUTCOMES = pytest.StashKey[list[Outcome]]()
-#: the summary's column header (tests/shipped/add_runs.py skips it)
+#: the summary's column header (tests/shipped/add_runs.py skips this line)
 HEADER = f"{'file':38} {'metric':14} {'value':>8} {'floor':>9} {'seconds':>8}  how"
 
 
